@@ -1,0 +1,585 @@
+// The collectives of ProcessGroupUCX. Each op validates on the caller's thread, then queues a
+// body that stages tensors (contiguous copies only where the user's tensor is not contiguous),
+// calls its one algorithm entry point, and writes results back into the user's tensors.
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "csrc/collectives/algorithms.h"
+#include "csrc/process_group_ucx.hpp"
+
+namespace ucxb {
+
+namespace {
+
+// A contiguous tensor holding `user`'s values; copyBack() writes results into `user` when
+// they are not the same memory.
+struct Staged {
+  at::Tensor user;
+  at::Tensor flat;
+  explicit Staged(const at::Tensor& t) : user(t), flat(t.is_contiguous() ? t : t.contiguous()) {}
+  void* data() const { return flat.numel() == 0 ? nullptr : flat.data_ptr(); }
+  size_t bytes() const { return flat.nbytes(); }
+  void copyBack() const {
+    if (!flat.is_same(user)) user.copy_(flat);
+  }
+};
+
+uint8_t* bytePtr(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
+
+// All tensors flattened end to end in one new contiguous buffer.
+at::Tensor pack(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Inverse of pack: buffer slices written back into each tensor.
+void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
+  int64_t at = 0;
+  for (const auto& t : ts) {
+    t.copy_(buf.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
+  }
+}
+
+void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
+  const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK(s != nullptr, "ucx: PREMUL_SUM without a factor");
+  if (s->tensor_factor.defined()) {
+    t.mul_(s->tensor_factor.to(at::kCPU));
+  } else {
+    t.mul_(s->double_factor);
+  }
+}
+
+void postScale(at::Tensor& t, const c10d::ReduceOp& op, int size) {
+  if (op.op_ == c10d::ReduceOp::AVG) t.div_(size);
+}
+
+struct ReductionSpec {
+  algo::Reduction red;
+  DType dtype;
+};
+
+ReductionSpec reductionFor(const Checker& c, const std::vector<at::Tensor>& ts,
+                           const c10d::ReduceOp& op) {
+  if (ts.empty()) c.fail("expects at least one tensor");
+  const DType dt = c.tensor(ts[0]);
+  for (const auto& t : ts) {
+    c.tensor(t);
+    if (t.scalar_type() != ts[0].scalar_type()) {
+      c.fail("all tensors must have the same dtype, got " + describe(ts[0]) + " and " +
+             describe(t));
+    }
+  }
+  return {{c.reduction(dt, op), elementSize(dt)}, dt};
+}
+
+int rootOf(const Checker& c, int64_t root) {
+  c.rank_(root, "root rank");
+  return static_cast<int>(root);
+}
+
+}  // namespace
+
+// --- all_reduce --------------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduceFlat(const char* op, c10d::OpType type,
+                                                              std::vector<at::Tensor> tensors,
+                                                              const c10d::ReduceOp& reduceOp,
+                                                              std::chrono::milliseconds timeout) {
+  const auto c = checker(op);
+  const auto spec = reductionFor(c, tensors, reduceOp);
+  const int size = getSize();
+  return enqueue(op, type, tensors, describe(tensors), timeout,
+                 [tensors, spec, reduceOp, size](Comm& comm) {
+                   at::Tensor buf;
+                   if (tensors.size() == 1) {
+                     buf = tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous();
+                   } else {
+                     buf = pack(tensors);
+                   }
+                   preScale(buf, reduceOp);
+                   if (buf.numel() > 0 || comm.size() > 1) {
+                     algo::allreduce(comm, buf.numel() ? buf.data_ptr() : nullptr,
+                                     static_cast<size_t>(buf.numel()), spec.red);
+                   }
+                   postScale(buf, reduceOp, size);
+                   if (tensors.size() == 1) {
+                     if (!buf.is_same(tensors[0])) tensors[0].copy_(buf);
+                   } else {
+                     unpack(buf, tensors);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  checker("allreduce").single(tensors);
+  if (opts.sparseIndices.has_value()) {
+    checker("allreduce").fail("sparse all_reduce is not supported");
+  }
+  return allreduceFlat("allreduce", c10d::OpType::ALLREDUCE, tensors, opts.reduceOp,
+                       timeoutFor(opts.timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return allreduceFlat("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
+                       opts.reduceOp, timeoutFor(opts.timeout));
+}
+
+// --- reduce / broadcast ------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const auto c = checker("reduce");
+  c.single(tensors);
+  const auto spec = reductionFor(c, tensors, opts.reduceOp);
+  const int root = rootOf(c, opts.rootRank);
+  const bool isRoot = root == getRank();
+  const auto reduceOp = opts.reduceOp;
+  const int size = getSize();
+  at::Tensor t = tensors[0];
+  return enqueue("reduce", c10d::OpType::REDUCE, tensors, describe(t), timeoutFor(opts.timeout),
+                 [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
+                   // Only the root's tensor receives the result; elsewhere work on a copy.
+                   at::Tensor buf = isRoot && t.is_contiguous() ? t : t.contiguous().clone();
+                   preScale(buf, reduceOp);
+                   algo::reduce(comm, buf.numel() ? buf.data_ptr() : nullptr,
+                                static_cast<size_t>(buf.numel()), spec.red, root);
+                   if (isRoot) {
+                     postScale(buf, reduceOp, size);
+                     if (!buf.is_same(t)) t.copy_(buf);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  const auto c = checker("broadcast");
+  c.single(tensors);
+  c.tensor(tensors[0]);
+  const int root = rootOf(c, opts.rootRank);
+  at::Tensor t = tensors[0];
+  return enqueue("broadcast", c10d::OpType::BROADCAST, tensors, describe(t),
+                 timeoutFor(opts.timeout), [t, root](Comm& comm) {
+                   Staged s(t);
+                   algo::broadcast(comm, s.data(), s.bytes(), root);
+                   if (comm.rank() != root) s.copyBack();
+                 });
+}
+
+// --- all_gather family -------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const auto c = checker("allgather");
+  c.single(inputs, "inputs");
+  if (outputs.size() != 1) c.fail("expects one output list, got " + std::to_string(outputs.size()));
+  const at::Tensor in = inputs[0];
+  c.tensor(in, "input");
+  const auto outs = outputs[0];
+  if (outs.size() != static_cast<size_t>(getSize())) {
+    c.fail("output list has " + std::to_string(outs.size()) + " tensors for a group of " +
+           std::to_string(getSize()) + " ranks");
+  }
+  for (const auto& o : outs) {
+    c.tensor(o, "output");
+    c.sameAs(in, o, "output");
+  }
+  return enqueue("allgather", c10d::OpType::ALLGATHER, outs, describe(in),
+                 timeoutFor(opts.timeout), [in, outs](Comm& comm) {
+                   Staged src(in);
+                   std::vector<Staged> dst;
+                   std::vector<void*> ptrs;
+                   for (const auto& o : outs) {
+                     dst.emplace_back(o);
+                     ptrs.push_back(dst.back().data());
+                   }
+                   algo::allgather(comm, src.data(), ptrs, src.bytes());
+                   for (auto& d : dst) d.copyBack();
+                 });
+}
+
+// outputs[i] holds size() copies of inputs[i]'s shape, rank-major. One algorithm call for all
+// pairs: inputs are packed into one block per rank, gathered, then split back.
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgatherFlat(const char* op,
+                                                              std::vector<at::Tensor> outputs,
+                                                              std::vector<at::Tensor> inputs,
+                                                              std::chrono::milliseconds timeout) {
+  const auto c = checker(op);
+  if (inputs.empty() || inputs.size() != outputs.size()) {
+    c.fail("expects as many outputs as inputs (and at least one), got " +
+           std::to_string(outputs.size()) + " and " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    c.tensor(inputs[i], "input");
+    c.tensor(outputs[i], "output");
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        outputs[i].numel() != inputs[i].numel() * getSize()) {
+      c.fail("output " + describe(outputs[i]) + " must have the input's dtype and " +
+             std::to_string(getSize()) + "x its " + std::to_string(inputs[i].numel()) +
+             " elements (input " + describe(inputs[i]) + ")");
+    }
+  }
+  return enqueue(op, c10d::OpType::_ALLGATHER_BASE, outputs, describe(inputs), timeout,
+                 [outputs, inputs](Comm& comm) {
+                   const int n = comm.size();
+                   if (inputs.size() == 1 && outputs[0].is_contiguous()) {
+                     // Zero-copy: receive straight into the output.
+                     Staged src(inputs[0]);
+                     std::vector<void*> ptrs;
+                     for (int r = 0; r < n; ++r) {
+                       ptrs.push_back(src.bytes() ? bytePtr(outputs[0]) + r * src.bytes()
+                                                  : nullptr);
+                     }
+                     algo::allgather(comm, src.data(), ptrs, src.bytes());
+                     return;
+                   }
+                   std::vector<at::Tensor> byteViews;
+                   for (const auto& t : inputs) {
+                     byteViews.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+                   }
+                   at::Tensor send = at::cat(byteViews);
+                   const size_t block = send.numel();
+                   at::Tensor recv = at::empty({static_cast<int64_t>(block) * n}, send.options());
+                   std::vector<void*> ptrs;
+                   for (int r = 0; r < n; ++r) {
+                     ptrs.push_back(block ? bytePtr(recv) + r * block : nullptr);
+                   }
+                   algo::allgather(comm, block ? send.data_ptr() : nullptr, ptrs, block);
+                   int64_t offset = 0;
+                   for (size_t i = 0; i < inputs.size(); ++i) {
+                     const int64_t len = byteViews[i].numel();
+                     at::Tensor rows = recv.view({n, static_cast<int64_t>(block)})
+                                           .narrow(1, offset, len)
+                                           .contiguous()
+                                           .view(inputs[i].scalar_type());
+                     outputs[i].copy_(rows.view(outputs[i].sizes()));
+                     offset += len;
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return allgatherFlat("_allgather_base", {output}, {input}, timeoutFor(opts.timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return allgatherFlat("allgather_into_tensor_coalesced", outputs, inputs,
+                       timeoutFor(opts.timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  // outputLists[r][i] receives rank r's inputs[i]: gather into one flat output per input.
+  const auto c = checker("allgather_coalesced");
+  if (outputLists.size() != static_cast<size_t>(getSize())) {
+    c.fail("expects one output list per rank (" + std::to_string(getSize()) + "), got " +
+           std::to_string(outputLists.size()));
+  }
+  std::vector<at::Tensor> flatOutputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    c.tensor(inputs[i], "input");
+    for (const auto& list : outputLists) {
+      if (list.size() != inputs.size()) {
+        c.fail("each output list needs " + std::to_string(inputs.size()) + " tensors, got " +
+               std::to_string(list.size()));
+      }
+      c.sameAs(inputs[i], list[i], "output");
+    }
+    flatOutputs.push_back(at::empty({inputs[i].numel() * getSize()}, inputs[i].options()));
+  }
+  auto inner = allgatherFlat("allgather_coalesced", flatOutputs, inputs, timeoutFor(opts.timeout));
+  // Scatter the flat results into the user's lists once gathered, before the Work completes.
+  auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, {}, describe(inputs),
+                       timeoutFor(opts.timeout));
+  std::vector<std::vector<at::Tensor>> lists = outputLists;
+  inner->getFuture()->addCallback([work, lists, flatOutputs](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      work->finishError(f.exception_ptr());
+      return;
+    }
+    try {
+      at::NoGradGuard g;
+      for (size_t i = 0; i < flatOutputs.size(); ++i) {
+        for (size_t r = 0; r < lists.size(); ++r) {
+          const auto n = lists[r][i].numel();
+          lists[r][i].copy_(flatOutputs[i].narrow(0, r * n, n).view(lists[r][i].sizes()));
+        }
+      }
+    } catch (...) {
+      work->finishError(std::current_exception());
+      return;
+    }
+    work->finishOk();
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const auto c = checker("gather");
+  c.single(inputs, "inputs");
+  const at::Tensor in = inputs[0];
+  c.tensor(in, "input");
+  const int root = rootOf(c, opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (getRank() == root) {
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())) {
+      c.fail("the root needs one output list of " + std::to_string(getSize()) + " tensors");
+    }
+    outs = outputs[0];
+    for (const auto& o : outs) {
+      c.tensor(o, "output");
+      c.sameAs(in, o, "output");
+    }
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    c.fail("only the root (rank " + std::to_string(root) + ") may pass output tensors");
+  }
+  return enqueue("gather", c10d::OpType::GATHER, outs, describe(in), timeoutFor(opts.timeout),
+                 [in, outs, root](Comm& comm) {
+                   Staged src(in);
+                   std::vector<Staged> dst;
+                   std::vector<void*> ptrs;
+                   for (const auto& o : outs) {
+                     dst.emplace_back(o);
+                     ptrs.push_back(dst.back().data());
+                   }
+                   algo::gather(comm, src.data(), ptrs, src.bytes(), root);
+                   for (auto& d : dst) d.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const auto c = checker("scatter");
+  c.single(outputs, "outputs");
+  const at::Tensor out = outputs[0];
+  c.tensor(out, "output");
+  const int root = rootOf(c, opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (getRank() == root) {
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
+      c.fail("the root needs one input list of " + std::to_string(getSize()) + " tensors");
+    }
+    ins = inputs[0];
+    for (const auto& i : ins) {
+      c.tensor(i, "input");
+      c.sameAs(out, i, "input");
+    }
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    c.fail("only the root (rank " + std::to_string(root) + ") may pass input tensors");
+  }
+  return enqueue("scatter", c10d::OpType::SCATTER, outputs, describe(out),
+                 timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
+                   std::vector<Staged> src;
+                   std::vector<const void*> ptrs;
+                   for (const auto& i : ins) {
+                     src.emplace_back(i);
+                     ptrs.push_back(src.back().data());
+                   }
+                   Staged dst(out);
+                   algo::scatter(comm, ptrs, dst.data(), dst.bytes(), root);
+                   dst.copyBack();
+                 });
+}
+
+// --- reduce_scatter family ---------------------------------------------------------------------
+
+// inputs[i] holds size() blocks of outputs[i]'s shape. The blocks of every pair are packed per
+// rank (rank r's block = r-th block of each input, back to back) so one reduce-scatter serves all.
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
+    const char* op, std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+    const c10d::ReduceOp& reduceOp, std::chrono::milliseconds timeout) {
+  const auto c = checker(op);
+  if (inputs.empty() || inputs.size() != outputs.size()) {
+    c.fail("expects as many outputs as inputs (and at least one)");
+  }
+  const auto spec = reductionFor(c, inputs, reduceOp);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    c.tensor(outputs[i], "output");
+    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
+        inputs[i].numel() != outputs[i].numel() * getSize()) {
+      c.fail("input " + describe(inputs[i]) + " must have the output's dtype and " +
+             std::to_string(getSize()) + "x its elements (output " + describe(outputs[i]) + ")");
+    }
+  }
+  const int size = getSize();
+  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(inputs), timeout,
+                 [outputs, inputs, spec, reduceOp, size](Comm& comm) {
+                   const int n = comm.size();
+                   std::vector<at::Tensor> perRank;
+                   for (const auto& t : inputs) {
+                     perRank.push_back(t.reshape({n, -1}));
+                   }
+                   // work: [n, blockElems], row r = rank r's block of every input; a new buffer,
+                   // so the inputs are never modified.
+                   at::Tensor work = inputs.size() == 1 ? perRank[0].clone(at::MemoryFormat::Contiguous)
+                                                        : at::cat(perRank, 1).contiguous();
+                   preScale(work, reduceOp);
+                   const int64_t blockElems = work.numel() / std::max(n, 1);
+                   at::Tensor mine = at::empty({blockElems}, work.options());
+                   algo::reduceScatter(comm, work.numel() ? work.data_ptr() : nullptr,
+                                       blockElems ? mine.data_ptr() : nullptr,
+                                       static_cast<size_t>(blockElems), spec.red);
+                   postScale(mine, reduceOp, size);
+                   unpack(mine, outputs);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const auto c = checker("reduce_scatter");
+  c.single(outputs, "outputs");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
+    c.fail("expects one input list of " + std::to_string(getSize()) + " tensors");
+  }
+  for (const auto& i : inputs[0]) {
+    c.tensor(i, "input");
+    c.sameAs(outputs[0], i, "input");
+  }
+  // Stack the list into one [size * numel] input; the copy happens on the caller's thread,
+  // before any later op can modify the inputs.
+  std::vector<at::Tensor> flat;
+  for (const auto& i : inputs[0]) flat.push_back(i.reshape({-1}));
+  return reduceScatterFlat("reduce_scatter", outputs, {at::cat(flat)}, opts.reduceOp,
+                           timeoutFor(opts.timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return reduceScatterFlat("_reduce_scatter_base", {output}, {input}, opts.reduceOp,
+                           timeoutFor(opts.timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return reduceScatterFlat("reduce_scatter_tensor_coalesced", outputs, inputs, opts.reduceOp,
+                           timeoutFor(opts.timeout));
+}
+
+// --- all_to_all --------------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
+  const auto c = checker("alltoall_base");
+  c.tensor(input, "input");
+  c.tensor(output, "output");
+  if (input.scalar_type() != output.scalar_type()) {
+    c.fail("input " + describe(input) + " and output " + describe(output) + " differ in dtype");
+  }
+  const int n = getSize();
+  // Splits count rows of dim 0; a row is the product of the other dims.
+  auto rowBytes = [](const at::Tensor& t) -> size_t {
+    int64_t elems = 1;
+    for (int64_t d = 1; d < t.dim(); ++d) elems *= t.size(d);
+    return static_cast<size_t>(elems) * t.element_size();
+  };
+  auto layout = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* role) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    std::vector<int64_t> s = splits;
+    if (s.empty()) {
+      if (rows % n != 0) {
+        c.fail(std::string(role) + " " + describe(t) + ": dim 0 is not divisible by the " +
+               std::to_string(n) + " ranks; pass explicit split sizes");
+      }
+      s.assign(n, rows / n);
+    }
+    if (s.size() != static_cast<size_t>(n)) {
+      c.fail(std::string(role) + " split sizes need " + std::to_string(n) + " entries, got " +
+             std::to_string(s.size()));
+    }
+    int64_t sum = 0;
+    for (int64_t v : s) {
+      if (v < 0) c.fail(std::string(role) + " split sizes must be >= 0");
+      sum += v;
+    }
+    if (sum != rows) {
+      c.fail(std::string(role) + " split sizes add up to " + std::to_string(sum) + " but " +
+             describe(t) + " has " + std::to_string(rows) + " rows");
+    }
+    return s;
+  };
+  const auto inSplits = layout(input, inputSplits, "input");
+  const auto outSplits = layout(output, outputSplits, "output");
+  const size_t inRow = rowBytes(input);
+  const size_t outRow = rowBytes(output);
+  return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, {output}, describe(input),
+                 timeoutFor(opts.timeout),
+                 [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
+                   Staged src(input);
+                   Staged dst(output);
+                   std::vector<const void*> sends;
+                   std::vector<void*> recvs;
+                   std::vector<size_t> sendBytes;
+                   std::vector<size_t> recvBytes;
+                   size_t inAt = 0;
+                   size_t outAt = 0;
+                   for (int p = 0; p < comm.size(); ++p) {
+                     sendBytes.push_back(inSplits[p] * inRow);
+                     recvBytes.push_back(outSplits[p] * outRow);
+                     sends.push_back(src.bytes() ? static_cast<uint8_t*>(src.data()) + inAt : nullptr);
+                     recvs.push_back(dst.bytes() ? static_cast<uint8_t*>(dst.data()) + outAt : nullptr);
+                     inAt += sendBytes.back();
+                     outAt += recvBytes.back();
+                   }
+                   algo::alltoall(comm, sends, sendBytes, recvs, recvBytes);
+                   dst.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  const auto c = checker("alltoall");
+  const size_t n = static_cast<size_t>(getSize());
+  if (inputs.size() != n || outputs.size() != n) {
+    c.fail("expects " + std::to_string(n) + " input and output tensors, got " +
+           std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    c.tensor(inputs[i], "input");
+    c.tensor(outputs[i], "output");
+    if (inputs[i].scalar_type() != inputs[0].scalar_type() ||
+        outputs[i].scalar_type() != inputs[0].scalar_type()) {
+      c.fail("all tensors must have the same dtype");
+    }
+  }
+  return enqueue("alltoall", c10d::OpType::ALLTOALL, outputs, describe(inputs),
+                 timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {
+                   std::vector<Staged> src;
+                   std::vector<Staged> dst;
+                   std::vector<const void*> sends;
+                   std::vector<void*> recvs;
+                   std::vector<size_t> sendBytes;
+                   std::vector<size_t> recvBytes;
+                   for (size_t p = 0; p < inputs.size(); ++p) {
+                     src.emplace_back(inputs[p]);
+                     dst.emplace_back(outputs[p]);
+                     sends.push_back(src.back().data());
+                     recvs.push_back(dst.back().data());
+                     sendBytes.push_back(src.back().bytes());
+                     recvBytes.push_back(dst.back().bytes());
+                   }
+                   algo::alltoall(comm, sends, sendBytes, recvs, recvBytes);
+                   for (auto& d : dst) d.copyBack();
+                 });
+}
+
+}  // namespace ucxb

@@ -1,0 +1,49 @@
+// The collective algorithms, written once against Comm (and so against any Transport).
+// Each op has exactly one entry point here; the backend calls only these, so a faster
+// algorithm replaces one function body without touching the backend.
+//
+// Buffers are contiguous host memory prepared by the backend; counts are in elements.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "csrc/collectives/comm.h"
+#include "csrc/collectives/reduce_kernels.h"
+
+namespace ucxb::algo {
+
+struct Reduction {
+  ReduceFn fn;
+  size_t elementSize;
+};
+
+// In place over `data`: ring reduce-scatter then ring all-gather.
+void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);
+
+// `work` holds size() blocks of `blockCount` elements (it is clobbered); the reduced block of
+// this rank is written to `out`.
+void reduceScatter(Comm& comm, void* work, void* out, size_t blockCount, const Reduction& red);
+
+// `data` is the result at the root and this rank's contribution elsewhere (clobbered there).
+void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root);
+
+void broadcast(Comm& comm, void* data, size_t bytes, int root);
+
+// outs[r] receives rank r's `bytes` bytes (outs[rank()] gets a local copy of `in`).
+void allgather(Comm& comm, const void* in, const std::vector<void*>& outs, size_t bytes);
+
+// At the root outs[r] receives rank r's bytes; outs is ignored elsewhere.
+void gather(Comm& comm, const void* in, const std::vector<void*>& outs, size_t bytes, int root);
+
+// At the root ins[r] is sent to rank r; every rank receives into `out`.
+void scatter(Comm& comm, const std::vector<const void*>& ins, void* out, size_t bytes, int root);
+
+// Rank r sends sendBytes[p] from sends[p] to every p and receives recvBytes[p] into recvs[p].
+void alltoall(Comm& comm, const std::vector<const void*>& sends,
+              const std::vector<size_t>& sendBytes, const std::vector<void*>& recvs,
+              const std::vector<size_t>& recvBytes);
+
+void barrier(Comm& comm);
+
+}  // namespace ucxb::algo

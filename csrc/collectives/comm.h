@@ -1,0 +1,37 @@
+// What an algorithm sees of one op on one group: its rank, the group size, and tagged
+// send/recv to peers. The tag is built from (group, op sequence number, step, source) here, so
+// algorithms only number their steps. Torch-free and UCX-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "csrc/engine/progress_engine.h"
+
+namespace ucxb {
+
+class Comm {
+ public:
+  Comm(ProgressEngine& engine, uint32_t groupHash, uint64_t seq, Clock::time_point deadline)
+      : engine_(engine), transport_(engine.transport()), group_(groupHash), seq_(seq),
+        deadline_(deadline) {}
+
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+
+  RequestPtr send(int peer, uint32_t step, const void* data, size_t bytes);
+  RequestPtr recv(int peer, uint32_t step, void* data, size_t bytes);
+  // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
+  // the message size), as is one that got more (UCX reports truncation).
+  void wait(const std::vector<RequestPtr>& requests);
+
+ private:
+  ProgressEngine& engine_;
+  Transport& transport_;
+  const uint32_t group_;
+  const uint64_t seq_;
+  const Clock::time_point deadline_;
+};
+
+}  // namespace ucxb

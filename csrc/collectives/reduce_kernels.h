@@ -1,0 +1,31 @@
+// Element-wise reduction kernels, acc[i] = op(acc[i], in[i]), for every dtype the backend
+// carries. Torch-free so the algorithms (and their tests) need no ATen.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ucxb {
+
+enum class DType : uint8_t {
+  kFloat16, kBFloat16, kFloat32, kFloat64,
+  kInt8, kUInt8, kInt16, kInt32, kInt64,
+  kBool, kComplex64, kComplex128,
+};
+
+enum class ReduceKind : uint8_t { kSum, kProduct, kMin, kMax, kBand, kBor, kBxor };
+
+using ReduceFn = void (*)(void* acc, const void* in, size_t count);
+
+size_t elementSize(DType dtype);
+const char* dtypeName(DType dtype);
+const char* reduceName(ReduceKind op);
+
+// nullptr where the combination has no meaning (bitwise on floating types, min/max on complex).
+// bool: sum = logical or, product = logical and, min = and, max = or.
+ReduceFn findReduce(DType dtype, ReduceKind op);
+
+// Divides every element by `divisor` (the AVG op). Floating and complex dtypes only.
+bool divideInPlace(DType dtype, void* data, size_t count, double divisor);
+
+}  // namespace ucxb

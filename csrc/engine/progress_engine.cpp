@@ -1,0 +1,245 @@
+#include "csrc/engine/progress_engine.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <pthread.h>
+#include <sched.h>
+
+namespace ucxb {
+
+namespace {
+
+std::string errnoMessage(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+void addToEpoll(int epollFd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(epollFd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    throw TransportError(errnoMessage("epoll_ctl"));
+  }
+}
+
+std::string describe(const Request& r) {
+  std::string peer = r.peer() == kAnySource ? "any rank" : "rank " + std::to_string(r.peer());
+  return r.isSend() ? "send of " + std::to_string(r.postedBytes()) + " bytes to " + peer
+                    : "receive of " + std::to_string(r.postedBytes()) + " bytes from " + peer;
+}
+
+}  // namespace
+
+ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config)
+    : transport_(std::move(transport)), config_(config) {
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  idleEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  waitEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wakeFd_ < 0 || idleEpollFd_ < 0 || waitEpollFd_ < 0) {
+    const std::string msg = errnoMessage("eventfd/epoll_create1");
+    for (int fd : {wakeFd_, idleEpollFd_, waitEpollFd_}) {
+      if (fd >= 0) close(fd);
+    }
+    throw TransportError(msg);
+  }
+  addToEpoll(idleEpollFd_, wakeFd_);
+  if (transport_->eventFd() >= 0) {
+    addToEpoll(idleEpollFd_, transport_->eventFd());
+    addToEpoll(waitEpollFd_, transport_->eventFd());
+  }
+  thread_ = std::thread([this] { threadMain(); });
+}
+
+ProgressEngine::~ProgressEngine() {
+  stop();
+  close(wakeFd_);
+  close(idleEpollFd_);
+  close(waitEpollFd_);
+}
+
+void ProgressEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) {
+      return;
+    }
+    stopping_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!write(wakeFd_, &one, sizeof(one));
+  if (thread_.joinable()) {
+    // The last reference to a group can be dropped by a Future callback on the progress
+    // thread itself; it cannot join itself.
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+}
+
+void ProgressEngine::post(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      if (task.abandon) task.abandon("the process group was shut down");
+      return;
+    }
+    queue_.push_back(std::move(task));
+    queued_.fetch_add(1, std::memory_order_release);
+  }
+  if (config_.mode == ProgressMode::kSleep) {
+    const uint64_t one = 1;
+    (void)!write(wakeFd_, &one, sizeof(one));
+  }
+}
+
+std::string ProgressEngine::waitingFor() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waitingFor_;
+}
+
+void ProgressEngine::setWaitingFor(std::string what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waitingFor_ = std::move(what);
+}
+
+void ProgressEngine::threadMain() {
+  pthread_setname_np(pthread_self(), "ucxb-progress");
+  for (;;) {
+    Task task;
+    bool haveTask = false;
+    if (queued_.load(std::memory_order_acquire) > 0 || config_.mode == ProgressMode::kSleep) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) {
+        break;
+      }
+      if (!queue_.empty()) {
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_release);
+        haveTask = true;
+      }
+    }
+    if (haveTask) {
+      currentKeepAlive_ = task.keepAlive;
+      task.run();  // reports its own errors to its Work
+      currentKeepAlive_.reset();
+      setWaitingFor({});
+      continue;
+    }
+    if (transport_->progress()) {
+      continue;
+    }
+    if (config_.mode == ProgressMode::kPoll) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) break;
+      // On a machine with fewer cores than spinning threads, give the caller's thread a turn.
+      sched_yield();
+      continue;
+    }
+    if (!transport_->arm()) {
+      continue;
+    }
+    epoll_event events[2];
+    const int n = epoll_wait(idleEpollFd_, events, 2, -1);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == wakeFd_) {
+        uint64_t count;
+        (void)!read(wakeFd_, &count, sizeof(count));
+      }
+    }
+  }
+  std::deque<Task> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abandoned.swap(queue_);
+  }
+  for (auto& t : abandoned) {
+    if (t.abandon) t.abandon("the process group was shut down before the op ran");
+  }
+}
+
+void ProgressEngine::sleepUntilEvent(int epollFd, Clock::time_point deadline) {
+  if (!transport_->arm()) {
+    return;
+  }
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  // Wake at least every 100 ms: peer failures and cancellations are re-checked then.
+  const int timeoutMs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(left + 1, 100)));
+  epoll_event ev;
+  epoll_wait(epollFd, &ev, 1, timeoutMs);
+}
+
+void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
+  for (const auto& r : requests) {
+    if (r->pending()) {
+      r->keepAlive(currentKeepAlive_);
+      r->cancel();
+    }
+  }
+  // Cancelled receives complete on the next progress calls; sends may linger, kept alive above.
+  for (int i = 0; i < 16; ++i) {
+    transport_->progress();
+  }
+}
+
+void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) {
+  auto lastEvent = Clock::now();
+  bool published = false;
+  for (;;) {
+    bool done = true;
+    for (const auto& r : requests) {
+      if (r->failed()) {
+        const std::string why = r->error();
+        abandonPending(requests);
+        throw OpFailed(why);
+      }
+      done = done && !r->pending();
+    }
+    if (done) {
+      return;
+    }
+    if (transport_->progress()) {
+      lastEvent = Clock::now();
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::string what;
+      for (const auto& r : requests) {
+        if (r->pending()) {
+          what += (what.empty() ? "" : "; ") + describe(*r);
+        }
+      }
+      abandonPending(requests);
+      throw OpTimeout("no progress before the timeout; still waiting for: " + what);
+    }
+    if (config_.mode == ProgressMode::kPoll) {
+      sched_yield();
+      continue;
+    }
+    if (now - lastEvent < config_.spin) {
+      continue;
+    }
+    if (!published) {
+      std::string what;
+      for (const auto& r : requests) {
+        if (r->pending()) {
+          what += (what.empty() ? "" : "; ") + describe(*r);
+        }
+      }
+      setWaitingFor(std::move(what));
+      published = true;
+    }
+    sleepUntilEvent(waitEpollFd_, deadline);
+    lastEvent = Clock::now();
+  }
+}
+
+}  // namespace ucxb

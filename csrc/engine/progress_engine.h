@@ -1,0 +1,100 @@
+// The execution model of one group (one backend instance):
+//
+// * One progress thread owns the group's Transport (the UCX worker is single-threaded).
+// * The caller's thread validates an op, queues it as a Task and returns a Work; the progress
+//   thread runs tasks one at a time in issue order, so every rank executes a group's
+//   collectives in the same order. An 8-byte all_reduce costs two thread hops: caller ->
+//   progress thread (eventfd write) and back (condition variable in Work::wait).
+// * A task's algorithm posts non-blocking sends/receives and waits in waitAll(), which drives
+//   progress itself: it polls for up to `spin` after the last event, then arms the transport and
+//   sleeps on its event fd (progress mode "sleep"), or keeps polling (mode "poll").
+// * With no task queued the thread arms the transport and sleeps on {transport fd, eventfd}, so
+//   an idle group costs nothing. Point-to-point requests complete from this idle loop too.
+//
+// This file is torch-free: failures are ucxb exceptions; the backend turns them into c10 errors.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace ucxb {
+
+using Clock = std::chrono::steady_clock;
+
+enum class ProgressMode { kSleep, kPoll };
+
+struct EngineConfig {
+  ProgressMode mode = ProgressMode::kSleep;
+  std::chrono::microseconds spin{50};
+};
+
+// A wait passed its deadline. what() lists the requests still outstanding and their peers.
+class OpTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A request failed (peer gone, truncated message, size mismatch, ...).
+class OpFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Task {
+  std::function<void()> run;                      // on the progress thread
+  std::function<void(const std::string&)> abandon;  // if the engine stops before running it
+  std::shared_ptr<void> keepAlive;                // buffers the task's requests touch
+};
+
+class ProgressEngine {
+ public:
+  ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config);
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  // Any thread.
+  void post(Task task);
+  // Describes what the running op is waiting for (empty when idle). Any thread.
+  std::string waitingFor() const;
+  // Stops the thread; queued tasks are abandoned. Idempotent. Any thread but the engine's.
+  void stop();
+
+  // Progress thread only.
+  Transport& transport() { return *transport_; }
+  // Drives progress until every request has completed. Throws OpFailed on the first failed
+  // request and OpTimeout at the deadline; either way the rest are cancelled first.
+  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline);
+
+ private:
+  void threadMain();
+  void sleepUntilEvent(int epollFd, Clock::time_point deadline);
+  void abandonPending(const std::vector<RequestPtr>& requests);
+  void setWaitingFor(std::string what);
+
+  std::unique_ptr<Transport> transport_;
+  const EngineConfig config_;
+  int wakeFd_ = -1;        // eventfd: "a task was posted"
+  int idleEpollFd_ = -1;   // {transport fd, wakeFd_}
+  int waitEpollFd_ = -1;   // {transport fd}: a running op ignores new posts
+
+  mutable std::mutex mu_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::atomic<size_t> queued_{0};
+  std::shared_ptr<void> currentKeepAlive_;
+  std::string waitingFor_;
+  std::thread thread_;
+};
+
+}  // namespace ucxb

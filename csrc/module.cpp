@@ -1,0 +1,67 @@
+// ucxbackend._C: the factory torch.distributed calls to create a "ucx" backend, plus facts
+// about the UCX library for `python -m ucxbackend info` and the tag layout for tests.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include "csrc/process_group_ucx.hpp"
+#include "transports/tag.h"
+#include "transports/ucx/ucx_info.h"
+
+#ifndef UCXB_UCX_HOME
+#define UCXB_UCX_HOME "unknown"
+#endif
+#ifndef UCXB_TORCH_VERSION
+#define UCXB_TORCH_VERSION "unknown"
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// Returned as the c10d::Backend base: torch's own binding of Backend (and its GIL-releasing
+// holder) then applies, exactly as for backends built into torch.
+c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int size,
+                                                std::chrono::milliseconds timeout,
+                                                const std::string& groupId,
+                                                const std::vector<int64_t>& globalRanks,
+                                                const std::map<std::string, std::string>& options) {
+  return c10::make_intrusive<ucxb::ProcessGroupUCX>(store, rank, size, timeout, groupId,
+                                                    globalRanks, options);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Native part of ucxbackend: the c10d backend over UCX.";
+  py::module_::import("torch.distributed");
+
+  m.def("ProcessGroupUCX", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout"), py::arg("group_id"), py::arg("global_ranks"), py::arg("options"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Create the ucx backend for one process group (called by torch.distributed).");
+
+  m.def("ucx_version", &ucxb::ucx::libraryVersion);
+  m.def("ucx_library_path", &ucxb::ucx::libraryPath);
+  m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
+  m.def("build_info", []() {
+    return std::map<std::string, std::string>{{"ucx_home", UCXB_UCX_HOME},
+                                              {"torch_version", UCXB_TORCH_VERSION}};
+  });
+
+  auto tags = m.def_submodule("tags", "The 64-bit tag layout (transports/tag.h), for tests.");
+  tags.def("collective", &ucxb::tag::collective, py::arg("group"), py::arg("seq"),
+           py::arg("step"), py::arg("src"));
+  tags.def("p2p", &ucxb::tag::p2p, py::arg("group"), py::arg("user_tag"), py::arg("src"));
+  tags.def("fields", [](uint64_t t) {
+    return py::dict(py::arg("p2p") = ucxb::tag::isP2P(t), py::arg("group") = ucxb::tag::group(t),
+                    py::arg("seq") = ucxb::tag::seq(t), py::arg("step") = ucxb::tag::step(t),
+                    py::arg("user") = ucxb::tag::user(t), py::arg("src") = ucxb::tag::source(t));
+  });
+  tags.def("group_hash", [](const std::string& id) { return ucxb::tag::groupHash(id.c_str()); });
+  tags.attr("ANY_SOURCE_MASK") = ucxb::tag::kAnySourceMask;
+  tags.attr("MAX_RANKS") = ucxb::tag::kMaxRanks;
+  tags.attr("MAX_STEPS") = ucxb::tag::kMaxSteps;
+  tags.attr("SEQ_WINDOW") = ucxb::tag::kSeqMask + 1;
+}

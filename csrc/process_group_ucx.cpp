@@ -1,0 +1,288 @@
+// Construction, queuing, point-to-point, barrier and coalescing. Collectives live in
+// collective_ops.cpp.
+#include "csrc/process_group_ucx.hpp"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cstdlib>
+
+#include "csrc/address_exchange.hpp"
+#include "csrc/collectives/algorithms.h"
+#include "transports/tag.h"
+#include "transports/ucx/ucx_transport.h"
+
+namespace ucxb {
+
+EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options) {
+  EngineConfig config;
+  for (const auto& [key, value] : options) {
+    if (key == "progress_mode") {
+      if (value == "sleep") {
+        config.mode = ProgressMode::kSleep;
+      } else if (value == "poll") {
+        config.mode = ProgressMode::kPoll;
+      } else {
+        throw c10::ValueError({__func__, __FILE__, __LINE__},
+                              "ucx: progress_mode must be 'sleep' or 'poll', got '" + value + "'");
+      }
+    } else if (key == "spin_us") {
+      char* end = nullptr;
+      const long long us = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || us < 0) {
+        throw c10::ValueError({__func__, __FILE__, __LINE__},
+                              "ucx: spin_us must be an integer >= 0, got '" + value + "'");
+      }
+      config.spin = std::chrono::microseconds(us);
+    }
+    // Other keys belong to the Python layer (e.g. log_level).
+  }
+  return config;
+}
+
+ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 std::chrono::milliseconds timeout, std::string groupId,
+                                 std::vector<int64_t> globalRanks,
+                                 const std::map<std::string, std::string>& options)
+    : c10d::Backend(rank, size),
+      store_(store),
+      timeout_(timeout),
+      groupId_(std::move(groupId)),
+      groupHash_(tag::groupHash(groupId_.c_str())),
+      globalRanks_(std::move(globalRanks)),
+      engineConfig_(parseEngineConfig(options)),
+      running_(std::make_shared<std::atomic<const WorkUCX*>>(nullptr)) {
+  if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
+    throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
+  }
+  auto transport = std::make_unique<ucx::UcxTransport>(rank, size);
+  try {
+    const auto addresses =
+        exchangeAddresses(*store_, groupId_, rank, size, transport->localAddress());
+    for (int p = 0; p < size; ++p) {
+      transport->connect(p, addresses[p]);
+    }
+  } catch (const TransportError& e) {
+    throw c10::DistBackendError({__func__, __FILE__, __LINE__},
+                                "ucx: setting up group '" + groupId_ + "' on rank " +
+                                    std::to_string(rank) + " failed: " + e.what());
+  }
+  engine_ = std::make_shared<ProgressEngine>(std::move(transport), engineConfig_);
+}
+
+ProcessGroupUCX::~ProcessGroupUCX() { shutdown(); }
+
+void ProcessGroupUCX::shutdown() {
+  if (engine_) {
+    engine_->stop();
+  }
+}
+
+std::chrono::milliseconds ProcessGroupUCX::timeoutFor(std::chrono::milliseconds requested) const {
+  return requested == c10d::kUnsetTimeout ? timeout_ : requested;
+}
+
+c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpType type,
+                                                      std::vector<at::Tensor> outputs,
+                                                      std::string tensors,
+                                                      std::chrono::milliseconds timeout) {
+  const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+                   type == c10d::OpType::RECVANYSOURCE;
+  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors)};
+  auto work = c10::make_intrusive<WorkUCX>(std::move(ctx), type, std::move(outputs), timeout);
+  std::weak_ptr<ProgressEngine> engine = engine_;
+  work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
+    auto e = engine.lock();
+    if (!e) return "the process group was shut down";
+    if (running->load() != self) return {};
+    return e->waitingFor();
+  });
+  if (coalescing_) {
+    coalesced_.push_back(work);
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::OpType type,
+                                                        std::vector<at::Tensor> outputs,
+                                                        std::string tensors,
+                                                        std::chrono::milliseconds timeout,
+                                                        Body body) {
+  auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
+  Task task;
+  task.run = [this, work, body = std::move(body), timeout]() {
+    running_->store(work.get());
+    // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
+    at::NoGradGuard noGrad;
+    try {
+      Comm comm(*engine_, groupHash_, work->context().seq, Clock::now() + timeout);
+      body(comm);
+    } catch (...) {
+      running_->store(nullptr);
+      work->finishError(toDistError(work->context(), std::current_exception()));
+      return;
+    }
+    running_->store(nullptr);
+    work->finishOk();
+  };
+  task.abandon = [work](const std::string& why) {
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  };
+  task.keepAlive = std::make_shared<c10::intrusive_ptr<WorkUCX>>(work);
+  engine_->post(std::move(task));
+  return work;
+}
+
+// --- point-to-point ---------------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueueP2P(const char* op, c10d::OpType type,
+                                                           at::Tensor tensor, int peer,
+                                                           uint64_t tag, uint64_t mask) {
+  auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_);
+  const bool isSend = type == c10d::OpType::SEND;
+  Task task;
+  task.run = [this, work, tensor, peer, tag, mask, isSend]() {
+    at::NoGradGuard noGrad;
+    try {
+      at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
+      const size_t bytes = staged.nbytes();
+      Transport& t = engine_->transport();
+      RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes)
+                              : t.recv(peer, tag, mask, staged.data_ptr(), bytes);
+      // Runs on this thread during a later progress(); it owns `staged` until then.
+      req->onComplete([work, tensor, staged](Request& r) {
+        try {
+          if (r.failed()) {
+            throw OpFailed(r.error());
+          }
+          if (!r.isSend()) {
+            if (r.receivedBytes() != r.postedBytes()) {
+              throw OpFailed("expected " + std::to_string(r.postedBytes()) +
+                             " bytes but received " + std::to_string(r.receivedBytes()) +
+                             " from rank " + std::to_string(tag::source(r.senderTag())) +
+                             ": the tensors differ in size");
+            }
+            work->setSourceRank(static_cast<int>(tag::source(r.senderTag())));
+            if (!staged.is_same(tensor)) {
+              at::NoGradGuard g;
+              tensor.copy_(staged);
+            }
+          }
+        } catch (...) {
+          work->finishError(toDistError(work->context(), std::current_exception()));
+          return;
+        }
+        work->finishOk();
+      });
+    } catch (...) {
+      work->finishError(toDistError(work->context(), std::current_exception()));
+    }
+  };
+  task.abandon = [work](const std::string& why) {
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  };
+  engine_->post(std::move(task));
+  return work;
+}
+
+namespace {
+
+uint64_t checkedUserTag(const Checker& c, int tag) {
+  if (tag < 0) {
+    c.fail("tag " + std::to_string(tag) + " is negative");
+  }
+  return static_cast<uint64_t>(tag);
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                     int tag) {
+  const auto c = checker("send");
+  c.single(tensors);
+  c.tensor(tensors[0]);
+  c.rank_(dstRank, "destination rank");
+  const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(getRank()));
+  return enqueueP2P("send", c10d::OpType::SEND, tensors[0], dstRank, t, tag::kFullMask);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                     int tag) {
+  const auto c = checker("recv");
+  c.single(tensors);
+  c.tensor(tensors[0]);
+  c.rank_(srcRank, "source rank");
+  const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(srcRank));
+  return enqueueP2P("recv", c10d::OpType::RECV, tensors[0], srcRank, t, tag::kFullMask);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  const auto c = checker("recvAnysource");
+  c.single(tensors);
+  c.tensor(tensors[0]);
+  const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), 0);
+  return enqueueP2P("recvAnysource", c10d::OpType::RECVANYSOURCE, tensors[0], kAnySource, t,
+                    tag::kAnySourceMask);
+}
+
+// --- barrier and coalescing --------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::barrier(const c10d::BarrierOptions& opts) {
+  // Ops run in issue order, so the barrier also waits for every collective issued before it.
+  return enqueue("barrier", c10d::OpType::BARRIER, {}, "", timeoutFor(opts.timeout),
+                 [](Comm& comm) { algo::barrier(comm); });
+}
+
+void ProcessGroupUCX::startCoalescing() {
+  if (coalescing_) {
+    throwInvalid("startCoalescing", getRank(), "a coalescing block is already open");
+  }
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
+  if (!coalescing_) {
+    throwInvalid("endCoalescing", getRank(), "no coalescing block is open");
+  }
+  coalescing_ = false;
+  auto members = std::move(coalesced_);
+  coalesced_.clear();
+  std::vector<at::Tensor> outputs;
+  for (auto& w : members) {
+    for (auto& t : w->result()) outputs.push_back(t);
+  }
+  OpContext ctx{"coalesced", getRank(), getSize(), 0, std::to_string(members.size()) + " ops"};
+  auto group = c10::make_intrusive<WorkUCX>(ctx, c10d::OpType::COALESCED, outputs, timeout_);
+  if (members.empty()) {
+    group->finishOk();
+    return group;
+  }
+  // The group completes when its last member does, with the first member error if any.
+  struct State {
+    std::mutex mu;
+    size_t remaining;
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<State>();
+  state->remaining = members.size();
+  for (auto& w : members) {
+    w->getFuture()->addCallback([state, group](c10::ivalue::Future& f) {
+      std::exception_ptr error;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (f.hasError() && !state->error) state->error = f.exception_ptr();
+        if (--state->remaining != 0) return;
+        error = state->error;
+      }
+      if (error) {
+        group->finishError(error);
+      } else {
+        group->finishOk();
+      }
+    });
+  }
+  return group;
+}
+
+}  // namespace ucxb

@@ -1,0 +1,140 @@
+// ProcessGroupUCX: the c10d::Backend named "ucx". It validates and stages tensors on the
+// caller's thread, queues each op to the group's ProgressEngine, and runs the op there through
+// the algorithms in csrc/collectives (see progress_engine.h for the execution model).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "csrc/collectives/comm.h"
+#include "csrc/engine/progress_engine.h"
+#include "csrc/tensor_checks.hpp"
+#include "csrc/work_ucx.hpp"
+
+namespace ucxb {
+
+class ProcessGroupUCX : public c10d::Backend {
+ public:
+  // options: the validated knobs from the Python config (progress_mode, spin_us).
+  ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout, std::string groupId,
+                  std::vector<int64_t> globalRanks, const std::map<std::string, std::string>& options);
+  ~ProcessGroupUCX() override;
+
+  const std::string getBackendName() const override { return "ucx"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void shutdown() override;
+  void abort() override { shutdown(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+
+  const std::vector<int64_t>& globalRanks() const { return globalRanks_; }
+  const EngineConfig& engineConfig() const { return engineConfig_; }
+
+ private:
+  // The body of a collective, run on the progress thread with a Comm scoped to the op.
+  using Body = std::function<void(Comm&)>;
+
+  Checker checker(const char* op) const { return Checker{op, getRank(), getSize()}; }
+  std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
+  c10::intrusive_ptr<WorkUCX> makeWork(const char* op, c10d::OpType type,
+                                       std::vector<at::Tensor> outputs, std::string tensors,
+                                       std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
+                                         std::vector<at::Tensor> outputs, std::string tensors,
+                                         std::chrono::milliseconds timeout, Body body);
+  // Point-to-point: the body posts one request; the Work completes with it, not with the task.
+  c10::intrusive_ptr<c10d::Work> enqueueP2P(const char* op, c10d::OpType type,
+                                            at::Tensor tensor, int peer, uint64_t tag,
+                                            uint64_t mask);
+  c10::intrusive_ptr<c10d::Work> allreduceFlat(const char* op, c10d::OpType type,
+                                               std::vector<at::Tensor> tensors,
+                                               const c10d::ReduceOp& reduceOp,
+                                               std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> allgatherFlat(const char* op,
+                                               std::vector<at::Tensor> outputs,
+                                               std::vector<at::Tensor> inputs,
+                                               std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> reduceScatterFlat(const char* op,
+                                                   std::vector<at::Tensor> outputs,
+                                                   std::vector<at::Tensor> inputs,
+                                                   const c10d::ReduceOp& reduceOp,
+                                                   std::chrono::milliseconds timeout);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  const std::string groupId_;
+  const uint32_t groupHash_;
+  const std::vector<int64_t> globalRanks_;
+  EngineConfig engineConfig_;
+  std::shared_ptr<ProgressEngine> engine_;
+  // Collectives and point-to-point ops are numbered separately: every rank issues the same
+  // collectives, but not the same sends and receives, and the collective number is in the tag.
+  std::atomic<uint64_t> collectiveSeq_{0};
+  std::atomic<uint64_t> p2pSeq_{0};
+  // The Work whose task the progress thread is running (for timeout messages).
+  std::shared_ptr<std::atomic<const WorkUCX*>> running_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkUCX>> coalesced_;
+};
+
+EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options);
+
+}  // namespace ucxb

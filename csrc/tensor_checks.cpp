@@ -1,0 +1,123 @@
+#include "csrc/tensor_checks.hpp"
+
+#include <sstream>
+
+#include "csrc/errors.hpp"
+
+namespace ucxb {
+
+std::optional<DType> toDType(at::ScalarType type) {
+  switch (type) {
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kShort: return DType::kInt16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kBool: return DType::kBool;
+    case at::kComplexFloat: return DType::kComplex64;
+    case at::kComplexDouble: return DType::kComplex128;
+    default: return std::nullopt;
+  }
+}
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) {
+    return "undefined";
+  }
+  std::ostringstream s;
+  s << c10::toString(t.scalar_type()) << t.sizes();
+  if (t.device().type() != at::kCPU) {
+    s << " on " << t.device();
+  }
+  return s.str();
+}
+
+std::string describe(const std::vector<at::Tensor>& ts) {
+  if (ts.size() == 1) {
+    return describe(ts[0]);
+  }
+  std::string s = std::to_string(ts.size()) + " tensors";
+  if (!ts.empty()) {
+    s += " like " + describe(ts[0]);
+  }
+  return s;
+}
+
+void Checker::fail(const std::string& problem) const { throwInvalid(op, rank, problem); }
+
+DType Checker::tensor(const at::Tensor& t, const char* role) const {
+  if (!t.defined()) {
+    fail(std::string(role) + " is undefined");
+  }
+  if (t.device().type() != at::kCPU) {
+    fail(std::string(role) + " " + describe(t) +
+         " is not a CPU tensor; this build of the ucx backend carries CPU tensors only");
+  }
+  if (t.layout() != at::kStrided) {
+    fail(std::string(role) + " " + describe(t) + " is sparse; only dense tensors are supported");
+  }
+  auto dt = toDType(t.scalar_type());
+  if (!dt) {
+    fail(std::string(role) + " has unsupported dtype " + describe(t));
+  }
+  return *dt;
+}
+
+void Checker::single(const std::vector<at::Tensor>& ts, const char* role) const {
+  if (ts.size() != 1) {
+    fail(std::string("expects exactly one tensor in ") + role + ", got " +
+         std::to_string(ts.size()));
+  }
+}
+
+void Checker::sameAs(const at::Tensor& ref, const at::Tensor& t, const char* role) const {
+  if (t.scalar_type() != ref.scalar_type() || t.numel() != ref.numel()) {
+    fail(std::string(role) + " " + describe(t) + " does not match " + describe(ref) +
+         " (same dtype and number of elements required)");
+  }
+}
+
+void Checker::rank_(int64_t r, const char* role) const {
+  if (r < 0 || r >= size) {
+    fail(std::string(role) + " " + std::to_string(r) + " is out of range for a group of " +
+         std::to_string(size) + " ranks");
+  }
+}
+
+ReduceFn Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
+  ReduceKind kind;
+  std::string name;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: kind = ReduceKind::kSum; break;
+    case c10d::ReduceOp::PRODUCT: kind = ReduceKind::kProduct; break;
+    case c10d::ReduceOp::MIN: kind = ReduceKind::kMin; break;
+    case c10d::ReduceOp::MAX: kind = ReduceKind::kMax; break;
+    case c10d::ReduceOp::BAND: kind = ReduceKind::kBand; break;
+    case c10d::ReduceOp::BOR: kind = ReduceKind::kBor; break;
+    case c10d::ReduceOp::BXOR: kind = ReduceKind::kBxor; break;
+    case c10d::ReduceOp::AVG:
+    case c10d::ReduceOp::PREMUL_SUM: {
+      const char* which = op.op_ == c10d::ReduceOp::AVG ? "AVG" : "PREMUL_SUM";
+      if (dtype == DType::kBool || (dtype >= DType::kInt8 && dtype <= DType::kInt64)) {
+        fail(std::string(which) + " is not supported for integer or bool dtype " +
+             dtypeName(dtype) + "; use SUM and divide");
+      }
+      kind = ReduceKind::kSum;
+      break;
+    }
+    default:
+      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");
+  }
+  ReduceFn fn = findReduce(dtype, kind);
+  if (fn == nullptr) {
+    fail(std::string("reduce op ") + reduceName(kind) + " is not defined for dtype " +
+         dtypeName(dtype));
+  }
+  return fn;
+}
+
+}  // namespace ucxb

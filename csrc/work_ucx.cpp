@@ -1,0 +1,41 @@
+#include "csrc/work_ucx.hpp"
+
+#include <ATen/core/ivalue.h>
+
+namespace ucxb {
+
+WorkUCX::WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
+                 std::chrono::milliseconds timeout)
+    : c10d::Work(ctx.rank, type),
+      ctx_(std::move(ctx)),
+      outputs_(std::move(outputs)),
+      timeout_(timeout),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+bool WorkUCX::wait(std::chrono::milliseconds timeout) {
+  const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
+      lock.unlock();
+      throwWaitTimeout(ctx_, limit.count(), waitingFor_ ? waitingFor_() : std::string());
+    }
+    if (exception_) {
+      std::rethrow_exception(exception_);
+    }
+  }
+  return true;
+}
+
+void WorkUCX::finishOk() {
+  future_->markCompleted(c10::IValue(outputs_));
+  finish();
+}
+
+void WorkUCX::finishError(std::exception_ptr error) {
+  future_->setError(error);
+  finish(error);
+}
+
+}  // namespace ucxb

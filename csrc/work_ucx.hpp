@@ -1,0 +1,49 @@
+// The Work returned by every op: completion, errors and a Future, with Gloo's semantics.
+// The progress thread finishes it; callers wait on it (bounded by the op's timeout) or chain
+// on its Future (DDP comm hooks), whose callbacks run on the progress thread, as with Gloo.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "csrc/errors.hpp"
+
+namespace ucxb {
+
+class WorkUCX : public c10d::Work {
+ public:
+  WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
+          std::chrono::milliseconds timeout);
+  // Tells a timed-out wait() what the op is stuck on.
+  void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }
+
+  bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
+  void synchronize() override {}
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override { return sourceRank_.load(); }
+  uint64_t getSequencenumber() const override { return ctx_.seq; }
+
+  const OpContext& context() const { return ctx_; }
+  void setSourceRank(int r) { sourceRank_.store(r); }
+
+  // Exactly one of these is called, once, on the thread that ran the op.
+  void finishOk();
+  void finishError(std::exception_ptr error);
+
+ private:
+  const OpContext ctx_;
+  const std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+  std::function<std::string()> waitingFor_;
+  std::atomic<int> sourceRank_{-1};
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace ucxb

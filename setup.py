@@ -1,0 +1,89 @@
+"""Builds ucxbackend._C against the installed torch and a UCX install.
+
+UCX comes from the `libucx-cu12` wheel unless UCX_HOME names another prefix (Debian's
+libucx-dev at /usr, a cluster's HPC-X/MLNX UCX with verbs). The extension records that
+prefix's lib directory as its RUNPATH, so it loads exactly the UCX it was compiled against.
+
+Build in place (incremental: ninja recompiles only changed sources):
+    python setup.py build_ext --inplace
+Install against the torch already installed (never let pip fetch another torch):
+    pip install --no-build-isolation .
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def ucx_home() -> Path:
+    explicit = os.environ.get("UCX_HOME")
+    if explicit:
+        home = Path(explicit)
+    else:
+        try:
+            import libucx  # the libucx-cu12 wheel
+        except ImportError:
+            sys.exit(
+                "setup.py: UCX not found. Install the wheel (pip install libucx-cu12) "
+                "or set UCX_HOME to a UCX prefix with include/ucp/api/ucp.h"
+            )
+        home = Path(libucx.__file__).resolve().parent
+    if not (home / "include" / "ucp" / "api" / "ucp.h").is_file():
+        sys.exit(f"setup.py: {home}/include/ucp/api/ucp.h not found (UCX_HOME={home})")
+    return home
+
+
+def ucx_libdir(home: Path) -> Path:
+    for candidate in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
+        if (home / candidate / "libucp.so").exists():
+            return home / candidate
+    sys.exit(f"setup.py: libucp.so not found under {home}")
+
+
+def main() -> None:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    home = ucx_home()
+    libdir = ucx_libdir(home)
+    sources = sorted(
+        os.path.relpath(p, ROOT)
+        for pattern in ("transports/**/*.cpp", "csrc/**/*.cpp")
+        for p in glob.glob(str(ROOT / pattern), recursive=True)
+        # The UDP transport and tools are built separately when they exist.
+        if "/udp/" not in p
+    )
+    ext = CppExtension(
+        name="ucxbackend._C",
+        sources=sources,
+        # torch's bundled pybind11 comes first (through CppExtension); never the pip one.
+        include_dirs=[str(ROOT), str(home / "include")],
+        library_dirs=[str(libdir)],
+        libraries=["ucp", "uct", "ucs"],
+        define_macros=[
+            ("UCXB_UCX_HOME", f'"{home}"'),
+            ("UCXB_TORCH_VERSION", f'"{torch.__version__}"'),
+        ],
+        extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        # RUNPATH (new dtags) to the UCX we compiled against; LD_LIBRARY_PATH can still
+        # override it deliberately, a stray system libucp cannot.
+        extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,--enable-new-dtags"],
+    )
+    setup(
+        name="ucxbackend",
+        packages=["ucxbackend"],
+        package_data={"ucxbackend": ["py.typed"]},
+        ext_modules=[ext],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+// The transport interface: tagged, non-blocking send/recv of contiguous bytes between the ranks
+// of one group, plus the hooks an owner thread needs to drive it (progress, arm, event fd).
+//
+// Threading contract: a Transport and every Request it returns belong to ONE thread (the
+// backend's progress thread). Completion is observed only inside progress() on that thread, so
+// request state needs no locks. This mirrors a UCX worker created in UCS_THREAD_MODE_SINGLE.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ucxb {
+
+using Tag = uint64_t;
+constexpr int kAnySource = -1;
+
+enum class MemoryType { kHost, kCuda };
+
+enum class RequestState { kPending, kDone, kFailed };
+
+// One posted send or receive. The transport fills in the outcome during progress().
+class Request {
+ public:
+  Request(bool isSend, int peer, size_t bytes) : isSend_(isSend), peer_(peer), postedBytes_(bytes) {}
+  virtual ~Request() = default;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  RequestState state() const { return state_; }
+  bool pending() const { return state_ == RequestState::kPending; }
+  bool failed() const { return state_ == RequestState::kFailed; }
+  bool isSend() const { return isSend_; }
+  // The peer given when posting (kAnySource for a wildcard receive).
+  int peer() const { return peer_; }
+  size_t postedBytes() const { return postedBytes_; }
+  // For receives: the bytes that actually arrived and the sender's full tag.
+  size_t receivedBytes() const { return receivedBytes_; }
+  Tag senderTag() const { return senderTag_; }
+  const std::string& error() const { return error_; }
+
+  // Asks the transport to abandon the request. It completes (failed or done) in a later
+  // progress() call; until then the buffer must stay alive.
+  virtual void cancel() = 0;
+
+  // Invoked once, on the owner thread, when the request leaves kPending. If it already has,
+  // the callback runs immediately.
+  void onComplete(std::function<void(Request&)> cb) {
+    if (!pending()) {
+      cb(*this);
+    } else {
+      callback_ = std::move(cb);
+    }
+  }
+
+  // Anything that must outlive the request (e.g. the tensors whose memory it reads or writes)
+  // when its owner gives up on it before the transport has finished with it.
+  void keepAlive(std::shared_ptr<void> owner) { keepAlive_ = std::move(owner); }
+
+ protected:
+  void complete(size_t bytes, Tag senderTag) {
+    receivedBytes_ = bytes;
+    senderTag_ = senderTag;
+    settle(RequestState::kDone);
+  }
+  void fail(std::string why) {
+    error_ = std::move(why);
+    settle(RequestState::kFailed);
+  }
+
+ private:
+  void settle(RequestState s) {
+    state_ = s;
+    if (callback_) {
+      auto cb = std::move(callback_);
+      callback_ = nullptr;
+      cb(*this);
+    }
+  }
+
+  const bool isSend_;
+  const int peer_;
+  const size_t postedBytes_;
+  RequestState state_ = RequestState::kPending;
+  size_t receivedBytes_ = 0;
+  Tag senderTag_ = 0;
+  std::string error_;
+  std::function<void(Request&)> callback_;
+  std::shared_ptr<void> keepAlive_;
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+// Raised for failures a caller cannot recover from locally (set-up, bad address, ...). Failures
+// of individual messages are reported through Request::error() instead.
+class TransportError : public std::runtime_error {
+ public:
+  TransportError(const std::string& what, int peer = -1) : std::runtime_error(what), peer_(peer) {}
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Opaque blob a peer passes to connect() to reach this rank.
+  virtual std::vector<uint8_t> localAddress() const = 0;
+  virtual void connect(int peer, const std::vector<uint8_t>& address) = 0;
+
+  // Non-blocking. The buffer must stay valid until the request completes.
+  virtual RequestPtr send(int peer, Tag tag, const void* data, size_t bytes,
+                          MemoryType mem = MemoryType::kHost) = 0;
+  // Matches a message whose tag equals `tag` on the bits set in `mask`. `peer` is recorded for
+  // error reporting only (the source rank is part of the tag); kAnySource for wildcards.
+  virtual RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                          MemoryType mem = MemoryType::kHost) = 0;
+
+  // Runs completions; returns true if anything happened.
+  virtual bool progress() = 0;
+  // Prepares to sleep on eventFd(). Returns false if events are already pending (progress
+  // again instead of sleeping).
+  virtual bool arm() = 0;
+  // Becomes readable when progress() has work to do. -1 if the transport cannot sleep.
+  virtual int eventFd() const = 0;
+
+  // Non-empty once the transport has seen this peer fail (connection reset, keepalive lost).
+  virtual std::string peerError(int peer) const = 0;
+};
+
+}  // namespace ucxb

@@ -1,0 +1,285 @@
+#include "transports/ucx/ucx_transport.h"
+
+#include <chrono>
+
+#include "transports/ucx/ucx_status.h"
+
+namespace ucxb::ucx {
+
+class UcxTransport::UcxRequest final : public Request {
+ public:
+  UcxRequest(UcxTransport* owner, bool isSend, int peer, size_t bytes)
+      : Request(isSend, peer, bytes), owner_(owner) {}
+
+  void cancel() override {
+    if (handle_ != nullptr && pending()) {
+      ucp_request_cancel(owner_->worker(), handle_);
+    }
+  }
+
+ private:
+  friend class UcxTransport;
+  UcxTransport* owner_;
+  void* handle_ = nullptr;        // UCX's request, while UCX holds it
+  ucp_tag_recv_info_t info_{};    // filled by UCX on immediate receive completion
+};
+
+namespace {
+
+ucs_memory_type_t toUcs(MemoryType mem) {
+  return mem == MemoryType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+}
+
+std::string peerLabel(int peer) {
+  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport(int rank, int size)
+    : rank_(rank), size_(size), context_(Context::shared()) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Only the backend's progress thread touches this worker.
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h w = nullptr;
+  check(ucp_worker_create(context_->handle(), &params, &w), "ucp_worker_create");
+  worker_.reset(w);
+
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  check(ucp_worker_get_address(worker(), &addr, &len), "ucp_worker_get_address");
+  const auto* bytes = reinterpret_cast<const uint8_t*>(addr);
+  address_.assign(bytes, bytes + len);
+  ucp_worker_release_address(worker(), addr);
+
+  check(ucp_worker_get_efd(worker(), &eventFd_), "ucp_worker_get_efd");
+
+  peers_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}});
+  }
+}
+
+UcxTransport::~UcxTransport() {
+  // Abandon whatever is still posted (only possible after a failed or aborted op), then give
+  // UCX a bounded time to hand the requests back before the worker goes away.
+  for (auto& [ptr, req] : inflight_) {
+    req->cancel();
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!inflight_.empty() && std::chrono::steady_clock::now() < deadline) {
+    ucp_worker_progress(worker());
+  }
+  for (auto& [ptr, req] : inflight_) {
+    if (req->handle_ != nullptr) {
+      ucp_request_free(req->handle_);  // UCX releases it when it completes
+      req->handle_ = nullptr;
+    }
+  }
+  inflight_.clear();
+  closeEndpoints();
+}
+
+void UcxTransport::closeEndpoints() {
+  std::vector<void*> closing;
+  for (auto& slot : peers_) {
+    if (slot->ep == nullptr) {
+      continue;
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // A failed endpoint cannot be flushed; a healthy one is flushed so queued data still leaves.
+    param.flags = slot->error.empty() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(slot->ep, &param);
+    if (UCS_PTR_IS_PTR(r)) {
+      closing.push_back(r);
+    }
+    slot->ep = nullptr;
+  }
+  // A peer that already exited cannot acknowledge a flush: bound the wait.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker());
+    }
+    ucp_request_free(r);
+  }
+}
+
+void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
+  PeerSlot& slot = *peers_.at(peer);
+  if (slot.ep != nullptr) {
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxTransport::onPeerError;
+  params.err_handler.arg = &slot;
+  check(ucp_ep_create(worker(), &params, &slot.ep),
+        "ucp_ep_create to rank " + std::to_string(peer), peer);
+}
+
+void UcxTransport::onPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* slot = static_cast<PeerSlot*>(arg);
+  slot->error = describe(status, "connection to rank " + std::to_string(slot->peer) + " failed");
+  slot->owner->peerFailed_ = true;
+}
+
+// UCX fails the sends queued on a failed endpoint by itself, but a tag receive belongs to the
+// worker, not to an endpoint: cancel the ones directed at a failed peer so they do not wait
+// for the group timeout. (Deferred from the error callback to keep UCX's call stack simple.)
+void UcxTransport::cancelReceivesFromFailedPeers() {
+  peerFailed_ = false;
+  std::vector<std::shared_ptr<UcxRequest>> victims;
+  for (auto& [ptr, req] : inflight_) {
+    if (!req->isSend() && req->peer() >= 0 && !peers_[req->peer()]->error.empty()) {
+      victims.push_back(req);
+    }
+  }
+  for (auto& req : victims) {
+    req->cancel();
+  }
+}
+
+std::string UcxTransport::peerError(int peer) const {
+  if (peer < 0 || peer >= size_) {
+    return {};
+  }
+  return peers_[peer]->error;
+}
+
+std::shared_ptr<UcxTransport::UcxRequest> UcxTransport::track(bool isSend, int peer,
+                                                              size_t bytes) {
+  auto req = std::make_shared<UcxRequest>(this, isSend, peer, bytes);
+  inflight_.emplace(req.get(), req);
+  return req;
+}
+
+std::shared_ptr<UcxTransport::UcxRequest> UcxTransport::untrack(UcxRequest* req) {
+  auto it = inflight_.find(req);
+  if (it == inflight_.end()) {
+    return nullptr;
+  }
+  auto owned = std::move(it->second);
+  inflight_.erase(it);
+  return owned;
+}
+
+// Records what ucp_*_nbx returned: a handle (completion comes later through a callback), an
+// immediate completion, or an immediate error.
+void UcxTransport::settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result) {
+  if (UCS_PTR_IS_PTR(result)) {
+    if (req->pending()) {
+      req->handle_ = result;
+    }
+    return;
+  }
+  untrack(req.get());
+  const ucs_status_t status = UCS_PTR_STATUS(result);
+  const std::string what = std::string(req->isSend() ? "send to " : "receive from ") +
+                           peerLabel(req->peer()) + " (" + std::to_string(req->postedBytes()) +
+                           " bytes)";
+  if (status == UCS_OK) {
+    if (req->isSend()) {
+      req->complete(req->postedBytes(), 0);
+    } else {
+      req->complete(req->info_.length, req->info_.sender_tag);
+    }
+  } else {
+    req->fail(describe(status, what));
+  }
+}
+
+RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
+                              MemoryType mem) {
+  auto req = track(true, peer, bytes);
+  PeerSlot& slot = *peers_.at(peer);
+  if (!slot.error.empty() || slot.ep == nullptr) {
+    untrack(req.get());
+    req->fail(slot.error.empty() ? "rank " + std::to_string(peer) + " is not connected"
+                                 : slot.error);
+    return req;
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.send = &UcxTransport::onSendDone;
+  param.user_data = req.get();
+  param.memory_type = toUcs(mem);
+  settle(req, ucp_tag_send_nbx(slot.ep, data, bytes, tag, &param));
+  return req;
+}
+
+RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                              MemoryType mem) {
+  auto req = track(false, peer, bytes);
+  if (peer >= 0 && !peers_.at(peer)->error.empty()) {
+    untrack(req.get());
+    req->fail(peers_[peer]->error);
+    return req;
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
+  param.cb.recv = &UcxTransport::onRecvDone;
+  param.user_data = req.get();
+  param.memory_type = toUcs(mem);
+  param.recv_info.tag_info = &req->info_;
+  settle(req, ucp_tag_recv_nbx(worker(), data, bytes, tag, mask, &param));
+  return req;
+}
+
+void UcxTransport::onSendDone(void* handle, ucs_status_t status, void* user) {
+  auto* req = static_cast<UcxRequest*>(user);
+  auto owned = req->owner_->untrack(req);
+  ucp_request_free(handle);
+  req->handle_ = nullptr;
+  if (status == UCS_OK) {
+    req->complete(req->postedBytes(), 0);
+  } else {
+    req->fail(describe(status, "send to " + peerLabel(req->peer()) + " (" +
+                                   std::to_string(req->postedBytes()) + " bytes)"));
+  }
+}
+
+void UcxTransport::onRecvDone(void* handle, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                              void* user) {
+  auto* req = static_cast<UcxRequest*>(user);
+  auto owned = req->owner_->untrack(req);
+  ucp_request_free(handle);
+  req->handle_ = nullptr;
+  if (status == UCS_OK) {
+    req->complete(info->length, info->sender_tag);
+  } else if (status == UCS_ERR_CANCELED && req->peer() >= 0 &&
+             !req->owner_->peers_[req->peer()]->error.empty()) {
+    req->fail(req->owner_->peers_[req->peer()]->error);
+  } else {
+    req->fail(describe(status, "receive from " + peerLabel(req->peer()) + " (" +
+                                   std::to_string(req->postedBytes()) + " bytes)"));
+  }
+}
+
+bool UcxTransport::progress() {
+  const bool any = ucp_worker_progress(worker()) != 0;
+  if (peerFailed_) {
+    cancelReceivesFromFailedPeers();
+    return true;
+  }
+  return any;
+}
+
+bool UcxTransport::arm() {
+  const ucs_status_t status = ucp_worker_arm(worker());
+  if (status == UCS_ERR_BUSY) {
+    return false;
+  }
+  check(status, "ucp_worker_arm");
+  return true;
+}
+
+}  // namespace ucxb::ucx

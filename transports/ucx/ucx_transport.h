@@ -1,0 +1,76 @@
+// Transport over UCP tag matching: one worker per group, one endpoint per peer, peer error
+// handling on every endpoint so that a dead peer fails its requests instead of hanging them.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transports/transport.h"
+#include "transports/ucx/ucx_context.h"
+
+namespace ucxb::ucx {
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(int rank, int size);
+  ~UcxTransport() override;
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  std::string name() const override { return "ucx"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::vector<uint8_t> localAddress() const override { return address_; }
+  void connect(int peer, const std::vector<uint8_t>& address) override;
+
+  RequestPtr send(int peer, Tag tag, const void* data, size_t bytes, MemoryType mem) override;
+  RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                  MemoryType mem) override;
+
+  bool progress() override;
+  bool arm() override;
+  int eventFd() const override { return eventFd_; }
+  std::string peerError(int peer) const override;
+
+ private:
+  class UcxRequest;
+  struct PeerSlot {
+    UcxTransport* owner;
+    int peer;
+    ucp_ep_h ep = nullptr;
+    std::string error;
+  };
+  struct WorkerDeleter {
+    void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
+  };
+
+  static void onSendDone(void* handle, ucs_status_t status, void* user);
+  static void onRecvDone(void* handle, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                         void* user);
+  static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  ucp_worker_h worker() const { return worker_.get(); }
+  std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
+  void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
+  std::shared_ptr<UcxRequest> untrack(UcxRequest* req);
+  void closeEndpoints();
+  void cancelReceivesFromFailedPeers();
+
+  const int rank_;
+  const int size_;
+  std::shared_ptr<Context> context_;  // outlives the worker (declared first, destroyed last)
+  std::unique_ptr<ucp_worker, WorkerDeleter> worker_;
+  std::vector<uint8_t> address_;
+  int eventFd_ = -1;
+  std::vector<std::unique_ptr<PeerSlot>> peers_;
+  bool peerFailed_ = false;  // set in UCX's error callback, handled in progress()
+  // Requests UCX still holds, keyed by the pointer UCX hands back to our callbacks.
+  std::unordered_map<const UcxRequest*, std::shared_ptr<UcxRequest>> inflight_;
+};
+
+}  // namespace ucxb::ucx
