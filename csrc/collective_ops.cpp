@@ -242,27 +242,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgatherFlat(const char* op,
                      algo::allgather(comm, src.data(), ptrs, src.bytes());
                      return;
                    }
-                   std::vector<at::Tensor> byteViews;
+                   // Pack every input into one block per rank, gather, then unpack.
+                   std::vector<Staged> src;
+                   size_t block = 0;
                    for (const auto& t : inputs) {
-                     byteViews.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+                     src.emplace_back(t);
+                     block += src.back().bytes();
                    }
-                   at::Tensor send = at::cat(byteViews);
-                   const size_t block = send.numel();
-                   at::Tensor recv = at::empty({static_cast<int64_t>(block) * n}, send.options());
+                   std::vector<uint8_t> send(block);
+                   std::vector<uint8_t> recv(block * n);
+                   size_t at = 0;
+                   for (const auto& st : src) {
+                     if (st.bytes()) std::memcpy(send.data() + at, st.data(), st.bytes());
+                     at += st.bytes();
+                   }
                    std::vector<void*> ptrs;
-                   for (int r = 0; r < n; ++r) {
-                     ptrs.push_back(block ? bytePtr(recv) + r * block : nullptr);
-                   }
-                   algo::allgather(comm, block ? send.data_ptr() : nullptr, ptrs, block);
-                   int64_t offset = 0;
+                   for (int r = 0; r < n; ++r) ptrs.push_back(recv.data() + r * block);
+                   algo::allgather(comm, send.data(), ptrs, block);
+                   at = 0;
                    for (size_t i = 0; i < inputs.size(); ++i) {
-                     const int64_t len = byteViews[i].numel();
-                     at::Tensor rows = recv.view({n, static_cast<int64_t>(block)})
-                                           .narrow(1, offset, len)
-                                           .contiguous()
-                                           .view(inputs[i].scalar_type());
-                     outputs[i].copy_(rows.view(outputs[i].sizes()));
-                     offset += len;
+                     Staged dst(outputs[i]);
+                     const size_t len = src[i].bytes();
+                     for (int r = 0; r < n && len > 0; ++r) {
+                       std::memcpy(static_cast<uint8_t*>(dst.data()) + r * len,
+                                   recv.data() + r * block + at, len);
+                     }
+                     dst.copyBack();
+                     at += len;
                    }
                  });
 }

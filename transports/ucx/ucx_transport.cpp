@@ -55,6 +55,13 @@ UcxTransport::UcxTransport(int rank, int size)
 
   check(ucp_worker_get_efd(worker(), &eventFd_), "ucp_worker_get_efd");
 
+  // UCX 1.13 (Debian 12) completes a matched receive immediately without filling
+  // recv_info, so its length reads as 0; 1.22 fills it. Older versions get their receives
+  // completed through the callback instead (UCP_OP_ATTR_FLAG_NO_IMM_CMPL).
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  immediateRecvInfo_ = major > 1 || (major == 1 && minor >= 16);
+
   peers_.resize(size_);
   for (int p = 0; p < size_; ++p) {
     peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}});
@@ -225,7 +232,9 @@ RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
   }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
+                       UCP_OP_ATTR_FIELD_MEMORY_TYPE |
+                       (immediateRecvInfo_ ? UCP_OP_ATTR_FIELD_RECV_INFO
+                                           : UCP_OP_ATTR_FLAG_NO_IMM_CMPL);
   param.cb.recv = &UcxTransport::onRecvDone;
   param.user_data = req.get();
   param.memory_type = toUcs(mem);

@@ -69,6 +69,8 @@ class UcxTransport final : public Transport {
   int eventFd_ = -1;
   std::vector<std::unique_ptr<PeerSlot>> peers_;
   bool peerFailed_ = false;  // set in UCX's error callback, handled in progress()
+  // Whether this UCX reports the length of an immediately completed tagged receive.
+  bool immediateRecvInfo_ = false;
   // Requests UCX still holds, keyed by the pointer UCX hands back to our callbacks.
   std::unordered_map<const UcxRequest*, std::shared_ptr<UcxRequest>> inflight_;
 };
