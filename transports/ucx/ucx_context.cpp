@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "transports/ucx/ucx_status.h"
 
@@ -22,9 +23,15 @@ ucp_context_h createContext() {
   // Endpoints use peer error handling (a dead peer fails its requests). UCX leaves shared
   // memory out of such endpoints unless its own peer-failure checks are enabled, which would
   // silently push same-host traffic onto TCP loopback. Enable them unless the user chose.
-  for (const char* name : {"POSIX_ERROR_HANDLING", "SYSV_ERROR_HANDLING"}) {
+  // UCX's keepalive notices a dead peer (process gone, connection reset) every 20 s by
+  // default; a collective stuck on a dead rank should fail in about a second instead. It
+  // checks liveness, not responsiveness, so a peer busy computing is never reported.
+  const std::pair<const char*, const char*> defaults[] = {
+      {"POSIX_ERROR_HANDLING", "y"}, {"SYSV_ERROR_HANDLING", "y"}, {"KEEPALIVE_INTERVAL", "1s"}};
+  for (const auto& [name, value] : defaults) {
     if (std::getenv((std::string("UCX_") + name).c_str()) == nullptr) {
-      check(ucp_config_modify(config.get(), name, "y"), std::string("ucp_config_modify ") + name);
+      check(ucp_config_modify(config.get(), name, value),
+            std::string("ucp_config_modify ") + name);
     }
   }
 

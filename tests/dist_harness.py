@@ -1,0 +1,190 @@
+"""Multi-process harness for the torch.distributed tests.
+
+``run_world(fn, world_size)`` starts ``world_size`` fresh processes (spawn
+context), initialises a process group in each, calls ``fn(rank, world_size,
+*args)`` and returns the per-rank results in rank order.  ``fn`` must be a
+module-level function and its result must be picklable.
+
+The parent never waits forever: past ``timeout`` every child still alive is
+SIGKILLed and ``TimeoutError`` names the ranks that had not reported.  When a
+rank fails, the other ranks get ``FAIL_GRACE`` seconds to report before they
+are killed, then ``AssertionError`` carries every failing rank's traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_mod
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+BACKEND: str = os.environ.get("UCXB_TEST_BACKEND", "ucx")
+
+# After the first failure, how long the other ranks get to report.
+FAIL_GRACE = 10.0
+# How long a dead child's report may still be in flight in the queue.
+_DEATH_GRACE = 2.0
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(
+    fn_ref: tuple[str, str],
+    rank: int,
+    world_size: int,
+    backend: str,
+    init_method: str,
+    env: dict[str, str],
+    args: tuple[Any, ...],
+    pg_timeout: float,
+    results: Any,
+) -> None:
+    try:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ.update(env)
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        # fn is imported only now, so that the environment above is in place
+        # before its module (and torch) is imported.
+        fn = getattr(importlib.import_module(fn_ref[0]), fn_ref[1])
+        import torch
+        import torch.distributed as dist
+
+        # torch may have been imported before the environment was set (e.g. by
+        # the parent's __main__ being re-imported): apply the thread count anyway.
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+        if "ucx" in backend:
+            import ucxbackend  # noqa: F401  (registers the backend)
+
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=pg_timeout),
+        )
+        result = fn(rank, world_size, *args)
+        dist.destroy_process_group()
+        pickle.dumps(result)  # fail here, not silently in the queue's feeder thread
+        msg: tuple[int, str, Any] = (rank, "ok", result)
+    except BaseException:  # everything goes back to the parent
+        msg = (rank, "err", traceback.format_exc())
+    results.put(msg)
+    results.close()
+    results.join_thread()
+    # Skip interpreter teardown: a broken backend must not hang the exit.
+    os._exit(0)
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    init: str = "file",
+    env: dict[str, str] | None = None,
+    args: tuple[Any, ...] = (),
+    pg_timeout: float = 60.0,
+    expect_fail_ranks: set[int] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return results by rank.
+
+    ``init`` is "file", "tcp" or "env".  Ranks in ``expect_fail_ranks`` may die
+    without reporting; their result is then ``None``.
+    """
+    if "." in fn.__qualname__:
+        raise ValueError(f"fn must be a module-level function, got {fn.__qualname__}")
+    fn_ref = (fn.__module__, fn.__qualname__)
+    backend = backend or BACKEND
+    expect_fail = expect_fail_ranks or set()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="ucxb_test_") as tmp:
+        env = dict(env or {})
+        if init == "file":
+            init_method = "file://" + os.path.join(tmp, "store")
+        elif init == "tcp":
+            init_method = f"tcp://127.0.0.1:{free_port()}"
+        elif init == "env":
+            init_method = "env://"
+            env["MASTER_PORT"] = str(free_port())
+            env["WORLD_SIZE"] = str(world_size)
+        else:
+            raise ValueError(f"unknown init {init!r}")
+
+        procs = [
+            ctx.Process(
+                target=_child,
+                args=(fn_ref, r, world_size, backend, init_method, env, args, pg_timeout, results),
+                name=f"rank{r}",
+                daemon=True,
+            )
+            for r in range(world_size)
+        ]
+        reports: dict[int, tuple[str, Any]] = {}
+        died: dict[int, int] = {}  # rank -> exit code, for ranks gone without a report
+        dead_since: dict[int, float] = {}
+        try:
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + timeout
+            while len(reports) + len(died) < world_size:
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                try:
+                    rank, status, value = results.get(timeout=min(0.1, deadline - now))
+                    reports[rank] = (status, value)
+                    if status == "err":
+                        deadline = min(deadline, time.monotonic() + FAIL_GRACE)
+                    continue
+                except queue_mod.Empty:
+                    pass
+                now = time.monotonic()
+                for r, p in enumerate(procs):
+                    if r in reports or r in died or p.exitcode is None:
+                        continue
+                    first_seen = dead_since.setdefault(r, now)
+                    if now - first_seen >= _DEATH_GRACE:
+                        died[r] = p.exitcode
+                        if r not in expect_fail:
+                            deadline = min(deadline, now + FAIL_GRACE)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            for p in procs:
+                p.join()
+            results.close()
+
+    missing = [r for r in range(world_size) if r not in reports and r not in died]
+    errors = [f"[rank {r}] {v}" for r, (s, v) in sorted(reports.items()) if s == "err"]
+    errors += [
+        f"[rank {r}] died without reporting (exit code {code})"
+        for r, code in sorted(died.items())
+        if r not in expect_fail
+    ]
+    if errors:
+        if missing:
+            errors.append(f"ranks {missing} had not reported and were killed")
+        raise AssertionError("\n".join(errors))
+    if missing:
+        raise TimeoutError(
+            f"ranks {missing} had not reported after {timeout:.0f}s; killed "
+            f"(world_size={world_size}, backend={backend})"
+        )
+    return [reports[r][1] if r in reports else None for r in range(world_size)]

@@ -1,0 +1,246 @@
+"""``python -m ucxbackend info``.
+
+In-process tests use a stand-in ``_C`` and run without the build; the subprocess tests check
+the real extension and skip with a reason when ``ucxbackend._C`` is not built.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ucxbackend
+from ucxbackend import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+needs_native = pytest.mark.skipif(
+    not ucxbackend.is_available(),
+    reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "UCXBACKEND_"))}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env.update(extra)
+    return env
+
+
+def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ucxbackend", *args],
+        env=_env() if env is None else env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    parsed = cli.build_parser().parse_args(list(args))
+    rc = parsed._run(parsed, out, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+class FakeNative:
+    __file__ = "/fake/_C.so"
+
+    @staticmethod
+    def ucx_version() -> str:
+        return "9.8.7"
+
+    @staticmethod
+    def ucx_library_path() -> str:
+        return "/fake/lib/libucp.so.0"
+
+    @staticmethod
+    def ucx_transports() -> list[tuple[str, str]]:
+        return [("tcp", "lo"), ("posix", "memory"), ("tcp", "eth0"), ("tcp", "lo")]
+
+    @staticmethod
+    def build_info() -> dict[str, str]:
+        return {"ucx_home": "/fake", "torch_version": "0.0.0"}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for k in list(os.environ):
+        if k.startswith(("UCX_", "UCXBACKEND_")):
+            monkeypatch.delenv(k)
+    return monkeypatch
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def test_info_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setattr(ucxbackend, "_C", FakeNative())
+    clean_env.setenv("UCX_TLS", "tcp,self")
+    clean_env.setenv("UCXBACKEND_SPIN_US", "7")
+    rc, out, err = run_main("info")
+    assert rc == 0, err
+    assert err == ""
+    assert re.search(r"^UCX version\s+9\.8\.7$", out, re.M)
+    assert re.search(r"^UCX library\s+/fake/lib/libucp\.so\.0$", out, re.M)
+    assert re.search(r"^ucxbackend version\s+" + re.escape(ucxbackend.__version__), out, re.M)
+    assert re.search(r"^\s+tcp\s+eth0, lo$", out, re.M)  # grouped, sorted, deduplicated
+    assert re.search(r"^\s+posix\s+memory$", out, re.M)
+    assert re.search(r"^\s+ucx_home\s+/fake$", out, re.M)
+    assert re.search(r"^\s+UCX_TLS\s+tcp,self$", out, re.M)
+    assert re.search(r"^\s+spin_us\s+7\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
+    assert re.search(r"^\s+progress_mode\s+sleep\s+default\s+UCXBACKEND_PROGRESS_MODE$", out, re.M)
+
+
+def test_info_json_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setattr(ucxbackend, "_C", FakeNative())
+    clean_env.setenv("UCXBACKEND_PROGRESS_MODE", "poll")
+    rc, out, _ = run_main("info", "--json")
+    assert rc == 0
+    info = json.loads(out)
+    assert info["ok"] is True and info["errors"] == []
+    assert info["ucx"]["version"] == "9.8.7"
+    assert info["ucx"]["transports"] == {"posix": ["memory"], "tcp": ["eth0", "lo"]}
+    assert info["build"] == {"ucx_home": "/fake", "torch_version": "0.0.0"}
+    assert info["ucxbackend"]["version"] == ucxbackend.__version__
+    config = {row["name"]: row for row in info["config"]}
+    assert config["progress_mode"]["value"] == "poll"
+    assert config["progress_mode"]["source"] == "env"
+    assert config["spin_us"] == {
+        "name": "spin_us",
+        "value": 50,
+        "source": "default",
+        "env_var": "UCXBACKEND_SPIN_US",
+        "default": 50,
+        "allowed": "an integer from 0 to 2147483647",
+    }
+
+
+def test_info_native_missing(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setattr(ucxbackend, "_C", None)
+    clean_env.setattr(ucxbackend, "_C_error", ImportError("libucp.so.0: cannot open"))
+    rc, out, err = run_main("info")
+    assert rc == 1
+    assert "NOT LOADED" in out
+    assert "ucxbackend._C could not be loaded" in err
+    assert "libucp.so.0: cannot open" in err
+    assert "make build" in err
+    rc, out, _ = run_main("info", "--json")
+    assert rc == 1
+    info = json.loads(out)
+    assert info["ok"] is False
+    assert info["ucx"] is None
+    assert info["ucxbackend"]["native_loaded"] is False
+    assert "libucp.so.0" in info["ucxbackend"]["native_error"]
+
+
+def test_info_native_query_fails(clean_env: pytest.MonkeyPatch) -> None:
+    class Broken(FakeNative):
+        @staticmethod
+        def ucx_transports() -> list[tuple[str, str]]:
+            raise RuntimeError("ucp_init failed")
+
+    clean_env.setattr(ucxbackend, "_C", Broken())
+    rc, out, err = run_main("info")
+    assert rc == 1
+    assert "ucp_init failed" in err
+    assert re.search(r"^UCX version\s+9\.8\.7$", out, re.M)  # the rest is still reported
+
+
+def test_info_bad_config(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setattr(ucxbackend, "_C", FakeNative())
+    clean_env.setenv("UCXBACKEND_PROGRESS_MODE", "turbo")
+    clean_env.setenv("UCXBACKEND_TYPO", "1")
+    rc, out, err = run_main("info")
+    assert rc == 1
+    assert "UCXBACKEND_PROGRESS_MODE='turbo'" in err
+    assert "'sleep', 'poll'" in err
+    assert "UCXBACKEND_TYPO" in out
+
+
+def test_parser_requires_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+    assert "info" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert ucxbackend.__version__ in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- subprocess
+
+
+def _native_facts() -> dict[str, Any]:
+    native = ucxbackend._C
+    assert native is not None
+    return {"version": native.ucx_version(), "library": native.ucx_library_path()}
+
+
+@needs_native
+def test_info_subprocess() -> None:
+    proc = run_module("info", env=_env(UCX_TLS="tcp,self,sm", UCXBACKEND_SPIN_US="11"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    facts = _native_facts()
+    m = re.search(r"^UCX version\s+(\S+)$", out, re.M)
+    assert m, out
+    assert m.group(1) == facts["version"]
+    assert re.search(r"^UCX library\s+" + re.escape(facts["library"]) + "$", out, re.M)
+    section = out.split("Transports UCX sees", 1)[1].split("\n\n", 1)[0]
+    tcp = re.search(r"^\s+tcp\s+(.*)$", section, re.M)
+    assert tcp, section
+    assert "lo" in [d.strip() for d in tcp.group(1).split(",")]
+    assert re.search(r"^\s+UCX_TLS\s+tcp,self,sm$", out, re.M)
+    assert re.search(r"^\s+spin_us\s+11\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
+    import torch
+
+    assert torch.__version__ in out
+
+
+@needs_native
+def test_info_json_subprocess() -> None:
+    proc = run_module("info", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout)
+    facts = _native_facts()
+    assert info["ok"] is True
+    assert info["ucx"]["version"] == facts["version"]
+    assert info["ucx"]["library_path"] == facts["library"]
+    assert "lo" in info["ucx"]["transports"]["tcp"]
+    assert set(info["build"]) >= {"ucx_home", "torch_version"}
+    assert info["torch"]["ucx_registered"] is True
+    assert [row["name"] for row in info["config"]] == ["progress_mode", "spin_us", "log_level"]
+
+
+def test_info_subprocess_without_native() -> None:
+    # Blocks the extension's import whether or not it is built.
+    code = (
+        "import sys\n"
+        "sys.modules['ucxbackend._C'] = None\n"
+        "from ucxbackend.cli import main\n"
+        "sys.exit(main(['info']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ucxbackend._C could not be loaded" in proc.stderr
+    assert "make build" in proc.stderr
+    assert "Traceback" not in proc.stderr

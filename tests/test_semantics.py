@@ -1,0 +1,395 @@
+"""Semantics beyond single-op correctness: async overlap and futures, process-group
+isolation, timeouts, a killed peer, bad input, and world size 1.
+
+Checks run inside the ranks and raise AssertionError there (the failing rank's traceback
+comes back through the harness), except where the parent has to compare ranks or timings.
+Error-message contents are checked for the ucx backend only (Gloo's messages do not
+name the op, rank or peer).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import BACKEND, run_world
+
+UCX = "ucx" in BACKEND
+WORLD_TIMEOUT = 120.0
+
+# What a ucx error message must contain (case-insensitive).
+OP_ALL_REDUCE = r"all_?reduce"
+OP_ALL_GATHER = r"all_?gather"
+
+
+def names_rank(text: str, rank: int) -> bool:
+    return re.search(rf"\brank\W{{0,3}}{rank}\b", text, re.IGNORECASE) is not None
+
+
+def names_peer(text: str, peer: int) -> bool:
+    pattern = rf"\b(peer|rank|from|to)\W{{0,3}}(rank\W{{0,3}})?{peer}\b"
+    return re.search(pattern, text, re.IGNORECASE) is not None
+
+
+def names(text: str, pattern: str) -> bool:
+    return re.search(pattern, text, re.IGNORECASE) is not None
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """assert torch.equal, with a short message (first differing element)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(
+            f"{what}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}"
+        )
+    if not torch.equal(got, want):
+        i = int((got != want).reshape(-1).nonzero()[0])
+        g, w = got.reshape(-1)[i].item(), want.reshape(-1)[i].item()
+        raise AssertionError(f"{what}: first diff at flat index {i}: got {g!r}, want {w!r}")
+
+
+def flatten(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value for t in flatten(v)]
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, str | None, str]:
+    """Run fn; return (seconds, exception type name or None, message)."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:
+        return time.monotonic() - t0, type(e).__name__, str(e)
+    return time.monotonic() - t0, None, ""
+
+
+# --------------------------------------------------------------------------
+# async overlap, futures
+# --------------------------------------------------------------------------
+
+
+def _async_overlap(rank: int, ws: int) -> None:
+    a = torch.full((1000,), float(rank + 1))
+    gathered = [torch.full((7,), -1, dtype=torch.int64) for _ in range(ws)]
+    b = torch.full((5,), float(rank), dtype=torch.float64)
+    c = torch.arange(33, dtype=torch.int32) * (rank + 1)
+    many = [torch.full((k * 100 + 1,), float(rank + k)) for k in range(8)]
+
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def double(fut: torch.futures.Future) -> torch.Tensor:
+        seen["value"] = [t.clone() for t in fut.value()]
+        return fut.value()[0] * 2
+
+    works = [
+        dist.all_reduce(a, async_op=True),
+        dist.all_gather(gathered, torch.arange(7) + 100 * rank, async_op=True),
+        dist.broadcast(b, src=ws - 1, async_op=True),
+        dist.all_reduce(c, op=dist.ReduceOp.MAX, async_op=True),
+    ]
+    works += [dist.all_reduce(t, async_op=True) for t in many]
+    chained = works[0].get_future().then(double)  # chained before anything completed
+    for w in reversed(works):
+        w.wait()
+    assert all(w.is_completed() for w in works)
+
+    want_a = torch.full((1000,), float(ws * (ws + 1) // 2))
+    same(a, want_a, "all_reduce SUM")
+    for j in range(ws):
+        same(gathered[j], torch.arange(7) + 100 * j, f"all_gather output {j}")
+    same(b, torch.full((5,), float(ws - 1), dtype=torch.float64), "broadcast")
+    same(c, torch.arange(33, dtype=torch.int32) * ws, "all_reduce MAX")
+    for k, t in enumerate(many):
+        want = torch.full((k * 100 + 1,), float(sum(r + k for r in range(ws))))
+        same(t, want, f"all_reduce #{k}")
+
+    # future values are the op's outputs
+    same(flatten(works[0].get_future().wait())[0], want_a, "all_reduce future value")
+    got = flatten(works[1].get_future().wait())
+    assert len(got) == ws, f"all_gather future value has {len(got)} tensors"
+    for j in range(ws):
+        same(got[j], gathered[j], f"all_gather future value {j}")
+    same(flatten(works[2].get_future().wait())[0], b, "broadcast future value")
+    same(flatten(works[3].get_future().wait())[0], c, "all_reduce MAX future value")
+    # the .then() callback ran and saw the result
+    same(chained.wait(), want_a * 2, "future.then() result")
+    same(seen["value"][0], want_a, "value seen by the .then() callback")
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_async_overlap(ws: int) -> None:
+    run_world(_async_overlap, ws, timeout=WORLD_TIMEOUT)
+
+
+# --------------------------------------------------------------------------
+# group isolation
+# --------------------------------------------------------------------------
+
+
+def _groups(rank: int, ws: int) -> None:
+    g_all = dist.new_group(list(range(ws)))
+    sub = [0, 2]
+    g_sub = dist.new_group(sub)
+
+    x1 = torch.full((10,), float(rank + 1))
+    x2 = [torch.full((3,), -1.0) for _ in range(ws)]
+    y1 = torch.full((10,), 10.0 * (rank + 1))
+    y2 = torch.full((4,), float(rank), dtype=torch.float64)
+    w1 = torch.full((6,), float(rank))
+
+    issue = {
+        "x1": lambda: dist.all_reduce(x1, group=g_all, async_op=True),
+        "x2": lambda: dist.all_gather(
+            x2, torch.full((3,), float(rank)), group=g_all, async_op=True
+        ),
+        "y1": lambda: dist.all_reduce(y1, group=g_sub, async_op=True),
+        "y2": lambda: dist.broadcast(y2, src=2, group=g_sub, async_op=True),
+        "w1": lambda: dist.all_reduce(w1, op=dist.ReduceOp.MAX, async_op=True),
+    }
+    # Each group sees its ops in the same order on all its ranks; the interleaving
+    # between groups differs from rank to rank.
+    order = {
+        0: ["y1", "x1", "w1", "y2", "x2"],
+        1: ["w1", "x1", "x2"],
+        2: ["x1", "x2", "y1", "w1", "y2"],
+        3: ["x1", "w1", "x2"],
+    }[rank]
+    works = [issue[name]() for name in order]
+    for w in reversed(works):
+        w.wait()
+
+    same(x1, torch.full((10,), float(ws * (ws + 1) // 2)), "g_all all_reduce")
+    for j in range(ws):
+        same(x2[j], torch.full((3,), float(j)), f"g_all all_gather output {j}")
+    same(w1, torch.full((6,), float(ws - 1)), "world all_reduce MAX")
+    if rank in sub:
+        same(y1, torch.full((10,), 10.0 * sum(r + 1 for r in sub)), "g_sub all_reduce")
+        same(y2, torch.full((4,), 2.0, dtype=torch.float64), "g_sub broadcast")
+        assert dist.get_rank(g_sub) == sub.index(rank)
+        assert dist.get_world_size(g_sub) == len(sub)
+    else:
+        same(y1, torch.full((10,), 10.0 * (rank + 1)), "g_sub op touched a non-member")
+
+    # new_subgroups: consecutive pairs
+    cur, subgroups = dist.new_subgroups(group_size=2)
+    assert len(subgroups) == ws // 2
+    first = rank - rank % 2
+    assert dist.get_rank(cur) == rank % 2 and dist.get_world_size(cur) == 2
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t, group=cur)
+    same(t, torch.full((5,), float(first + 1 + first + 2)), "subgroup all_reduce")
+    u = torch.full((3,), float(rank), dtype=torch.float64)
+    dist.broadcast(u, group=cur, group_src=1)
+    same(u, torch.full((3,), float(first + 1), dtype=torch.float64), "subgroup broadcast")
+    # the world group still works after all of this
+    v = torch.ones(2)
+    dist.all_reduce(v)
+    same(v, torch.full((2,), float(ws)), "world all_reduce afterwards")
+
+
+def test_group_isolation() -> None:
+    run_world(_groups, 4, timeout=WORLD_TIMEOUT)
+
+
+# --------------------------------------------------------------------------
+# timeouts
+# --------------------------------------------------------------------------
+
+
+def _peer_never_joins(rank: int, ws: int, pg_timeout: float, mode: str) -> Any:
+    if rank == 1:
+        time.sleep(pg_timeout + 5)  # never joins; leaves after rank 0 has given up
+        return None
+    t = torch.ones(4)
+    if mode == "sync":
+        return timed(lambda: dist.all_reduce(t))
+    return timed(lambda: dist.all_reduce(t, async_op=True).wait())
+
+
+@pytest.mark.parametrize("mode", ["async_wait", "sync"])
+def test_timeout_peer_never_joins(mode: str) -> None:
+    pg_timeout = 3.0
+    res = run_world(
+        _peer_never_joins, 2, pg_timeout=pg_timeout, args=(pg_timeout, mode), timeout=60
+    )
+    elapsed, exc, msg = res[0]
+    assert exc is not None, f"all_reduce with an absent peer returned after {elapsed:.1f}s"
+    assert exc in ("RuntimeError", "DistBackendError", "DistError", "TimeoutError"), (exc, msg)
+    assert pg_timeout * 0.8 <= elapsed < pg_timeout + 10, (elapsed, msg)
+    if UCX:
+        assert names(msg, OP_ALL_REDUCE), f"message must name the op: {msg}"
+        assert names_rank(msg, 0), f"message must name this rank (0): {msg}"
+        assert names_peer(msg, 1), f"message must name the silent peer (1): {msg}"
+
+
+def _late_peer(rank: int, ws: int) -> Any:
+    if rank == 1:
+        time.sleep(2.5)
+        t = torch.ones(4)
+        timed(lambda: dist.all_reduce(t))  # may complete or fail: rank 0 gave up on it
+        return None
+    t = torch.ones(4)
+    work = dist.all_reduce(t, async_op=True)
+    return timed(lambda: work.wait(timeout=timedelta(seconds=1)))
+
+
+def test_work_wait_timeout() -> None:
+    res = run_world(_late_peer, 2, pg_timeout=5, timeout=60)
+    elapsed, exc, msg = res[0]
+    assert exc is not None, f"wait(timeout=1s) returned after {elapsed:.1f}s with the peer late"
+    assert 0.8 <= elapsed < 6, (elapsed, msg)
+
+
+# --------------------------------------------------------------------------
+# killed peer
+# --------------------------------------------------------------------------
+
+
+def _killed_peer(rank: int, ws: int) -> Any:
+    dist.barrier()  # everyone is connected
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1000)
+    return timed(lambda: dist.all_reduce(t))
+
+
+def test_killed_peer() -> None:
+    pg_timeout = 10.0
+    res = run_world(_killed_peer, 3, pg_timeout=pg_timeout, expect_fail_ranks={2}, timeout=90)
+    assert res[2] is None
+    for rank in (0, 1):
+        elapsed, exc, msg = res[rank]
+        assert exc is not None, f"rank {rank}: all_reduce with a dead peer returned"
+        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
+    if UCX:
+        msgs = [res[r][2] for r in (0, 1)]
+        assert any(names_peer(m, 2) for m in msgs), f"no error names the dead peer 2: {msgs}"
+
+
+# --------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------
+
+
+def _mismatched_sizes(rank: int, ws: int) -> Any:
+    t = torch.ones(4 if rank == 0 else 8)
+    return (*timed(lambda: dist.all_reduce(t)), t.tolist())
+
+
+def test_bad_input_mismatched_sizes() -> None:
+    if not UCX:
+        pytest.skip(f"ucx only ({BACKEND} under test): Gloo aborts the process here")
+    pg_timeout = 5.0
+    res = run_world(_mismatched_sizes, 2, pg_timeout=pg_timeout, timeout=60)
+    for rank, (elapsed, exc, msg, data) in enumerate(res):
+        assert exc is not None, f"rank {rank}: mismatched all_reduce returned data {data}"
+        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
+    assert any(names(r[2], OP_ALL_REDUCE) for r in res), [r[2] for r in res]
+
+
+def _local_validation(rank: int, ws: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # wrong output-list length
+    outs = [torch.empty(2) for _ in range(ws + 1)]
+    out["all_gather list length"] = timed(lambda: dist.all_gather(outs, torch.ones(2)))
+    # input/output dtype mismatch
+    o = torch.empty(2 * ws, dtype=torch.float64)
+    out["all_gather_into_tensor dtype"] = timed(
+        lambda: dist.all_gather_into_tensor(o, torch.ones(2, dtype=torch.float32))
+    )
+    if UCX:  # Gloo hangs on this one
+        out["send dst out of range"] = timed(lambda: dist.send(torch.ones(2), dst=ws + 3))
+        out["isend dst out of range"] = timed(lambda: dist.isend(torch.ones(2), dst=ws + 3).wait())
+    # the group still works afterwards
+    good = [torch.empty(2) for _ in range(ws)]
+    dist.all_gather(good, torch.full((2,), float(rank)))
+    out["still usable"] = all(
+        torch.equal(g, torch.full((2,), float(j))) for j, g in enumerate(good)
+    )
+    return out
+
+
+def test_bad_input_local_validation() -> None:
+    res = run_world(_local_validation, 2, pg_timeout=10, timeout=60)
+    for rank, out in enumerate(res):
+        assert out.pop("still usable"), f"rank {rank}: group broken after rejected calls"
+        for what, (elapsed, exc, msg) in out.items():
+            assert exc in ("RuntimeError", "ValueError"), f"rank {rank} {what}: {exc} {msg}"
+            assert elapsed < 10, (rank, what, elapsed)
+        if UCX:
+            assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
+
+
+# --------------------------------------------------------------------------
+# world size 1
+# --------------------------------------------------------------------------
+
+
+def _world_of_one(rank: int, ws: int) -> None:
+    assert (rank, ws) == (0, 1)
+    warnings.simplefilter("ignore", FutureWarning)  # deprecated-but-supported APIs
+    x = torch.tensor([3.0, -1.0, 2.0, 0.5])
+    i = torch.tensor([5, -3, 6, 0])
+    for op in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+        t = x.clone()
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        same(t, x, f"all_reduce {op}")
+        t = x.clone()
+        dist.reduce(t, dst=0, op=getattr(dist.ReduceOp, op))
+        same(t, x, f"reduce {op}")
+    for op in ("BAND", "BOR", "BXOR", "SUM", "MIN"):
+        t = i.clone()
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        same(t, i, f"all_reduce int64 {op}")
+    ts = [x.clone(), x[:2] * 2]
+    dist.all_reduce_coalesced(ts)
+    same(ts[0], x, "all_reduce_coalesced[0]")
+    same(ts[1], x[:2] * 2, "all_reduce_coalesced[1]")
+
+    t = x.clone()
+    dist.broadcast(t, src=0)
+    same(t, x, "broadcast")
+    outs = [torch.empty(4)]
+    dist.all_gather(outs, x)
+    same(outs[0], x, "all_gather")
+    o = torch.empty(4)
+    dist.all_gather_into_tensor(o, x)
+    same(o, x, "all_gather_into_tensor")
+    g = [torch.empty(4)]
+    dist.gather(x, g, dst=0)
+    same(g[0], x, "gather")
+    s = torch.empty(4)
+    dist.scatter(s, [x], src=0)
+    same(s, x, "scatter")
+    r = torch.empty(4)
+    dist.reduce_scatter(r, [x])
+    same(r, x, "reduce_scatter")
+    r = torch.empty(4)
+    dist.reduce_scatter_tensor(r, x)
+    same(r, x, "reduce_scatter_tensor")
+    a2a = [torch.empty(4)]
+    dist.all_to_all(a2a, [x])
+    same(a2a[0], x, "all_to_all")
+    a = torch.empty(4)
+    dist.all_to_all_single(a, x)
+    same(a, x, "all_to_all_single")
+    dist.barrier()
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    assert w.is_completed()
+    same(t, x, "async all_reduce")
+    # inputs of out-of-place ops are left alone
+    same(x, torch.tensor([3.0, -1.0, 2.0, 0.5]), "input after all ops")
+
+
+def test_world_size_one() -> None:
+    run_world(_world_of_one, 1, timeout=WORLD_TIMEOUT)

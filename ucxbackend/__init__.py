@@ -1,0 +1,216 @@
+"""ucxbackend: a ``torch.distributed`` backend named ``ucx`` over UCX tag messaging.
+
+Importing this package registers the backend::
+
+    import torch.distributed as dist
+    import ucxbackend  # noqa: F401  (registers "ucx")
+
+    dist.init_process_group("ucx")                # cpu and cuda tensors
+    dist.init_process_group("cpu:gloo,cuda:ucx")  # ucx for cuda tensors only
+
+Per-group options go in ``pg_options`` (:class:`Options` or a dict); process-wide defaults come
+from ``UCXBACKEND_*`` environment variables (see :mod:`ucxbackend.config`).
+
+If the native extension ``ucxbackend._C`` cannot be loaded, the import still succeeds (so that
+the configuration and ``python -m ucxbackend info`` work), :func:`is_available` returns False,
+and creating a ``ucx`` process group raises a RuntimeError that carries the original error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from .config import Config, LogLevel, Options, ProgressMode, coerce_options
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import Backend as C10dBackend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND_NAME",
+    "Config",
+    "LogLevel",
+    "Options",
+    "ProgressMode",
+    "__version__",
+    "get_config",
+    "is_available",
+    "load_error",
+]
+
+BACKEND_NAME = "ucx"
+DEVICES = ("cpu", "cuda")
+
+logger = logging.getLogger(__name__)
+
+_C: ModuleType | None = None
+_C_error: BaseException | None = None
+
+
+def _load_native() -> None:
+    """Import ``ucxbackend._C``; remember the error instead of raising.
+
+    The extension finds its UCX through the RUNPATH recorded at build time and nothing else:
+    if that UCX has moved, loading fails with a clear error rather than picking up another copy.
+    """
+    global _C, _C_error
+    # Not `from . import _C`: that would find the module-level `_C = None` placeholder.
+    try:
+        _C = importlib.import_module(f"{__name__}._C")
+        _C_error = None
+    except ImportError as exc:
+        _C_error = exc
+
+
+def is_available() -> bool:
+    """Whether the native extension is loaded, i.e. ``ucx`` process groups can be created."""
+    return _C is not None
+
+
+def load_error() -> str | None:
+    """Why the native extension could not be loaded (``None`` when it was)."""
+    if _C_error is None:
+        return None
+    return f"{type(_C_error).__name__}: {_C_error}"
+
+
+def get_config(
+    pg_options: Options | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """The configuration a process group created now with ``pg_options`` would get.
+
+    With no arguments: the process-wide configuration (defaults overridden by the
+    ``UCXBACKEND_*`` variables of ``os.environ``). Raises ValueError on a bad value.
+    """
+    return coerce_options(pg_options).resolve(env)
+
+
+def _native_missing_error() -> RuntimeError:
+    return RuntimeError(
+        "the ucx backend's native extension ucxbackend._C could not be loaded "
+        f"({load_error()}); run `make build` (or `pip install --no-build-isolation .`) "
+        "and see `python -m ucxbackend info`"
+    )
+
+
+def _create_backend(dist_backend_opts: Any, backend_options: object) -> C10dBackend:
+    """Backend creator registered with ``extended_api=True``.
+
+    ``dist_backend_opts`` is a ``c10d::DistributedBackendOptions``; ``backend_options`` is
+    what the user passed as ``pg_options``.
+    """
+    config = coerce_options(backend_options).resolve()  # TypeError / ValueError first
+    if _C is None:
+        raise _native_missing_error()
+    rank: int = dist_backend_opts.group_rank
+    size: int = dist_backend_opts.group_size
+    timeout: timedelta = dist_backend_opts.timeout
+    group_id: str = str(dist_backend_opts.group_id)
+    # torch passes [] for the default group; the native side always gets the real list.
+    global_ranks = list(dist_backend_opts.global_ranks_in_group) or list(range(size))
+    if config.sources["log_level"] == "pg_options":
+        # The Python logger is process-wide: an explicit per-group level wins from now on.
+        logger.setLevel(config.logging_level)
+    logger.debug(
+        "creating ucx process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
+        group_id,
+        rank,
+        size,
+        global_ranks,
+        timeout,
+        config.to_native(),
+    )
+    return _C.ProcessGroupUCX(
+        dist_backend_opts.store,
+        rank,
+        size,
+        timeout,
+        group_id,
+        global_ranks,
+        config.to_native(),
+    )
+
+
+def _register() -> None:
+    """Register ``ucx`` with torch.distributed; a no-op when this module already did."""
+    plugins = getattr(dist.Backend, "_plugins", {})
+    current = plugins.get(BACKEND_NAME.upper())
+    if current is not None:
+        fn = current.creator_fn
+        if (
+            getattr(fn, "__module__", None) == __name__
+            and getattr(fn, "__qualname__", None) == _create_backend.__qualname__
+            and current.extended_api
+        ):
+            return
+        logger.warning("replacing the %r backend registered by %r", BACKEND_NAME, fn)
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_backend, extended_api=True, devices=list(DEVICES)
+    )
+
+
+def _setup_logging() -> None:
+    """Set the ``ucxbackend`` logger's level from ``UCXBACKEND_LOG_LEVEL``.
+
+    When the variable is set explicitly and the application has configured no logging at
+    all, a stderr handler is attached so that the requested messages are actually shown.
+    """
+    try:
+        config = get_config()
+    except ValueError as exc:
+        # Surface the problem where it matters (group creation, `info`), not at import.
+        logger.debug("ignoring invalid UCXBACKEND_* environment at import: %s", exc)
+        return
+    logger.setLevel(config.logging_level)
+    if (
+        config.sources["log_level"] == "env"
+        and not logger.handlers
+        and not logging.getLogger().handlers
+    ):
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter(f"[ucxbackend pid {os.getpid()}] %(levelname)s %(message)s")
+        )
+        logger.addHandler(handler)
+
+
+def _check_torch_version() -> None:
+    if _C is None:
+        return
+    try:
+        built = _C.build_info().get("torch_version", "")
+    except Exception as exc:  # a broken build_info should not make the import fail
+        logger.debug("build_info() failed: %s", exc)
+        return
+
+    def base(version: str) -> str:
+        return version.split("+", 1)[0]
+
+    if built and base(built) != base(torch.__version__):
+        logger.warning(
+            "ucxbackend._C was built against torch %s but torch %s is running; "
+            "rebuild with `make build`",
+            built,
+            torch.__version__,
+        )
+
+
+_setup_logging()
+_load_native()
+if _C is None:
+    logger.debug("ucxbackend._C not loaded: %s", load_error())
+_check_torch_version()
+if dist.is_available():
+    _register()

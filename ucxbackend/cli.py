@@ -1,0 +1,227 @@
+"""Command line: ``python -m ucxbackend <command>``.
+
+Commands:
+
+``info``
+    Versions (ucxbackend, torch, Python, UCX), the UCX library actually loaded, build info,
+    the transports/devices UCX sees, the ``UCX_*`` variables set and the configuration in force
+    with where each value came from. ``--json`` for machine-readable output. Exits 1 when the
+    native extension cannot be loaded or the configuration is invalid.
+
+New commands (``bench``, ``doctor``, ...) plug in by adding a ``_Command`` to ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+__all__ = ["COMMANDS", "build_parser", "collect_info", "format_info", "main"]
+
+_MAKE_BUILD_HINT = "run `make build` (or `pip install --no-build-isolation .`)"
+
+
+def _call(fn: Callable[[], Any], errors: list[str], what: str) -> Any:
+    try:
+        return fn()
+    except Exception as exc:
+        errors.append(f"{what} failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _group_transports(pairs: Sequence[Sequence[str]]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for transport, device in pairs:
+        devices = grouped.setdefault(str(transport), [])
+        if str(device) not in devices:
+            devices.append(str(device))
+    return {t: sorted(grouped[t]) for t in sorted(grouped)}
+
+
+def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything ``info`` reports, as a JSON-serialisable dict.
+
+    ``ok`` is False (and ``errors`` says why) when the native extension is missing, a native
+    query fails or the configuration is invalid.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import ucxbackend
+    from ucxbackend import config as cfg
+
+    env = os.environ if env is None else env
+    errors: list[str] = []
+    native = ucxbackend._C
+
+    info: dict[str, Any] = {
+        "ucxbackend": {
+            "version": ucxbackend.__version__,
+            "package_dir": os.path.dirname(os.path.abspath(ucxbackend.__file__)),
+            "native_loaded": native is not None,
+            "native_module": getattr(native, "__file__", None),
+            "native_error": ucxbackend.load_error(),
+        },
+        "torch": {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "distributed_available": dist.is_available(),
+            "ucx_registered": dist.is_available()
+            and ucxbackend.BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}),
+        },
+        "python": {
+            "version": platform.python_version(),
+            "executable": sys.executable,
+        },
+        "platform": platform.platform(),
+        "ucx": None,
+        "build": None,
+        "env": {k: env[k] for k in sorted(env) if k.startswith("UCX_")},
+        "config": None,
+        "unknown_config_env": cfg.unknown_env_vars(env),
+    }
+
+    if native is None:
+        errors.append(
+            f"the native extension ucxbackend._C could not be loaded "
+            f"({ucxbackend.load_error()}); {_MAKE_BUILD_HINT}"
+        )
+    else:
+        pairs = _call(native.ucx_transports, errors, "_C.ucx_transports()")
+        info["ucx"] = {
+            "version": _call(native.ucx_version, errors, "_C.ucx_version()"),
+            "library_path": _call(native.ucx_library_path, errors, "_C.ucx_library_path()"),
+            "transports": None if pairs is None else _group_transports(pairs),
+        }
+        build = _call(native.build_info, errors, "_C.build_info()")
+        info["build"] = None if build is None else {str(k): str(v) for k, v in build.items()}
+
+    try:
+        info["config"] = cfg.Config.from_env(env).describe()
+    except ValueError as exc:
+        errors.append(f"invalid configuration: {exc}")
+
+    info["ok"] = not errors
+    info["errors"] = errors
+    return info
+
+
+def _rows(rows: Sequence[tuple[str, str]], indent: str = "") -> list[str]:
+    width = max((len(k) for k, _ in rows), default=0)
+    return [f"{indent}{k.ljust(width)}  {v}".rstrip() for k, v in rows]
+
+
+def format_info(info: Mapping[str, Any]) -> str:
+    """Human-readable rendering of :func:`collect_info`'s result."""
+    ub, th, py, ucx = info["ucxbackend"], info["torch"], info["python"], info["ucx"]
+    cuda = th["cuda"] or "none"
+    cuda_available = "yes" if th["cuda_available"] else "no"
+    head: list[tuple[str, str]] = [
+        ("ucxbackend version", f"{ub['version']} ({ub['package_dir']})"),
+        ("native module", ub["native_module"] or "NOT LOADED"),
+        (
+            "torch version",
+            f"{th['version']} (CUDA {cuda}, cuda available: {cuda_available})",
+        ),
+        ("Python version", f"{py['version']} ({py['executable']})"),
+        ("platform", info["platform"]),
+    ]
+    if ucx is not None:
+        head += [
+            ("UCX version", str(ucx["version"])),
+            ("UCX library", str(ucx["library_path"])),
+        ]
+    lines = _rows(head)
+
+    if info["build"] is not None:
+        lines += ["", "Build", *_rows(sorted(info["build"].items()), "  ")]
+
+    if ucx is not None and ucx["transports"] is not None:
+        transports = [(t, ", ".join(devs)) for t, devs in ucx["transports"].items()]
+        lines += ["", "Transports UCX sees (transport: devices)"]
+        lines += _rows(transports, "  ") if transports else ["  (none)"]
+
+    lines += ["", "UCX_* environment variables"]
+    lines += _rows(sorted(info["env"].items()), "  ") if info["env"] else ["  (none set)"]
+
+    if info["config"] is not None:
+        lines += ["", "Configuration in force"]
+        table = [("knob", "value", "source", "variable")] + [
+            (row["name"], str(row["value"]), row["source"], row["env_var"])
+            for row in info["config"]
+        ]
+        widths = [max(len(r[i]) for r in table) for i in range(3)]
+        lines += [
+            "  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
+            for r in table
+        ]
+    if info["unknown_config_env"]:
+        lines += ["", "Unknown UCXBACKEND_* variables (ignored; typos?)"]
+        lines += [f"  {name}" for name in info["unknown_config_env"]]
+    return "\n".join(lines) + "\n"
+
+
+def _cmd_info(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    info = collect_info()
+    if args.json:
+        json.dump(info, out, indent=2, sort_keys=False)
+        out.write("\n")
+    else:
+        out.write(format_info(info))
+    for message in info["errors"]:
+        err.write(f"ERROR: {message}\n")
+    return 0 if info["ok"] else 1
+
+
+@dataclass(frozen=True)
+class _Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, TextIO, TextIO], int]
+
+
+def _info_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+COMMANDS: tuple[_Command, ...] = (
+    _Command(
+        name="info",
+        help="versions, UCX library, transports, environment and configuration",
+        add_arguments=_info_arguments,
+        run=_cmd_info,
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ucxbackend import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ucxbackend",
+        description="ucxbackend: the 'ucx' torch.distributed backend",
+    )
+    parser.add_argument("--version", action="version", version=f"ucxbackend {__version__}")
+    sub = parser.add_subparsers(dest="command", title="commands", required=True)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args, sys.stdout, sys.stderr))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

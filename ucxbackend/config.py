@@ -1,0 +1,323 @@
+"""Typed configuration of the ``ucx`` backend.
+
+Every knob has three sources, highest priority first:
+
+1. the ``pg_options`` passed to ``init_process_group`` / ``new_group`` (an :class:`Options`
+   or a plain ``dict`` of knob name -> value); applies to that process group only;
+2. the environment variable ``UCXBACKEND_<KNOB>`` (read when a process group is created);
+3. the built-in default.
+
+UCX's own ``UCX_*`` variables (``UCX_TLS``, ``UCX_NET_DEVICES``, ...) are not handled here:
+they pass straight through to UCX.
+
+Values are validated eagerly; a bad value raises :class:`ValueError` naming the variable (or
+option), the bad value and the allowed values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias, cast
+
+__all__ = [
+    "ENV_PREFIX",
+    "KNOBS",
+    "Config",
+    "Knob",
+    "LogLevel",
+    "Options",
+    "ProgressMode",
+    "Source",
+    "coerce_options",
+    "resolve",
+    "unknown_env_vars",
+]
+
+ProgressMode: TypeAlias = Literal["sleep", "poll"]
+LogLevel: TypeAlias = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+Source: TypeAlias = Literal["default", "env", "pg_options"]
+
+ENV_PREFIX: Final = "UCXBACKEND_"
+
+PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("sleep", "poll")
+LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
+# spin_us travels to C++ as a string; keep it within a signed 32-bit int so any parser copes.
+SPIN_US_MAX: Final = 2**31 - 1
+
+_INT_RE: Final = re.compile(r"[+]?[0-9]+")
+
+
+class _Invalid(Exception):
+    """Raised by a parser; turned into a ValueError that names where the value came from."""
+
+
+def _parse_choice(choices: tuple[str, ...], *, upper: bool) -> Callable[[object], Any]:
+    def parse(raw: object) -> str:
+        if not isinstance(raw, str):
+            raise _Invalid
+        value = raw.strip().upper() if upper else raw.strip().lower()
+        if value not in choices:
+            raise _Invalid
+        return value
+
+    return parse
+
+
+def _parse_spin_us(raw: object) -> int:
+    if isinstance(raw, bool):  # bool is an int subclass; True is not a duration
+        raise _Invalid
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str) and _INT_RE.fullmatch(raw.strip()):
+        value = int(raw.strip(), 10)
+    else:
+        raise _Invalid
+    if not 0 <= value <= SPIN_US_MAX:
+        raise _Invalid
+    return value
+
+
+@dataclass(frozen=True)
+class Knob:
+    """Description of one configuration knob."""
+
+    name: str
+    default: Any
+    allowed: str
+    help: str
+    parse: Callable[[object], Any] = field(repr=False)
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def _error(self, where: str, raw: object) -> ValueError:
+        return ValueError(f"{where}={raw!r} is not valid; allowed values: {self.allowed}")
+
+    def from_env(self, raw: str) -> Any:
+        try:
+            return self.parse(raw)
+        except _Invalid:
+            raise self._error(self.env_var, raw) from None
+
+    def from_option(self, raw: object) -> Any:
+        try:
+            return self.parse(raw)
+        except _Invalid:
+            where = f"ucx backend option {self.name!r} (env {self.env_var})"
+            raise self._error(where, raw) from None
+
+
+KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
+    {
+        "progress_mode": Knob(
+            name="progress_mode",
+            default="sleep",
+            allowed="'sleep', 'poll'",
+            help=(
+                "sleep: the progress thread blocks on UCX's wakeup fd when idle and after "
+                "spinning briefly (spin_us) during an op; poll: busy-poll, lowest latency, "
+                "burns a core per rank"
+            ),
+            parse=_parse_choice(PROGRESS_MODES, upper=False),
+        ),
+        "spin_us": Knob(
+            name="spin_us",
+            default=50,
+            allowed=f"an integer from 0 to {SPIN_US_MAX}",
+            help="microseconds to poll while an op is pending before sleeping (sleep mode)",
+            parse=_parse_spin_us,
+        ),
+        "log_level": Knob(
+            name="log_level",
+            default="WARNING",
+            allowed="'DEBUG', 'INFO', 'WARNING', 'ERROR'",
+            help="level of the 'ucxbackend' logger (standard Python logging)",
+            parse=_parse_choice(LOG_LEVELS, upper=True),
+        ),
+    }
+)
+
+
+def _default_sources() -> Mapping[str, Source]:
+    return MappingProxyType(dict.fromkeys(KNOBS, cast(Source, "default")))
+
+
+@dataclass(frozen=True)
+class Config:
+    """The configuration in force for one process group (or for the process, from the env).
+
+    ``sources`` records, per knob, where its value came from: ``"default"``, ``"env"`` or
+    ``"pg_options"``. It does not take part in equality.
+    """
+
+    progress_mode: ProgressMode = "sleep"
+    spin_us: int = 50
+    log_level: LogLevel = "WARNING"
+    sources: Mapping[str, Source] = field(
+        default_factory=_default_sources, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        for knob in KNOBS.values():
+            raw = getattr(self, knob.name)
+            object.__setattr__(self, knob.name, knob.from_option(raw))
+        sources = dict(_default_sources())
+        for name, source in self.sources.items():
+            if name not in KNOBS:
+                raise ValueError(f"unknown knob {name!r} in sources")
+            if source not in ("default", "env", "pg_options"):
+                raise ValueError(f"unknown source {source!r} for {name!r}")
+            sources[name] = source
+        object.__setattr__(self, "sources", MappingProxyType(sources))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The read-only sources mapping cannot be pickled as such; rebuild from plain values.
+        values = {k: getattr(self, k) for k in KNOBS}
+        return (_rebuild_config, (values, dict(self.sources)))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Defaults overridden by the ``UCXBACKEND_*`` variables of ``env`` (``os.environ``).
+
+        An empty (or all-blank) variable counts as unset.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        sources: dict[str, Source] = {}
+        for knob in KNOBS.values():
+            raw = env.get(knob.env_var)
+            if raw is None or not raw.strip():
+                continue
+            values[knob.name] = knob.from_env(raw)
+            sources[knob.name] = "env"
+        return cls(**values, sources=sources)
+
+    def with_options(self, options: Options) -> Config:
+        """This config with every knob that ``options`` sets overridden."""
+        values = {k.name: getattr(self, k.name) for k in KNOBS.values()}
+        sources = dict(self.sources)
+        for name, value in options.items():
+            values[name] = value
+            sources[name] = "pg_options"
+        return Config(**values, sources=sources)
+
+    def to_native(self) -> dict[str, str]:
+        """The ``dict[str, str]`` handed to ``_C.ProcessGroupUCX`` (every knob, always)."""
+        return {k.name: str(getattr(self, k.name)) for k in KNOBS.values()}
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per knob: name, value, source, env var, default and allowed values."""
+        return [
+            {
+                "name": k.name,
+                "value": getattr(self, k.name),
+                "source": self.sources[k.name],
+                "env_var": k.env_var,
+                "default": k.default,
+                "allowed": k.allowed,
+            }
+            for k in KNOBS.values()
+        ]
+
+    @property
+    def logging_level(self) -> int:
+        """``log_level`` as a :mod:`logging` level number."""
+        return cast(int, getattr(logging, self.log_level))
+
+
+def _rebuild_config(values: dict[str, Any], sources: dict[str, Source]) -> Config:
+    return Config(**values, sources=sources)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-process-group options for the ``ucx`` backend, passed as ``pg_options``.
+
+    Fields left as ``None`` fall back to the ``UCXBACKEND_*`` environment variable, then to the
+    default. Values are validated (and normalised, e.g. ``"debug"`` -> ``"DEBUG"``) here, so a
+    bad value fails where it is written, not later inside ``init_process_group``::
+
+        dist.init_process_group("ucx", pg_options=ucxbackend.Options(progress_mode="poll"))
+
+    A plain dict works too: ``pg_options={"progress_mode": "poll"}``.
+    """
+
+    progress_mode: ProgressMode | None = None
+    spin_us: int | None = None
+    log_level: LogLevel | None = None
+
+    def __post_init__(self) -> None:
+        for knob in KNOBS.values():
+            raw = getattr(self, knob.name)
+            if raw is not None:
+                object.__setattr__(self, knob.name, knob.from_option(raw))
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[Any, object]) -> Options:
+        """Build from a ``dict`` of knob name -> value; unknown names raise ValueError."""
+        values: dict[str, object] = {}
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"ucx backend option names must be str, not {type(key).__name__}: {key!r}"
+                )
+            if key not in KNOBS:
+                known = ", ".join(repr(k) for k in KNOBS)
+                raise ValueError(f"unknown ucx backend option {key!r}; known options: {known}")
+            values[key] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """The (name, value) pairs that are set (not ``None``)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                yield f.name, value
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+    def resolve(self, env: Mapping[str, str] | None = None) -> Config:
+        """The full config: these options over the environment over the defaults."""
+        return Config.from_env(env).with_options(self)
+
+    def to_native(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The ``dict[str, str]`` handed to ``_C.ProcessGroupUCX`` for these options."""
+        return self.resolve(env).to_native()
+
+
+def coerce_options(obj: object) -> Options:
+    """Turn what a user passed as ``pg_options`` into :class:`Options`.
+
+    Accepts ``None``, an :class:`Options` or a mapping of knob name -> value; anything else
+    is a :class:`TypeError` naming the type.
+    """
+    if obj is None:
+        return Options()
+    if isinstance(obj, Options):
+        return obj
+    if isinstance(obj, Mapping):
+        return Options.from_mapping(obj)
+    cls = type(obj)
+    raise TypeError(
+        "pg_options for the ucx backend must be None, ucxbackend.Options or a dict of "
+        f"option name -> value, not {cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def resolve(pg_options: object = None, env: Mapping[str, str] | None = None) -> Config:
+    """The config in force for a group created with ``pg_options`` under ``env``."""
+    return coerce_options(pg_options).resolve(env)
+
+
+def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
+    """``UCXBACKEND_*`` variables in ``env`` that match no knob (probably typos)."""
+    env = os.environ if env is None else env
+    known = {k.env_var for k in KNOBS.values()}
+    return sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known)
