@@ -78,8 +78,10 @@ def _child(
         )
         result = fn(rank, world_size, *args)
         dist.destroy_process_group()
-        pickle.dumps(result)  # fail here, not silently in the queue's feeder thread
-        msg: tuple[int, str, Any] = (rank, "ok", result)
+        # Pickled here, as bytes: a failure shows up in this rank, not silently in the queue's
+        # feeder thread, and tensors travel by value (torch would otherwise share their memory
+        # with this process, which exits right after reporting).
+        msg: tuple[int, str, Any] = (rank, "ok", pickle.dumps(result))
     except BaseException:  # everything goes back to the parent
         msg = (rank, "err", traceback.format_exc())
     results.put(msg)
@@ -187,4 +189,4 @@ def run_world(
             f"ranks {missing} had not reported after {timeout:.0f}s; killed "
             f"(world_size={world_size}, backend={backend})"
         )
-    return [reports[r][1] if r in reports else None for r in range(world_size)]
+    return [pickle.loads(reports[r][1]) if r in reports else None for r in range(world_size)]

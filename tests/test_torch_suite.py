@@ -1,0 +1,134 @@
+"""A selection of PyTorch's own distributed test suite on the backend under test.
+
+``tests/torch_suite.py`` runs tests of ``torch.testing._internal.distributed.distributed_test``
+(as torch's ``test_distributed_spawn.py`` does) and reports counts; here it runs in a
+subprocess with a hard deadline (the whole process group is killed past it), and the
+counts are checked: nothing failed, and enough tests really ran (rather than skipped).
+
+Two tiers (see the runner's docstring): ``native`` with the skip decorators evaluated
+for the backend's own name, and ``gloo_gated`` with them evaluated as for gloo.
+
+Needs ``expecttest`` (imported by torch's test utilities). Each test spawns its own
+ranks, importing torch's test suite: several minutes, hence ``slow``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dist_harness import BACKEND
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RUNNER = HERE / "torch_suite.py"
+
+PER_TEST_TIMEOUT = 90  # seconds, enforced by MultiProcessTestCase inside the runner
+DEADLINE_SCALE = float(os.environ.get("UCXB_SUITE_DEADLINE_SCALE", "1"))
+
+# tier -> (extra runner arguments, deadline in seconds, minimum number of tests that ran)
+TIERS = {
+    "native": ([], 1500, 40),
+    "gloo_gated": (["--gate-as", "gloo"], 600, 10),
+}
+
+
+def _run_suite(tmp_path: Path, tier: str) -> dict:
+    extra, deadline, _ = TIERS[tier]
+    deadline *= DEADLINE_SCALE
+    summary_path = tmp_path / "summary.json"
+    progress_path = tmp_path / "progress.json"
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), str(REPO)]
+    )
+    cmd = [
+        sys.executable,
+        str(RUNNER),
+        "--backend",
+        BACKEND,
+        "--world-size",
+        "2",
+        "--tier",
+        tier,
+        "--per-test-timeout",
+        str(PER_TEST_TIMEOUT),
+        "--json-out",
+        str(summary_path),
+        "--progress-out",
+        str(progress_path),
+        "-v",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the runner and all the ranks it spawns: one process group
+    )
+    try:
+        out, _ = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        done = json.loads(progress_path.read_text()) if progress_path.exists() else {}
+        statuses = {name: o["status"] for name, o in done.items()}
+        pytest.fail(
+            f"torch suite ({tier}, backend={BACKEND}) killed after {deadline:.0f}s; "
+            f"{len(done)} tests had finished: {statuses}\n--- output tail ---\n{out[-6000:]}"
+        )
+    if not summary_path.exists():
+        pytest.fail(f"the runner exited {proc.returncode} without a summary:\n{out[-6000:]}")
+    summary = json.loads(summary_path.read_text())
+    summary["_output"] = out
+    summary["_returncode"] = proc.returncode
+    return summary
+
+
+def _check(summary: dict, tier: str) -> None:
+    _, _, min_ran = TIERS[tier]
+    failures = summary["failures"]
+    details = "\n\n".join(f"=== {name} ===\n{text}" for name, text in failures.items())
+    counts = {k: summary[k] for k in ("selected", "ran", "passed", "failed", "errors", "skipped")}
+    print(f"torch suite {tier} on {BACKEND}: {counts} in {summary['seconds']}s")
+    for name, why in summary["skip_reasons"].items():
+        print(f"  skipped {name}: {why}")
+    assert summary["failed"] == 0 and summary["errors"] == 0, (
+        f"{summary['failed']} failed, {summary['errors']} errors: "
+        f"{sorted(failures)}\n{details[-12000:]}"
+    )
+    assert summary["missing"] == 0, f"not in this torch: {summary['names']['missing']}"
+    assert summary["ran"] >= min_ran, (
+        f"only {summary['ran']} of {summary['selected']} tests ran (need {min_ran}); "
+        f"skips: {summary['skip_reasons']}"
+    )
+    assert summary["_returncode"] == 0, summary["_output"][-4000:]
+
+
+def _require_expecttest() -> None:
+    if importlib.util.find_spec("expecttest") is None:
+        pytest.fail("torch's distributed test suite needs expecttest: pip install expecttest")
+
+
+@pytest.mark.slow
+def test_torch_suite_native(tmp_path):
+    """Collectives, p2p and DDP tests, decorators evaluated for the backend's own name."""
+    _require_expecttest()
+    _check(_run_suite(tmp_path, "native"), "native")
+
+
+@pytest.mark.slow
+def test_torch_suite_gloo_gated(tmp_path):
+    """Backend-agnostic tests whose decorators only admit gloo: run with gloo's gating."""
+    _require_expecttest()
+    _check(_run_suite(tmp_path, "gloo_gated"), "gloo_gated")
