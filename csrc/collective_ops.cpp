@@ -429,7 +429,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
                    const int n = comm.size();
                    std::vector<at::Tensor> perRank;
                    for (const auto& t : inputs) {
-                     perRank.push_back(t.reshape({n, -1}));
+                     perRank.push_back(t.reshape({n, t.numel() / n}));
                    }
                    // work: [n, blockElems], row r = rank r's block of every input; a new buffer,
                    // so the inputs are never modified.
@@ -526,6 +526,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall_base(
   const auto outSplits = layout(output, outputSplits, "output");
   const size_t inRow = rowBytes(input);
   const size_t outRow = rowBytes(output);
+  const int me = getRank();
+  if (inSplits[me] * inRow != outSplits[me] * outRow) {
+    c.fail("this rank sends itself " + std::to_string(inSplits[me] * inRow) +
+           " bytes but expects " + std::to_string(outSplits[me] * outRow) + " from itself");
+  }
   return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, {output}, describe(input),
                  timeoutFor(opts.timeout),
                  [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
@@ -566,6 +571,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall(std::vector<at::Tensor>
         outputs[i].scalar_type() != inputs[0].scalar_type()) {
       c.fail("all tensors must have the same dtype");
     }
+  }
+  const size_t me = static_cast<size_t>(getRank());
+  if (inputs[me].nbytes() != outputs[me].nbytes()) {
+    c.fail("input " + describe(inputs[me]) + " that this rank sends itself does not match output " +
+           describe(outputs[me]));
   }
   return enqueue("alltoall", c10d::OpType::ALLTOALL, outputs, describe(inputs),
                  timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {

@@ -66,7 +66,7 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
                                 "ucx: setting up group '" + groupId_ + "' on rank " +
                                     std::to_string(rank) + " failed: " + e.what());
   }
-  engine_ = std::make_shared<ProgressEngine>(std::move(transport), engineConfig_);
+  engine_ = ProgressEngine::start(std::move(transport), engineConfig_);
 }
 
 ProcessGroupUCX::~ProcessGroupUCX() { shutdown(); }
@@ -78,7 +78,7 @@ void ProcessGroupUCX::shutdown() {
 }
 
 std::chrono::milliseconds ProcessGroupUCX::timeoutFor(std::chrono::milliseconds requested) const {
-  return requested == c10d::kUnsetTimeout ? timeout_ : requested;
+  return requested == c10d::kUnsetTimeout ? timeout_.load() : requested;
 }
 
 c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpType type,
@@ -96,8 +96,9 @@ c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpTy
     if (running->load() != self) return {};
     return e->waitingFor();
   });
-  if (coalescing_) {
-    coalesced_.push_back(work);
+  {
+    std::lock_guard<std::mutex> lock(coalesceMu_);
+    if (coalescing_) coalesced_.push_back(work);
   }
   return work;
 }
@@ -137,10 +138,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueueP2P(const char* op, c10d::OpType type,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
-  auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_);
+  auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_.load());
   const bool isSend = type == c10d::OpType::SEND;
+  // The posted request, seen only on the progress thread: a caller whose wait() times out
+  // withdraws it, so that a retried recv is not robbed by the abandoned one.
+  auto posted = std::make_shared<std::weak_ptr<Request>>();
+  std::weak_ptr<ProgressEngine> weakEngine = engine_;
+  work->setOnWaitTimeout([weakEngine, posted]() {
+    if (auto engine = weakEngine.lock()) {
+      Task cancel;
+      cancel.run = [posted]() {
+        if (auto r = posted->lock()) r->cancel();
+      };
+      engine->post(std::move(cancel));
+    }
+  });
   Task task;
-  task.run = [this, work, tensor, peer, tag, mask, isSend]() {
+  task.run = [this, work, tensor, peer, tag, mask, isSend, posted]() {
     at::NoGradGuard noGrad;
     try {
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
@@ -148,6 +162,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueueP2P(const char* op, c10d:
       Transport& t = engine_->transport();
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes);
+      *posted = req;
       // Runs on this thread during a later progress(); it owns `staged` until then.
       req->onComplete([work, tensor, staged](Request& r) {
         try {
@@ -234,6 +249,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::barrier(const c10d::BarrierOptio
 }
 
 void ProcessGroupUCX::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
   if (coalescing_) {
     throwInvalid("startCoalescing", getRank(), "a coalescing block is already open");
   }
@@ -242,18 +258,21 @@ void ProcessGroupUCX::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
-  if (!coalescing_) {
-    throwInvalid("endCoalescing", getRank(), "no coalescing block is open");
+  std::vector<c10::intrusive_ptr<WorkUCX>> members;
+  {
+    std::lock_guard<std::mutex> lock(coalesceMu_);
+    if (!coalescing_) {
+      throwInvalid("endCoalescing", getRank(), "no coalescing block is open");
+    }
+    coalescing_ = false;
+    members.swap(coalesced_);
   }
-  coalescing_ = false;
-  auto members = std::move(coalesced_);
-  coalesced_.clear();
   std::vector<at::Tensor> outputs;
   for (auto& w : members) {
     for (auto& t : w->result()) outputs.push_back(t);
   }
   OpContext ctx{"coalesced", getRank(), getSize(), 0, std::to_string(members.size()) + " ops"};
-  auto group = c10::make_intrusive<WorkUCX>(ctx, c10d::OpType::COALESCED, outputs, timeout_);
+  auto group = c10::make_intrusive<WorkUCX>(ctx, c10d::OpType::COALESCED, outputs, timeout_.load());
   if (members.empty()) {
     group->finishOk();
     return group;

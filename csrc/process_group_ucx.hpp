@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,7 @@ class ProcessGroupUCX : public c10d::Backend {
 
   const std::string getBackendName() const override { return "ucx"; }
   bool supportsCoalescing() const override { return true; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_.store(timeout); }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
@@ -119,7 +120,7 @@ class ProcessGroupUCX : public c10d::Backend {
                                                    std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::Store> store_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupId_;
   const uint32_t groupHash_;
   const std::vector<int64_t> globalRanks_;
@@ -131,6 +132,8 @@ class ProcessGroupUCX : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   // The Work whose task the progress thread is running (for timeout messages).
   std::shared_ptr<std::atomic<const WorkUCX*>> running_;
+  // Ops may also be issued from Future callbacks on the progress thread.
+  std::mutex coalesceMu_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WorkUCX>> coalesced_;
 };

@@ -19,6 +19,7 @@ bool WorkUCX::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
       lock.unlock();
+      if (onWaitTimeout_) onWaitTimeout_();
       throwWaitTimeout(ctx_, limit.count(), waitingFor_ ? waitingFor_() : std::string());
     }
     if (exception_) {
@@ -28,13 +29,22 @@ bool WorkUCX::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+// Future callbacks run inside markCompleted/setError, on the progress thread, often within a
+// UCX callback: an exception thrown by one must not unwind through UCX or end the thread. The
+// op's own outcome is already recorded by then.
 void WorkUCX::finishOk() {
-  future_->markCompleted(c10::IValue(outputs_));
+  try {
+    future_->markCompleted(c10::IValue(outputs_));
+  } catch (...) {
+  }
   finish();
 }
 
 void WorkUCX::finishError(std::exception_ptr error) {
-  future_->setError(error);
+  try {
+    future_->setError(error);
+  } catch (...) {
+  }
   finish(error);
 }
 

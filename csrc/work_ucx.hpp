@@ -22,6 +22,8 @@ class WorkUCX : public c10d::Work {
           std::chrono::milliseconds timeout);
   // Tells a timed-out wait() what the op is stuck on.
   void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }
+  // Runs when a wait() gives up (point-to-point ops withdraw their request).
+  void setOnWaitTimeout(std::function<void()> fn) { onWaitTimeout_ = std::move(fn); }
 
   bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
   void synchronize() override {}
@@ -42,6 +44,7 @@ class WorkUCX : public c10d::Work {
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   std::function<std::string()> waitingFor_;
+  std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

@@ -136,6 +136,11 @@ class Transport {
 
   // Non-empty once the transport has seen this peer fail (connection reset, keepalive lost).
   virtual std::string peerError(int peer) const = 0;
+
+  // Force-closes the connection to `peer`: every outstanding request to or from it completes
+  // (failed) and later ones fail at once with `why`. Called after an op failed with requests
+  // the transport could not cancel, so that no request outlives the buffers it points into.
+  virtual void abortPeer(int peer, const std::string& why) = 0;
 };
 
 }  // namespace ucxb

@@ -196,6 +196,11 @@ void alltoall(Comm& comm, const std::vector<const void*>& sends,
               const std::vector<size_t>& recvBytes) {
   const int n = comm.size();
   const int r = comm.rank();
+  if (sendBytes[r] != recvBytes[r]) {  // checked before anything is posted
+    throw OpFailed("all_to_all: rank " + std::to_string(r) + " sends " +
+                   std::to_string(sendBytes[r]) + " bytes to itself but expects " +
+                   std::to_string(recvBytes[r]));
+  }
   std::vector<RequestPtr> reqs;
   // Post in rotated order so that rank r does not make everyone start with rank 0.
   for (int i = 1; i < n; ++i) {
@@ -206,12 +211,7 @@ void alltoall(Comm& comm, const std::vector<const void*>& sends,
     const int p = mod(r + i, n);
     reqs.push_back(comm.send(p, 0, sends[p], sendBytes[p]));
   }
-  if (sendBytes[r] != recvBytes[r]) {
-    throw OpFailed("all_to_all: rank " + std::to_string(r) + " sends " +
-                   std::to_string(sendBytes[r]) + " bytes to itself but expects " +
-                   std::to_string(recvBytes[r]));
-  }
-  std::memmove(recvs[r], sends[r], sendBytes[r]);
+  if (sendBytes[r] > 0) std::memmove(recvs[r], sends[r], sendBytes[r]);
   comm.wait(reqs);
 }
 

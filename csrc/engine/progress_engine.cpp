@@ -51,7 +51,13 @@ ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfi
     addToEpoll(idleEpollFd_, transport_->eventFd());
     addToEpoll(waitEpollFd_, transport_->eventFd());
   }
-  thread_ = std::thread([this] { threadMain(); });
+}
+
+std::shared_ptr<ProgressEngine> ProgressEngine::start(std::unique_ptr<Transport> transport,
+                                                     EngineConfig config) {
+  auto engine = std::make_shared<ProgressEngine>(std::move(transport), config);
+  engine->thread_ = std::thread([self = engine] { self->threadMain(); });
+  return engine;
 }
 
 ProgressEngine::~ProgressEngine() {
@@ -62,19 +68,14 @@ ProgressEngine::~ProgressEngine() {
 }
 
 void ProgressEngine::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !thread_.joinable()) {
-      return;
-    }
-    stopping_ = true;
-  }
+  stopping_.store(true);
   const uint64_t one = 1;
   (void)!write(wakeFd_, &one, sizeof(one));
+  std::lock_guard<std::mutex> lock(joinMu_);
   if (thread_.joinable()) {
-    // The last reference to a group can be dropped by a Future callback on the progress
-    // thread itself; it cannot join itself.
     if (thread_.get_id() == std::this_thread::get_id()) {
+      // Asked from the progress thread (a callback dropped the group): it exits by itself
+      // once the callback returns, and its own reference then destroys the engine.
       thread_.detach();
     } else {
       thread_.join();
@@ -85,7 +86,7 @@ void ProgressEngine::stop() {
 void ProgressEngine::post(Task task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
+    if (stopping_.load()) {
       if (task.abandon) task.abandon("the process group was shut down");
       return;
     }
@@ -115,7 +116,7 @@ void ProgressEngine::threadMain() {
     bool haveTask = false;
     if (queued_.load(std::memory_order_acquire) > 0 || config_.mode == ProgressMode::kSleep) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) {
+      if (stopping_.load()) {
         break;
       }
       if (!queue_.empty()) {
@@ -136,8 +137,7 @@ void ProgressEngine::threadMain() {
       continue;
     }
     if (config_.mode == ProgressMode::kPoll) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) break;
+      if (stopping_.load()) break;
       // On a machine with fewer cores than spinning threads, give the caller's thread a turn.
       sched_yield();
       continue;
@@ -162,6 +162,9 @@ void ProgressEngine::threadMain() {
   for (auto& t : abandoned) {
     if (t.abandon) t.abandon("the process group was shut down before the op ran");
   }
+  // The transport goes with its thread (its owner): requests still posted, such as an
+  // irecv nobody matched, fail now instead of waiting for the last reference to the group.
+  transport_.reset();
 }
 
 void ProgressEngine::sleepUntilEvent(int epollFd, Clock::time_point deadline) {
@@ -178,14 +181,23 @@ void ProgressEngine::sleepUntilEvent(int epollFd, Clock::time_point deadline) {
 
 void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
   for (const auto& r : requests) {
-    if (r->pending()) {
-      r->keepAlive(currentKeepAlive_);
-      r->cancel();
-    }
+    if (r->pending()) r->cancel();
   }
-  // Cancelled receives complete on the next progress calls; sends may linger, kept alive above.
   for (int i = 0; i < 16; ++i) {
     transport_->progress();
+  }
+  // Cancel cannot stop a send or a receive already matched to a rendezvous: the op's buffers
+  // are about to be freed, so cut those peers off (the group is unusable with them anyway).
+  for (const auto& r : requests) {
+    if (r->pending() && r->peer() >= 0) {
+      transport_->abortPeer(r->peer(), "connection to rank " + std::to_string(r->peer()) +
+                                           " was closed after an earlier op on it failed");
+    }
+  }
+  for (const auto& r : requests) {
+    if (r->pending()) {
+      r->keepAlive(currentKeepAlive_);  // last resort: at least the user's tensors survive
+    }
   }
 }
 
@@ -204,6 +216,10 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
     }
     if (done) {
       return;
+    }
+    if (stopping_.load()) {
+      abandonPending(requests);
+      throw OpFailed("the process group was shut down (abort or destroy) while the op ran");
     }
     if (transport_->progress()) {
       lastEvent = Clock::now();

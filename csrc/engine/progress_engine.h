@@ -56,8 +56,13 @@ struct Task {
   std::shared_ptr<void> keepAlive;                // buffers the task's requests touch
 };
 
-class ProgressEngine {
+class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
  public:
+  // Starts the progress thread. The thread holds a reference to its engine, so the engine
+  // (and its transport) is destroyed only after the thread has left it, even when the last
+  // outside reference is dropped on the progress thread itself (a Future callback).
+  static std::shared_ptr<ProgressEngine> start(std::unique_ptr<Transport> transport,
+                                               EngineConfig config);
   ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config);
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
@@ -67,10 +72,11 @@ class ProgressEngine {
   void post(Task task);
   // Describes what the running op is waiting for (empty when idle). Any thread.
   std::string waitingFor() const;
-  // Stops the thread; queued tasks are abandoned. Idempotent. Any thread but the engine's.
+  // Stops the thread: the running op fails within ~100 ms, queued tasks are abandoned.
+  // Idempotent; from any thread (on the progress thread itself it only asks).
   void stop();
 
-  // Progress thread only.
+  // Progress thread only (the thread destroys the transport when it exits).
   Transport& transport() { return *transport_; }
   // Drives progress until every request has completed. Throws OpFailed on the first failed
   // request and OpTimeout at the deadline; either way the rest are cancelled first.
@@ -90,7 +96,8 @@ class ProgressEngine {
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};
+  std::mutex joinMu_;
   std::atomic<size_t> queued_{0};
   std::shared_ptr<void> currentKeepAlive_;
   std::string waitingFor_;

@@ -18,6 +18,8 @@ class UcxTransport::UcxRequest final : public Request {
   }
 
  private:
+  void failNow(std::string why) { fail(std::move(why)); }
+
   friend class UcxTransport;
   UcxTransport* owner_;
   void* handle_ = nullptr;        // UCX's request, while UCX holds it
@@ -68,24 +70,60 @@ UcxTransport::UcxTransport(int rank, int size)
   }
 }
 
-UcxTransport::~UcxTransport() {
-  // Abandon whatever is still posted (only possible after a failed or aborted op), then give
-  // UCX a bounded time to hand the requests back before the worker goes away.
-  for (auto& [ptr, req] : inflight_) {
-    req->cancel();
-  }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (!inflight_.empty() && std::chrono::steady_clock::now() < deadline) {
+template <typename Pred>
+void UcxTransport::progressUntil(Pred done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
     ucp_worker_progress(worker());
   }
-  for (auto& [ptr, req] : inflight_) {
+}
+
+UcxTransport::~UcxTransport() {
+  // Only possible after a failed or aborted op: abandon what is still posted. Cancelling an
+  // unmatched receive completes it (and removes it from inflight_) inside the call, so work
+  // on a copy. What cancel cannot stop (sends, matched rendezvous receives) ends when its
+  // endpoint is force-closed.
+  closing_ = "the process group was shut down";
+  std::vector<std::shared_ptr<UcxRequest>> pending;
+  for (auto& [ptr, req] : inflight_) pending.push_back(req);
+  for (auto& req : pending) req->cancel();
+  progressUntil([this] { return inflight_.empty(); }, std::chrono::milliseconds(200));
+  if (!inflight_.empty()) {
+    for (int p = 0; p < size_; ++p) abortPeer(p, closing_);
+  }
+  pending.clear();
+  for (auto& [ptr, req] : inflight_) pending.push_back(req);
+  for (auto& req : pending) {
+    // UCX no longer calls back once the request is freed: finish it ourselves so that
+    // whoever waits on it (a p2p Work) learns it failed.
     if (req->handle_ != nullptr) {
-      ucp_request_free(req->handle_);  // UCX releases it when it completes
+      ucp_request_free(req->handle_);
       req->handle_ = nullptr;
     }
+    inflight_.erase(req.get());
+    if (req->pending()) req->failNow(closing_);
   }
-  inflight_.clear();
   closeEndpoints();
+}
+
+void UcxTransport::abortPeer(int peer, const std::string& why) {
+  PeerSlot& slot = *peers_.at(peer);
+  if (slot.error.empty()) {
+    slot.error = why;
+  }
+  if (slot.ep != nullptr) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes every request on it as cancelled
+    ucs_status_ptr_t r = ucp_ep_close_nbx(slot.ep, &param);
+    slot.ep = nullptr;
+    if (UCS_PTR_IS_PTR(r)) {
+      progressUntil([r] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
+                    std::chrono::milliseconds(1000));
+      ucp_request_free(r);
+    }
+  }
+  cancelReceivesFromFailedPeers();
 }
 
 void UcxTransport::closeEndpoints() {
@@ -188,9 +226,6 @@ void UcxTransport::settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr
   }
   untrack(req.get());
   const ucs_status_t status = UCS_PTR_STATUS(result);
-  const std::string what = std::string(req->isSend() ? "send to " : "receive from ") +
-                           peerLabel(req->peer()) + " (" + std::to_string(req->postedBytes()) +
-                           " bytes)";
   if (status == UCS_OK) {
     if (req->isSend()) {
       req->complete(req->postedBytes(), 0);
@@ -198,7 +233,7 @@ void UcxTransport::settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr
       req->complete(req->info_.length, req->info_.sender_tag);
     }
   } else {
-    req->fail(describe(status, what));
+    req->fail(failure(*req, status));
   }
 }
 
@@ -243,6 +278,19 @@ RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
   return req;
 }
 
+std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status) const {
+  // A request cancelled because its peer failed or was aborted reports the peer's error.
+  if (status == UCS_ERR_CANCELED && req.peer() >= 0 && !peers_[req.peer()]->error.empty()) {
+    return peers_[req.peer()]->error;
+  }
+  if (status == UCS_ERR_CANCELED && !closing_.empty()) {
+    return closing_;
+  }
+  return describe(status, std::string(req.isSend() ? "send to " : "receive from ") +
+                              peerLabel(req.peer()) + " (" + std::to_string(req.postedBytes()) +
+                              " bytes)");
+}
+
 void UcxTransport::onSendDone(void* handle, ucs_status_t status, void* user) {
   auto* req = static_cast<UcxRequest*>(user);
   auto owned = req->owner_->untrack(req);
@@ -251,8 +299,7 @@ void UcxTransport::onSendDone(void* handle, ucs_status_t status, void* user) {
   if (status == UCS_OK) {
     req->complete(req->postedBytes(), 0);
   } else {
-    req->fail(describe(status, "send to " + peerLabel(req->peer()) + " (" +
-                                   std::to_string(req->postedBytes()) + " bytes)"));
+    req->fail(req->owner_->failure(*req, status));
   }
 }
 
@@ -264,12 +311,8 @@ void UcxTransport::onRecvDone(void* handle, ucs_status_t status, const ucp_tag_r
   req->handle_ = nullptr;
   if (status == UCS_OK) {
     req->complete(info->length, info->sender_tag);
-  } else if (status == UCS_ERR_CANCELED && req->peer() >= 0 &&
-             !req->owner_->peers_[req->peer()]->error.empty()) {
-    req->fail(req->owner_->peers_[req->peer()]->error);
   } else {
-    req->fail(describe(status, "receive from " + peerLabel(req->peer()) + " (" +
-                                   std::to_string(req->postedBytes()) + " bytes)"));
+    req->fail(req->owner_->failure(*req, status));
   }
 }
 

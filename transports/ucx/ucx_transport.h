@@ -4,6 +4,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -36,6 +37,7 @@ class UcxTransport final : public Transport {
   bool arm() override;
   int eventFd() const override { return eventFd_; }
   std::string peerError(int peer) const override;
+  void abortPeer(int peer, const std::string& why) override;
 
  private:
   class UcxRequest;
@@ -58,7 +60,11 @@ class UcxTransport final : public Transport {
   std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
   void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
   std::shared_ptr<UcxRequest> untrack(UcxRequest* req);
+  std::string failure(const UcxRequest& req, ucs_status_t status) const;
   void closeEndpoints();
+  // Progresses until `done()` or the deadline passes.
+  template <typename Pred>
+  void progressUntil(Pred done, std::chrono::milliseconds limit);
   void cancelReceivesFromFailedPeers();
 
   const int rank_;
@@ -69,6 +75,8 @@ class UcxTransport final : public Transport {
   int eventFd_ = -1;
   std::vector<std::unique_ptr<PeerSlot>> peers_;
   bool peerFailed_ = false;  // set in UCX's error callback, handled in progress()
+  // Set while the transport is being destroyed: what cancelled requests report.
+  std::string closing_;
   // Whether this UCX reports the length of an immediately completed tagged receive.
   bool immediateRecvInfo_ = false;
   // Requests UCX still holds, keyed by the pointer UCX hands back to our callbacks.

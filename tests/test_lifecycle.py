@@ -1,0 +1,131 @@
+"""Group teardown and recovery: what happens to requests still posted when a group is
+destroyed or aborted, or when a caller stops waiting. Each case once crashed, hung or
+misdelivered data; the tests pin the fixed behaviour.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from conftest import skip_unless_ucx
+from dist_harness import run_world
+
+
+def _destroy_with_unmatched_irecv(rank: int, ws: int) -> Any:
+    sub = dist.new_group(backend="ucx")
+    t = torch.zeros(8)
+    work = dist.irecv(t, src=1, group=sub) if rank == 0 else None
+    dist.barrier()
+    dist.destroy_process_group(sub)  # rank 0 still has the receive posted
+    if work is None:
+        return "sender"
+    start = time.monotonic()
+    try:
+        work.wait(timeout=timedelta(seconds=10))
+    except RuntimeError as exc:
+        return (time.monotonic() - start, str(exc))
+    return (time.monotonic() - start, None)
+
+
+def test_destroy_group_with_unmatched_irecv() -> None:
+    skip_unless_ucx("tests the ucx transport's teardown")
+    res = run_world(_destroy_with_unmatched_irecv, 2, timeout=90)
+    elapsed, msg = res[0]
+    assert msg is not None, "the orphaned irecv completed successfully"
+    assert "shut down" in msg, msg
+    assert elapsed < 5, elapsed
+
+
+def _abort_stuck_collective(rank: int, ws: int) -> Any:
+    sub = dist.new_group(backend="ucx", timeout=timedelta(seconds=60))
+    if rank == 1:
+        dist.barrier()  # never joins the all_reduce on `sub`
+        return None
+    t = torch.ones(4)
+    work = dist.all_reduce(t, group=sub, async_op=True)
+    time.sleep(0.5)  # the op is now waiting on rank 1
+    start = time.monotonic()
+    sub.abort()
+    try:
+        work.wait(timeout=timedelta(seconds=30))
+    except RuntimeError as exc:
+        result = (time.monotonic() - start, str(exc))
+    else:
+        result = (time.monotonic() - start, None)
+    dist.barrier()
+    return result
+
+
+def test_abort_interrupts_a_stuck_collective() -> None:
+    skip_unless_ucx("tests the ucx progress engine")
+    res = run_world(_abort_stuck_collective, 2, timeout=120)
+    elapsed, msg = res[0]
+    assert msg is not None, "all_reduce on an aborted group succeeded"
+    assert elapsed < 5, f"abort took {elapsed:.1f}s to end the op (group timeout is 60s)"
+
+
+def _retry_after_wait_timeout(rank: int, ws: int) -> Any:
+    if rank == 0:
+        stale = torch.zeros(3)
+        work = dist.irecv(stale, src=1, tag=5)
+        try:
+            work.wait(timeout=timedelta(seconds=1))
+            timed_out = False
+        except RuntimeError:
+            timed_out = True
+        dist.barrier()  # only now does rank 1 send
+        fresh = torch.zeros(3)
+        dist.recv(fresh, src=1, tag=5)
+        return timed_out, fresh.tolist(), stale.tolist()
+    dist.barrier()
+    dist.send(torch.tensor([1.0, 2.0, 3.0]), dst=0, tag=5)
+    return None
+
+
+def test_retried_recv_gets_the_message_after_a_wait_timeout() -> None:
+    skip_unless_ucx("tests the ucx point-to-point path")
+    timed_out, fresh, stale = run_world(_retry_after_wait_timeout, 2, timeout=90)[0]
+    assert timed_out
+    assert fresh == [1.0, 2.0, 3.0], f"the abandoned irecv took the message: {stale}"
+
+
+def _edge_shapes(rank: int, ws: int) -> Any:
+    out: dict[str, Any] = {}
+    empty_out = torch.zeros(0)
+    dist.reduce_scatter_tensor(empty_out, torch.zeros(0))
+    out["reduce_scatter_empty"] = empty_out.numel()
+    gathered = torch.full((0, 3), -1.0)
+    dist.all_gather_into_tensor(gathered, torch.zeros(0, 3))
+    out["all_gather_empty"] = tuple(gathered.shape)
+    out_splits = [3 if r == rank else 2 for r in range(ws)]
+    try:  # this rank sends itself 2 elements but expects 3 back from itself
+        dist.all_to_all_single(
+            torch.zeros(sum(out_splits)),
+            torch.zeros(2 * ws),
+            output_split_sizes=out_splits,
+            input_split_sizes=[2] * ws,
+        )
+        out["alltoall_self_mismatch"] = "no error"
+    except ValueError as exc:
+        out["alltoall_self_mismatch"] = str(exc)
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t)  # the group still works after the rejected call
+    out["after"] = t.tolist()
+    return out
+
+
+def test_edge_shapes_and_self_mismatch() -> None:
+    skip_unless_ucx("checks ucx error messages")
+    for ws in (2, 1):
+        res = run_world(_edge_shapes, ws, timeout=90)
+        for rank, out in enumerate(res):
+            assert out["reduce_scatter_empty"] == 0
+            assert out["all_gather_empty"] == (0, 3)
+            msg = out["alltoall_self_mismatch"]
+            assert "alltoall_base" in msg and f"rank {rank}" in msg and "itself" in msg, msg
+            total = float(ws * (ws + 1) // 2)
+            assert out["after"] == [total, total]
