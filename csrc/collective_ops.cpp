@@ -84,6 +84,28 @@ int rootOf(const Checker& c, int64_t root) {
   return static_cast<int>(root);
 }
 
+// gather's outputs / scatter's inputs: at the root one list of size() tensors shaped like
+// `like`; elsewhere nothing.
+std::vector<at::Tensor> rootList(const Checker& c, int root,
+                                 const std::vector<std::vector<at::Tensor>>& lists,
+                                 const at::Tensor& like, const char* role) {
+  if (c.rank != root) {
+    if (!lists.empty() && !lists[0].empty()) {
+      c.fail("only the root (rank " + std::to_string(root) + ") may pass " + role + " tensors");
+    }
+    return {};
+  }
+  if (lists.size() != 1 || lists[0].size() != static_cast<size_t>(c.size)) {
+    c.fail("the root needs one " + std::string(role) + " list of " + std::to_string(c.size) +
+           " tensors");
+  }
+  for (const auto& t : lists[0]) {
+    c.tensor(t, role);
+    c.sameAs(like, t, role);
+  }
+  return lists[0];
+}
+
 }  // namespace
 
 // --- all_reduce --------------------------------------------------------------------------------
@@ -341,19 +363,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::gather(
   const at::Tensor in = inputs[0];
   c.tensor(in, "input");
   const int root = rootOf(c, opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (getRank() == root) {
-    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())) {
-      c.fail("the root needs one output list of " + std::to_string(getSize()) + " tensors");
-    }
-    outs = outputs[0];
-    for (const auto& o : outs) {
-      c.tensor(o, "output");
-      c.sameAs(in, o, "output");
-    }
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    c.fail("only the root (rank " + std::to_string(root) + ") may pass output tensors");
-  }
+  const std::vector<at::Tensor> outs = rootList(c, root, outputs, in, "output");
   return enqueue("gather", c10d::OpType::GATHER, outs, describe(in), timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
                    Staged src(in);
@@ -376,19 +386,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
   const at::Tensor out = outputs[0];
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (getRank() == root) {
-    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
-      c.fail("the root needs one input list of " + std::to_string(getSize()) + " tensors");
-    }
-    ins = inputs[0];
-    for (const auto& i : ins) {
-      c.tensor(i, "input");
-      c.sameAs(out, i, "input");
-    }
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    c.fail("only the root (rank " + std::to_string(root) + ") may pass input tensors");
-  }
+  const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
   return enqueue("scatter", c10d::OpType::SCATTER, outputs, describe(out),
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
                    std::vector<Staged> src;

@@ -16,13 +16,11 @@ Each rank prints one ``RESULT {json}`` line (what it received), which the tests 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
+from tutorial_common import emit_result, parse_args
 
 # Message sizes (elements) used by nonblocking_p2p: tiny, medium, and large enough
 # (1.2 MB of float32) to leave the eager protocols of most transports.
@@ -105,35 +103,8 @@ def expected_nonblocking_p2p(rank: int, world_size: int) -> dict[str, list]:
     return out
 
 
-def import_ucxbackend() -> None:
-    """Register the "ucx" backend; from a source checkout if the package is not installed."""
-    try:
-        import ucxbackend
-    except ModuleNotFoundError as e:
-        if e.name != "ucxbackend":
-            raise
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        import ucxbackend  # noqa: F401
-
-
-def emit_result(result: dict, rank: int, result_dir: str | None) -> None:
-    """One ``RESULT {json}`` line on stdout (and a per-rank file: stdout lines interleave)."""
-    line = "RESULT " + json.dumps(result)
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    if result_dir:
-        with open(os.path.join(result_dir, f"result_rank{rank}.json"), "w") as f:
-            f.write(json.dumps(result))
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="ucx")
-    parser.add_argument("--init-method", default="env://")
-    parser.add_argument("--result-dir", help="also write each rank's RESULT to a JSON file here")
-    args = parser.parse_args()
-    if "ucx" in args.backend:
-        import_ucxbackend()
+    args = parse_args(__doc__)
 
     dist.init_process_group(args.backend, init_method=args.init_method)
     rank, world_size = dist.get_rank(), dist.get_world_size()
