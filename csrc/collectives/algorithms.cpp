@@ -1,13 +1,74 @@
 #include "csrc/collectives/algorithms.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
+
+#include "transports/tag.h"
 
 namespace ucxb::algo {
 
 namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Received data that must be combined with local data arrives in chunks of at most this
+// size, into two reused scratch slots: extra memory per op stays at 2 chunks whatever the
+// tensor size, and reducing one chunk overlaps receiving the next.
+constexpr size_t kChunkBytes = size_t{4} << 20;
+
+// Elements per chunk: kChunkBytes worth, or more when `count` would otherwise need more
+// than `maxChunks` chunks (each chunk takes one tag step).
+size_t chunkElems(size_t count, size_t esz, size_t maxChunks) {
+  const size_t elems = std::max<size_t>(1, kChunkBytes / esz);
+  const size_t needed = (count + maxChunks - 1) / std::max<size_t>(1, maxChunks);
+  return std::max(elems, needed);
+}
+
+// A 0-element message still travels, so ranks that disagree on sizes find out.
+size_t chunksOf(size_t count, size_t chunk) { return count == 0 ? 1 : (count + chunk - 1) / chunk; }
+
+size_t piece(size_t total, size_t chunk, size_t k) {
+  return std::min(chunk, total - std::min(total, k * chunk));
+}
+
+// Sends `sendCount` elements of `src` to `to` while receiving `recvCount` from `from` and
+// folding them into `dst`; chunk k travels with tag step `firstStep + k`. Either direction
+// may be absent (peer -1). Both sides of a message compute the same chunking from its count.
+void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
+                    uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
+                    const Reduction& red) {
+  const size_t esz = red.elementSize;
+  const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
+  const size_t recvChunks = from >= 0 ? chunksOf(recvCount, chunk) : 0;
+  uint8_t* slots = recvChunks > 0 ? c.scratch(2 * chunk * esz) : nullptr;
+  auto postRecv = [&](size_t k) {
+    return c.recv(from, firstStep + static_cast<uint32_t>(k), slots + (k % 2) * chunk * esz,
+                  piece(recvCount, chunk, k) * esz);
+  };
+  RequestPtr next = recvChunks > 0 ? postRecv(0) : nullptr;
+  try {
+    for (size_t k = 0; k < std::max(sendChunks, recvChunks); ++k) {
+      std::vector<RequestPtr> reqs;
+      RequestPtr current = std::move(next);
+      next = nullptr;
+      if (k + 1 < recvChunks) next = postRecv(k + 1);  // its slot held chunk k-1, now folded
+      if (k < sendChunks) {
+        reqs.push_back(c.send(to, firstStep + static_cast<uint32_t>(k), src + k * chunk * esz,
+                              piece(sendCount, chunk, k) * esz));
+      }
+      if (current) reqs.push_back(current);
+      c.wait(reqs);
+      if (current) {
+        red.fn(dst + k * chunk * esz, slots + (k % 2) * chunk * esz, piece(recvCount, chunk, k));
+      }
+    }
+  } catch (...) {
+    if (next) c.abandon({next});
+    throw;
+  }
+}
 
 struct Blocks {
   std::vector<size_t> offset;  // elements
@@ -41,20 +102,25 @@ Blocks uniform(size_t blockCount, int n) {
 }
 
 // After size()-1 steps, block rank() of `data` holds the reduction of every rank's block.
-// Step s: send block (r-s-1), receive block (r-s-2) from the left and fold it in.
-void ringReduceScatter(Comm& c, uint8_t* data, const Blocks& b, const Reduction& red) {
+// Step s: send block (r-s-1), receive block (r-s-2) from the left and fold it in, chunked.
+// Returns the number of tag steps used.
+uint32_t ringReduceScatter(Comm& c, uint8_t* data, const Blocks& b, const Reduction& red) {
   const int n = c.size();
   const int r = c.rank();
   const size_t esz = red.elementSize;
-  std::vector<uint8_t> scratch(b.largest * esz);
+  // Every rank derives the same chunking from the largest block; the all-gather that may
+  // follow needs n-1 more steps.
+  const size_t perStep = (tag::kMaxSteps - n) / std::max(1, n - 1);
+  const size_t chunk = chunkElems(b.largest, esz, perStep);
+  const auto stepsPerBlock = static_cast<uint32_t>(chunksOf(b.largest, chunk));
   for (int s = 0; s < n - 1; ++s) {
     const int sendBlock = mod(r - s - 1, n);
     const int recvBlock = mod(r - s - 2, n);
-    auto rq = c.recv(mod(r - 1, n), s, scratch.data(), b.count[recvBlock] * esz);
-    auto sq = c.send(mod(r + 1, n), s, data + b.offset[sendBlock] * esz, b.count[sendBlock] * esz);
-    c.wait({rq, sq});
-    red.fn(data + b.offset[recvBlock] * esz, scratch.data(), b.count[recvBlock]);
+    exchangeReduce(c, mod(r + 1, n), data + b.offset[sendBlock] * esz, b.count[sendBlock],
+                   mod(r - 1, n), data + b.offset[recvBlock] * esz, b.count[recvBlock], chunk,
+                   static_cast<uint32_t>(s) * stepsPerBlock, red);
   }
+  return static_cast<uint32_t>(n - 1) * stepsPerBlock;
 }
 
 // Rank r starts with block r final; step s forwards block (r-s) and receives (r-s-1) in place.
@@ -81,8 +147,8 @@ void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
   }
   const Blocks blocks = split(count, n);
   auto* bytes = static_cast<uint8_t*>(data);
-  ringReduceScatter(comm, bytes, blocks, red);
-  ringAllgather(comm, bytes, blocks, red.elementSize, static_cast<uint32_t>(n - 1));
+  const uint32_t used = ringReduceScatter(comm, bytes, blocks, red);
+  ringAllgather(comm, bytes, blocks, red.elementSize, used);
 }
 
 void reduceScatter(Comm& comm, void* work, void* out, size_t blockCount, const Reduction& red) {
@@ -95,22 +161,24 @@ void reduceScatter(Comm& comm, void* work, void* out, size_t blockCount, const R
               blockCount * red.elementSize);
 }
 
-// Binomial tree towards the root over ranks relative to it; step = tree level.
+// Binomial tree towards the root over ranks relative to it; each level's message is chunked
+// and takes `perLevel` tag steps.
 void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root) {
   const int n = comm.size();
   const int vr = mod(comm.rank() - root, n);
-  const size_t bytes = count * red.elementSize;
-  std::vector<uint8_t> scratch;
+  auto* bytes = static_cast<uint8_t*>(data);
+  const size_t chunk = chunkElems(count, red.elementSize, tag::kMaxSteps / 32);
+  const auto perLevel = static_cast<uint32_t>(chunksOf(count, chunk));
   uint32_t level = 0;
   for (int mask = 1; mask < n; mask <<= 1, ++level) {
     if (vr & mask) {
-      comm.wait({comm.send(mod(vr - mask + root, n), level, data, bytes)});
+      exchangeReduce(comm, mod(vr - mask + root, n), bytes, count, -1, nullptr, 0, chunk,
+                     level * perLevel, red);
       return;
     }
     if (vr + mask < n) {
-      scratch.resize(bytes);
-      comm.wait({comm.recv(mod(vr + mask + root, n), level, scratch.data(), bytes)});
-      red.fn(data, scratch.data(), count);
+      exchangeReduce(comm, -1, nullptr, 0, mod(vr + mask + root, n), bytes, count, chunk,
+                     level * perLevel, red);
     }
   }
 }

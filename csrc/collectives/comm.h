@@ -25,6 +25,9 @@ class Comm {
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);
+  void abandon(const std::vector<RequestPtr>& requests) { engine_.abandon(requests); }
+  // The group's reusable scratch buffer (at least `bytes`); one user at a time.
+  uint8_t* scratch(size_t bytes) { return engine_.scratch(bytes); }
 
  private:
   ProgressEngine& engine_;

@@ -201,6 +201,14 @@ void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
   }
 }
 
+uint8_t* ProgressEngine::scratch(size_t bytes) {
+  if (bytes > scratchBytes_) {
+    scratch_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);  // no zero-fill: all written
+    scratchBytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
 void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) {
   auto lastEvent = Clock::now();
   bool published = false;

@@ -81,6 +81,11 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // Drives progress until every request has completed. Throws OpFailed on the first failed
   // request and OpTimeout at the deadline; either way the rest are cancelled first.
   void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline);
+  // Gives up on requests outside a waitAll (see waitAll for what that entails).
+  void abandon(const std::vector<RequestPtr>& requests) { abandonPending(requests); }
+  // A buffer of at least `bytes`, reused by every op of the group (grow-only, so its size is
+  // the largest chunk any algorithm asked for). It outlives every request that points into it.
+  uint8_t* scratch(size_t bytes);
 
  private:
   void threadMain();
@@ -100,6 +105,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::mutex joinMu_;
   std::atomic<size_t> queued_{0};
   std::shared_ptr<void> currentKeepAlive_;
+  std::unique_ptr<uint8_t[]> scratch_;
+  size_t scratchBytes_ = 0;
   std::string waitingFor_;
   std::thread thread_;
 };
