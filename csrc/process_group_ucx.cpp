@@ -110,19 +110,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
                                                         Body body) {
   auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
   Task task;
-  task.run = [this, work, body = std::move(body), timeout]() {
-    running_->store(work.get());
+  // No `this`: the group can be destroyed while its running op unwinds (a callback on the
+  // progress thread dropping the last reference); the engine outlives its own thread.
+  task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
+              body = std::move(body), timeout]() {
+    running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     try {
-      Comm comm(*engine_, groupHash_, work->context().seq, Clock::now() + timeout);
+      Comm comm(*engine, group, work->context().seq, Clock::now() + timeout);
       body(comm);
     } catch (...) {
-      running_->store(nullptr);
+      running->store(nullptr);
       work->finishError(toDistError(work->context(), std::current_exception()));
       return;
     }
-    running_->store(nullptr);
+    running->store(nullptr);
     work->finishOk();
   };
   task.abandon = [work](const std::string& why) {

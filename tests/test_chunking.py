@@ -3,12 +3,14 @@ tree level, with a ragged last chunk, checked bit-exactly against numpy."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import skip_unless_ucx
 from dist_harness import run_world
 
 # 5.2M int32 = 20.8 MB: 2 ranks -> 10.4 MB blocks (3 chunks), 3 ranks -> 6.9 MB (2 chunks).
@@ -45,3 +47,23 @@ def _large_reductions(rank: int, ws: int) -> Any:
 def test_reductions_across_several_chunks(ws: int) -> None:
     results = run_world(_large_reductions, ws, timeout=240)
     assert results == [[]] * ws, results
+
+
+def _mismatched_whole_chunks(rank: int, ws: int) -> Any:
+    # 1M float32 is one 4 MB chunk: the ranks agree on every chunk but disagree on how many.
+    t = torch.ones((2 if rank == 0 else 3) * (1 << 20))
+    start = time.monotonic()
+    try:
+        dist.reduce(t, dst=0)
+    except RuntimeError as exc:
+        return time.monotonic() - start, str(exc)
+    return time.monotonic() - start, None
+
+
+def test_sizes_differing_by_whole_chunks_fail() -> None:
+    skip_unless_ucx("checks the ucx chunked data path")
+    pg_timeout = 5.0
+    res = run_world(_mismatched_whole_chunks, 2, pg_timeout=pg_timeout, timeout=90)
+    for rank, (elapsed, msg) in enumerate(res):
+        assert msg is not None, f"rank {rank}: reduce of mismatched sizes succeeded"
+        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)

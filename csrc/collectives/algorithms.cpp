@@ -5,7 +5,6 @@
 #include <cstring>
 #include <string>
 
-#include "transports/tag.h"
 
 namespace ucxb::algo {
 
@@ -18,11 +17,19 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 // tensor size, and reducing one chunk overlaps receiving the next.
 constexpr size_t kChunkBytes = size_t{4} << 20;
 
+// A message's last chunk carries this bit in its tag step. Ranks that disagree on a
+// message's size then disagree on which chunk is last, so the chunks do not match and the op
+// fails (at the latest at its timeout) instead of returning a partial result.
+constexpr uint32_t kLastChunk = uint32_t{1} << 15;
+// Step numbers an op may use below kLastChunk.
+constexpr size_t kStepSpace = kLastChunk;
+
 // Elements per chunk: kChunkBytes worth, or more when `count` would otherwise need more
 // than `maxChunks` chunks (each chunk takes one tag step).
 size_t chunkElems(size_t count, size_t esz, size_t maxChunks) {
   const size_t elems = std::max<size_t>(1, kChunkBytes / esz);
-  const size_t needed = (count + maxChunks - 1) / std::max<size_t>(1, maxChunks);
+  maxChunks = std::max<size_t>(1, maxChunks);
+  const size_t needed = count == 0 ? 0 : (count + maxChunks - 1) / maxChunks;
   return std::max(elems, needed);
 }
 
@@ -34,8 +41,9 @@ size_t piece(size_t total, size_t chunk, size_t k) {
 }
 
 // Sends `sendCount` elements of `src` to `to` while receiving `recvCount` from `from` and
-// folding them into `dst`; chunk k travels with tag step `firstStep + k`. Either direction
-// may be absent (peer -1). Both sides of a message compute the same chunking from its count.
+// folding them into `dst`; chunk k travels with tag step `firstStep + k` (plus kLastChunk on
+// the last one). Either direction may be absent (peer -1). Both sides of a message derive the
+// chunk size from values every rank shares, and the chunk count from the message's size.
 void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
                     uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
                     const Reduction& red) {
@@ -43,8 +51,11 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
   const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
   const size_t recvChunks = from >= 0 ? chunksOf(recvCount, chunk) : 0;
   uint8_t* slots = recvChunks > 0 ? c.scratch(2 * chunk * esz) : nullptr;
+  auto stepOf = [firstStep](size_t k, size_t chunks) {
+    return firstStep + static_cast<uint32_t>(k) + (k + 1 == chunks ? kLastChunk : 0);
+  };
   auto postRecv = [&](size_t k) {
-    return c.recv(from, firstStep + static_cast<uint32_t>(k), slots + (k % 2) * chunk * esz,
+    return c.recv(from, stepOf(k, recvChunks), slots + (k % 2) * chunk * esz,
                   piece(recvCount, chunk, k) * esz);
   };
   RequestPtr next = recvChunks > 0 ? postRecv(0) : nullptr;
@@ -55,7 +66,7 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
       next = nullptr;
       if (k + 1 < recvChunks) next = postRecv(k + 1);  // its slot held chunk k-1, now folded
       if (k < sendChunks) {
-        reqs.push_back(c.send(to, firstStep + static_cast<uint32_t>(k), src + k * chunk * esz,
+        reqs.push_back(c.send(to, stepOf(k, sendChunks), src + k * chunk * esz,
                               piece(sendCount, chunk, k) * esz));
       }
       if (current) reqs.push_back(current);
@@ -110,7 +121,7 @@ uint32_t ringReduceScatter(Comm& c, uint8_t* data, const Blocks& b, const Reduct
   const size_t esz = red.elementSize;
   // Every rank derives the same chunking from the largest block; the all-gather that may
   // follow needs n-1 more steps.
-  const size_t perStep = (tag::kMaxSteps - n) / std::max(1, n - 1);
+  const size_t perStep = (kStepSpace - std::min<size_t>(kStepSpace, n)) / std::max(1, n - 1);
   const size_t chunk = chunkElems(b.largest, esz, perStep);
   const auto stepsPerBlock = static_cast<uint32_t>(chunksOf(b.largest, chunk));
   for (int s = 0; s < n - 1; ++s) {
@@ -167,7 +178,7 @@ void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root
   const int n = comm.size();
   const int vr = mod(comm.rank() - root, n);
   auto* bytes = static_cast<uint8_t*>(data);
-  const size_t chunk = chunkElems(count, red.elementSize, tag::kMaxSteps / 32);
+  const size_t chunk = chunkElems(count, red.elementSize, kStepSpace / 32);
   const auto perLevel = static_cast<uint32_t>(chunksOf(count, chunk));
   uint32_t level = 0;
   for (int mask = 1; mask < n; mask <<= 1, ++level) {

@@ -57,6 +57,7 @@ std::shared_ptr<ProgressEngine> ProgressEngine::start(std::unique_ptr<Transport>
                                                      EngineConfig config) {
   auto engine = std::make_shared<ProgressEngine>(std::move(transport), config);
   engine->thread_ = std::thread([self = engine] { self->threadMain(); });
+  engine->threadId_.store(engine->thread_.get_id());
   return engine;
 }
 
@@ -71,16 +72,16 @@ void ProgressEngine::stop() {
   stopping_.store(true);
   const uint64_t one = 1;
   (void)!write(wakeFd_, &one, sizeof(one));
-  std::lock_guard<std::mutex> lock(joinMu_);
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      // Asked from the progress thread (a callback dropped the group): it exits by itself
-      // once the callback returns, and its own reference then destroys the engine.
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
+  if (std::this_thread::get_id() == threadId_.load()) {
+    // Asked from the progress thread (a callback aborted or dropped the group): it exits by
+    // itself once the callback returns, and its own reference then destroys the engine.
+    // Another thread may be joining it right now (holding joinMu_): never wait for that.
+    std::unique_lock<std::mutex> lock(joinMu_, std::try_to_lock);
+    if (lock.owns_lock() && thread_.joinable()) thread_.detach();
+    return;
   }
+  std::lock_guard<std::mutex> lock(joinMu_);
+  if (thread_.joinable()) thread_.join();
 }
 
 void ProgressEngine::post(Task task) {

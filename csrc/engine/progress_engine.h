@@ -103,6 +103,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::deque<Task> queue_;
   std::atomic<bool> stopping_{false};
   std::mutex joinMu_;
+  std::atomic<std::thread::id> threadId_{};
   std::atomic<size_t> queued_{0};
   std::shared_ptr<void> currentKeepAlive_;
   std::unique_ptr<uint8_t[]> scratch_;

@@ -88,8 +88,19 @@ UcxTransport::~UcxTransport() {
   for (auto& [ptr, req] : inflight_) pending.push_back(req);
   for (auto& req : pending) req->cancel();
   progressUntil([this] { return inflight_.empty(); }, std::chrono::milliseconds(200));
-  if (!inflight_.empty()) {
-    for (int p = 0; p < size_; ++p) abortPeer(p, closing_);
+  // Cut off only the peers with requests cancel could not stop; the others keep the
+  // graceful flush in closeEndpoints (their last eager messages may still be queued).
+  std::vector<bool> abort(size_, false);
+  bool anySourceLeft = false;
+  for (auto& [ptr, req] : inflight_) {
+    if (req->peer() >= 0) {
+      abort[req->peer()] = true;
+    } else {
+      anySourceLeft = true;
+    }
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (abort[p] || anySourceLeft) abortPeer(p, closing_);
   }
   pending.clear();
   for (auto& [ptr, req] : inflight_) pending.push_back(req);
