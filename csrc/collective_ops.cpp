@@ -119,20 +119,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduceFlat(const char* op, c1
   const int size = getSize();
   return enqueue(op, type, tensors, describe(tensors), timeout,
                  [tensors, spec, reduceOp, size](Comm& comm) {
-                   at::Tensor buf;
-                   if (tensors.size() == 1) {
-                     buf = tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous();
-                   } else {
-                     buf = pack(tensors);
-                   }
+                   // One tensor is reduced in place (staged if strided); several are packed.
+                   const bool single = tensors.size() == 1;
+                   const Staged staged(single ? tensors[0] : pack(tensors));
+                   at::Tensor buf = staged.flat;
                    preScale(buf, reduceOp);
-                   if (buf.numel() > 0 || comm.size() > 1) {
-                     algo::allreduce(comm, buf.numel() ? buf.data_ptr() : nullptr,
-                                     static_cast<size_t>(buf.numel()), spec.red);
-                   }
+                   algo::allreduce(comm, staged.data(), static_cast<size_t>(buf.numel()),
+                                   spec.red);
                    postScale(buf, reduceOp, size);
-                   if (tensors.size() == 1) {
-                     if (!buf.is_same(tensors[0])) tensors[0].copy_(buf);
+                   if (single) {
+                     staged.copyBack();
                    } else {
                      unpack(buf, tensors);
                    }
@@ -403,38 +399,52 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
 
 // --- reduce_scatter family ---------------------------------------------------------------------
 
-// inputs[i] holds size() blocks of outputs[i]'s shape. The blocks of every pair are packed per
-// rank (rank r's block = r-th block of each input, back to back) so one reduce-scatter serves all.
+// Input i is the concatenation of inputs[i] (one tensor, or reduce_scatter's list of one
+// block per rank) and holds size() blocks of outputs[i]'s shape. Rank r's block of every
+// input is packed into row r of one new buffer, the only copy, made when the op runs; one
+// reduce-scatter then serves all pairs and the user's inputs are never modified.
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
-    const char* op, std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+    const char* op, std::vector<at::Tensor> outputs, std::vector<std::vector<at::Tensor>> inputs,
     const c10d::ReduceOp& reduceOp, std::chrono::milliseconds timeout) {
   const auto c = checker(op);
   if (inputs.empty() || inputs.size() != outputs.size()) {
     c.fail("expects as many outputs as inputs (and at least one)");
   }
-  const auto spec = reductionFor(c, inputs, reduceOp);
+  std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
     c.tensor(outputs[i], "output");
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() ||
-        inputs[i].numel() != outputs[i].numel() * getSize()) {
-      c.fail("input " + describe(inputs[i]) + " must have the output's dtype and " +
-             std::to_string(getSize()) + "x its elements (output " + describe(outputs[i]) + ")");
+    int64_t numel = 0;
+    for (const auto& part : inputs[i]) {
+      all.push_back(part);
+      numel += part.numel();
+      if (part.scalar_type() != outputs[i].scalar_type()) {
+        c.fail("input " + describe(part) + " must have the output's dtype (output " +
+               describe(outputs[i]) + ")");
+      }
+    }
+    if (numel != outputs[i].numel() * getSize()) {
+      c.fail("input " + describe(inputs[i]) + " must have " + std::to_string(getSize()) +
+             "x the elements of output " + describe(outputs[i]));
     }
   }
+  const auto spec = reductionFor(c, all, reduceOp);
   const int size = getSize();
-  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(inputs), timeout,
+  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(all), timeout,
                  [outputs, inputs, spec, reduceOp, size](Comm& comm) {
                    const int n = comm.size();
-                   std::vector<at::Tensor> perRank;
-                   for (const auto& t : inputs) {
-                     perRank.push_back(t.reshape({n, t.numel() / n}));
+                   std::vector<at::Tensor> rows;  // input i as [n, block_i] views
+                   for (const auto& parts : inputs) {
+                     std::vector<at::Tensor> flat;
+                     int64_t numel = 0;
+                     for (const auto& part : parts) {
+                       flat.push_back(part.reshape({-1}));
+                       numel += part.numel();
+                     }
+                     rows.push_back(at::cat(flat).view({n, numel / n}));
                    }
-                   // work: [n, blockElems], row r = rank r's block of every input; a new buffer,
-                   // so the inputs are never modified.
-                   at::Tensor work = inputs.size() == 1 ? perRank[0].clone(at::MemoryFormat::Contiguous)
-                                                        : at::cat(perRank, 1).contiguous();
+                   at::Tensor work = at::cat(rows, 1).contiguous();
                    preScale(work, reduceOp);
-                   const int64_t blockElems = work.numel() / std::max(n, 1);
+                   const int64_t blockElems = work.numel() / n;
                    at::Tensor mine = at::empty({blockElems}, work.options());
                    algo::reduceScatter(comm, work.numel() ? work.data_ptr() : nullptr,
                                        blockElems ? mine.data_ptr() : nullptr,
@@ -456,24 +466,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter(
     c.tensor(i, "input");
     c.sameAs(outputs[0], i, "input");
   }
-  // Stack the list into one [size * numel] input; the copy happens on the caller's thread,
-  // before any later op can modify the inputs.
-  std::vector<at::Tensor> flat;
-  for (const auto& i : inputs[0]) flat.push_back(i.reshape({-1}));
-  return reduceScatterFlat("reduce_scatter", outputs, {at::cat(flat)}, opts.reduceOp,
+  return reduceScatterFlat("reduce_scatter", outputs, {inputs[0]}, opts.reduceOp,
                            timeoutFor(opts.timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return reduceScatterFlat("_reduce_scatter_base", {output}, {input}, opts.reduceOp,
+  return reduceScatterFlat("_reduce_scatter_base", {output}, {{input}}, opts.reduceOp,
                            timeoutFor(opts.timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return reduceScatterFlat("reduce_scatter_tensor_coalesced", outputs, inputs, opts.reduceOp,
+  std::vector<std::vector<at::Tensor>> parts;
+  for (const auto& t : inputs) parts.push_back({t});
+  return reduceScatterFlat("reduce_scatter_tensor_coalesced", outputs, parts, opts.reduceOp,
                            timeoutFor(opts.timeout));
 }
 

@@ -115,7 +115,7 @@ class ProcessGroupUCX : public c10d::Backend {
                                                std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> reduceScatterFlat(const char* op,
                                                    std::vector<at::Tensor> outputs,
-                                                   std::vector<at::Tensor> inputs,
+                                                   std::vector<std::vector<at::Tensor>> inputs,
                                                    const c10d::ReduceOp& reduceOp,
                                                    std::chrono::milliseconds timeout);
 

@@ -235,14 +235,6 @@ ReduceFn complexReduce(ReduceKind op) {
   }
 }
 
-template <typename T>
-void divide(void* data, size_t count, double divisor) {
-  T* p = static_cast<T*>(data);
-  for (size_t i = 0; i < count; ++i) {
-    p[i] = static_cast<T>(p[i] / static_cast<decltype(std::real(p[i]))>(divisor));
-  }
-}
-
 }  // namespace
 
 size_t elementSize(DType dtype) {
@@ -310,29 +302,6 @@ ReduceFn findReduce(DType dtype, ReduceKind op) {
     case DType::kComplex128: return complexReduce<double>(op);
   }
   return nullptr;
-}
-
-bool divideInPlace(DType dtype, void* data, size_t count, double divisor) {
-  switch (dtype) {
-    case DType::kFloat32: divide<float>(data, count, divisor); return true;
-    case DType::kFloat64: divide<double>(data, count, divisor); return true;
-    case DType::kComplex64: divide<std::complex<float>>(data, count, divisor); return true;
-    case DType::kComplex128: divide<std::complex<double>>(data, count, divisor); return true;
-    case DType::kFloat16: {
-      auto* p = static_cast<Half*>(data);
-      for (size_t i = 0; i < count; ++i) p[i] = toHalf(static_cast<float>(toFloat(p[i]) / divisor));
-      return true;
-    }
-    case DType::kBFloat16: {
-      auto* p = static_cast<BFloat16*>(data);
-      for (size_t i = 0; i < count; ++i) {
-        p[i] = toBFloat16(static_cast<float>(toFloat(p[i]) / divisor));
-      }
-      return true;
-    }
-    default:
-      return false;
-  }
 }
 
 }  // namespace ucxb

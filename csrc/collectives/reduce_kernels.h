@@ -25,7 +25,4 @@ const char* reduceName(ReduceKind op);
 // bool: sum = logical or, product = logical and, min = and, max = or.
 ReduceFn findReduce(DType dtype, ReduceKind op);
 
-// Divides every element by `divisor` (the AVG op). Floating and complex dtypes only.
-bool divideInPlace(DType dtype, void* data, size_t count, double divisor);
-
 }  // namespace ucxb

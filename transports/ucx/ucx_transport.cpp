@@ -1,5 +1,6 @@
 #include "transports/ucx/ucx_transport.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "transports/ucx/ucx_status.h"
@@ -154,14 +155,14 @@ void UcxTransport::closeEndpoints() {
     slot->ep = nullptr;
   }
   // A peer that already exited cannot acknowledge a flush: bound the wait.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS &&
-           std::chrono::steady_clock::now() < deadline) {
-      ucp_worker_progress(worker());
-    }
-    ucp_request_free(r);
-  }
+  progressUntil(
+      [&closing] {
+        return std::all_of(closing.begin(), closing.end(), [](void* r) {
+          return ucp_request_check_status(r) != UCS_INPROGRESS;
+        });
+      },
+      std::chrono::milliseconds(500));
+  for (void* r : closing) ucp_request_free(r);
 }
 
 void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
