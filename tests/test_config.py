@@ -160,7 +160,8 @@ def test_pg_options_apply_over_bad_env_is_still_an_error() -> None:
 
 
 def test_to_native() -> None:
-    native = Options(spin_us=0, progress_mode="poll").to_native({"UCXBACKEND_LOG_LEVEL": "debug"})
+    options = Options(spin_us=0, progress_mode="poll")
+    native = options.resolve({"UCXBACKEND_LOG_LEVEL": "debug"}).to_native()
     assert native == {"progress_mode": "poll", "spin_us": "0", "log_level": "DEBUG"}
     assert Config().to_native() == {
         "progress_mode": "sleep",

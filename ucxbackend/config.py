@@ -34,7 +34,6 @@ __all__ = [
     "ProgressMode",
     "Source",
     "coerce_options",
-    "resolve",
     "unknown_env_vars",
 ]
 
@@ -287,10 +286,6 @@ class Options:
         """The full config: these options over the environment over the defaults."""
         return Config.from_env(env).with_options(self)
 
-    def to_native(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The ``dict[str, str]`` handed to ``_C.ProcessGroupUCX`` for these options."""
-        return self.resolve(env).to_native()
-
 
 def coerce_options(obj: object) -> Options:
     """Turn what a user passed as ``pg_options`` into :class:`Options`.
@@ -309,11 +304,6 @@ def coerce_options(obj: object) -> Options:
         "pg_options for the ucx backend must be None, ucxbackend.Options or a dict of "
         f"option name -> value, not {cls.__module__}.{cls.__qualname__}"
     )
-
-
-def resolve(pg_options: object = None, env: Mapping[str, str] | None = None) -> Config:
-    """The config in force for a group created with ``pg_options`` under ``env``."""
-    return coerce_options(pg_options).resolve(env)
 
 
 def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
