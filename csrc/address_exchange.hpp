@@ -13,8 +13,23 @@
 
 namespace ucxb {
 
-std::vector<std::vector<uint8_t>> exchangeAddresses(c10d::Store& store, const std::string& groupId,
-                                                    int rank, int size,
-                                                    const std::vector<uint8_t>& mine);
+class AddressExchange {
+ public:
+  AddressExchange(c10d::Store& store, const std::string& groupId, int rank, int size);
+
+  // Publishes this rank's address and returns every rank's, indexed by rank.
+  std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine);
+
+  // Returns once every rank has connected to all the others. Without it a rank that has
+  // nothing to receive (a broadcast root) could finish its first ops and destroy its worker
+  // before a slower peer has even connected to it, and that peer's connect would fail.
+  void allConnected();
+
+ private:
+  c10d::Store& store_;
+  const int rank_;
+  const int size_;
+  std::string scope_;
+};
 
 }  // namespace ucxb

@@ -3,6 +3,7 @@
 // calls its one algorithm entry point, and writes results back into the user's tensors.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -400,9 +401,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
 // --- reduce_scatter family ---------------------------------------------------------------------
 
 // Input i is the concatenation of inputs[i] (one tensor, or reduce_scatter's list of one
-// block per rank) and holds size() blocks of outputs[i]'s shape. Rank r's block of every
-// input is packed into row r of one new buffer, the only copy, made when the op runs; one
-// reduce-scatter then serves all pairs and the user's inputs are never modified.
+// block per rank) and holds size() blocks of outputs[i]'s shape. A single pair is reduced
+// straight from the user's input blocks into the output (the algorithm never writes its
+// inputs). Several pairs, or PREMUL_SUM (which scales the inputs first), are packed into one
+// buffer whose row r holds rank r's block of every input, so one reduce-scatter serves all.
 c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
     const char* op, std::vector<at::Tensor> outputs, std::vector<std::vector<at::Tensor>> inputs,
     const c10d::ReduceOp& reduceOp, std::chrono::milliseconds timeout) {
@@ -429,6 +431,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
   }
   const auto spec = reductionFor(c, all, reduceOp);
   const int size = getSize();
+  const bool direct = inputs.size() == 1 && reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM &&
+                      (inputs[0].size() == 1 ||
+                       (inputs[0].size() == static_cast<size_t>(size) &&
+                        std::all_of(inputs[0].begin(), inputs[0].end(), [&](const at::Tensor& t) {
+                          return t.numel() == outputs[0].numel();
+                        })));
+  if (direct) {
+    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(all), timeout,
+                   [output = outputs[0], parts = inputs[0], spec, reduceOp, size](Comm& comm) {
+                     const int n = comm.size();
+                     const size_t blockBytes = output.nbytes();
+                     std::vector<Staged> src;
+                     for (const auto& part : parts) src.emplace_back(part);
+                     std::vector<const void*> blocks;
+                     for (int r = 0; r < n; ++r) {
+                       const Staged& from = src.size() == 1 ? src[0] : src[r];
+                       const size_t at = src.size() == 1 ? r * blockBytes : 0;
+                       blocks.push_back(blockBytes ? static_cast<uint8_t*>(from.data()) + at
+                                                   : nullptr);
+                     }
+                     Staged dst(output);
+                     algo::reduceScatter(comm, blocks, dst.data(),
+                                         static_cast<size_t>(output.numel()), spec.red);
+                     postScale(dst.flat, reduceOp, size);
+                     dst.copyBack();
+                   });
+  }
   return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(all), timeout,
                  [outputs, inputs, spec, reduceOp, size](Comm& comm) {
                    const int n = comm.size();
@@ -445,9 +474,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
                    at::Tensor work = at::cat(rows, 1).contiguous();
                    preScale(work, reduceOp);
                    const int64_t blockElems = work.numel() / n;
+                   std::vector<const void*> blocks;
+                   for (int r = 0; r < n; ++r) {
+                     blocks.push_back(blockElems ? bytePtr(work) + r * blockElems *
+                                                                       work.element_size()
+                                                 : nullptr);
+                   }
                    at::Tensor mine = at::empty({blockElems}, work.options());
-                   algo::reduceScatter(comm, work.numel() ? work.data_ptr() : nullptr,
-                                       blockElems ? mine.data_ptr() : nullptr,
+                   algo::reduceScatter(comm, blocks, blockElems ? mine.data_ptr() : nullptr,
                                        static_cast<size_t>(blockElems), spec.red);
                    postScale(mine, reduceOp, size);
                    unpack(mine, outputs);
@@ -540,7 +574,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall_base(
   return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, {output}, describe(input),
                  timeoutFor(opts.timeout),
                  [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
-                   Staged src(input);
+                   // In place (input is output): send from a copy, as receives overwrite it.
+                   Staged src(input.is_alias_of(output) ? input.clone() : input);
                    Staged dst(output);
                    std::vector<const void*> sends;
                    std::vector<void*> recvs;

@@ -1,9 +1,11 @@
 // ucxbackend._C: the factory torch.distributed calls to create a "ucx" backend, plus facts
-// about the UCX library for `python -m ucxbackend info` and the tag layout for tests.
+// about the UCX library for `python -m ucxbackend info`, the algorithm table, and the tag
+// layout for tests.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "csrc/collectives/selection.h"
 #include "csrc/process_group_ucx.hpp"
 #include "transports/tag.h"
 #include "transports/ucx/ucx_info.h"
@@ -49,6 +51,46 @@ PYBIND11_MODULE(_C, m) {
     return std::map<std::string, std::string>{{"ucx_home", UCXB_UCX_HOME},
                                               {"torch_version", UCXB_TORCH_VERSION}};
   });
+
+  auto algos = m.def_submodule("algorithms", "Algorithm selection (csrc/collectives/selection.h).");
+  algos.def("names", []() {
+    std::map<std::string, std::vector<std::string>> names;
+    for (size_t i = 0; i < ucxb::algo::kOpCount; ++i) {
+      const auto op = static_cast<ucxb::algo::Op>(i);
+      names[ucxb::algo::opName(op)] = ucxb::algo::namesFor(op);
+    }
+    return names;
+  }, "op -> the algorithm names its algo_<op> knob accepts ('auto' first).");
+  algos.def("thresholds", []() {
+    namespace a = ucxb::algo;
+    return std::map<std::string, size_t>{
+        {"allreduce_recursive_doubling_max", a::kAllreduceRecursiveDoublingMax},
+        {"allreduce_rabenseifner_max", a::kAllreduceRabenseifnerMax},
+        {"allgather_bruck_max", a::kAllgatherBruckMax},
+        {"reduce_scatter_halving_max", a::kReduceScatterHalvingMax},
+        {"broadcast_binomial_max", a::kBroadcastBinomialMax},
+        {"reduce_binomial_max", a::kReduceBinomialMax},
+        {"alltoall_linear_max", a::kAlltoallLinearMax},
+        {"default_chunk_bytes", a::Tuning{}.chunkBytes}};
+  }, "The byte thresholds of the automatic choice.");
+  algos.def(
+      "choose",
+      [](const std::string& opName, size_t bytes, int worldSize,
+         const std::map<std::string, std::string>& options) {
+        const auto tuning = ucxb::parseTuning(options);
+        for (size_t i = 0; i < ucxb::algo::kOpCount; ++i) {
+          const auto op = static_cast<ucxb::algo::Op>(i);
+          if (opName == ucxb::algo::opName(op)) {
+            return std::string(
+                ucxb::algo::algorithmName(ucxb::algo::choose(tuning, op, bytes, worldSize)));
+          }
+        }
+        throw py::value_error("unknown op '" + opName + "'");
+      },
+      py::arg("op"), py::arg("bytes"), py::arg("world_size"),
+      py::arg("options") = std::map<std::string, std::string>{},
+      "The algorithm a group with these options runs for an op of `bytes` bytes (see "
+      "selection.h for what `bytes` counts).");
 
   auto tags = m.def_submodule("tags", "The 64-bit tag layout (transports/tag.h), for tests.");
   tags.def("collective", &ucxb::tag::collective, py::arg("group"), py::arg("seq"),

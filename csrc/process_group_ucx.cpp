@@ -34,9 +34,33 @@ EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options
       }
       config.spin = std::chrono::microseconds(us);
     }
-    // Other keys belong to the Python layer (e.g. log_level).
+    // Other keys belong to the Python layer (e.g. log_level) or to parseTuning.
   }
   return config;
+}
+
+algo::Tuning parseTuning(const std::map<std::string, std::string>& options) {
+  algo::Tuning tuning;
+  for (size_t i = 0; i < algo::kOpCount; ++i) {
+    const auto op = static_cast<algo::Op>(i);
+    const auto it = options.find(std::string("algo_") + algo::opName(op));
+    if (it == options.end()) continue;
+    try {
+      tuning.forced[i] = algo::parseAlgorithm(op, it->second);
+    } catch (const std::invalid_argument& e) {
+      throw c10::ValueError({__func__, __FILE__, __LINE__}, std::string("ucx: ") + e.what());
+    }
+  }
+  if (const auto it = options.find("chunk_bytes"); it != options.end()) {
+    char* end = nullptr;
+    const long long bytes = std::strtoll(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || bytes < 1) {
+      throw c10::ValueError({__func__, __FILE__, __LINE__},
+                            "ucx: chunk_bytes must be an integer >= 1, got '" + it->second + "'");
+    }
+    tuning.chunkBytes = static_cast<size_t>(bytes);
+  }
+  return tuning;
 }
 
 ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -50,17 +74,19 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
       groupHash_(tag::groupHash(groupId_.c_str())),
       globalRanks_(std::move(globalRanks)),
       engineConfig_(parseEngineConfig(options)),
+      tuning_(parseTuning(options)),
       running_(std::make_shared<std::atomic<const WorkUCX*>>(nullptr)) {
   if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
   auto transport = std::make_unique<ucx::UcxTransport>(rank, size);
   try {
-    const auto addresses =
-        exchangeAddresses(*store_, groupId_, rank, size, transport->localAddress());
+    AddressExchange exchange(*store_, groupId_, rank, size);
+    const auto addresses = exchange.exchange(transport->localAddress());
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
     }
+    exchange.allConnected();
   } catch (const TransportError& e) {
     throw c10::DistBackendError({__func__, __FILE__, __LINE__},
                                 "ucx: setting up group '" + groupId_ + "' on rank " +
@@ -113,12 +139,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
-              body = std::move(body), timeout]() {
+              body = std::move(body), timeout, tuning = tuning_]() {
     running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     try {
-      Comm comm(*engine, group, work->context().seq, Clock::now() + timeout);
+      Comm comm(*engine, group, work->context().seq, Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {
       running->store(nullptr);

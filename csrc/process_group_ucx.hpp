@@ -125,6 +125,7 @@ class ProcessGroupUCX : public c10d::Backend {
   const uint32_t groupHash_;
   const std::vector<int64_t> globalRanks_;
   EngineConfig engineConfig_;
+  algo::Tuning tuning_;
   std::shared_ptr<ProgressEngine> engine_;
   // Collectives and point-to-point ops are numbered separately: every rank issues the same
   // collectives, but not the same sends and receives, and the collective number is in the tag.
@@ -139,5 +140,7 @@ class ProcessGroupUCX : public c10d::Backend {
 };
 
 EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options);
+// algo_<op> and chunk_bytes; throws c10::ValueError on a bad value.
+algo::Tuning parseTuning(const std::map<std::string, std::string>& options);
 
 }  // namespace ucxb

@@ -19,6 +19,7 @@ import pytest
 
 import ucxbackend
 from ucxbackend import cli
+from ucxbackend.config import KNOBS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -221,7 +222,7 @@ def test_info_json_subprocess() -> None:
     assert "lo" in info["ucx"]["transports"]["tcp"]
     assert set(info["build"]) >= {"ucx_home", "torch_version"}
     assert info["torch"]["ucx_registered"] is True
-    assert [row["name"] for row in info["config"]] == ["progress_mode", "spin_us", "log_level"]
+    assert [row["name"] for row in info["config"]] == list(KNOBS)
 
 
 def test_info_subprocess_without_native() -> None:

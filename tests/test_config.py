@@ -37,7 +37,13 @@ needs_native = pytest.mark.skipif(
     reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
 )
 
-DEFAULTS = {"progress_mode": "sleep", "spin_us": 50, "log_level": "WARNING"}
+# Algorithm selection and chunking knobs, at their defaults.
+TUNING_DEFAULTS: dict[str, object] = {
+    "chunk_bytes": 4 << 20,
+    **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
+}
+TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
+DEFAULTS = {"progress_mode": "sleep", "spin_us": 50, "log_level": "WARNING", **TUNING_DEFAULTS}
 
 
 # --------------------------------------------------------------------------- defaults / env
@@ -56,6 +62,8 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_PROGRESS_MODE",
         "UCXBACKEND_SPIN_US",
         "UCXBACKEND_LOG_LEVEL",
+        "UCXBACKEND_CHUNK_BYTES",
+        *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
     }
 
 
@@ -142,6 +150,7 @@ def test_pg_options_override_env() -> None:
         "progress_mode": "pg_options",
         "spin_us": "env",
         "log_level": "default",
+        **dict.fromkeys(TUNING_DEFAULTS, "default"),
     }
 
 
@@ -162,11 +171,17 @@ def test_pg_options_apply_over_bad_env_is_still_an_error() -> None:
 def test_to_native() -> None:
     options = Options(spin_us=0, progress_mode="poll")
     native = options.resolve({"UCXBACKEND_LOG_LEVEL": "debug"}).to_native()
-    assert native == {"progress_mode": "poll", "spin_us": "0", "log_level": "DEBUG"}
+    assert native == {
+        "progress_mode": "poll",
+        "spin_us": "0",
+        "log_level": "DEBUG",
+        **TUNING_NATIVE,
+    }
     assert Config().to_native() == {
         "progress_mode": "sleep",
         "spin_us": "50",
         "log_level": "WARNING",
+        **TUNING_NATIVE,
     }
     assert all(isinstance(v, str) for v in native.values())
 
@@ -374,7 +389,12 @@ def test_init_process_group_reaches_native(fake_native: FakeNative) -> None:
     assert call["timeout"] == datetime.timedelta(seconds=30)
     assert isinstance(call["group_id"], str) and call["group_id"]
     assert call["global_ranks"] == [0]  # the default group gets the real list, not []
-    assert call["options"] == {"progress_mode": "sleep", "spin_us": "7", "log_level": "WARNING"}
+    assert call["options"] == {
+        "progress_mode": "sleep",
+        "spin_us": "7",
+        "log_level": "WARNING",
+        **TUNING_NATIVE,
+    }
     t = torch.ones(4)
     dist.all_reduce(t)
     assert t.tolist() == [1.0] * 4
@@ -384,7 +404,12 @@ def test_init_with_dict_and_env(fake_native: FakeNative, monkeypatch: pytest.Mon
     monkeypatch.setenv("UCXBACKEND_PROGRESS_MODE", "poll")
     _init("ucx", {"spin_us": 0})
     (call,) = fake_native.calls
-    assert call["options"] == {"progress_mode": "poll", "spin_us": "0", "log_level": "WARNING"}
+    assert call["options"] == {
+        "progress_mode": "poll",
+        "spin_us": "0",
+        "log_level": "WARNING",
+        **TUNING_NATIVE,
+    }
 
 
 def test_new_group_gets_global_ranks(fake_native: FakeNative) -> None:
@@ -446,3 +471,35 @@ def test_real_native_single_rank() -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- tuning knobs
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [(1, 1), ("8", 8), ("4M", 4 << 20), ("64k", 64 << 10), ("2MiB", 2 << 20)]
+)
+def test_chunk_bytes_parses_sizes(raw: object, value: int) -> None:
+    assert Options(chunk_bytes=raw).to_dict() == {"chunk_bytes": value}  # type: ignore[arg-type]
+    assert Config.from_env({"UCXBACKEND_CHUNK_BYTES": str(raw)}).chunk_bytes == value
+
+
+@pytest.mark.parametrize("raw", [0, -1, "0", "x", "4T", True, 1.5])
+def test_chunk_bytes_rejects(raw: object) -> None:
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        Options(chunk_bytes=raw)  # type: ignore[arg-type]
+
+
+def test_algo_knobs_validate_names() -> None:
+    assert Config.from_env({"UCXBACKEND_ALGO_ALLREDUCE": "Ring"}).algo_allreduce == "ring"
+    with pytest.raises(ValueError, match=r"UCXBACKEND_ALGO_ALLREDUCE.*'rabenseifner'"):
+        Config.from_env({"UCXBACKEND_ALGO_ALLREDUCE": "bruck"})
+    with pytest.raises(ValueError, match="algo_broadcast"):
+        Options(algo_broadcast="ring")
+
+
+@needs_native
+def test_algorithm_names_match_native() -> None:
+    from ucxbackend import _C
+
+    assert _C.algorithms.names() == {op: list(names) for op, names in cfg.ALGORITHMS.items()}

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, cast
 
 __all__ = [
+    "ALGORITHMS",
     "ENV_PREFIX",
     "KNOBS",
     "Config",
@@ -49,6 +50,22 @@ LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 SPIN_US_MAX: Final = 2**31 - 1
 
 _INT_RE: Final = re.compile(r"[+]?[0-9]+")
+_SIZE_RE: Final = re.compile(r"([0-9]+)\s*([kmg]?)(?:i?b)?", re.IGNORECASE)
+_SIZE_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+CHUNK_BYTES_MAX: Final = 1 << 40
+
+# The algorithms each op's ``algo_<op>`` knob accepts ("auto" = chosen by message and group
+# size). Mirrors csrc/collectives/selection.cpp; a test checks the two agree.
+ALGORITHMS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "allreduce": ("auto", "ring", "recursive_doubling", "rabenseifner"),
+        "allgather": ("auto", "ring", "bruck", "linear"),
+        "reduce_scatter": ("auto", "ring", "recursive_halving"),
+        "broadcast": ("auto", "binomial", "chain"),
+        "reduce": ("auto", "binomial", "chain"),
+        "alltoall": ("auto", "pairwise", "linear"),
+    }
+)
 
 
 class _Invalid(Exception):
@@ -77,6 +94,21 @@ def _parse_spin_us(raw: object) -> int:
     else:
         raise _Invalid
     if not 0 <= value <= SPIN_US_MAX:
+        raise _Invalid
+    return value
+
+
+def _parse_chunk_bytes(raw: object) -> int:
+    """Bytes, as an int or a string with an optional K/M/G (powers of 1024) suffix."""
+    if isinstance(raw, bool):
+        raise _Invalid
+    if isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, str) and (m := _SIZE_RE.fullmatch(raw.strip())):
+        value = int(m.group(1), 10) * _SIZE_UNITS[m.group(2).lower()]
+    else:
+        raise _Invalid
+    if not 1 <= value <= CHUNK_BYTES_MAX:
         raise _Invalid
     return value
 
@@ -139,6 +171,26 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             help="level of the 'ucxbackend' logger (standard Python logging)",
             parse=_parse_choice(LOG_LEVELS, upper=True),
         ),
+        "chunk_bytes": Knob(
+            name="chunk_bytes",
+            default=4 << 20,
+            allowed="bytes from 1 to 1T, e.g. 4194304 or '4M' (K/M/G = 1024^n)",
+            help=(
+                "largest piece of a message received into scratch or pipelined at once; "
+                "extra memory per op is at most two chunks"
+            ),
+            parse=_parse_chunk_bytes,
+        ),
+        **{
+            f"algo_{op}": Knob(
+                name=f"algo_{op}",
+                default="auto",
+                allowed=", ".join(repr(n) for n in names),
+                help=f"{op} algorithm; 'auto' chooses by message size and group size",
+                parse=_parse_choice(names, upper=False),
+            )
+            for op, names in ALGORITHMS.items()
+        },
     }
 )
 
@@ -158,6 +210,13 @@ class Config:
     progress_mode: ProgressMode = "sleep"
     spin_us: int = 50
     log_level: LogLevel = "WARNING"
+    chunk_bytes: int = 4 << 20
+    algo_allreduce: str = "auto"
+    algo_allgather: str = "auto"
+    algo_reduce_scatter: str = "auto"
+    algo_broadcast: str = "auto"
+    algo_reduce: str = "auto"
+    algo_alltoall: str = "auto"
     sources: Mapping[str, Source] = field(
         default_factory=_default_sources, compare=False, repr=False
     )
@@ -250,6 +309,13 @@ class Options:
     progress_mode: ProgressMode | None = None
     spin_us: int | None = None
     log_level: LogLevel | None = None
+    chunk_bytes: int | str | None = None
+    algo_allreduce: str | None = None
+    algo_allgather: str | None = None
+    algo_reduce_scatter: str | None = None
+    algo_broadcast: str | None = None
+    algo_reduce: str | None = None
+    algo_alltoall: str | None = None
 
     def __post_init__(self) -> None:
         for knob in KNOBS.values():

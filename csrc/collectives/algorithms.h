@@ -1,6 +1,7 @@
 // The collective algorithms, written once against Comm (and so against any Transport).
-// Each op has exactly one entry point here; the backend calls only these, so a faster
-// algorithm replaces one function body without touching the backend.
+// Each op has exactly one entry point here; the backend calls only these. An entry point
+// picks its algorithm with algo::choose (selection.h): by message size and group size, or as
+// the group's configuration forces. One file per op family implements them.
 //
 // Buffers are contiguous host memory prepared by the backend; counts are in elements.
 #pragma once
@@ -10,6 +11,7 @@
 
 #include "csrc/collectives/comm.h"
 #include "csrc/collectives/reduce_kernels.h"
+#include "csrc/collectives/selection.h"
 
 namespace ucxb::algo {
 
@@ -18,12 +20,13 @@ struct Reduction {
   size_t elementSize;
 };
 
-// In place over `data`: ring reduce-scatter then ring all-gather.
+// In place over `data`.
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);
 
-// `work` holds size() blocks of `blockCount` elements (it is clobbered); the reduced block of
-// this rank is written to `out`.
-void reduceScatter(Comm& comm, void* work, void* out, size_t blockCount, const Reduction& red);
+// blocks[r] is this rank's contribution to rank r's block (`blockCount` elements each; never
+// modified); the reduction of every rank's block rank() is written to `out`.
+void reduceScatter(Comm& comm, const std::vector<const void*>& blocks, void* out,
+                   size_t blockCount, const Reduction& red);
 
 // `data` is the result at the root and this rank's contribution elsewhere (clobbered there).
 void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root);

@@ -7,18 +7,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "csrc/collectives/selection.h"
 #include "csrc/engine/progress_engine.h"
 
 namespace ucxb {
 
 class Comm {
  public:
-  Comm(ProgressEngine& engine, uint32_t groupHash, uint64_t seq, Clock::time_point deadline)
+  Comm(ProgressEngine& engine, uint32_t groupHash, uint64_t seq, Clock::time_point deadline,
+       const algo::Tuning& tuning)
       : engine_(engine), transport_(engine.transport()), group_(groupHash), seq_(seq),
-        deadline_(deadline) {}
+        deadline_(deadline), tuning_(tuning) {}
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
+  // The group's algorithm choices and chunk size.
+  const algo::Tuning& tuning() const { return tuning_; }
 
   RequestPtr send(int peer, uint32_t step, const void* data, size_t bytes);
   RequestPtr recv(int peer, uint32_t step, void* data, size_t bytes);
@@ -35,6 +39,7 @@ class Comm {
   const uint32_t group_;
   const uint64_t seq_;
   const Clock::time_point deadline_;
+  const algo::Tuning& tuning_;
 };
 
 }  // namespace ucxb

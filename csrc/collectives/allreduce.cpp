@@ -1,0 +1,127 @@
+// all_reduce: ring (bandwidth), recursive doubling (latency), Rabenseifner (in between).
+// Every element is reduced in the same order on every rank, so all ranks end bit-identical.
+#include <algorithm>
+
+#include "csrc/collectives/building_blocks.h"
+
+namespace ucxb::algo {
+
+using namespace detail;
+
+namespace {
+
+// After size()-1 steps, block rank() of `data` holds the reduction of every rank's block.
+// Step s: send block (r-s-1), receive block (r-s-2) from the left and fold it in, chunked.
+// Returns the number of tag steps used.
+uint32_t ringReduceScatterInPlace(Comm& c, uint8_t* data, const Blocks& b, const Reduction& red) {
+  const int n = c.size();
+  const int r = c.rank();
+  const size_t esz = red.elementSize;
+  // Every rank derives the same chunking from the largest block; the all-gather that
+  // follows needs n-1 more steps.
+  const size_t perStep = (kStepSpace - std::min<size_t>(kStepSpace, n)) / std::max(1, n - 1);
+  const size_t chunk = chunkElems(c, b.largest, esz, perStep);
+  const auto stepsPerBlock = static_cast<uint32_t>(chunksOf(b.largest, chunk));
+  for (int s = 0; s < n - 1; ++s) {
+    const int sendBlock = mod(r - s - 1, n);
+    const int recvBlock = mod(r - s - 2, n);
+    exchangeReduce(c, mod(r + 1, n), data + b.offset[sendBlock] * esz, b.count[sendBlock],
+                   mod(r - 1, n), data + b.offset[recvBlock] * esz, b.count[recvBlock], chunk,
+                   static_cast<uint32_t>(s) * stepsPerBlock, red);
+  }
+  return static_cast<uint32_t>(n - 1) * stepsPerBlock;
+}
+
+void ring(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
+  const int n = c.size();
+  const Blocks b = split(count, n);
+  const uint32_t used = ringReduceScatterInPlace(c, data, b, red);
+  std::vector<uint8_t*> blocks;
+  std::vector<size_t> bytes;
+  for (int i = 0; i < n; ++i) {
+    blocks.push_back(data + b.offset[i] * red.elementSize);
+    bytes.push_back(b.count[i] * red.elementSize);
+  }
+  ringAllgather(c, blocks, bytes, used);
+}
+
+// Steps 0..perPhase-1 carry the fold; the algorithm's own phases follow. Returns the first
+// step after the fold.
+uint32_t foldIn(Comm& c, const Pow2Fold& f, uint8_t* data, size_t count, size_t chunk,
+                const Reduction& red) {
+  const int partner = f.foldPartner(c.rank());
+  if (partner >= 0) {
+    if (f.folded()) {
+      sendChunked(c, partner, data, count, red.elementSize, chunk, 0);
+    } else {
+      exchangeReduce(c, -1, nullptr, 0, partner, data, count, chunk, 0, red);
+    }
+  }
+  return static_cast<uint32_t>(chunksOf(count, chunk));
+}
+
+// The odd rank of a folded pair hands the result back to its even partner.
+void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t step) {
+  const int partner = f.foldPartner(c.rank());
+  if (partner < 0) return;
+  if (f.folded()) {
+    c.wait({c.recv(partner, step, data, bytes)});
+  } else {
+    c.wait({c.send(partner, step, data, bytes)});
+  }
+}
+
+// log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k.
+void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
+  const Pow2Fold f(c.rank(), c.size());
+  const size_t chunk =
+      chunkElems(c, count, red.elementSize, kStepSpace / static_cast<size_t>(f.levels() + 2));
+  const uint32_t perPhase = foldIn(c, f, data, count, chunk, red);
+  uint32_t step = perPhase;
+  if (!f.folded()) {
+    for (int mask = 1; mask < f.pof2; mask *= 2, step += perPhase) {
+      const int peer = f.oldRank(f.participant ^ mask);
+      exchangeReduce(c, peer, data, count, peer, data, count, chunk, step, red);
+    }
+  }
+  foldOut(c, f, data, count * red.elementSize, perPhase * static_cast<uint32_t>(f.levels() + 1));
+}
+
+// Recursive-halving reduce-scatter then recursive-doubling all-gather: log steps like
+// recursive doubling, but each rank sends about 2x the vector instead of log2(n)x.
+void rabenseifner(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
+  const Pow2Fold f(c.rank(), c.size());
+  const int levels = f.levels();
+  const size_t chunk =
+      chunkElems(c, count, red.elementSize, kStepSpace / static_cast<size_t>(levels + 2));
+  const uint32_t perPhase = foldIn(c, f, data, count, chunk, red);
+  const uint32_t doublingStep = perPhase * static_cast<uint32_t>(levels + 1);
+  if (!f.folded()) {
+    const Blocks b = split(count, f.pof2);
+    std::vector<size_t> bound(b.offset);
+    bound.push_back(count);
+    halvingReduceScatter(c, f, data, bound, chunk, perPhase, red);
+    doublingAllgather(c, f, data, bound, red.elementSize, doublingStep);
+  }
+  foldOut(c, f, data, count * red.elementSize, doublingStep + static_cast<uint32_t>(levels));
+}
+
+}  // namespace
+
+void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
+  if (comm.size() == 1) return;
+  auto* bytes = static_cast<uint8_t*>(data);
+  switch (choose(comm.tuning(), Op::kAllreduce, count * red.elementSize, comm.size())) {
+    case Algorithm::kRecursiveDoubling:
+      recursiveDoubling(comm, bytes, count, red);
+      return;
+    case Algorithm::kRabenseifner:
+      rabenseifner(comm, bytes, count, red);
+      return;
+    default:
+      ring(comm, bytes, count, red);
+      return;
+  }
+}
+
+}  // namespace ucxb::algo

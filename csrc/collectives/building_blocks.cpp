@@ -1,0 +1,152 @@
+#include "csrc/collectives/building_blocks.h"
+
+#include <algorithm>
+
+namespace ucxb::algo::detail {
+
+size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChunks) {
+  const size_t elems = std::max<size_t>(1, c.tuning().chunkBytes / esz);
+  maxChunks = std::max<size_t>(1, maxChunks);
+  const size_t needed = count == 0 ? 0 : (count + maxChunks - 1) / maxChunks;
+  return std::max(elems, needed);
+}
+
+void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
+                    uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
+                    const Reduction& red) {
+  const size_t esz = red.elementSize;
+  const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
+  const size_t recvChunks = from >= 0 ? chunksOf(recvCount, chunk) : 0;
+  uint8_t* slots = recvChunks > 0 ? c.scratch(2 * chunk * esz) : nullptr;
+  auto postRecv = [&](size_t k) {
+    return c.recv(from, chunkStep(firstStep, k, recvChunks), slots + (k % 2) * chunk * esz,
+                  piece(recvCount, chunk, k) * esz);
+  };
+  RequestPtr next = recvChunks > 0 ? postRecv(0) : nullptr;
+  try {
+    for (size_t k = 0; k < std::max(sendChunks, recvChunks); ++k) {
+      std::vector<RequestPtr> reqs;
+      RequestPtr current = std::move(next);
+      next = nullptr;
+      if (k + 1 < recvChunks) next = postRecv(k + 1);  // its slot held chunk k-1, now folded
+      if (k < sendChunks) {
+        reqs.push_back(c.send(to, chunkStep(firstStep, k, sendChunks), src + k * chunk * esz,
+                              piece(sendCount, chunk, k) * esz));
+      }
+      if (current) reqs.push_back(current);
+      c.wait(reqs);
+      if (current) {
+        red.fn(dst + k * chunk * esz, slots + (k % 2) * chunk * esz, piece(recvCount, chunk, k));
+      }
+    }
+  } catch (...) {
+    if (next) c.abandon({next});
+    throw;
+  }
+}
+
+void sendChunked(Comm& c, int to, const uint8_t* data, size_t count, size_t esz, size_t chunk,
+                 uint32_t firstStep) {
+  const size_t chunks = chunksOf(count, chunk);
+  std::vector<RequestPtr> reqs;
+  reqs.reserve(chunks);
+  for (size_t k = 0; k < chunks; ++k) {
+    reqs.push_back(c.send(to, chunkStep(firstStep, k, chunks), data + k * chunk * esz,
+                          piece(count, chunk, k) * esz));
+  }
+  c.wait(reqs);
+}
+
+Blocks split(size_t count, int n) {
+  Blocks b;
+  b.offset.resize(n);
+  b.count.resize(n);
+  size_t at = 0;
+  for (int i = 0; i < n; ++i) {
+    b.count[i] = count / n + (static_cast<size_t>(i) < count % n ? 1 : 0);
+    b.offset[i] = at;
+    at += b.count[i];
+    b.largest = std::max(b.largest, b.count[i]);
+  }
+  return b;
+}
+
+Pow2Fold::Pow2Fold(int rank, int n) {
+  while (pof2 * 2 <= n) pof2 *= 2;
+  rem = n - pof2;
+  if (rank < 2 * rem) {
+    participant = rank % 2 == 1 ? rank / 2 : -1;
+  } else {
+    participant = rank - rem;
+  }
+}
+
+int Pow2Fold::foldPartner(int rank) const {
+  if (rank >= 2 * rem) return -1;
+  return rank % 2 == 0 ? rank + 1 : rank - 1;
+}
+
+int Pow2Fold::levels() const {
+  int l = 0;
+  while ((1 << l) < pof2) ++l;
+  return l;
+}
+
+}  // namespace ucxb::algo::detail
+
+namespace ucxb::algo::detail {
+
+void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vector<size_t>& bytes,
+                   uint32_t firstStep) {
+  const int n = c.size();
+  const int r = c.rank();
+  for (int s = 0; s < n - 1; ++s) {
+    const int sendBlock = mod(r - s, n);
+    const int recvBlock = mod(r - s - 1, n);
+    auto rq = c.recv(mod(r - 1, n), firstStep + s, blocks[recvBlock], bytes[recvBlock]);
+    auto sq = c.send(mod(r + 1, n), firstStep + s, blocks[sendBlock], bytes[sendBlock]);
+    c.wait({rq, sq});
+  }
+}
+
+uint32_t halvingReduceScatter(Comm& c, const Pow2Fold& fold, uint8_t* data,
+                              const std::vector<size_t>& bound, size_t chunk, uint32_t firstStep,
+                              const Reduction& red) {
+  const size_t esz = red.elementSize;
+  const int me = fold.participant;
+  const auto perLevel = static_cast<uint32_t>(chunksOf(bound[fold.pof2] - bound[0], chunk));
+  int lo = 0;
+  int hi = fold.pof2;
+  uint32_t step = firstStep;
+  for (int mask = fold.pof2 / 2; mask >= 1; mask /= 2, step += perLevel) {
+    const int mid = lo + mask;
+    const int peer = fold.oldRank(me ^ mask);
+    const bool lower = me < mid;
+    const int keepLo = lower ? lo : mid, keepHi = lower ? mid : hi;
+    const int sendLo = lower ? mid : lo, sendHi = lower ? hi : mid;
+    exchangeReduce(c, peer, data + bound[sendLo] * esz, bound[sendHi] - bound[sendLo], peer,
+                   data + bound[keepLo] * esz, bound[keepHi] - bound[keepLo], chunk, step, red);
+    lo = keepLo;
+    hi = keepHi;
+  }
+  return step - firstStep;
+}
+
+void doublingAllgather(Comm& c, const Pow2Fold& fold, uint8_t* data,
+                       const std::vector<size_t>& bound, size_t esz, uint32_t firstStep) {
+  const int me = fold.participant;
+  uint32_t step = firstStep;
+  for (int mask = 1; mask < fold.pof2; mask *= 2, ++step) {
+    const int partner = me ^ mask;
+    const int mine = me & ~(mask - 1);     // first participant whose range this rank holds
+    const int theirs = partner & ~(mask - 1);
+    const int peer = fold.oldRank(partner);
+    auto rq = c.recv(peer, step, data + bound[theirs] * esz,
+                     (bound[theirs + mask] - bound[theirs]) * esz);
+    auto sq = c.send(peer, step, data + bound[mine] * esz,
+                     (bound[mine + mask] - bound[mine]) * esz);
+    c.wait({rq, sq});
+  }
+}
+
+}  // namespace ucxb::algo::detail

@@ -1,0 +1,97 @@
+#include "csrc/collectives/selection.h"
+
+#include <stdexcept>
+
+namespace ucxb::algo {
+
+namespace {
+
+struct OpInfo {
+  const char* name;
+  std::vector<Algorithm> algorithms;  // kAuto first
+};
+
+const OpInfo& info(Op op) {
+  static const OpInfo table[kOpCount] = {
+      {"allreduce",
+       {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
+        Algorithm::kRabenseifner}},
+      {"allgather", {Algorithm::kAuto, Algorithm::kRing, Algorithm::kBruck, Algorithm::kLinear}},
+      {"reduce_scatter", {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveHalving}},
+      {"broadcast", {Algorithm::kAuto, Algorithm::kBinomial, Algorithm::kChain}},
+      {"reduce", {Algorithm::kAuto, Algorithm::kBinomial, Algorithm::kChain}},
+      {"alltoall", {Algorithm::kAuto, Algorithm::kPairwise, Algorithm::kLinear}},
+  };
+  return table[static_cast<size_t>(op)];
+}
+
+bool isPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+}  // namespace
+
+const char* opName(Op op) { return info(op).name; }
+
+const char* algorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kRecursiveDoubling: return "recursive_doubling";
+    case Algorithm::kRabenseifner: return "rabenseifner";
+    case Algorithm::kBruck: return "bruck";
+    case Algorithm::kLinear: return "linear";
+    case Algorithm::kRecursiveHalving: return "recursive_halving";
+    case Algorithm::kBinomial: return "binomial";
+    case Algorithm::kChain: return "chain";
+    case Algorithm::kPairwise: return "pairwise";
+  }
+  return "?";
+}
+
+std::vector<std::string> namesFor(Op op) {
+  std::vector<std::string> names;
+  for (Algorithm a : info(op).algorithms) names.emplace_back(algorithmName(a));
+  return names;
+}
+
+Algorithm parseAlgorithm(Op op, const std::string& name) {
+  std::string allowed;
+  for (Algorithm a : info(op).algorithms) {
+    if (name == algorithmName(a)) return a;
+    allowed += std::string(allowed.empty() ? "" : ", ") + algorithmName(a);
+  }
+  throw std::invalid_argument(std::string("algo_") + opName(op) + " must be one of " + allowed +
+                              ", got '" + name + "'");
+}
+
+// Small messages are latency-bound: log-step algorithms win. Large ones are bandwidth-bound:
+// the ring and the chain move the minimum bytes per rank and pipeline in chunks. With two
+// ranks most pairs coincide, so the simpler one is kept.
+Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize) {
+  const Algorithm forced = tuning.forced[static_cast<size_t>(op)];
+  if (forced != Algorithm::kAuto) return forced;
+  switch (op) {
+    case Op::kAllreduce:
+      if (bytes <= kAllreduceRecursiveDoublingMax) return Algorithm::kRecursiveDoubling;
+      // Rabenseifner's log steps beat the ring's 2(n-1) only when n > 2, and its extra
+      // fold traffic outweighs that when n is not a power of two.
+      if (bytes <= kAllreduceRabenseifnerMax && worldSize > 2 && isPowerOfTwo(worldSize)) {
+        return Algorithm::kRabenseifner;
+      }
+      return Algorithm::kRing;
+    case Op::kAllgather:
+      return bytes <= kAllgatherBruckMax ? Algorithm::kBruck : Algorithm::kRing;
+    case Op::kReduceScatter:
+      return bytes <= kReduceScatterHalvingMax ? Algorithm::kRecursiveHalving : Algorithm::kRing;
+    case Op::kBroadcast:
+      return bytes <= kBroadcastBinomialMax || worldSize <= 2 ? Algorithm::kBinomial
+                                                              : Algorithm::kChain;
+    case Op::kReduce:
+      return bytes <= kReduceBinomialMax || worldSize <= 2 ? Algorithm::kBinomial
+                                                           : Algorithm::kChain;
+    case Op::kAlltoall:
+      return bytes <= kAlltoallLinearMax ? Algorithm::kLinear : Algorithm::kPairwise;
+  }
+  return Algorithm::kRing;
+}
+
+}  // namespace ucxb::algo

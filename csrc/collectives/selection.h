@@ -1,0 +1,55 @@
+// Which algorithm runs an op: chosen by message size and group size, unless the group's
+// configuration names one (UCXBACKEND_ALGO_<OP>=<name> or pg_options {"algo_<op>": name}).
+// The thresholds live here and only here; the README's algorithm table mirrors them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ucxb::algo {
+
+enum class Op { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kReduce, kAlltoall };
+
+// One enumerator per algorithm; each op accepts a subset (see namesFor).
+enum class Algorithm {
+  kAuto,
+  kRing,
+  kRecursiveDoubling,
+  kRabenseifner,
+  kBruck,
+  kLinear,
+  kRecursiveHalving,
+  kBinomial,
+  kChain,
+  kPairwise,
+};
+
+constexpr size_t kOpCount = 6;
+
+struct Tuning {
+  Algorithm forced[kOpCount] = {};  // kAuto: choose by size
+  // Largest piece of a message that a rank receives into scratch (or pipelines) at once.
+  size_t chunkBytes = size_t{4} << 20;
+};
+
+// Thresholds of the automatic choice, in bytes of the op's whole message (see choose()).
+constexpr size_t kAllreduceRecursiveDoublingMax = size_t{32} << 10;
+constexpr size_t kAllreduceRabenseifnerMax = size_t{1} << 20;
+constexpr size_t kAllgatherBruckMax = size_t{64} << 10;
+constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
+constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
+constexpr size_t kReduceBinomialMax = size_t{512} << 10;
+constexpr size_t kAlltoallLinearMax = size_t{32} << 10;  // bytes per peer
+
+const char* opName(Op op);                // "allreduce", ...: the knob is "algo_<name>"
+const char* algorithmName(Algorithm a);   // "ring", ...
+std::vector<std::string> namesFor(Op op); // "auto" first
+// Throws std::invalid_argument listing the allowed names.
+Algorithm parseAlgorithm(Op op, const std::string& name);
+
+// `bytes`: all_reduce/reduce/broadcast: the tensor; all_gather: the whole output;
+// reduce_scatter: the whole input; all_to_all: the largest per-peer block.
+Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize);
+
+}  // namespace ucxb::algo
