@@ -31,7 +31,12 @@ class ProcessGroupUCX : public c10d::Backend {
   ~ProcessGroupUCX() override;
 
   const std::string getBackendName() const override { return "ucx"; }
-  bool supportsCoalescing() const override { return true; }
+  // false: torch 2.13's batch_isend_irecv then posts each op on its own. With true it wraps
+  // them in _coalescing_manager, which leaves the group in coalescing mode when one op raises
+  // (bad input), and torch then silently queues every later collective on the group forever.
+  // Our ops are non-blocking anyway, so nothing is lost. startCoalescing/endCoalescing still
+  // serve callers that open a coalescing block themselves.
+  bool supportsCoalescing() const override { return false; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_.store(timeout); }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;

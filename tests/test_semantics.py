@@ -393,3 +393,32 @@ def _world_of_one(rank: int, ws: int) -> None:
 
 def test_world_size_one() -> None:
     run_world(_world_of_one, 1, timeout=WORLD_TIMEOUT)
+
+
+def _failed_batch_then_collectives(rank: int, ws: int) -> None:
+    peer = (rank + 1) % ws
+    bad = torch.zeros(4, dtype=torch.uint32)  # a dtype the backend rejects
+    try:
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer)])
+    except (ValueError, RuntimeError):
+        pass
+    else:
+        raise AssertionError("a batch with an unsupported dtype was accepted")
+    # The group must still run every later op, not queue it silently.
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [float(ws * (ws + 1) // 2)] * 5, t
+    send = torch.arange(3, dtype=torch.int64) + 10 * rank
+    recv = torch.empty(3, dtype=torch.int64)
+    reqs = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, (rank - 1) % ws)]
+    )
+    for r in reqs:
+        r.wait()
+    assert recv.tolist() == (torch.arange(3) + 10 * ((rank - 1) % ws)).tolist(), recv
+
+
+@pytest.mark.skipif(not UCX, reason="checks the ucx backend's coalescing support")
+def test_failed_batch_leaves_group_usable() -> None:
+    """A batch_isend_irecv that raises on bad input must not leave later ops as no-ops."""
+    run_world(_failed_batch_then_collectives, 2, timeout=WORLD_TIMEOUT)

@@ -43,6 +43,8 @@ LogLevel: TypeAlias = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Source: TypeAlias = Literal["default", "env", "pg_options"]
 
 ENV_PREFIX: Final = "UCXBACKEND_"
+# Variables that are not knobs but are read elsewhere (test hooks), so not typos.
+TEST_HOOK_ENV_VARS: Final = frozenset({"UCXBACKEND_BENCH_CORRUPT"})
 
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("sleep", "poll")
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -375,5 +377,5 @@ def coerce_options(obj: object) -> Options:
 def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
     """``UCXBACKEND_*`` variables in ``env`` that match no knob (probably typos)."""
     env = os.environ if env is None else env
-    known = {k.env_var for k in KNOBS.values()}
+    known = {k.env_var for k in KNOBS.values()} | TEST_HOOK_ENV_VARS
     return sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known)
