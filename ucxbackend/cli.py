@@ -8,7 +8,12 @@ Commands:
     with where each value came from. ``--json`` for machine-readable output. Exits 1 when the
     native extension cannot be loaded or the configuration is invalid.
 
-New commands (``bench``, ``doctor``, ...) plug in by adding a ``_Command`` to ``COMMANDS``.
+``bench``
+    nccl-tests-style benchmark of collectives on several backends side by side (``ucx``,
+    ``gloo``, an optional mpi4py reference): time, algbw, busbw, #wrong per size; ``--json``,
+    ``--plot``. Implemented in :mod:`ucxbackend.bench`, whose docstring has examples.
+
+New commands (``doctor``, ...) plug in by adding a ``_Command`` to ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -192,12 +197,30 @@ def _info_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from ucxbackend import bench
+
+    bench.add_arguments(parser)
+
+
+def _cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ucxbackend import bench
+
+    return bench.run(args, out, err)
+
+
 COMMANDS: tuple[_Command, ...] = (
     _Command(
         name="info",
         help="versions, UCX library, transports, environment and configuration",
         add_arguments=_info_arguments,
         run=_cmd_info,
+    ),
+    _Command(
+        name="bench",
+        help="nccl-tests-style benchmark of collectives, ucx and other backends side by side",
+        add_arguments=_bench_arguments,
+        run=_cmd_bench,
     ),
 )
 

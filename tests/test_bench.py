@@ -1,0 +1,877 @@
+"""``python -m ucxbackend bench``.
+
+Pure unit tests (sizes, sweeps, bus-bandwidth factors, check data, table, JSON) run without
+processes; the subprocess tests run the real bench on tiny sweeps and skip with a reason when
+``ucxbackend._C`` is not built. Every subprocess has a timeout and is killed past it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ucxbackend
+from ucxbackend import bench, cli
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ("-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1")
+RUN_TIMEOUT = 120
+
+needs_native = pytest.mark.skipif(
+    not ucxbackend.is_available(),
+    reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("UCX_", "UCXBACKEND_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "_UCXBENCH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_bench(
+    *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ucxbackend bench ARGS``; the whole process group is killed on timeout."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ucxbackend", "bench", *args],
+        env=_env() if env is None else env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"bench did not finish within {timeout}s\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def parse_args(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["bench", *argv])
+
+
+def options(*argv: str) -> bench.BenchOptions:
+    return bench.BenchOptions.from_args(parse_args(*argv))
+
+
+# --------------------------------------------------------------------------- table parsing
+
+
+def parse_tables(stdout: str) -> dict[str, dict[str, Any]]:
+    """collective -> {"columns": [...], "ratios": [...], "rows": [[field, ...], ...]}."""
+    tables: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in stdout.splitlines():
+        m = re.fullmatch(r"# (\w+)", line)
+        if m and m.group(1) in bench.COLLECTIVES:
+            current = tables.setdefault(m.group(1), {"head": [], "rows": [], "footer": []})
+            continue
+        if current is None:
+            continue
+        if line.startswith("#"):
+            (current["footer"] if current["rows"] else current["head"]).append(line)
+        elif line.strip():
+            current["rows"].append(line.split())
+    for table in tables.values():
+        names_line, head_line = table["head"][0], table["head"][1]
+        table["columns"] = names_line.strip("# ").split()
+        table["ratios"] = [w for w in head_line.split() if "/" in w]
+    return tables
+
+
+def cell(table: dict[str, Any], row: Sequence[str], backend: str, what: str) -> str:
+    """A field of a parsed row: what is time, algbw, busbw or wrong."""
+    per = 4 if "#wrong" in table["head"][1] else 3
+    i = 5 + table["columns"].index(backend) * per + ("time", "algbw", "busbw", "wrong").index(what)
+    return row[i]
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8", 8),
+        ("64K", 64 << 10),
+        ("64k", 64 << 10),
+        ("16M", 16 << 20),
+        ("1G", 1 << 30),
+        (" 2 M ", 2 << 20),
+        ("0", 0),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert bench.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "12X", "1.5M", "-8", "M", "8KB", "0x10"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        bench.parse_size(text)
+
+
+def test_format_size() -> None:
+    assert [bench.format_size(n) for n in (8, 1024, 1536, 16 << 20, 3 << 30)] == [
+        "8",
+        "1K",
+        "1536",
+        "16M",
+        "3G",
+    ]
+
+
+def test_size_sweep() -> None:
+    sweep = bench.size_sweep(8, 64 << 20, 2)  # nccl-tests' defaults: -b 8 -e 64M -f 2
+    assert len(sweep) == 24
+    assert sweep[0] == 8 and sweep[-1] == 64 << 20
+    assert sweep == [8 << k for k in range(24)]
+    assert bench.size_sweep(8, 64 << 10, 8) == [8, 64, 512, 4096, 32768]
+    assert bench.size_sweep(100, 100, 2) == [100]
+    assert bench.size_sweep(3, 100, 4) == [3, 12, 48]
+    for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1)):
+        with pytest.raises(ValueError):
+            bench.size_sweep(*bad)
+
+
+def test_layouts_follow_nccl_tests() -> None:
+    # all_reduce: the tensor; count = elements
+    assert bench.layout_for("all_reduce", 1000, 4, 3) == bench.Layout("all_reduce", 1000, 250)
+    assert bench.layout_for("all_reduce", 10, 4, 2) == bench.Layout("all_reduce", 8, 2)
+    assert bench.layout_for("sendrecv", 1, 8, 2) == bench.Layout("sendrecv", 8, 1)  # >= 1 elt
+    # total-buffer collectives: size = whole buffer, rounded to whole per-rank chunks;
+    # count = per rank (all_gather, reduce_scatter) or per peer (all_to_all)
+    for coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bench.layout_for(coll, 1000, 4, 3) == bench.Layout(coll, 996, 83)
+        assert bench.layout_for(coll, 8, 4, 3) == bench.Layout(coll, 12, 1)
+    assert bench.layout_for("barrier", 1 << 20, 4, 2) == bench.Layout("barrier", 0, 0)
+    # sizes that round onto an earlier one are measured once
+    sizes = bench.size_sweep(8, 64, 2)  # 8, 16, 32, 64
+    assert [lay.nbytes for lay in bench.layouts_for("all_gather", sizes, 4, 3)] == [12, 24, 60]
+    assert bench.layouts_for("barrier", sizes, 4, 3) == [bench.Layout("barrier", 0, 0)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16])
+def test_bus_factors_are_nccl_tests(n: int) -> None:
+    # PERFORMANCE.md of nccl-tests
+    assert bench.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    for coll in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert bench.bus_factor(coll, n) == pytest.approx((n - 1) / n)
+    for coll in ("broadcast", "reduce", "sendrecv"):
+        assert bench.bus_factor(coll, n) == 1.0
+    assert bench.bus_factor("barrier", n) == 0.0
+    with pytest.raises(ValueError):
+        bench.bus_factor("gather", n)
+
+
+def test_bandwidths() -> None:
+    algbw, busbw = bench.bandwidths("all_reduce", 1_000_000_000, 0.5, 4)
+    assert algbw == pytest.approx(2.0)  # GB/s = 1e9 bytes / s, size / time
+    assert busbw == pytest.approx(2.0 * 2 * 3 / 4)
+    assert bench.bandwidths("all_gather", 3_000, 1e-6, 3) == pytest.approx((3.0, 2.0))
+    assert bench.bandwidths("barrier", 0, 1e-5, 2) == (0.0, 0.0)
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_options_defaults_are_nccl_tests() -> None:
+    opts = options()
+    assert opts.collectives == ("all_reduce",)
+    assert (opts.minbytes, opts.maxbytes, opts.stepfactor) == (8, 64 << 20, 2)
+    assert (opts.iters, opts.warmup_iters) == (20, 5)
+    assert (opts.op, opts.datatype, opts.check, opts.root) == ("sum", "float", True, 0)
+    assert opts.backends == ("ucx", "gloo") and not opts.mpi
+    assert opts.stat == "mean" and opts.device == "cpu"
+
+
+def test_collectives_positional() -> None:
+    assert options("all_reduce,all_gather", "barrier").collectives == (
+        "all_reduce",
+        "all_gather",
+        "barrier",
+    )
+    assert options("all").collectives == bench.COLLECTIVES
+    assert options("alltoall", "allreduce", "all_reduce").collectives == (
+        "all_to_all",
+        "all_reduce",
+    )
+    assert options("all_gather_into_tensor").collectives == ("all_gather",)
+
+
+def test_options_round_trip() -> None:
+    opts = options(
+        "broadcast,sendrecv",
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-f",
+        "4",
+        "-n",
+        "7",
+        "-w",
+        "0",
+        "-o",
+        "max",
+        "-d",
+        "float16",
+        "-c",
+        "0",
+        "-r",
+        "1",
+        "--backends",
+        "gloo,mpi,ucx",
+        "--stat",
+        "min",
+        "--nproc",
+        "3",
+        "--timeout",
+        "30",
+        "--json",
+        "out.json",
+        "-v",
+    )
+    assert opts.datatype == "half"  # the nccl-tests name
+    assert opts.backends == ("gloo", "ucx") and opts.mpi
+    assert opts.columns(True) == ("gloo", "mpi", "ucx")
+    assert opts.columns(False) == ("gloo", "ucx")
+    assert opts.json == os.path.abspath("out.json")
+    again = bench.BenchOptions.from_args(parse_args(*opts.to_argv()))
+    assert again == opts
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("-b", "12X"), "invalid size '12X'"),
+        (("-n", "0"), "expected an integer >= 1"),
+        (("-d", "complex64"), "invalid choice"),
+        (("-o", "band"), "invalid choice"),
+        (("-c", "2"), "invalid choice"),
+        (("gather",), "unknown collective 'gather'"),
+        (("--backends", "ucx,ucx"), "listed twice"),
+        (("--timeout", "0"), "positive number"),
+    ],
+)
+def test_bad_options_are_argparse_errors(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(*argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("-b", "1M", "-e", "1K"), "smaller than minbytes"),
+        (("-f", "1"), "stepfactor must be at least 2"),
+        (("--backends", "mpi"), "at least one torch.distributed backend"),
+        (("--backends", "mpi,ucx"), "list mpi after"),
+    ],
+)
+def test_bad_option_values(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(bench.UsageError, match=message):
+        options(*argv)
+
+
+def test_environment_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(bench.UsageError, match=r"unknown backend 'nope'; known: .*gloo"):
+        bench.validate_environment(options("--backends", "ucx,nope"), 2)
+    with pytest.raises(bench.UsageError, match="--root 2 is not a rank"):
+        bench.validate_environment(options("-r", "2"), 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(bench.UsageError, match="CUDA is not available"):
+        bench.validate_environment(options("--device", "cuda"), 2)
+    with pytest.raises(bench.UsageError, match="not found"):
+        bench.validate_environment(options("--json", "/nonexistent/dir/r.json"), 2)
+    monkeypatch.setattr(ucxbackend, "_C", None)
+    with pytest.raises(bench.UsageError, match="make build"):
+        bench.validate_environment(options(), 2)
+
+
+def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bench.importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "matplotlib" else real(name, *args)
+
+    monkeypatch.setattr(bench.importlib.util, "find_spec", find_spec)
+    with pytest.raises(bench.UsageError, match="pip install matplotlib"):
+        bench.validate_environment(options("--backends", "gloo", "--plot", "x.png"), 2)
+
+
+def test_child_env() -> None:
+    env = bench.child_env({"PATH": "/bin", "PYTHONPATH": "/x"}, 1, 3, 12345)
+    assert env["RANK"] == env["LOCAL_RANK"] == "1"
+    assert env["WORLD_SIZE"] == "3" and env["MASTER_PORT"] == "12345"
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/x")
+    assert bench.child_env({"OMP_NUM_THREADS": "4"}, 0, 2, 1)["OMP_NUM_THREADS"] == "4"
+
+
+def test_supervise_kills_the_rest_after_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "_FAIL_GRACE_S", 0.5)
+    fail = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    err = io.StringIO()
+    start = time.monotonic()
+    assert bench.supervise([fail, hang], 30.0, err) == bench.EXIT_FAILED
+    assert time.monotonic() - start < 10
+    assert hang.returncode is not None
+    assert "rank 0 exited with status 3" in err.getvalue()
+    assert "rank 1 was killed" in err.getvalue()
+
+
+def test_supervise_deadline_and_wrong_results() -> None:
+    hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    err = io.StringIO()
+    assert bench.supervise([hang], 0.5, err) == bench.EXIT_FAILED
+    assert "timed out after 0.5s; killed ranks [0]" in err.getvalue()
+    codes = [subprocess.Popen([sys.executable, "-c", f"raise SystemExit({c})"]) for c in (0, 1)]
+    assert bench.supervise(codes, 30.0, io.StringIO()) == bench.EXIT_WRONG
+
+
+# --------------------------------------------------------------------------- check data
+
+
+def _reduce_in_dtype(op: str, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Reduce in the dtype itself, one step at a time, as a backend might."""
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        if op in ("sum", "avg"):
+            acc = acc + p
+        elif op == "prod":
+            acc = acc * p
+        elif op == "min":
+            acc = torch.minimum(acc, p)
+        else:
+            acc = torch.maximum(acc, p)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "half", "float", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
+def test_patterns_reduce_exactly_in_every_order(dtype: str, op: str) -> None:
+    tdtype = bench._TORCH_DTYPES[dtype]
+    for world in (2, 3, 8):
+        parts = [bench.input_values(op, tdtype, r, world, 0, 600).to(tdtype) for r in range(world)]
+        expected = bench.reduce_values(
+            op, [bench.input_values(op, tdtype, r, world, 0, 600) for r in range(world)], world
+        ).to(tdtype)
+        for order in (parts, parts[::-1], parts[1:] + parts[:1]):
+            got = _reduce_in_dtype(op, order)
+            assert bench.count_wrong(got, expected, op) == 0, (dtype, op, world)
+        # no wrap-around: the exact result fits the dtype
+        exact = bench.reduce_values(
+            op, [bench.input_values(op, tdtype, r, world, 0, 600) for r in range(world)], world
+        )
+        assert torch.equal(exact.to(torch.float64), expected.to(torch.float64))
+
+
+def test_patterns_differ_between_ranks_and_positions() -> None:
+    a = bench.input_values("data", torch.float32, 0, 4, 0, 64)
+    b = bench.input_values("data", torch.float32, 1, 4, 0, 64)
+    assert not torch.equal(a, b)
+    assert len(set(a.tolist())) > 50
+    prod = bench.input_values("prod", torch.int8, 0, 4, 0, 30)
+    assert set(prod.tolist()) <= {-2, -1, 1, 2} and {1, 2} <= set(prod.tolist())
+    assert set(bench.input_values("prod", torch.uint8, 2, 4, 0, 30).tolist()) == {1, 2}
+    assert bench.sum_modulus(torch.int8, 8) == 16  # 8 * 15 = 120 < 127
+    assert bench.sum_modulus(torch.bfloat16, 8) == 32  # 8 * 31 = 248 < 256
+    assert bench.sum_modulus(torch.float32, 8) == 101
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_case_data_simulated(world: int) -> None:
+    """Carry out each collective on the inputs by hand; it must equal the expected output."""
+    dtype, op, root = torch.int32, "sum", world - 1
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+        layout = bench.layout_for(coll, 40, 4, world)
+        data = [bench.make_case_data(coll, layout, dtype, op, r, world, root) for r in range(world)]
+        sends = [d.send for d in data]
+        c = layout.count
+        for r, d in enumerate(data):
+            assert d.expected is not None
+            if coll == "all_reduce":
+                got = sum(s.to(torch.int64) for s in sends)
+            elif coll == "all_gather":
+                got = torch.cat(sends)
+            elif coll == "reduce_scatter":
+                got = sum(s[r * c : (r + 1) * c].to(torch.int64) for s in sends)
+            elif coll == "broadcast":
+                got = sends[root]
+            else:
+                got = torch.cat([s[r * c : (r + 1) * c] for s in sends])
+            assert bench.count_wrong(got, d.expected, op) == 0, (coll, r)
+    reduce = [
+        bench.make_case_data(
+            "reduce", bench.layout_for("reduce", 40, 4, world), dtype, op, r, world, root
+        )
+        for r in range(world)
+    ]
+    assert [d.expected is not None for d in reduce] == [r == root for r in range(world)]
+    sr = [
+        bench.make_case_data(
+            "sendrecv", bench.layout_for("sendrecv", 40, 4, world), dtype, op, r, world, 0
+        )
+        for r in range(world)
+    ]
+    for r, d in enumerate(sr):
+        assert torch.equal(d.expected, sr[(r - 1) % world].send)
+        assert d.recv_numel == 10
+
+
+def test_count_wrong() -> None:
+    exp = torch.arange(10, dtype=torch.float32)
+    out = exp.clone()
+    assert bench.count_wrong(out, exp, "sum") == 0
+    out[3] = bench.poison_value(torch.float32)  # NaN
+    out[4] += 1
+    assert bench.count_wrong(out, exp, "sum") == 2
+    assert bench.count_wrong(exp + 1e-8, exp, "avg") == 0
+    assert bench.count_wrong(out, exp, "avg") == 2
+    ints = torch.arange(5, dtype=torch.uint8)
+    assert (
+        bench.count_wrong(
+            torch.full((5,), bench.poison_value(torch.uint8), dtype=torch.uint8), ints, "max"
+        )
+        == 5
+    )
+    with pytest.raises(bench.BenchError, match="elements"):
+        bench.count_wrong(exp[:3], exp, "sum")
+
+
+# --------------------------------------------------------------------------- table and JSON
+
+
+def _m(us: float | None, wrong: int | None = 0, error: str | None = None) -> bench.Measurement:
+    if us is None:
+        return bench.Measurement(False, error)
+    return bench.Measurement(True, None, {"mean": us, "min": us / 2, "max": us * 2}, wrong)
+
+
+def _rows() -> list[bench.Row]:
+    opts = options()
+    r1 = bench.row_for(bench.Layout("all_reduce", 8, 2), opts)
+    r1.results.update(ucx=_m(10.0), gloo=_m(100.0))
+    r2 = bench.row_for(bench.Layout("all_reduce", 1 << 20, 1 << 18), opts)
+    r2.results.update(ucx=_m(500.0, wrong=3), gloo=_m(None, error="RuntimeError: nope"))
+    return [r1, r2]
+
+
+def test_table_formatting() -> None:
+    rows, cols = _rows(), ("ucx", "gloo")
+    header = bench.format_header("all_reduce", cols, True, "mean")
+    lines = [*header, *(bench.format_row(r, cols, True, "mean", 2) for r in rows)]
+    lines += bench.format_footer(rows, cols, True, "mean", 2)
+    text = "\n".join(lines)
+    tables = parse_tables(text)
+    table = tables["all_reduce"]
+    assert table["columns"] == ["ucx", "gloo"]
+    assert table["ratios"] == ["ucx/gloo"]
+    assert header[2].split()[1:6] == ["size", "count", "type", "redop", "root"]
+    assert len(header[2]) == len(lines[len(header)])  # header and rows line up
+    first, second = table["rows"]
+    assert first[:5] == ["8", "2", "float", "sum", "-1"]
+    assert cell(table, first, "ucx", "time") == "10.00"
+    assert cell(table, first, "gloo", "time") == "100.00"
+    assert cell(table, first, "ucx", "wrong") == "0"
+    assert first[-1] == "10.00"  # ucx/gloo busbw = gloo time / ucx time
+    # 1 MiB in 500 us: algbw 2.10 GB/s, busbw x 2(n-1)/n = 1
+    assert cell(table, second, "ucx", "algbw") == "2.10"
+    assert cell(table, second, "ucx", "busbw") == "2.10"
+    assert cell(table, second, "ucx", "wrong") == "3"
+    assert [cell(table, second, "gloo", w) for w in ("time", "busbw", "wrong")] == ["n/a"] * 3
+    assert second[-1] == "n/a"
+    assert "# Avg bus bandwidth    : ucx 1.049  gloo 8e-05" in text
+    assert "# #wrong (all columns) : 3 FAILED" in text
+    assert "# n/a gloo: RuntimeError: nope" in text
+    # --stat min: the min time is used; no #wrong column with -c 0
+    row_min = bench.format_row(rows[0], cols, False, "min", 2).split()
+    assert row_min[5] == "5.00" and len(row_min) == 5 + 3 * 2 + 1
+
+
+def test_json_report_schema() -> None:
+    opts = options("--backends", "ucx,gloo,mpi")
+    rows = _rows()
+    report = bench.build_report(
+        opts=opts,
+        world=2,
+        rows_by_collective={"all_reduce": rows},
+        columns=("ucx", "gloo"),
+        versions={"ucxbackend": "0", "torch": "t", "ucx": "u", "python": "p", "mpi": None},
+        command=["python", "-m", "ucxbackend", "bench"],
+        mpi={"status": "skipped", "reason": "mpirun not found"},
+    )
+    doc = json.loads(json.dumps(report))
+    assert doc["schema"] == "ucxbackend-bench/1"
+    assert set(doc) >= {"command", "world_size", "versions", "options", "results", "summary"}
+    assert doc["world_size"] == 2 and doc["stat"] == "mean"
+    assert doc["versions"]["torch"] == "t"
+    assert doc["options"]["backends"] == ["ucx", "gloo", "mpi"]
+    assert doc["ok"] is False and doc["wrong_total"] == 3
+    assert len(doc["results"]) == 4
+    rec = doc["results"][0]
+    assert set(rec) == {
+        "collective",
+        "backend",
+        "bytes",
+        "count",
+        "dtype",
+        "op",
+        "root",
+        "supported",
+        "error",
+        "time_us",
+        "algbw",
+        "busbw",
+        "wrong",
+    }
+    assert rec["time_us"] == {"mean": 10.0, "min": 5.0, "max": 20.0}
+    assert rec["algbw"] == pytest.approx(8 / 1e9 / 10e-6)
+    na = doc["results"][-1]
+    assert na["supported"] is False and na["busbw"] is None and na["error"] == "RuntimeError: nope"
+    assert {s["backend"] for s in doc["summary"]} == {"ucx", "gloo"}
+
+
+def test_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = bench.build_report(
+        opts=options("all_reduce,barrier"),
+        world=2,
+        rows_by_collective={"all_reduce": _rows(), "barrier": []},
+        columns=("ucx", "gloo"),
+        versions={},
+        command=[],
+        mpi={},
+    )
+    path = tmp_path / "bw.png"
+    bench.write_plot(report, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress() -> None:
+    tty = _Tty()
+    p = bench.Progress(tty, enabled=True, verbose=False)
+    p.update("all_reduce ucx 16M (1/4)")
+    p.update("all_reduce gloo 16M (2/4)")
+    p.clear()
+    assert tty.getvalue().startswith("\r[bench] all_reduce ucx 16M (1/4)\r[bench] all_reduce gloo")
+    assert tty.getvalue().endswith("\r")
+    assert "\n" not in tty.getvalue()
+    piped = io.StringIO()
+    bench.Progress(piped, enabled=True, verbose=False).update("x")
+    assert piped.getvalue() == ""  # logs stay clean
+    bench.Progress(piped, enabled=True, verbose=True).update("x")
+    assert piped.getvalue() == "[bench] x\n"
+    quiet = _Tty()
+    bench.Progress(quiet, enabled=False, verbose=True).update("x")  # ranks other than 0
+    assert quiet.getvalue() == ""
+
+
+def test_mpi_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    assert "mpirun not found" in (bench.mpi_skip_reason() or "")
+    opts = options("--backends", "ucx,mpi")
+    outcome = bench.run_mpi_reference(opts, 2, [bench.Layout("all_reduce", 8, 2)], 10)
+    assert outcome.status == "skipped" and "mpirun" in (outcome.reason or "")
+    cmd = bench.mpi_command(opts, 3, [8, 64], "/tmp/x.json")
+    assert cmd[:8] == [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        "3",
+        "--mca",
+        "btl",
+        "self,vader",
+    ]
+    assert "ucxbackend.bench_mpi" in cmd and "--sizes=8,64" in cmd
+
+
+def test_cli_lists_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "bench" in [c.name for c in cli.COMMANDS]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters"):
+        assert flag in out
+    for flag in ("--op", "--datatype", "--check", "--root", "--backends", "--stat", "--json"):
+        assert flag in out
+
+
+# --------------------------------------------------------------------------- subprocess
+
+
+def _assert_clean(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@needs_native
+def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    proc = run_bench(
+        "all_reduce", *TINY, "--backends", "ucx,gloo", "-c", "1", "--json", str(out_json)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_clean(proc)
+    assert "[bench]" not in proc.stderr  # no progress lines when stderr is not a TTY
+    tables = parse_tables(proc.stdout)
+    assert list(tables) == ["all_reduce"]
+    table = tables["all_reduce"]
+    assert table["columns"] == ["ucx", "gloo"]
+    assert table["ratios"] == ["ucx/gloo"]
+    rows = table["rows"]
+    assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768]
+    assert [int(r[1]) for r in rows] == [2, 16, 128, 1024, 8192]
+    for row in rows:
+        assert row[2:5] == ["float", "sum", "-1"]
+        for backend in ("ucx", "gloo"):
+            assert cell(table, row, backend, "wrong") == "0"
+            assert float(cell(table, row, backend, "time")) > 0
+        assert float(row[-1]) > 0
+    assert any(line.startswith("# Avg bus bandwidth    : ucx ") for line in table["footer"])
+    assert "# #wrong (all columns) : 0 OK" in table["footer"]
+
+    doc = json.loads(out_json.read_text())
+    assert doc["world_size"] == 2 and doc["ok"] is True and doc["wrong_total"] == 0
+    assert doc["columns"] == ["ucx", "gloo"]
+    assert doc["versions"]["ucx"] == ucxbackend._C.ucx_version()
+    assert doc["command"][:4] == ["python", "-m", "ucxbackend", "bench"]
+    records = {(r["backend"], r["bytes"]): r for r in doc["results"]}
+    assert len(records) == 10
+    for row in rows:
+        for backend in ("ucx", "gloo"):
+            rec = records[(backend, int(row[0]))]
+            assert rec["count"] == int(row[1]) and rec["dtype"] == "float" and rec["op"] == "sum"
+            t = rec["time_us"]
+            assert t["min"] <= t["mean"] <= t["max"]
+            assert bench._fmt_time(t["mean"]) == cell(table, row, backend, "time")
+            assert f"{rec['busbw']:.2f}" == cell(table, row, backend, "busbw")
+            assert f"{rec['algbw']:.2f}" == cell(table, row, backend, "algbw")
+            assert rec["wrong"] == 0
+
+
+@needs_native
+def test_other_collectives() -> None:
+    others = [c for c in bench.COLLECTIVES if c != "all_reduce"]
+    proc = run_bench(",".join(others), *TINY, "--verbose")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_clean(proc)
+    tables = parse_tables(proc.stdout)
+    assert list(tables) == others
+    for coll, table in tables.items():
+        assert table["columns"] == ["ucx", "gloo"]
+        for row in table["rows"]:
+            for backend in ("ucx", "gloo"):
+                assert cell(table, row, backend, "wrong") == "0", (coll, row)
+                assert cell(table, row, backend, "time") != "n/a", (coll, row)
+    # size = whole buffer (a multiple of world size x 4 bytes), count = per rank
+    assert [(int(r[0]), int(r[1])) for r in tables["all_gather"]["rows"]][:2] == [(8, 1), (64, 8)]
+    assert tables["broadcast"]["rows"][0][3:5] == ["none", "0"]
+    assert tables["reduce"]["rows"][0][3:5] == ["sum", "0"]
+    assert len(tables["barrier"]["rows"]) == 1
+    assert "[bench] sendrecv gloo 32K" in proc.stderr  # --verbose: plain progress lines
+
+
+@needs_native
+def test_three_ranks(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    proc = run_bench(
+        "all_reduce,reduce_scatter,sendrecv",
+        *TINY,
+        "--nproc",
+        "3",
+        "-r",
+        "2",
+        "--json",
+        str(out_json),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tables = parse_tables(proc.stdout)
+    assert "#  Rank  2 Pid" in proc.stdout
+    assert [int(r[0]) for r in tables["reduce_scatter"]["rows"]] == [12, 60, 504, 4092, 32760]
+    doc = json.loads(out_json.read_text())
+    assert doc["world_size"] == 3 and doc["ok"] is True
+    assert {r["wrong"] for r in doc["results"]} == {0}
+
+
+@needs_native
+def test_int32_max_and_unsupported_dtype() -> None:
+    proc = run_bench(
+        "all_reduce,reduce",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "-d",
+        "int32",
+        "-o",
+        "max",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tables = parse_tables(proc.stdout)
+    for table in tables.values():
+        for row in table["rows"]:
+            assert row[2:4] == ["int32", "max"]
+            assert cell(table, row, "ucx", "wrong") == cell(table, row, "gloo", "wrong") == "0"
+    # avg on an integer dtype is supported by neither: n/a and a reason, not a crash
+    proc = run_bench(
+        "all_reduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "-d", "int8", "-o", "avg"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = parse_tables(proc.stdout)["all_reduce"]
+    assert cell(table, table["rows"][0], "ucx", "time") == "n/a"
+    assert cell(table, table["rows"][0], "gloo", "time") == "n/a"
+    assert any(line.startswith("# n/a ucx: ValueError") for line in table["footer"])
+
+
+@needs_native
+def test_corruption_hook_fails_the_check(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    proc = run_bench(
+        "all_reduce",
+        "-b",
+        "8",
+        "-e",
+        "512",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "--json",
+        str(out_json),
+        env=_env(**{bench.CORRUPT_ENV: "ucx"}),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = parse_tables(proc.stdout)["all_reduce"]
+    for row in table["rows"]:
+        assert cell(table, row, "ucx", "wrong") == "1"
+        assert cell(table, row, "gloo", "wrong") == "0"
+    assert "# #wrong (all columns) : 3 FAILED" in table["footer"]
+    doc = json.loads(out_json.read_text())
+    assert doc["ok"] is False and doc["wrong_total"] == 3
+
+
+def test_bad_option_is_a_clean_error() -> None:
+    proc = run_bench("all_reduce", "-b", "12X", timeout=60)
+    assert proc.returncode == 2
+    assert "invalid size '12X'" in proc.stderr
+    _assert_clean(proc)
+    proc = run_bench("--backends", "ucx,nope", timeout=60)
+    assert proc.returncode == 2
+    assert "bench: error: unknown backend 'nope'" in proc.stderr
+    _assert_clean(proc)
+
+
+@needs_native
+def test_timeout_kills_the_run() -> None:
+    start = time.monotonic()
+    proc = run_bench(
+        "all_reduce", "-b", "8", "-e", "8", "-n", "10000000", "-w", "0", "--timeout", "2"
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "timed out after 2s" in proc.stderr
+    assert time.monotonic() - start < 30
+
+
+@needs_native
+@pytest.mark.skipif(
+    bench.mpi_skip_reason() is not None, reason=f"mpi column unavailable: {bench.mpi_skip_reason()}"
+)
+def test_mpi_column(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    proc = run_bench(
+        "all_reduce,broadcast", *TINY, "--backends", "ucx,gloo,mpi", "--json", str(out_json)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# mpi: " in proc.stdout
+    tables = parse_tables(proc.stdout)
+    ar, bc = tables["all_reduce"], tables["broadcast"]
+    assert ar["columns"] == ["ucx", "gloo", "mpi"] and ar["ratios"] == ["ucx/gloo", "ucx/mpi"]
+    for row in ar["rows"]:
+        assert cell(ar, row, "mpi", "wrong") == "0"
+        assert float(cell(ar, row, "mpi", "time")) > 0
+    assert {cell(bc, row, "mpi", "time") for row in bc["rows"]} == {"n/a"}
+    doc = json.loads(out_json.read_text())
+    assert doc["mpi"]["status"] == "ok" and doc["versions"]["mpi"]
+    assert len([r for r in doc["results"] if r["backend"] == "mpi" and r["supported"]]) == 5
+
+
+def test_mpi_column_skipped_when_missing(tmp_path: Path) -> None:
+    if not ucxbackend.is_available():
+        pytest.skip(f"ucxbackend._C not built ({ucxbackend.load_error()})")
+    # a PATH without mpirun (python found through sys.executable)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    env = _env(PATH=str(bindir))
+    proc = run_bench(
+        "all_reduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "--backends", "ucx,mpi", env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# mpi column skipped: mpirun not found on PATH" in proc.stdout
+    assert parse_tables(proc.stdout)["all_reduce"]["columns"] == ["ucx"]
+
+
+@pytest.mark.slow
+@needs_native
+def test_under_torchrun(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "ucxbackend",
+        "bench",
+        "all_gather",
+        *TINY,
+        "--json",
+        str(out_json),
+    ]
+    proc = subprocess.run(
+        cmd, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("# all_gather") == 1  # only rank 0 prints
+    assert json.loads(out_json.read_text())["world_size"] == 2
