@@ -471,7 +471,9 @@ def test_count_wrong() -> None:
 def _m(us: float | None, wrong: int | None = 0, error: str | None = None) -> bench.Measurement:
     if us is None:
         return bench.Measurement(False, error)
-    return bench.Measurement(True, None, {"mean": us, "min": us / 2, "max": us * 2}, wrong)
+    return bench.Measurement(
+        True, None, {"mean": us, "median": us, "min": us / 2, "max": us * 2}, wrong
+    )
 
 
 def _rows() -> list[bench.Row]:
@@ -551,7 +553,7 @@ def test_json_report_schema() -> None:
         "busbw",
         "wrong",
     }
-    assert rec["time_us"] == {"mean": 10.0, "min": 5.0, "max": 20.0}
+    assert rec["time_us"] == {"mean": 10.0, "median": 10.0, "min": 5.0, "max": 20.0}
     assert rec["algbw"] == pytest.approx(8 / 1e9 / 10e-6)
     na = doc["results"][-1]
     assert na["supported"] is False and na["busbw"] is None and na["error"] == "RuntimeError: nope"
@@ -675,6 +677,7 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
             assert rec["count"] == int(row[1]) and rec["dtype"] == "float" and rec["op"] == "sum"
             t = rec["time_us"]
             assert t["min"] <= t["mean"] <= t["max"]
+            assert t["min"] <= t["median"] <= t["max"]
             assert bench._fmt_time(t["mean"]) == cell(table, row, backend, "time")
             assert f"{rec['busbw']:.2f}" == cell(table, row, backend, "busbw")
             assert f"{rec['algbw']:.2f}" == cell(table, row, backend, "algbw")
@@ -875,3 +878,8 @@ def test_under_torchrun(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("# all_gather") == 1  # only rank 0 prints
     assert json.loads(out_json.read_text())["world_size"] == 2
+
+
+def test_time_stats() -> None:
+    assert bench.time_stats([3.0, 1.0, 2.0]) == (2.0, 2.0, 1.0, 3.0)
+    assert bench.time_stats([4.0, 1.0, 2.0, 100.0]) == (26.75, 3.0, 1.0, 100.0)

@@ -138,7 +138,7 @@ _REDUCE_OPS: Final[Mapping[str, Any]] = {
     "max": dist.ReduceOp.MAX,
     "avg": dist.ReduceOp.AVG,
 }
-STATS: Final = ("mean", "min")
+STATS: Final = ("mean", "median", "min")
 DEFAULT_BACKENDS: Final = ("ucx", "gloo")
 MPI: Final = "mpi"
 CORRUPT_ENV: Final = "UCXBACKEND_BENCH_CORRUPT"
@@ -399,7 +399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=STATS,
         default="mean",
         help="per-iteration time shown and used for bandwidths and ratios (mean, as "
-        "nccl-tests; min for latency on a noisy machine)",
+        "nccl-tests; median to ignore scheduling hiccups on a busy machine; min for latency)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="tensor device")
     parser.add_argument(
@@ -826,7 +826,7 @@ class Measurement:
 
     supported: bool
     error: str | None = None
-    time_us: dict[str, float] | None = None  # mean, min, max
+    time_us: dict[str, float] | None = None  # mean, median, min, max
     wrong: int | None = None  # None: not checked
 
     def time(self, stat: str) -> float | None:
@@ -895,17 +895,25 @@ def _maybe_corrupt(
     bufs.recv.view(-1)[:1].fill_(poison_value(bufs.recv.dtype))
 
 
+def time_stats(times: Sequence[float]) -> tuple[float, float, float, float]:
+    """(mean, median, min, max) of per-iteration times."""
+    ordered = sorted(times)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return sum(ordered) / len(ordered), median, ordered[0], ordered[-1]
+
+
 def _time_iterations(
     fn: Callable[[], None], sync: Callable[[], None], iters: int
-) -> tuple[float, float, float]:
-    """(mean, min, max) seconds per iteration, each op blocking like a training loop's."""
+) -> tuple[float, float, float, float]:
+    """(mean, median, min, max) seconds per iteration, each op blocking like a training loop's."""
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return sum(times) / len(times), min(times), max(times)
+    return time_stats(times)
 
 
 def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement:
@@ -937,8 +945,9 @@ def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
         fn()
     ctx.sync()
     dist.barrier(group=group)
-    mean, low, high = ctx.max_stats(_time_iterations(fn, ctx.sync, opts.iters))
-    return Measurement(True, None, {"mean": mean * 1e6, "min": low * 1e6, "max": high * 1e6}, wrong)
+    stats = ctx.max_stats(_time_iterations(fn, ctx.sync, opts.iters))
+    time_us = dict(zip(("mean", "median", "min", "max"), (x * 1e6 for x in stats), strict=True))
+    return Measurement(True, None, time_us, wrong)
 
 
 # --------------------------------------------------------------------------- table and JSON

@@ -91,10 +91,16 @@ def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict
         start = time.perf_counter()
         comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
         times.append(time.perf_counter() - start)
-    local_stats = np.array([sum(times) / len(times), min(times), max(times)], dtype=np.float64)
+    ordered = sorted(times)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    local_stats = np.array(
+        [sum(ordered) / len(ordered), median, ordered[0], ordered[-1]], dtype=np.float64
+    )
     stats = np.empty_like(local_stats)
     comm.Allreduce(local_stats, stats, op=mpi.MAX)
-    time_us = dict(zip(("mean", "min", "max"), (float(x) * 1e6 for x in stats), strict=True))
+    keys = ("mean", "median", "min", "max")
+    time_us = dict(zip(keys, (float(x) * 1e6 for x in stats), strict=True))
     return {**record, "supported": True, "error": None, "time_us": time_us, "wrong": wrong}
 
 
