@@ -250,6 +250,10 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
       continue;
     }
     if (now - lastEvent < config_.spin) {
+      // Spin politely: with more busy threads than cores (several ranks per core), a bare
+      // spin holds the core the peer needs to make the progress we wait for. sched_yield
+      // costs nothing when a core is free.
+      sched_yield();
       continue;
     }
     if (!published) {

@@ -6,8 +6,9 @@
 //   collectives in the same order. An 8-byte all_reduce costs two thread hops: caller ->
 //   progress thread (eventfd write) and back (condition variable in Work::wait).
 // * A task's algorithm posts non-blocking sends/receives and waits in waitAll(), which drives
-//   progress itself: it polls for up to `spin` after the last event, then arms the transport and
-//   sleeps on its event fd (progress mode "sleep"), or keeps polling (mode "poll").
+//   progress itself: it polls (yielding the core between polls) for up to `spin` after the
+//   last event, then arms the transport and sleeps on its event fd (progress mode "sleep"),
+//   or keeps polling (mode "poll").
 // * With no task queued the thread arms the transport and sleeps on {transport fd, eventfd}, so
 //   an idle group costs nothing. Point-to-point requests complete from this idle loop too.
 //
