@@ -119,10 +119,10 @@ def test_info_json_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
     assert config["progress_mode"]["source"] == "env"
     assert config["spin_us"] == {
         "name": "spin_us",
-        "value": 50,
+        "value": 250,
         "source": "default",
         "env_var": "UCXBACKEND_SPIN_US",
-        "default": 50,
+        "default": 250,
         "allowed": "an integer from 0 to 2147483647",
     }
 

@@ -43,7 +43,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
-DEFAULTS = {"progress_mode": "sleep", "spin_us": 50, "log_level": "WARNING", **TUNING_DEFAULTS}
+DEFAULTS = {"progress_mode": "sleep", "spin_us": 250, "log_level": "WARNING", **TUNING_DEFAULTS}
 
 
 # --------------------------------------------------------------------------- defaults / env
@@ -179,7 +179,7 @@ def test_to_native() -> None:
     }
     assert Config().to_native() == {
         "progress_mode": "sleep",
-        "spin_us": "50",
+        "spin_us": "250",
         "log_level": "WARNING",
         **TUNING_NATIVE,
     }

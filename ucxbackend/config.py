@@ -161,7 +161,7 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
         ),
         "spin_us": Knob(
             name="spin_us",
-            default=50,
+            default=250,
             allowed=f"an integer from 0 to {SPIN_US_MAX}",
             help="microseconds to poll while an op is pending before sleeping (sleep mode)",
             parse=_parse_spin_us,
@@ -210,7 +210,7 @@ class Config:
     """
 
     progress_mode: ProgressMode = "sleep"
-    spin_us: int = 50
+    spin_us: int = 250
     log_level: LogLevel = "WARNING"
     chunk_bytes: int = 4 << 20
     algo_allreduce: str = "auto"

@@ -36,7 +36,7 @@ enum class ProgressMode { kSleep, kPoll };
 
 struct EngineConfig {
   ProgressMode mode = ProgressMode::kSleep;
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{250};
 };
 
 // A wait passed its deadline. what() lists the requests still outstanding and their peers.
