@@ -431,7 +431,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
   }
   const auto spec = reductionFor(c, all, reduceOp);
   const int size = getSize();
-  const bool direct = inputs.size() == 1 && reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM &&
+  // The ring receives into the output while it still reads the inputs: an output that is
+  // (part of) an input, as in NCCL-style in-place reduce_scatter, goes the packed way.
+  const bool aliased =
+      std::any_of(all.begin(), all.end(), [&](const at::Tensor& t) {
+        return std::any_of(outputs.begin(), outputs.end(),
+                           [&](const at::Tensor& o) { return t.is_alias_of(o); });
+      });
+  const bool direct = !aliased && inputs.size() == 1 &&
+                      reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM &&
                       (inputs[0].size() == 1 ||
                        (inputs[0].size() == static_cast<size_t>(size) &&
                         std::all_of(inputs[0].begin(), inputs[0].end(), [&](const at::Tensor& t) {

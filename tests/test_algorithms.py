@@ -860,3 +860,50 @@ def test_env_selects_algorithm_and_chunk() -> None:
             "all_gather(list)",
         }, (rank, res["checked"])
         assert not res["failures"], f"rank {rank}:\n" + "\n".join(res["failures"])
+
+
+# ------------------------------------------------------------------ in-place reduce_scatter
+
+
+def _inplace_reduce_scatter(rank: int, world: int) -> list[str]:
+    failures = []
+    block = 50_000  # 200 KB of int32 per rank: the ring, not recursive halving, under auto
+    full = [
+        np.arange(block * world, dtype=np.int64).astype(np.int32) * (r + 1) + r
+        for r in range(world)
+    ]
+    expected = sum(f.astype(np.int64) for f in full).astype(np.int32)[
+        rank * block : (rank + 1) * block
+    ]
+    for algo in ("auto", "ring", "recursive_halving"):
+        group = dist.new_group(backend=BACKEND_UNDER_TEST, pg_options=_opts(algo))
+        # Tensor form: the output is this rank's block of the input (NCCL-style in place).
+        inp = torch.from_numpy(full[rank].copy())
+        out = inp.chunk(world)[rank]
+        dist.reduce_scatter_tensor(out, inp, group=group)
+        if not np.array_equal(out.numpy(), expected):
+            failures.append(f"reduce_scatter_tensor in place, {algo}, world {world}")
+        # List form: this rank's input block is the output tensor itself.
+        parts = [
+            torch.from_numpy(full[rank][p * block : (p + 1) * block].copy()) for p in range(world)
+        ]
+        dist.reduce_scatter(parts[rank], parts, group=group)
+        if not np.array_equal(parts[rank].numpy(), expected):
+            failures.append(f"reduce_scatter list in place, {algo}, world {world}")
+        dist.destroy_process_group(group)
+    return failures
+
+
+def _opts(algo: str) -> dict[str, str] | None:
+    return {"algo_reduce_scatter": algo} if is_ucx() else None
+
+
+BACKEND_UNDER_TEST = "ucx" if is_ucx() else "gloo"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_scatter_in_place(world: int) -> None:
+    """An output that aliases this rank's input block must still get the full reduction."""
+    skip_unless_ucx("forces ucx reduce_scatter algorithms")
+    results = run_world(_inplace_reduce_scatter, world, timeout=300)
+    assert [f for r in results for f in r] == []
