@@ -71,7 +71,8 @@ PYBIND11_MODULE(_C, m) {
         {"broadcast_binomial_max", a::kBroadcastBinomialMax},
         {"reduce_binomial_max", a::kReduceBinomialMax},
         {"alltoall_linear_max", a::kAlltoallLinearMax},
-        {"default_chunk_bytes", a::Tuning{}.chunkBytes}};
+        {"default_chunk_bytes", a::Tuning{}.chunkBytes},
+        {"ring_max_ranks", static_cast<size_t>(a::kRingMaxRanks)}};
   }, "The byte thresholds of the automatic choice.");
   algos.def(
       "choose",

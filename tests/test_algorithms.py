@@ -138,7 +138,7 @@ def test_names_match_config() -> None:
 @needs_native
 def test_thresholds_table() -> None:
     t = _algos().thresholds()
-    assert set(t) == {*THRESHOLD_OPS, "default_chunk_bytes"}
+    assert set(t) == {*THRESHOLD_OPS, "default_chunk_bytes", "ring_max_ranks"}
     assert all(v > 0 for v in t.values()), t
     # the Python knob's default is the native default
     assert t["default_chunk_bytes"] == DEFAULT_CHUNK
@@ -203,6 +203,12 @@ def test_auto_choice_spot_checks() -> None:
     big = a.thresholds()["broadcast_binomial_max"] + 1
     assert a.choose("broadcast", big, 2) == "binomial"
     assert a.choose("broadcast", big, 3) == "chain"
+    # Rings need n-1 tag steps per phase: very large groups get the log-step algorithms.
+    huge = a.thresholds()["ring_max_ranks"] + 1
+    assert a.choose("allreduce", 1 << 30, huge) == "rabenseifner"
+    assert a.choose("allgather", 1 << 30, huge) == "bruck"
+    assert a.choose("reduce_scatter", 1 << 30, huge) == "recursive_halving"
+    assert a.choose("allreduce", 1 << 30, huge - 1) == "ring"
     # chunk_bytes does not take part in the choice
     assert a.choose("allreduce", rd + 1, 4, {"chunk_bytes": "24"}) == "rabenseifner"
 

@@ -23,10 +23,11 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
                   piece(recvCount, chunk, k) * esz);
   };
   RequestPtr next = recvChunks > 0 ? postRecv(0) : nullptr;
+  RequestPtr current;
   try {
     for (size_t k = 0; k < std::max(sendChunks, recvChunks); ++k) {
       std::vector<RequestPtr> reqs;
-      RequestPtr current = std::move(next);
+      current = std::move(next);
       next = nullptr;
       if (k + 1 < recvChunks) next = postRecv(k + 1);  // its slot held chunk k-1, now folded
       if (k < sendChunks) {
@@ -40,7 +41,12 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
       }
     }
   } catch (...) {
-    if (next) c.abandon({next});
+    // `current` is still posted if posting `next` or the send threw before the wait.
+    std::vector<RequestPtr> left;
+    for (auto& r : {current, next}) {
+      if (r) left.push_back(r);
+    }
+    c.abandon(left);
     throw;
   }
 }

@@ -110,10 +110,11 @@ void chainReduce(Comm& c, uint8_t* data, size_t count, const Reduction& red, int
                   piece(count, chunk, k) * esz);
   };
   RequestPtr next = postRecv(0);
+  RequestPtr current;
   std::vector<RequestPtr> sends;
   try {
     for (size_t k = 0; k < chunks; ++k) {
-      RequestPtr current = std::move(next);
+      current = std::move(next);
       next = nullptr;
       if (k + 1 < chunks) next = postRecv(k + 1);  // its slot held chunk k-1, already folded
       c.wait({current});
@@ -126,7 +127,9 @@ void chainReduce(Comm& c, uint8_t* data, size_t count, const Reduction& red, int
     }
     c.wait(sends);
   } catch (...) {
-    if (next) sends.push_back(next);
+    for (auto& r : {current, next}) {
+      if (r) sends.push_back(r);
+    }
     c.abandon(sends);
     throw;
   }

@@ -69,9 +69,11 @@ Algorithm parseAlgorithm(Op op, const std::string& name) {
 Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize) {
   const Algorithm forced = tuning.forced[static_cast<size_t>(op)];
   if (forced != Algorithm::kAuto) return forced;
+  const bool ringFits = worldSize <= kRingMaxRanks;
   switch (op) {
     case Op::kAllreduce:
       if (bytes <= kAllreduceRecursiveDoublingMax) return Algorithm::kRecursiveDoubling;
+      if (!ringFits) return Algorithm::kRabenseifner;
       // Rabenseifner's log steps beat the ring's 2(n-1) only when n > 2, and its extra
       // fold traffic outweighs that when n is not a power of two.
       if (bytes <= kAllreduceRabenseifnerMax && worldSize > 2 && isPowerOfTwo(worldSize)) {
@@ -79,9 +81,10 @@ Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize) {
       }
       return Algorithm::kRing;
     case Op::kAllgather:
-      return bytes <= kAllgatherBruckMax ? Algorithm::kBruck : Algorithm::kRing;
+      return bytes <= kAllgatherBruckMax || !ringFits ? Algorithm::kBruck : Algorithm::kRing;
     case Op::kReduceScatter:
-      return bytes <= kReduceScatterHalvingMax ? Algorithm::kRecursiveHalving : Algorithm::kRing;
+      return bytes <= kReduceScatterHalvingMax || !ringFits ? Algorithm::kRecursiveHalving
+                                                            : Algorithm::kRing;
     case Op::kBroadcast:
       return bytes <= kBroadcastBinomialMax || worldSize <= 2 ? Algorithm::kBinomial
                                                               : Algorithm::kChain;

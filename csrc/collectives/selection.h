@@ -29,7 +29,8 @@ constexpr size_t kOpCount = 6;
 
 struct Tuning {
   Algorithm forced[kOpCount] = {};  // kAuto: choose by size
-  // Largest piece of a message that a rank receives into scratch (or pipelines) at once.
+  // Piece of a message that a rank receives into scratch (or pipelines) at once. A message
+  // that would need more chunks than an op has tag steps for uses larger ones.
   size_t chunkBytes = size_t{4} << 20;
 };
 
@@ -41,6 +42,9 @@ constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
 constexpr size_t kReduceBinomialMax = size_t{512} << 10;
 constexpr size_t kAlltoallLinearMax = size_t{32} << 10;  // bytes per peer
+// A ring takes n-1 tag steps per phase and the step space is 2^15: above this many ranks the
+// automatic choice uses the log-step algorithms instead (a forced ring fails with an error).
+constexpr int kRingMaxRanks = 16384;
 
 const char* opName(Op op);                // "allreduce", ...: the knob is "algo_<name>"
 const char* algorithmName(Algorithm a);   // "ring", ...
