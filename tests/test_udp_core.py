@@ -1,0 +1,151 @@
+"""The UDP transport's reliability core (transports/udp/, issue #4) in its simulator.
+
+The core is plain C++ (torch-free, UCX-free, socket-free), so these tests do not need the
+extension: they compile tests/cpp/udp_core_test.cpp with the core and the deterministic
+simulator (tests/udp_sim/) in one g++ invocation, then run each scenario group of the program
+as its own test. Everything is seeded: a failure reproduces with
+``./udp_core_test GROUP`` (see ``--list``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_PROGRAM = "tests/cpp/udp_core_test.cpp"
+
+# The program's scenario groups (checked against its --list below).
+GROUPS = [
+    "crc32c",
+    "range_set",
+    "wire_format",
+    "config",
+    "faults",
+    "rtt_congestion",
+    "lossless",
+    "loss",
+    "duplication",
+    "reordering",
+    "delayed_acks",
+    "corruption",
+    "mixed",
+    "unexpected",
+    "matching",
+    "security",
+    "fuzz",
+    "peer_failure",
+    "soak",
+]
+
+COMPILE_TIMEOUT_S = 300  # one g++ -O1 run: ~15 s on an idle core, more on a busy machine
+RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
+
+
+def _sources() -> list[str]:
+    core = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "transports/udp").glob("*.cpp"))
+    sim = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests/udp_sim").glob("*.cpp"))
+    return [*core, *sim, TEST_PROGRAM]
+
+
+def _compile(out: Path, extra_flags: list[str]) -> Path:
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ is not installed: the UDP core tests compile a C++ program")
+    cmd = [compiler, "-std=c++20", "-O1", "-Wall", "-Wextra", "-I.", *extra_flags, *_sources()]
+    cmd += ["-o", str(out)]
+    try:
+        result = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"compiling the UDP core test took over {COMPILE_TIMEOUT_S} s")
+    if result.returncode != 0:
+        pytest.fail(f"compiling the UDP core test failed:\n{' '.join(cmd)}\n{result.stderr}")
+    return out
+
+
+def _run(
+    binary: Path, args: list[str], env: dict[str, str] | None = None, timeout: int = RUN_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [str(binary), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"udp_core_test {' '.join(args)} ran over {timeout} s:\n{e.stdout}")
+
+
+def _assert_passed(result: subprocess.CompletedProcess[str], what: str) -> None:
+    assert result.returncode == 0, (
+        f"udp_core_test {what} failed (exit code {result.returncode}):\n"
+        f"{result.stdout}\n{result.stderr}"
+    )
+
+
+@pytest.fixture(scope="module")
+def udp_core_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test program, compiled once for this module."""
+    return _compile(tmp_path_factory.mktemp("udp_core") / "udp_core_test", [])
+
+
+def test_groups_are_all_listed(udp_core_test: Path) -> None:
+    result = _run(udp_core_test, ["--list"])
+    _assert_passed(result, "--list")
+    listed = result.stdout.split()
+    assert [g for g in listed if g != "measure"] == GROUPS
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_scenario(udp_core_test: Path, group: str) -> None:
+    result = _run(udp_core_test, [group])
+    _assert_passed(result, group)
+    assert f"[{group}] ok" in result.stdout
+
+
+def test_unknown_group_is_an_error(udp_core_test: Path) -> None:
+    result = _run(udp_core_test, ["no_such_group"])
+    assert result.returncode == 2
+    assert "unknown group 'no_such_group'" in result.stderr
+
+
+def test_measurements(udp_core_test: Path) -> None:
+    """Goodput and retransmissions per policy and loss rate: printed (``pytest -s``), the only
+    thing asserted is that the simulation ran (every byte is still checked)."""
+    result = _run(udp_core_test, ["measure"])
+    _assert_passed(result, "measure")
+    print(result.stdout)
+
+
+@pytest.mark.slow
+def test_sanitizers(tmp_path: Path) -> None:
+    """Every group again under AddressSanitizer and UndefinedBehaviorSanitizer (about 35 s of
+    compiling and 10 s of running on this machine)."""
+    binary = _compile(
+        tmp_path / "udp_core_test_asan",
+        [
+            "-g",
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=undefined",
+            "-fno-omit-frame-pointer",
+        ],
+    )
+    result = _run(
+        binary,
+        [],
+        env={
+            "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1",
+        },
+        timeout=600,
+    )
+    _assert_passed(result, "(all groups, sanitizers)")

@@ -1,0 +1,81 @@
+#include "transports/udp/congestion.h"
+
+#include <algorithm>
+
+#include "transports/udp/key_values.h"
+
+namespace ucxb::udp {
+namespace {
+
+// Far beyond any send window; only keeps an application-limited window from growing forever.
+constexpr uint64_t kMaxWindow = uint64_t{1} << 24;
+
+struct Registration {
+  const char* name;
+  std::unique_ptr<CongestionControl> (*make)(const UdpConfig&);
+};
+
+// Adding a policy: write its class above, add its row here.
+const Registration kRegistry[] = {
+    {"none", [](const UdpConfig&) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<NoCongestionControl>();
+     }},
+    {"aimd", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<AimdCongestionControl>(c.initialCwndPackets, c.minCwndPackets);
+     }},
+};
+
+}  // namespace
+
+AimdCongestionControl::AimdCongestionControl(uint64_t initialWindow, uint64_t minWindow)
+    : minWindow_(std::max<uint64_t>(1, minWindow)),
+      window_(std::max(initialWindow, minWindow_)) {}
+
+void AimdCongestionControl::onPacketAcked(TimeUs sentTime, TimeUs) {
+  // Packets sent before the last reduction describe the old window: they do not grow the new one.
+  if (reduced_ && sentTime <= recoveryStart_) return;
+  if (window_ < slowStartThreshold_) {
+    window_ = std::min(window_ + 1, kMaxWindow);
+  } else if (++ackedTowardsIncrease_ >= window_) {
+    ackedTowardsIncrease_ = 0;
+    window_ = std::min(window_ + 1, kMaxWindow);
+  }
+}
+
+void AimdCongestionControl::onPacketsLost(TimeUs newestLostSentTime, TimeUs now) {
+  if (reduced_ && newestLostSentTime <= recoveryStart_) return;  // already reacted to this round
+  reduce(now, std::max(window_ / 2, minWindow_));
+}
+
+void AimdCongestionControl::onRetransmissionTimeout(TimeUs now) {
+  const uint64_t half = std::max(window_ / 2, minWindow_);
+  reduce(now, minWindow_);
+  slowStartThreshold_ = half;  // slow start back up to half the window that timed out
+}
+
+void AimdCongestionControl::reduce(TimeUs now, uint64_t newWindow) {
+  window_ = newWindow;
+  slowStartThreshold_ = newWindow;
+  ackedTowardsIncrease_ = 0;
+  reduced_ = true;
+  recoveryStart_ = now;
+}
+
+const std::vector<std::string>& congestionControlNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& r : kRegistry) n.emplace_back(r.name);
+    return n;
+  }();
+  return names;
+}
+
+std::unique_ptr<CongestionControl> makeCongestionControl(const UdpConfig& config) {
+  for (const auto& r : kRegistry) {
+    if (config.congestion == r.name) return r.make(config);
+  }
+  throw ConfigError("udp config: congestion='" + config.congestion + "' is invalid (allowed: " +
+                    joinNames(congestionControlNames()) + ")");
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,69 @@
+// Congestion control: how many reliable packets may be in flight. A policy is one small class
+// plus one row in the registry (congestion.cpp), chosen by name with `congestion=` in the
+// config. The connection also caps the bytes in flight at send_window_bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transports/udp/udp_config.h"
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+class CongestionControl {
+ public:
+  virtual ~CongestionControl() = default;
+  virtual const char* name() const = 0;
+  // Reliable packets that may be in flight now.
+  virtual uint64_t windowPackets() const = 0;
+  // Once per newly acknowledged reliable packet.
+  virtual void onPacketAcked(TimeUs sentTime, TimeUs now) = 0;
+  // Once per batch of packets declared lost; `newestLostSentTime` lets a policy react once per
+  // round trip rather than once per packet.
+  virtual void onPacketsLost(TimeUs newestLostSentTime, TimeUs now) = 0;
+  virtual void onRetransmissionTimeout(TimeUs now) = 0;
+};
+
+// `none`: no limit beyond the connection's fixed send window. For links known to be
+// uncongested, and as the baseline of experiments.
+class NoCongestionControl final : public CongestionControl {
+ public:
+  const char* name() const override { return "none"; }
+  uint64_t windowPackets() const override { return UINT64_MAX; }
+  void onPacketAcked(TimeUs, TimeUs) override {}
+  void onPacketsLost(TimeUs, TimeUs) override {}
+  void onRetransmissionTimeout(TimeUs) override {}
+};
+
+// `aimd`: TCP Reno's window in packets. Slow start (+1 per ACK) up to ssthresh, then +1 per
+// window's worth of ACKs; halved once per round trip with losses (losses of packets sent
+// before the last reduction do not reduce it again); back to the minimum on a timeout.
+class AimdCongestionControl final : public CongestionControl {
+ public:
+  AimdCongestionControl(uint64_t initialWindow, uint64_t minWindow);
+  const char* name() const override { return "aimd"; }
+  uint64_t windowPackets() const override { return window_; }
+  void onPacketAcked(TimeUs sentTime, TimeUs now) override;
+  void onPacketsLost(TimeUs newestLostSentTime, TimeUs now) override;
+  void onRetransmissionTimeout(TimeUs now) override;
+
+ private:
+  void reduce(TimeUs now, uint64_t newWindow);
+
+  const uint64_t minWindow_;
+  uint64_t window_;
+  uint64_t slowStartThreshold_ = UINT64_MAX;
+  uint64_t ackedTowardsIncrease_ = 0;
+  bool reduced_ = false;     // whether recoveryStart_ is meaningful
+  TimeUs recoveryStart_ = 0;  // when the window was last reduced
+};
+
+// The names `congestion=` accepts, in registry order.
+const std::vector<std::string>& congestionControlNames();
+// Builds the policy config.congestion names. Throws ConfigError for an unknown name.
+std::unique_ptr<CongestionControl> makeCongestionControl(const UdpConfig& config);
+
+}  // namespace ucxb::udp

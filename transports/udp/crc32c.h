@@ -1,0 +1,17 @@
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of iSCSI, SCTP and ext4:
+// every datagram carries one, so that corruption on the wire becomes loss instead of wrong data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ucxb::udp {
+
+// CRC32C of `length` bytes.
+uint32_t crc32c(const void* data, size_t length);
+
+// Continues a CRC32C: crc32cExtend(crc32c(a), b) == crc32c(a followed by b). Lets a datagram's
+// checksum skip its own checksum field and cover a payload that lives in another buffer.
+uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length);
+
+}  // namespace ucxb::udp

@@ -1,0 +1,51 @@
+#include "transports/udp/loss_recovery.h"
+
+#include <algorithm>
+
+#include "transports/udp/key_values.h"
+
+namespace ucxb::udp {
+namespace {
+
+struct Registration {
+  const char* name;
+  std::unique_ptr<LossRecovery> (*make)();
+};
+
+// Adding a policy: write its class in loss_recovery.h, add its row here.
+const Registration kRegistry[] = {
+    {"selective_repeat", []() -> std::unique_ptr<LossRecovery> {
+       return std::make_unique<SelectiveRepeat>();
+     }},
+    {"go_back_n", []() -> std::unique_ptr<LossRecovery> { return std::make_unique<GoBackN>(); }},
+};
+
+}  // namespace
+
+void GoBackN::chooseResends(std::span<const PacketNumber> lost,
+                            std::span<const PacketNumber> inFlight,
+                            std::vector<PacketNumber>& alsoResend) const {
+  const PacketNumber firstLost = lost.front();
+  // inFlight is ascending: everything after the first loss goes back out.
+  auto it = std::upper_bound(inFlight.begin(), inFlight.end(), firstLost);
+  alsoResend.insert(alsoResend.end(), it, inFlight.end());
+}
+
+const std::vector<std::string>& lossRecoveryNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& r : kRegistry) n.emplace_back(r.name);
+    return n;
+  }();
+  return names;
+}
+
+std::unique_ptr<LossRecovery> makeLossRecovery(const UdpConfig& config) {
+  for (const auto& r : kRegistry) {
+    if (config.lossRecovery == r.name) return r.make();
+  }
+  throw ConfigError("udp config: loss_recovery='" + config.lossRecovery +
+                    "' is invalid (allowed: " + joinNames(lossRecoveryNames()) + ")");
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,54 @@
+// Loss recovery: once loss detection (sent_packets.h) has declared packets lost, which content
+// to send again. A policy is one small class plus one row in the registry
+// (loss_recovery.cpp), chosen by name with `loss_recovery=` in the config.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transports/udp/udp_config.h"
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+class LossRecovery {
+ public:
+  virtual ~LossRecovery() = default;
+  virtual const char* name() const = 0;
+  // `lost`: the packets just declared lost (ascending, non-empty); their content is always
+  // sent again. `inFlight`: the packets still awaiting an ACK (ascending). Appends to
+  // `alsoResend` the in-flight packets the policy gives up on as well, so that their content
+  // is sent again too (their late ACKs are then ignored; the receiver drops the duplicates).
+  virtual void chooseResends(std::span<const PacketNumber> lost,
+                             std::span<const PacketNumber> inFlight,
+                             std::vector<PacketNumber>& alsoResend) const = 0;
+};
+
+// `selective_repeat`: resend exactly what was lost; everything else the receiver has, or will
+// have, stays where it is. The receiver keeps out-of-order data and reports it in ACK ranges.
+class SelectiveRepeat final : public LossRecovery {
+ public:
+  const char* name() const override { return "selective_repeat"; }
+  void chooseResends(std::span<const PacketNumber>, std::span<const PacketNumber>,
+                     std::vector<PacketNumber>&) const override {}
+};
+
+// `go_back_n`: the classic sliding-window sender: on a loss, resend the lost packet and every
+// packet sent after it that is still unacknowledged. Our receiver keeps out-of-order data
+// anyway, so the price of go-back-N shows up as spurious retransmissions (bandwidth), not as
+// discarded data.
+class GoBackN final : public LossRecovery {
+ public:
+  const char* name() const override { return "go_back_n"; }
+  void chooseResends(std::span<const PacketNumber> lost, std::span<const PacketNumber> inFlight,
+                     std::vector<PacketNumber>& alsoResend) const override;
+};
+
+// The names `loss_recovery=` accepts, in registry order.
+const std::vector<std::string>& lossRecoveryNames();
+// Builds the policy config.lossRecovery names. Throws ConfigError for an unknown name.
+std::unique_ptr<LossRecovery> makeLossRecovery(const UdpConfig& config);
+
+}  // namespace ucxb::udp

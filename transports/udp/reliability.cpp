@@ -1,0 +1,342 @@
+#include "transports/udp/reliability.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace ucxb::udp {
+namespace {
+
+// Floor of the time threshold for loss detection: below this, timer and scheduling noise
+// would declare packets lost that are merely a little late.
+constexpr DurationUs kMinLossDelayUs = 10;
+// The RTO stops doubling after this many consecutive expiries (it is capped at rto_max_us
+// long before anyway).
+constexpr uint32_t kMaxBackoff = 20;
+
+DropReason toDropReason(DecodeError e) {
+  switch (e) {
+    case DecodeError::kTruncated: return DropReason::kTruncated;
+    case DecodeError::kBadVersion: return DropReason::kBadVersion;
+    case DecodeError::kBadType: return DropReason::kBadType;
+    case DecodeError::kBadChecksum: return DropReason::kBadChecksum;
+    case DecodeError::kMalformed:
+    case DecodeError::kNone: break;
+  }
+  return DropReason::kMalformed;
+}
+
+}  // namespace
+
+PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& identity)
+    : config_((validate(config), config)),
+      identity_(identity),
+      sender_(config_, stats_, events_),
+      receiver_(config_, stats_, events_),
+      acks_(config_),
+      rtt_(config_.initialRttUs),
+      congestion_(makeCongestionControl(config_)),
+      lossRecovery_(makeLossRecovery(config_)) {}
+
+MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
+  const MessageId id = sender_.send(tag, data, length);
+  if (failed_) sender_.failAll(failure_);
+  return id;
+}
+
+ReceiveId PeerConnection::postReceive(Tag tag, Tag mask, void* buffer, size_t capacity) {
+  const ReceiveId id =
+      receiver_.postReceive(tag, mask, static_cast<uint8_t*>(buffer), capacity, lastNow_);
+  if (failed_) receiver_.failAll(failure_);
+  return id;
+}
+
+bool PeerConnection::cancelReceive(ReceiveId id) { return receiver_.cancelReceive(id); }
+
+PacketHeader PeerConnection::header() const {
+  PacketHeader h;  // the encoders set the type
+  h.sourceRank = identity_.localRank;
+  h.token = identity_.sessionToken;
+  return h;
+}
+
+void PeerConnection::drop(DropReason reason) {
+  ++stats_.datagramsDropped;
+  ++stats_.droppedBy[static_cast<size_t>(reason)];
+}
+
+void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
+  lastNow_ = std::max(lastNow_, now);
+  ++stats_.datagramsReceived;
+  stats_.bytesReceived += datagram.size();
+  if (failed_) return drop(DropReason::kClosed);
+  const DecodeError error = decodePacket(datagram, decoded_);
+  if (error != DecodeError::kNone) return drop(toDropReason(error));
+  const DecodedPacket& p = decoded_;
+  if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
+  if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
+
+  if (p.header.type == PacketType::kAck) {
+    if (!onAck(p.ack, now)) return drop(DropReason::kProtocol);
+    ++stats_.ackPacketsReceived;
+    ++stats_.datagramsAccepted;
+    return;
+  }
+
+  const PacketNumber pn = p.packetNumber;
+  if (!acks_.plausible(pn)) return drop(DropReason::kProtocol);
+  switch (acks_.classify(pn)) {
+    case AckTracker::Arrival::kStale: return drop(DropReason::kStale);
+    case AckTracker::Arrival::kDuplicate:
+      // Seen before. Lost content comes back under a new number, so this is a copy made by
+      // the network. Acknowledge again anyway: cheap, and it helps if our ACK went missing.
+      ++stats_.duplicatePackets;
+      acks_.ackSoon();
+      ++stats_.datagramsAccepted;
+      return;
+    case AckTracker::Arrival::kNew: break;
+  }
+  switch (p.header.type) {
+    case PacketType::kData:
+      if (receiver_.onData(p.data, p.payload, now) == MessageReceiver::Verdict::kViolation) {
+        return drop(DropReason::kProtocol);
+      }
+      break;
+    case PacketType::kCts:
+      for (uint16_t i = 0; i < p.cts.count; ++i) {
+        if (!sender_.ctsPlausible(p.cts.ids[i])) return drop(DropReason::kProtocol);
+      }
+      for (uint16_t i = 0; i < p.cts.count; ++i) sender_.onClearToSend(p.cts.ids[i]);
+      break;
+    case PacketType::kPing:
+    case PacketType::kAck: break;
+  }
+  if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
+  ++stats_.datagramsAccepted;
+}
+
+bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
+  if (!sent_.onAck(ack, ackResult_)) return false;
+  lastActivity_ = now;
+  if (sender_.onCreditLimit(ack.creditLimit)) probeBackoff_ = 0;
+  stats_.lateAcks += ackResult_.lateAcks;
+  if (ackResult_.rttSampleSentTime && now >= *ackResult_.rttSampleSentTime) {
+    rtt_.onSample(now - *ackResult_.rttSampleSentTime, ack.ackDelayUs, config_.maxAckDelayUs);
+  }
+  for (const SentPacket& p : ackResult_.newlyAcked) {
+    congestion_->onPacketAcked(p.sentTime, now);
+    if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
+  }
+  if (!ackResult_.newlyAcked.empty()) {
+    // The peer is alive and the path works: timeouts start from scratch.
+    consecutiveRtos_ = 0;
+    rtoBackoff_ = 0;
+    lastAckProgress_ = now;
+  }
+  detectAndRecover(now);
+  return true;
+}
+
+void PeerConnection::detectAndRecover(TimeUs now) {
+  lost_.clear();
+  sent_.detectLosses(now, lossDelay(), config_.reorderThreshold, lost_);
+  if (!lost_.empty()) recover(lost_, now, /*byTimeout=*/false);
+}
+
+void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, bool byTimeout) {
+  if (lost.empty()) return;
+  lostNumbers_.clear();
+  for (const SentPacket& p : lost) lostNumbers_.push_back(p.number);
+  sent_.inFlightNumbers(inFlightNumbers_);
+  alsoResend_.clear();
+  lossRecovery_->chooseResends(lostNumbers_, inFlightNumbers_, alsoResend_);
+  if (!alsoResend_.empty()) sent_.declareLost(alsoResend_, lost);
+  stats_.packetsDeclaredLost += lost.size();
+  TimeUs newestSent = 0;
+  for (SentPacket& p : lost) {
+    newestSent = std::max(newestSent, p.sentTime);
+    switch (p.content.kind) {
+      case PacketContent::Kind::kData: sender_.onLost(std::move(p.content)); break;
+      case PacketContent::Kind::kCts: receiver_.onClearToSendLost(p.content.ctsIds); break;
+      case PacketContent::Kind::kPing: break;  // a probe is not worth repeating as such
+    }
+  }
+  lost.clear();
+  if (!byTimeout) congestion_->onPacketsLost(newestSent, now);
+}
+
+DurationUs PeerConnection::lossDelay() const {
+  const DurationUs rtt = std::max(rtt_.smoothed(), rtt_.latest());
+  return std::max(kMinLossDelayUs, rtt + rtt / 8);  // 9/8 RTT (RFC 9002's kTimeThreshold)
+}
+
+DurationUs PeerConnection::currentRto() const {
+  const DurationUs base =
+      rtt_.retransmissionTimeout(config_.maxAckDelayUs, config_.rtoMinUs, config_.rtoMaxUs);
+  return std::min(config_.rtoMaxUs, base << std::min(rtoBackoff_, kMaxBackoff));
+}
+
+std::optional<TimeUs> PeerConnection::rtoDeadline() const {
+  const auto oldest = sent_.oldestInFlightSentTime();
+  if (!oldest) return std::nullopt;
+  // Restarted by every ACK that acknowledges something new (RFC 6298 5.3): while ACKs flow,
+  // losses are found by the reordering and time thresholds, and a deep queue behind a burst
+  // does not look like a dead path. When it fires, the oldest packet is at least one RTO old.
+  return std::max(*oldest, lastAckProgress_) + currentRto();
+}
+
+std::optional<TimeUs> PeerConnection::probeDeadline() const {
+  // Out of credit with nothing in flight, no ACK would ever bring news of more credit if the
+  // last update was lost: probe (TCP's persist timer), backing off while nothing changes.
+  if (probeDue_ || sent_.inFlightCount() > 0 || !sender_.blockedOnCredit()) return std::nullopt;
+  const DurationUs delay =
+      std::min(config_.rtoMaxUs, currentRto() << std::min(probeBackoff_, kMaxBackoff));
+  return lastActivity_ + delay;
+}
+
+bool PeerConnection::windowFull() const {
+  if (sent_.inFlightCount() >= congestion_->windowPackets()) return true;
+  // One datagram always fits an empty window.
+  return sent_.inFlightBytes() > 0 &&
+         sent_.inFlightBytes() + config_.mtuPayload > config_.sendWindowBytes;
+}
+
+std::optional<TimeUs> PeerConnection::nextTimeout() const {
+  if (failed_) return std::nullopt;
+  std::optional<TimeUs> next;
+  const auto consider = [&next](std::optional<TimeUs> t) {
+    if (t && (!next || *t < *next)) next = t;
+  };
+  consider(acks_.ackDeadline());
+  consider(sent_.nextLossTime(lossDelay()));
+  consider(rtoDeadline());
+  consider(probeDeadline());
+  if (receiver_.creditUpdateUrgent()) consider(lastNow_);
+  return next;
+}
+
+void PeerConnection::onTimeout(TimeUs now) {
+  if (failed_) return;
+  lastNow_ = std::max(lastNow_, now);
+  if (const auto t = sent_.nextLossTime(lossDelay()); t && *t <= now) detectAndRecover(now);
+  if (const auto t = rtoDeadline(); t && *t <= now) {
+    ++stats_.rtoExpiries;
+    const DurationUs rto = currentRto();
+    if (++consecutiveRtos_ >= config_.maxRtoExpiries) {
+      fail("peer rank " + std::to_string(identity_.peerRank) + " acknowledged nothing through " +
+           std::to_string(consecutiveRtos_) + " retransmission timeouts (last timeout " +
+           std::to_string(rto) + " us)");
+      return;
+    }
+    lost_.clear();
+    sent_.expireSentAtOrBefore(now - rto, lost_);
+    rtoBackoff_ = std::min(rtoBackoff_ + 1, kMaxBackoff);
+    congestion_->onRetransmissionTimeout(now);
+    recover(lost_, now, /*byTimeout=*/true);
+  }
+  if (const auto t = probeDeadline(); t && *t <= now) probeDue_ = true;
+}
+
+size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t bytes,
+                                      bool retransmission) {
+  if (retransmission) {
+    ++stats_.retransmittedPackets;
+    stats_.retransmittedBytes += content.length;
+  }
+  sent_.record(now, static_cast<uint32_t>(bytes), std::move(content));
+  lastActivity_ = now;
+  ++stats_.datagramsSent;
+  stats_.bytesSent += bytes;
+  return bytes;
+}
+
+size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
+  acks_.buildAck(now, maxAckRangesFor(config_.mtuPayload), ackFrame_);
+  ackFrame_.creditLimit = receiver_.creditLimit();
+  receiver_.noteCreditAdvertised(ackFrame_.creditLimit);
+  const size_t n = encodeAck(out, header(), ackFrame_);
+  ++stats_.ackPacketsSent;
+  ++stats_.datagramsSent;
+  stats_.bytesSent += n;
+  return n;
+}
+
+size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
+  if (failed_) return 0;
+  if (out.size() < config_.mtuPayload) {
+    throw std::length_error("udp pollTransmit: buffer of " + std::to_string(out.size()) +
+                            " bytes is smaller than mtu_payload=" +
+                            std::to_string(config_.mtuPayload));
+  }
+  out = out.first(config_.mtuPayload);
+  lastNow_ = std::max(lastNow_, now);
+  // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
+  if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
+  if (probeDue_) {
+    probeDue_ = false;
+    ++probeBackoff_;
+    const size_t n = encodePing(out, header(), sent_.nextNumber());
+    ++stats_.pingPacketsSent;
+    return recordAndCount(now, PacketContent{}, n, false);
+  }
+  if (windowFull()) return 0;
+  if (receiver_.hasClearToSend()) {
+    // CTSs before our own data: each one unblocks a whole message on the peer's side.
+    receiver_.takeClearToSend(maxCtsIdsFor(config_.mtuPayload), ctsIds_);
+    const size_t n = encodeCts(out, header(), sent_.nextNumber(), ctsIds_);
+    ++stats_.ctsPacketsSent;
+    PacketContent c;
+    c.kind = PacketContent::Kind::kCts;
+    c.ctsIds = ctsIds_;
+    return recordAndCount(now, std::move(c), n, false);
+  }
+  if (auto f = sender_.nextFragment()) {
+    DataHeader d;
+    d.tag = f->tag;
+    d.messageId = f->content.messageId;
+    d.messageLength = f->messageLength;
+    d.offset = f->content.offset;
+    d.fragmentLength = static_cast<uint16_t>(f->content.length);
+    d.flags = f->content.flags;
+    const size_t n = encodeData(out, header(), sent_.nextNumber(), d, f->payload);
+    ++stats_.dataPacketsSent;
+    return recordAndCount(now, std::move(f->content), n, f->retransmission);
+  }
+  return 0;
+}
+
+std::optional<Event> PeerConnection::pollEvent() {
+  if (events_.empty()) return std::nullopt;
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void PeerConnection::fail(const std::string& why) {
+  if (failed_) return;
+  failed_ = true;
+  failure_ = why;
+  Event e;
+  e.kind = EventKind::kPeerFailed;
+  e.error = why;
+  events_.push_back(std::move(e));
+  sender_.failAll(why);
+  receiver_.failAll(why);
+}
+
+bool PeerConnection::idle() const {
+  return sender_.idle() && sent_.inFlightCount() == 0 && !acks_.ackDeadline() &&
+         receiver_.activeMessages() == 0 && !receiver_.hasClearToSend();
+}
+
+Stats PeerConnection::stats() const {
+  Stats s = stats_;
+  if (rtt_.hasSample()) {
+    s.rttSmoothedUs = rtt_.smoothed();
+    s.rttMinUs = rtt_.min();
+    s.rttLatestUs = rtt_.latest();
+  }
+  s.rttSamples = rtt_.samples();
+  return s;
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,138 @@
+// PeerConnection: the reliability core for one peer, as a sans-IO state machine. Datagrams
+// and the time go in; datagrams to send, the next timer and events come out. It never reads a
+// clock, touches a socket or spawns a thread, so it runs identically under a socket loop and
+// in the deterministic simulator (tests/udp_sim/).
+//
+// Driving it (one thread, like every Transport):
+//   - hand every datagram from the peer to onDatagram(bytes, now);
+//   - when nextTimeout() has passed, call onTimeout(now);
+//   - after either, and after send()/postReceive()/cancelReceive(), call pollTransmit(now, buf)
+//     until it returns 0, sending each datagram it writes;
+//   - drain pollEvent().
+//
+// Inside: the message layer (message_sender.h, message_receiver.h) over a reliable packet
+// layer: numbered packets (sent_packets.h), SACK-style ACKs (ack_tracker.h), RTT and RTO
+// (rtt.h), loss detection by reordering threshold, by time and by timeout, a pluggable
+// loss-recovery policy (loss_recovery.h) and congestion controller (congestion.h), and a
+// credit window over the receiver's unexpected-message budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transports/udp/ack_tracker.h"
+#include "transports/udp/congestion.h"
+#include "transports/udp/loss_recovery.h"
+#include "transports/udp/message_receiver.h"
+#include "transports/udp/message_sender.h"
+#include "transports/udp/rtt.h"
+#include "transports/udp/sent_packets.h"
+#include "transports/udp/stats.h"
+#include "transports/udp/udp_config.h"
+#include "transports/udp/wire_format.h"
+
+namespace ucxb::udp {
+
+struct PeerIdentity {
+  uint16_t localRank = 0;
+  uint16_t peerRank = 0;
+  // Shared by every connection of one group instance (agreed at set-up, e.g. through the
+  // Store): datagrams carrying another token are dropped.
+  uint64_t sessionToken = 0;
+};
+
+class PeerConnection {
+ public:
+  PeerConnection(const UdpConfig& config, const PeerIdentity& identity);
+  PeerConnection(const PeerConnection&) = delete;
+  PeerConnection& operator=(const PeerConnection&) = delete;
+
+  // Queues a message. `data` must stay valid until the kSendCompleted (or kSendFailed) event
+  // with the returned id. Throws std::invalid_argument beyond max_message_bytes.
+  MessageId send(Tag tag, const void* data, size_t length);
+  // Posts a receive for the next message with (tag & mask) == (its tag & mask); the buffer
+  // must stay valid until its kMessageReceived, kReceiveFailed or kReceiveCancelled event.
+  // Throws std::invalid_argument for a null buffer with a non-zero capacity.
+  ReceiveId postReceive(Tag tag, Tag mask, void* buffer, size_t capacity);
+  // See MessageReceiver::cancelReceive. The kReceiveCancelled event comes from pollEvent().
+  bool cancelReceive(ReceiveId id);
+
+  // One datagram from the peer. Anything malformed, forged or stale is counted and dropped.
+  void onDatagram(std::span<const uint8_t> datagram, TimeUs now);
+  // Writes the next datagram to send into `out` (at least mtu_payload bytes) and returns its
+  // length, or 0 if nothing may be sent now.
+  size_t pollTransmit(TimeUs now, std::span<uint8_t> out);
+  // When onTimeout() must next be called (possibly already past), or nullopt for never.
+  std::optional<TimeUs> nextTimeout() const;
+  void onTimeout(TimeUs now);
+  std::optional<Event> pollEvent();
+
+  // Gives up on the peer: kPeerFailed, then every pending send and receive fails.
+  void fail(const std::string& why);
+  bool failed() const { return failed_; }
+  const std::string& failure() const { return failure_; }
+
+  Stats stats() const;
+  const UdpConfig& config() const { return config_; }
+  const PeerIdentity& identity() const { return identity_; }
+  size_t packetsInFlight() const { return sent_.inFlightCount(); }
+  uint64_t congestionWindow() const { return congestion_->windowPackets(); }
+  uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
+  // Nothing left to send or to wait for (tests use it to detect quiescence).
+  bool idle() const;
+
+ private:
+  PacketHeader header() const;
+  void drop(DropReason reason);
+  bool onAck(const AckFrame& ack, TimeUs now);
+  void detectAndRecover(TimeUs now);
+  // Hands lost content back to whoever produced it. `byTimeout`: the RTO already told the
+  // congestion controller.
+  void recover(std::vector<SentPacket>& lost, TimeUs now, bool byTimeout);
+  DurationUs lossDelay() const;
+  DurationUs currentRto() const;
+  std::optional<TimeUs> rtoDeadline() const;
+  std::optional<TimeUs> probeDeadline() const;
+  // Whether the send window or the congestion window keeps a new reliable packet back.
+  bool windowFull() const;
+  size_t sendAck(TimeUs now, std::span<uint8_t> out);
+  size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission);
+
+  const UdpConfig config_;
+  const PeerIdentity identity_;
+  Stats stats_;
+  std::deque<Event> events_;
+  MessageSender sender_;
+  MessageReceiver receiver_;
+  AckTracker acks_;
+  SentPackets sent_;
+  RttEstimator rtt_;
+  std::unique_ptr<CongestionControl> congestion_;
+  std::unique_ptr<LossRecovery> lossRecovery_;
+
+  uint32_t rtoBackoff_ = 0;        // the RTO is doubled this many times
+  uint32_t consecutiveRtos_ = 0;   // expiries since anything was last acknowledged
+  uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
+  bool probeDue_ = false;
+  TimeUs lastActivity_ = 0;        // last reliable packet sent or ACK received
+  TimeUs lastAckProgress_ = 0;     // last ACK that acknowledged something new
+  TimeUs lastNow_ = 0;             // latest time seen (for calls that carry none)
+  bool failed_ = false;
+  std::string failure_;
+
+  // Scratch, kept to avoid allocating per datagram.
+  DecodedPacket decoded_;
+  SentPackets::AckResult ackResult_;
+  AckFrame ackFrame_;
+  std::vector<SentPacket> lost_;
+  std::vector<PacketNumber> lostNumbers_, inFlightNumbers_, alsoResend_;
+  std::vector<MessageId> ctsIds_;
+};
+
+}  // namespace ucxb::udp

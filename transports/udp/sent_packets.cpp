@@ -1,0 +1,130 @@
+#include "transports/udp/sent_packets.h"
+
+#include <algorithm>
+
+namespace ucxb::udp {
+
+PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent content) {
+  SentPacket p;
+  p.number = next_;
+  p.sentTime = now;
+  p.bytes = bytes;
+  p.content = std::move(content);
+  packets_.push_back(std::move(p));
+  ++inFlight_;
+  inFlightBytes_ += bytes;
+  return next_++;
+}
+
+SentPacket* SentPackets::find(PacketNumber pn) {
+  if (pn < base_ || pn >= next_) return nullptr;
+  return &packets_[pn - base_];
+}
+
+bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
+  out.newlyAcked.clear();
+  out.lateAcks = 0;
+  out.rttSampleSentTime.reset();
+  if (ack.rangeCount == 0) return true;
+  // Ranges are descending: the first one holds the largest number.
+  if (ack.ranges[0].largest >= next_) return false;
+  if (const SentPacket* largest = find(ack.ranges[0].largest);
+      largest != nullptr && largest->state == SentPacket::State::kInFlight) {
+    out.rttSampleSentTime = largest->sentTime;
+  }
+  for (uint16_t i = 0; i < ack.rangeCount; ++i) {
+    const PacketRange& r = ack.ranges[i];
+    if (r.largest < base_) break;  // this range and all below it are settled already
+    for (PacketNumber pn = std::max(r.smallest, base_); pn <= r.largest; ++pn) {
+      SentPacket& p = packets_[pn - base_];
+      if (p.state == SentPacket::State::kInFlight) {
+        p.state = SentPacket::State::kAcked;
+        --inFlight_;
+        inFlightBytes_ -= p.bytes;
+        out.newlyAcked.push_back(p);
+      } else if (p.state == SentPacket::State::kLost) {
+        // Its content is already on its way again; the copy in flight will be a duplicate.
+        p.state = SentPacket::State::kAcked;
+        ++out.lateAcks;
+      }
+    }
+  }
+  if (!largestAcked_ || ack.ranges[0].largest > *largestAcked_) {
+    largestAcked_ = ack.ranges[0].largest;
+  }
+  trimFront();
+  return true;
+}
+
+void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
+  p.state = SentPacket::State::kLost;
+  --inFlight_;
+  inFlightBytes_ -= p.bytes;
+  lost.push_back(std::move(p));
+  p.content = {};  // moved out; the record only needs its state now
+}
+
+void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
+                               std::vector<SentPacket>& lost) {
+  if (!largestAcked_) return;
+  const PacketNumber largest = *largestAcked_;
+  for (SentPacket& p : packets_) {
+    if (p.number >= largest) break;
+    if (p.state != SentPacket::State::kInFlight) continue;
+    if (largest - p.number >= reorderThreshold || p.sentTime + lossDelay <= now) {
+      markLost(p, lost);
+    }
+  }
+  trimFront();
+}
+
+std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
+  if (!largestAcked_) return std::nullopt;
+  // Send times grow with packet numbers: the first in-flight packet below the largest
+  // acknowledged one is the first to cross the time threshold.
+  for (const SentPacket& p : packets_) {
+    if (p.number >= *largestAcked_) break;
+    if (p.state == SentPacket::State::kInFlight) return p.sentTime + lossDelay;
+  }
+  return std::nullopt;
+}
+
+void SentPackets::expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost) {
+  for (SentPacket& p : packets_) {
+    if (p.sentTime > cutoff) break;
+    if (p.state == SentPacket::State::kInFlight) markLost(p, lost);
+  }
+  trimFront();
+}
+
+void SentPackets::declareLost(std::span<const PacketNumber> numbers,
+                              std::vector<SentPacket>& lost) {
+  for (PacketNumber pn : numbers) {
+    SentPacket* p = find(pn);
+    if (p != nullptr && p->state == SentPacket::State::kInFlight) markLost(*p, lost);
+  }
+  trimFront();
+}
+
+std::optional<TimeUs> SentPackets::oldestInFlightSentTime() const {
+  for (const SentPacket& p : packets_) {
+    if (p.state == SentPacket::State::kInFlight) return p.sentTime;
+  }
+  return std::nullopt;
+}
+
+void SentPackets::inFlightNumbers(std::vector<PacketNumber>& out) const {
+  out.clear();
+  for (const SentPacket& p : packets_) {
+    if (p.state == SentPacket::State::kInFlight) out.push_back(p.number);
+  }
+}
+
+void SentPackets::trimFront() {
+  while (!packets_.empty() && packets_.front().state != SentPacket::State::kInFlight) {
+    packets_.pop_front();
+    ++base_;
+  }
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,91 @@
+// The sender's record of reliable packets (DATA, CTS, PING) from sending until acknowledged or
+// declared lost, and loss detection over it (RFC 9002 section 6): a packet is lost once
+// `reorderThreshold` later packets are acknowledged, or once it is `lossDelay` older than an
+// acknowledged later packet, or when the retransmission timeout expires for it.
+//
+// Lost packets are never resent as such: their content goes back to whoever produced it and
+// leaves in a new packet with a new number.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "transports/udp/udp_types.h"
+#include "transports/udp/wire_format.h"
+
+namespace ucxb::udp {
+
+// What a reliable packet carried: enough to send it again.
+struct PacketContent {
+  enum class Kind : uint8_t { kData, kCts, kPing };
+  Kind kind = Kind::kPing;
+  MessageId messageId = 0;        // kData
+  uint64_t offset = 0;            // kData
+  uint32_t length = 0;            // kData: payload bytes
+  uint8_t flags = 0;              // kData: data_flags
+  std::vector<MessageId> ctsIds;  // kCts
+};
+
+struct SentPacket {
+  enum class State : uint8_t { kInFlight, kAcked, kLost };
+  PacketNumber number = 0;
+  TimeUs sentTime = 0;
+  uint32_t bytes = 0;  // datagram size
+  State state = State::kInFlight;
+  PacketContent content;
+};
+
+class SentPackets {
+ public:
+  PacketNumber nextNumber() const { return next_; }
+  // Records a packet of `bytes` just sent with number nextNumber(); returns that number.
+  PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content);
+
+  size_t inFlightCount() const { return inFlight_; }
+  uint64_t inFlightBytes() const { return inFlightBytes_; }
+
+  struct AckResult {
+    std::vector<SentPacket> newlyAcked;
+    uint64_t lateAcks = 0;  // acknowledged after being declared lost
+    // Send time of the frame's largest packet if this frame is the first to acknowledge it:
+    // the one RTT sample the frame yields (RFC 9002 5.1).
+    std::optional<TimeUs> rttSampleSentTime;
+  };
+  // Applies an ACK frame. Returns false, changing nothing, if it acknowledges a packet number
+  // never sent (a confused or forged peer).
+  bool onAck(const AckFrame& ack, AckResult& out);
+
+  // Moves to `lost` every in-flight packet below the largest acknowledged one that the
+  // packet or time threshold declares lost.
+  void detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
+                    std::vector<SentPacket>& lost);
+  // When detectLosses() would next declare a packet lost by time alone, if ever.
+  std::optional<TimeUs> nextLossTime(DurationUs lossDelay) const;
+
+  // Moves to `lost` every in-flight packet sent at or before `cutoff` (retransmission timeout).
+  void expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost);
+  // Moves the given in-flight packets to `lost` (loss recovery's give-ups).
+  void declareLost(std::span<const PacketNumber> numbers, std::vector<SentPacket>& lost);
+
+  std::optional<TimeUs> oldestInFlightSentTime() const;
+  // Numbers of the in-flight packets, ascending.
+  void inFlightNumbers(std::vector<PacketNumber>& out) const;
+
+ private:
+  SentPacket* find(PacketNumber pn);
+  void markLost(SentPacket& p, std::vector<SentPacket>& lost);
+  // Drops settled packets from the front, so that the front is the oldest in flight.
+  void trimFront();
+
+  std::deque<SentPacket> packets_;  // packets_[i].number == base_ + i
+  PacketNumber base_ = 0;
+  PacketNumber next_ = 0;
+  size_t inFlight_ = 0;
+  uint64_t inFlightBytes_ = 0;
+  std::optional<PacketNumber> largestAcked_;
+};
+
+}  // namespace ucxb::udp

@@ -1,0 +1,88 @@
+// Counters of one connection (one peer, both directions). Plain numbers, cheap to copy: the
+// future Transport will expose them to Python; the simulator and tests read them directly.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+// Why an incoming datagram was dropped. Every datagram handed to a connection is either
+// accepted or counted under exactly one of these.
+enum class DropReason : uint8_t {
+  kTruncated,     // decoder: shorter than its header or its declared lengths
+  kBadVersion,    // decoder: unknown wire version
+  kBadType,       // decoder: unknown packet type
+  kBadChecksum,   // decoder: CRC32C mismatch (corruption becomes loss)
+  kMalformed,     // decoder: impossible lengths, offsets, counts, ranges, reserved bits
+  kBadToken,      // not this session's token (stale group instance, stray sender)
+  kWrongPeer,     // source rank is not this connection's peer
+  kProtocol,      // well-formed but impossible here: ACK of a packet never sent, fragment
+                  // disagreeing with its message, credit overrun, CTS for an unknown message
+  kStale,         // packet number older than the receive history kept
+  kClosed,        // the connection has failed
+  kCount,
+};
+
+const char* dropReasonName(DropReason reason);
+
+struct Stats {
+  // Datagrams, all kinds, as handed to / taken from the socket (UDP payload bytes).
+  uint64_t datagramsSent = 0;
+  uint64_t bytesSent = 0;
+  uint64_t datagramsReceived = 0;
+  uint64_t bytesReceived = 0;
+  uint64_t datagramsAccepted = 0;
+  uint64_t datagramsDropped = 0;  // sum of droppedBy
+  std::array<uint64_t, static_cast<size_t>(DropReason::kCount)> droppedBy{};
+
+  // Sending side.
+  uint64_t dataPacketsSent = 0;     // DATA packets, retransmissions included
+  uint64_t ctsPacketsSent = 0;
+  uint64_t pingPacketsSent = 0;
+  uint64_t ackPacketsSent = 0;
+  uint64_t retransmittedPackets = 0;  // reliable packets whose content had been sent before
+  uint64_t retransmittedBytes = 0;    // their payload bytes
+  uint64_t packetsDeclaredLost = 0;   // by reordering threshold, time threshold or timeout,
+                                      // plus go-back-N's give-ups
+  uint64_t lateAcks = 0;              // ACKs of packets already declared lost (spurious losses)
+  uint64_t rtoExpiries = 0;
+  uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
+
+  // Receiving side.
+  uint64_t ackPacketsReceived = 0;
+  uint64_t duplicatePackets = 0;    // a packet number received before
+  uint64_t duplicateFragments = 0;  // DATA whose bytes had all arrived already (retransmissions)
+  uint64_t outOfOrderPackets = 0;   // arrived after a higher-numbered packet
+  uint64_t unexpectedMessages = 0;  // messages that arrived before their receive was posted
+  uint64_t unexpectedBytesHighWater = 0;  // most unexpected budget ever in use
+
+  // Messages.
+  uint64_t messagesSent = 0;           // sends completed
+  uint64_t eagerMessagesSent = 0;
+  uint64_t rendezvousMessagesSent = 0;
+  uint64_t messagesReceived = 0;       // delivered to posted receives
+  uint64_t payloadBytesReceived = 0;   // distinct payload bytes accepted from the wire
+  uint64_t bytesDelivered = 0;         // bytes of delivered messages (goodput numerator)
+  TimeUs firstDataReceivedUs = 0;      // goodput interval, receiving side
+  TimeUs lastDeliveryUs = 0;
+
+  // Round-trip time, as estimated (0 before the first sample).
+  DurationUs rttSmoothedUs = 0;
+  DurationUs rttMinUs = 0;
+  DurationUs rttLatestUs = 0;
+  uint64_t rttSamples = 0;
+
+  uint64_t dropped(DropReason r) const { return droppedBy[static_cast<size_t>(r)]; }
+};
+
+// Delivered bits per second between the first DATA received and the last delivery.
+double goodputBitsPerSecond(const Stats& stats);
+
+// One "name=value" per counter, space-separated (drop reasons that are zero are left out).
+std::string formatStats(const Stats& stats);
+
+}  // namespace ucxb::udp

@@ -1,0 +1,78 @@
+// Every knob of the UDP transport's core, with defaults, and the parser of its
+// "key=value,..." form. An experiment is a config change: loss recovery and congestion control
+// are chosen by name here and built from registries (loss_recovery.h, congestion.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+struct UdpConfig {
+  // Largest datagram sent (UDP payload bytes, our header included). 1472 = 1500-byte Ethernet
+  // MTU minus IPv4 (20) and UDP (8) headers; 8972 for 9000-byte jumbo frames; up to 65507
+  // over loopback.
+  size_t mtuPayload = 1472;
+
+  // Retransmission timeout: srtt + 4 rttvar + max ack delay, clamped to [rtoMinUs, rtoMaxUs]
+  // and doubled per consecutive expiry. The floor is in microseconds because datacenter RTTs
+  // are; 1 ms absorbs the scheduling jitter of a loaded host (lower it on quiet machines).
+  DurationUs rtoMinUs = 1000;
+  DurationUs rtoMaxUs = 1'000'000;
+  DurationUs initialRttUs = 1000;  // the RTT assumed before the first sample
+  // Consecutive RTO expiries without any acknowledgement before the peer is declared failed.
+  uint32_t maxRtoExpiries = 10;
+
+  // Acknowledge every `ackEvery` packets, or `maxAckDelayUs` after the first unacknowledged
+  // one, whichever comes first; out-of-order arrivals are acknowledged at once.
+  uint32_t ackEvery = 2;
+  DurationUs maxAckDelayUs = 100;
+
+  // Loss detection (RFC 9002 style): a packet is lost once `reorderThreshold` later packets
+  // are acknowledged, or 9/8 RTT after a later packet was acknowledged.
+  uint32_t reorderThreshold = 3;
+
+  // Most bytes of reliable packets in flight at once, whatever the congestion controller
+  // allows. In bytes, not packets, because what it bounds is the queue a burst can build: 512
+  // KiB is 4x the bandwidth-delay product of 10 Gbit/s at 100 us RTT, and drains in 0.4 ms, at
+  // any MTU.
+  uint64_t sendWindowBytes = uint64_t{512} << 10;
+
+  // Per-peer budget for messages that arrive before their receive is posted (payload plus
+  // kMessageChargeBytes of bookkeeping each). The receiver grants it as credit; a sender out
+  // of credit waits (back-pressure), it never overruns the receiver. Both ends must agree.
+  uint64_t unexpectedBytes = uint64_t{1} << 20;
+  // Messages up to this size are sent eagerly (buffered by the receiver if unexpected);
+  // larger ones by rendezvous (RTS, CTS once the receive is posted, then data straight into
+  // the posted buffer).
+  uint64_t eagerMaxBytes = uint64_t{64} << 10;
+  // Longest message accepted, sent or received.
+  uint64_t maxMessageBytes = uint64_t{1} << 40;
+
+  std::string lossRecovery = "selective_repeat";  // see lossRecoveryNames()
+  std::string congestion = "none";                // see congestionControlNames()
+  uint32_t initialCwndPackets = 32;  // aimd: window at start and its slow-start origin
+  uint32_t minCwndPackets = 2;       // aimd: floor after losses and timeouts
+};
+
+// The keys parseUdpConfig() accepts.
+const std::vector<std::string>& udpConfigKeys();
+
+// Applies "key=value,..." on top of `base`. Throws ConfigError (key_values.h) naming the key,
+// the value and what is allowed, for an unknown key, a bad value, or an inconsistent
+// combination (see validate()).
+UdpConfig parseUdpConfig(std::string_view text, UdpConfig base = {});
+
+// Checks the relations between values (e.g. rto_min_us <= rto_max_us, an eager message fits
+// the unexpected budget). Throws ConfigError.
+void validate(const UdpConfig& config);
+
+// The configuration as "key=value,..." (parseUdpConfig(describe(c)) == c).
+std::string describe(const UdpConfig& config);
+
+}  // namespace ucxb::udp

@@ -1,0 +1,280 @@
+#include "transports/udp/wire_format.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "transports/udp/crc32c.h"
+
+namespace ucxb::udp {
+namespace {
+
+// Field offsets (see the layout in wire_format.h).
+constexpr size_t kOffVersion = 0, kOffType = 1, kOffSource = 2, kOffCrc = 4, kOffToken = 8;
+constexpr size_t kOffPacketNumber = 16;
+constexpr size_t kOffTag = 24, kOffMessageId = 32, kOffMessageLength = 40, kOffOffset = 48,
+                 kOffFragmentLength = 56, kOffFlags = 58, kOffDataReserved = 59;
+constexpr size_t kOffLargest = 16, kOffCredit = 24, kOffAckDelay = 32, kOffRangeCount = 36,
+                 kOffAckReserved = 38, kOffFirstRange = 40;
+constexpr size_t kOffCtsCount = 24, kOffCtsReserved = 26;
+
+// Explicit little-endian stores and loads: the format does not depend on the host.
+void put8(uint8_t* p, uint8_t v) { p[0] = v; }
+void put16(uint8_t* p, uint16_t v) {
+  for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
+uint32_t get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+
+// The checksum covers bytes [0, 4) and [8, n): everything but the checksum field itself.
+uint32_t datagramChecksum(const uint8_t* p, size_t n) {
+  return crc32cExtend(crc32c(p, kOffCrc), p + kOffCrc + 4, n - kOffCrc - 4);
+}
+
+void requireRoom(std::span<uint8_t> out, size_t bytes, const char* what) {
+  if (out.size() < bytes) {
+    throw std::length_error(std::string("udp wire format: ") + what + " needs " +
+                            std::to_string(bytes) + " bytes, buffer has " +
+                            std::to_string(out.size()));
+  }
+}
+
+void writeCommon(uint8_t* p, const PacketHeader& h, PacketType type) {
+  put8(p + kOffVersion, kWireVersion);
+  put8(p + kOffType, static_cast<uint8_t>(type));
+  put16(p + kOffSource, h.sourceRank);
+  put32(p + kOffCrc, 0);
+  put64(p + kOffToken, h.token);
+}
+
+DecodeError decodeData(const uint8_t* p, size_t n, DecodedPacket& out) {
+  if (n < kDataHeaderBytes) return DecodeError::kTruncated;
+  DataHeader& d = out.data;
+  d.tag = get64(p + kOffTag);
+  d.messageId = get64(p + kOffMessageId);
+  d.messageLength = get64(p + kOffMessageLength);
+  d.offset = get64(p + kOffOffset);
+  d.fragmentLength = get16(p + kOffFragmentLength);
+  d.flags = p[kOffFlags];
+  const size_t carried = n - kDataHeaderBytes;
+  if (carried < d.fragmentLength) return DecodeError::kTruncated;
+  if (carried > d.fragmentLength) return DecodeError::kMalformed;  // trailing bytes
+  if (p[kOffDataReserved] != 0 || (d.flags & ~data_flags::kKnown) != 0) {
+    return DecodeError::kMalformed;
+  }
+  const bool rts = d.flags & data_flags::kRendezvousRequest;
+  if (rts && (d.flags & data_flags::kRendezvousData)) return DecodeError::kMalformed;
+  if (d.messageLength > kMaxMessageBytes) return DecodeError::kMalformed;
+  // offset + fragmentLength <= messageLength, written so that it cannot overflow.
+  if (d.offset > d.messageLength || d.fragmentLength > d.messageLength - d.offset) {
+    return DecodeError::kMalformed;
+  }
+  if (rts) {
+    if (d.fragmentLength != 0 || d.offset != 0) return DecodeError::kMalformed;
+  } else if (d.fragmentLength == 0) {
+    // The only empty fragment is the one fragment of an empty eager message.
+    if (d.messageLength != 0 || (d.flags & data_flags::kRendezvousData)) {
+      return DecodeError::kMalformed;
+    }
+  }
+  out.payload = std::span<const uint8_t>(p + kDataHeaderBytes, d.fragmentLength);
+  return DecodeError::kNone;
+}
+
+DecodeError decodeAck(const uint8_t* p, size_t n, DecodedPacket& out) {
+  if (n < kAckFixedBytes) return DecodeError::kTruncated;
+  AckFrame& a = out.ack;
+  const uint64_t largest = get64(p + kOffLargest);
+  a.creditLimit = get64(p + kOffCredit);
+  a.ackDelayUs = get32(p + kOffAckDelay);
+  const uint16_t count = get16(p + kOffRangeCount);
+  const uint32_t firstLength = get32(p + kOffFirstRange);
+  if (get16(p + kOffAckReserved) != 0 || count > kMaxAckRanges) return DecodeError::kMalformed;
+  const size_t expected = ackBytes(count);
+  if (n < expected) return DecodeError::kTruncated;
+  if (n > expected) return DecodeError::kMalformed;
+  a.rangeCount = count;
+  if (count == 0) {
+    return largest == 0 && firstLength == 0 ? DecodeError::kNone : DecodeError::kMalformed;
+  }
+  if (largest > kMaxPacketNumber || firstLength > largest) return DecodeError::kMalformed;
+  a.ranges[0] = {largest - firstLength, largest};
+  const uint8_t* r = p + kAckFixedBytes;
+  for (uint16_t i = 1; i < count; ++i, r += kAckRangeBytes) {
+    const uint64_t gap = get32(r);
+    const uint64_t length = get32(r + 4);
+    const uint64_t below = a.ranges[i - 1].smallest;  // numbers available below the last range
+    // next largest = below - gap - 1 and next smallest = next largest - length, both >= 0.
+    if (gap == 0 || below < gap + 1 || below - gap - 1 < length) return DecodeError::kMalformed;
+    const PacketNumber hi = below - gap - 1;
+    a.ranges[i] = {hi - length, hi};
+  }
+  return DecodeError::kNone;
+}
+
+DecodeError decodeCts(const uint8_t* p, size_t n, DecodedPacket& out) {
+  if (n < kCtsFixedBytes) return DecodeError::kTruncated;
+  const uint16_t count = get16(p + kOffCtsCount);
+  if (get16(p + kOffCtsReserved) != 0 || count == 0 || count > kMaxCtsIds) {
+    return DecodeError::kMalformed;
+  }
+  const size_t expected = ctsBytes(count);
+  if (n < expected) return DecodeError::kTruncated;
+  if (n > expected) return DecodeError::kMalformed;
+  out.cts.count = count;
+  for (uint16_t i = 0; i < count; ++i) out.cts.ids[i] = get64(p + kCtsFixedBytes + 8 * i);
+  return DecodeError::kNone;
+}
+
+}  // namespace
+
+const char* decodeErrorName(DecodeError e) {
+  switch (e) {
+    case DecodeError::kNone: return "none";
+    case DecodeError::kTruncated: return "truncated";
+    case DecodeError::kBadVersion: return "bad_version";
+    case DecodeError::kBadType: return "bad_type";
+    case DecodeError::kBadChecksum: return "bad_checksum";
+    case DecodeError::kMalformed: return "malformed";
+  }
+  return "unknown";
+}
+
+DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) {
+  const uint8_t* p = datagram.data();
+  const size_t n = datagram.size();
+  if (n < kCommonHeaderBytes) return DecodeError::kTruncated;
+  if (n > kMaxDatagramBytes) return DecodeError::kMalformed;
+  if (p[kOffVersion] != kWireVersion) return DecodeError::kBadVersion;
+  const uint8_t type = p[kOffType];
+  if (type < static_cast<uint8_t>(PacketType::kData) ||
+      type > static_cast<uint8_t>(PacketType::kPing)) {
+    return DecodeError::kBadType;
+  }
+  // The checksum before any other field: a corrupted length must not be believed.
+  if (get32(p + kOffCrc) != datagramChecksum(p, n)) return DecodeError::kBadChecksum;
+  out.header.type = static_cast<PacketType>(type);
+  out.header.sourceRank = get16(p + kOffSource);
+  out.header.token = get64(p + kOffToken);
+  out.payload = {};
+  if (out.header.type == PacketType::kAck) return decodeAck(p, n, out);
+  if (n < kReliableHeaderBytes) return DecodeError::kTruncated;
+  out.packetNumber = get64(p + kOffPacketNumber);
+  if (out.packetNumber > kMaxPacketNumber) return DecodeError::kMalformed;
+  switch (out.header.type) {
+    case PacketType::kData: return decodeData(p, n, out);
+    case PacketType::kCts: return decodeCts(p, n, out);
+    case PacketType::kPing:
+      return n == kPingBytes ? DecodeError::kNone : DecodeError::kMalformed;
+    case PacketType::kAck: break;
+  }
+  return DecodeError::kBadType;
+}
+
+std::optional<uint16_t> peekSourceRank(std::span<const uint8_t> datagram) {
+  if (datagram.size() < kCommonHeaderBytes) return std::nullopt;
+  return get16(datagram.data() + kOffSource);
+}
+
+size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn,
+                  const DataHeader& data, const uint8_t* payload) {
+  const size_t n = kDataHeaderBytes + data.fragmentLength;
+  requireRoom(out, n, "DATA packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kData);
+  put64(p + kOffPacketNumber, pn);
+  put64(p + kOffTag, data.tag);
+  put64(p + kOffMessageId, data.messageId);
+  put64(p + kOffMessageLength, data.messageLength);
+  put64(p + kOffOffset, data.offset);
+  put16(p + kOffFragmentLength, data.fragmentLength);
+  put8(p + kOffFlags, data.flags);
+  put8(p + kOffDataReserved, 0);
+  if (data.fragmentLength > 0) std::memcpy(p + kDataHeaderBytes, payload, data.fragmentLength);
+  put32(p + kOffCrc, datagramChecksum(p, n));
+  return n;
+}
+
+size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFrame& ack) {
+  const size_t n = ackBytes(ack.rangeCount);
+  requireRoom(out, n, "ACK packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kAck);
+  put64(p + kOffCredit, ack.creditLimit);
+  put32(p + kOffAckDelay, ack.ackDelayUs);
+  put16(p + kOffRangeCount, ack.rangeCount);
+  put16(p + kOffAckReserved, 0);
+  if (ack.rangeCount == 0) {
+    put64(p + kOffLargest, 0);
+    put32(p + kOffFirstRange, 0);
+  } else {
+    put64(p + kOffLargest, ack.ranges[0].largest);
+    put32(p + kOffFirstRange, static_cast<uint32_t>(ack.ranges[0].largest - ack.ranges[0].smallest));
+    uint8_t* r = p + kAckFixedBytes;
+    for (uint16_t i = 1; i < ack.rangeCount; ++i, r += kAckRangeBytes) {
+      put32(r, static_cast<uint32_t>(ack.ranges[i - 1].smallest - ack.ranges[i].largest - 1));
+      put32(r + 4, static_cast<uint32_t>(ack.ranges[i].largest - ack.ranges[i].smallest));
+    }
+  }
+  put32(p + kOffCrc, datagramChecksum(p, n));
+  return n;
+}
+
+size_t encodeCts(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn,
+                 std::span<const MessageId> ids) {
+  if (ids.empty() || ids.size() > kMaxCtsIds) {
+    throw std::length_error("udp wire format: a CTS packet carries 1 to 64 message ids");
+  }
+  const size_t n = ctsBytes(ids.size());
+  requireRoom(out, n, "CTS packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kCts);
+  put64(p + kOffPacketNumber, pn);
+  put16(p + kOffCtsCount, static_cast<uint16_t>(ids.size()));
+  put16(p + kOffCtsReserved, 0);
+  for (size_t i = 0; i < ids.size(); ++i) put64(p + kCtsFixedBytes + 8 * i, ids[i]);
+  put32(p + kOffCrc, datagramChecksum(p, n));
+  return n;
+}
+
+size_t encodePing(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn) {
+  requireRoom(out, kPingBytes, "PING packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kPing);
+  put64(p + kOffPacketNumber, pn);
+  put32(p + kOffCrc, datagramChecksum(p, kPingBytes));
+  return kPingBytes;
+}
+
+size_t maxAckRangesFor(size_t mtuPayload) {
+  if (mtuPayload < kAckFixedBytes) return 0;
+  return std::min(kMaxAckRanges, (mtuPayload - kAckFixedBytes) / kAckRangeBytes + 1);
+}
+
+size_t maxCtsIdsFor(size_t mtuPayload) {
+  if (mtuPayload < kCtsFixedBytes) return 0;
+  return std::min(kMaxCtsIds, (mtuPayload - kCtsFixedBytes) / 8);
+}
+
+void sealChecksum(std::span<uint8_t> datagram) {
+  if (datagram.size() < kCommonHeaderBytes) return;
+  put32(datagram.data() + kOffCrc, datagramChecksum(datagram.data(), datagram.size()));
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,164 @@
+// The datagram format of the UDP transport, version 1: encoders, and a decoder that checks
+// every length, offset and count before anything else looks at a datagram.
+//
+// All integers are little-endian. Every datagram starts with the common header:
+//
+//    0  u8   version          kWireVersion; anything else is dropped (room for a v2)
+//    1  u8   type             PacketType
+//    2  u16  source rank      demultiplexes datagrams arriving on one socket to connections
+//    4  u32  crc32c           over every byte of the datagram except these four
+//    8  u64  session token    random per group instance: stale or stray traffic is dropped
+//
+// Reliable packets (DATA, CTS, PING) then carry a packet number (u64 at 16), increasing by
+// one per packet sent on the connection, retransmissions included: a number is never reused,
+// so an ACK is never ambiguous and every ACK of the newest packet is a clean RTT sample.
+//
+// DATA (60-byte header, then the payload):
+//   24 u64 tag   32 u64 message id   40 u64 message length   48 u64 offset
+//   56 u16 fragment length   58 u8 flags (DataFlags)   59 u8 reserved (0)
+//   Every fragment repeats the message's tag and length, so whichever fragment arrives first
+//   can be matched to a posted receive and written straight into it.
+// ACK (44 bytes + 8 per extra range; not reliable, never acknowledged):
+//   16 u64 largest acknowledged   24 u64 credit limit   32 u32 ack delay (us)
+//   36 u16 range count   38 u16 reserved (0)   40 u32 first range length
+//   44 (range count - 1) x { u32 gap, u32 length }
+//   The first range is [largest - first range length, largest]; each next range ends `gap`+1
+//   below the previous range's smallest (gap = missing numbers in between, >= 1) and spans
+//   length+1 numbers. Range count 0 is a pure flow-control update (largest and first range
+//   length are then 0).
+// CTS (clear to send; 28 bytes + 8 per id): 24 u16 count   26 u16 reserved (0)   28 count x u64
+//   message id: the receiver has posted the buffer for these rendezvous messages.
+// PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+constexpr uint8_t kWireVersion = 1;
+
+enum class PacketType : uint8_t { kData = 1, kAck = 2, kCts = 3, kPing = 4 };
+
+// DATA flags. A message is sent either eagerly (fragments go out at once; the receiver
+// buffers them if no receive is posted yet) or by rendezvous (a request-to-send carrying only
+// the tag and length; the data follows once the receiver answers CTS).
+namespace data_flags {
+constexpr uint8_t kRendezvousRequest = 0x01;  // RTS: no payload, offset 0
+constexpr uint8_t kRendezvousData = 0x02;     // a fragment of a rendezvous message
+constexpr uint8_t kKnown = kRendezvousRequest | kRendezvousData;
+}  // namespace data_flags
+
+constexpr size_t kCommonHeaderBytes = 16;
+constexpr size_t kReliableHeaderBytes = 24;  // common header + packet number
+constexpr size_t kDataHeaderBytes = 60;
+constexpr size_t kAckFixedBytes = 44;
+constexpr size_t kAckRangeBytes = 8;
+constexpr size_t kCtsFixedBytes = 28;
+constexpr size_t kPingBytes = 24;
+constexpr size_t kMaxDatagramBytes = 65507;  // largest UDP payload over IPv4
+constexpr size_t kMaxAckRanges = 64;
+constexpr size_t kMaxCtsIds = 64;
+// Larger values in a packet are impossible, not merely unusual: dropped as malformed.
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 48;
+constexpr PacketNumber kMaxPacketNumber = (uint64_t{1} << 62) - 1;
+
+// What a receiver charges against its unexpected-message budget for keeping track of one
+// message, on top of the payload it buffers (see message_receiver.h). Part of the protocol:
+// both ends must agree on it.
+constexpr uint64_t kMessageChargeBytes = 256;
+
+struct PacketHeader {
+  PacketType type = PacketType::kData;
+  uint16_t sourceRank = 0;
+  uint64_t token = 0;
+};
+
+struct DataHeader {
+  Tag tag = 0;
+  MessageId messageId = 0;
+  uint64_t messageLength = 0;
+  uint64_t offset = 0;
+  uint16_t fragmentLength = 0;
+  uint8_t flags = 0;
+};
+
+// An inclusive range of packet numbers.
+struct PacketRange {
+  PacketNumber smallest = 0;
+  PacketNumber largest = 0;
+};
+
+struct AckFrame {
+  uint64_t creditLimit = 0;
+  uint32_t ackDelayUs = 0;
+  uint16_t rangeCount = 0;  // 0: no packet acknowledged, only the credit limit
+  std::array<PacketRange, kMaxAckRanges> ranges{};  // descending, disjoint, non-adjacent
+  PacketNumber largest() const { return rangeCount ? ranges[0].largest : 0; }
+};
+
+struct CtsFrame {
+  uint16_t count = 0;
+  std::array<MessageId, kMaxCtsIds> ids{};
+};
+
+// Why a datagram could not be decoded. Connections add the reasons that need state
+// (wrong token, protocol violations): see stats.h.
+enum class DecodeError : uint8_t {
+  kNone,
+  kTruncated,    // shorter than its header or than the lengths it declares
+  kBadVersion,   // not kWireVersion
+  kBadType,      // unknown packet type
+  kBadChecksum,  // CRC32C mismatch: corrupted on the way
+  kMalformed,    // impossible field values: reserved bits, lengths, offsets, ranges, counts
+};
+
+const char* decodeErrorName(DecodeError e);
+
+struct DecodedPacket {
+  PacketHeader header;
+  PacketNumber packetNumber = 0;  // DATA, CTS, PING
+  DataHeader data;                // DATA
+  std::span<const uint8_t> payload;  // DATA: points into the datagram
+  AckFrame ack;                   // ACK
+  CtsFrame cts;                   // CTS
+};
+
+// Checks and decodes one datagram. On kNone, `out` describes it; otherwise `out` is
+// unspecified. Never reads outside `datagram`.
+DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out);
+
+// The source rank, without any other check: lets a socket loop pick the connection that will
+// check the rest. std::nullopt if the datagram is too short to carry one.
+std::optional<uint16_t> peekSourceRank(std::span<const uint8_t> datagram);
+
+// Encoders write one datagram into `out`, checksum included, and return its length. `out`
+// must be large enough (the sizes below): they throw std::length_error otherwise.
+size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn,
+                  const DataHeader& data, const uint8_t* payload);
+size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFrame& ack);
+size_t encodeCts(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn,
+                 std::span<const MessageId> ids);
+size_t encodePing(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn);
+
+constexpr size_t ackBytes(size_t ranges) {
+  return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0);
+}
+constexpr size_t ctsBytes(size_t ids) { return kCtsFixedBytes + ids * 8; }
+
+// Most payload bytes one DATA datagram of at most `mtuPayload` bytes can carry.
+constexpr size_t maxFragmentBytes(size_t mtuPayload) { return mtuPayload - kDataHeaderBytes; }
+// Most ACK ranges / CTS ids that fit in one datagram of at most `mtuPayload` bytes.
+size_t maxAckRangesFor(size_t mtuPayload);
+size_t maxCtsIdsFor(size_t mtuPayload);
+
+// Recomputes the checksum of an encoded datagram in place (tests and fault injection use it
+// to make a mutated datagram pass the CRC and reach the deeper checks).
+void sealChecksum(std::span<uint8_t> datagram);
+
+}  // namespace ucxb::udp
