@@ -5,8 +5,8 @@ Started by rank 0 of the bench as
 ucxbackend.bench_mpi --sizes=... --out=FILE``; not meant to be run by hand. It times in-place
 ``Allreduce`` (``MPI.IN_PLACE``, as torch's all_reduce is in place) exactly as the bench times
 a torch backend: one checked iteration, warm-up, barrier, ``iters`` timed iterations, the
-per-rank mean/min/max per iteration reduced across ranks with MAX. Rank 0 writes the results
-as JSON to ``--out``. Sizes are the bench's all_reduce sizes, in bytes.
+per-rank mean/median/min/max per iteration reduced across ranks with MAX. Rank 0 writes the
+results as JSON to ``--out``. Sizes are the bench's all_reduce sizes, in bytes.
 
 half, bfloat16 and avg have no MPI equivalent here: those rows are reported unsupported.
 The bench's test hook ``UCXBACKEND_BENCH_CORRUPT=mpi`` corrupts one checked element here too.
@@ -91,12 +91,7 @@ def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict
         start = time.perf_counter()
         comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
         times.append(time.perf_counter() - start)
-    ordered = sorted(times)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    local_stats = np.array(
-        [sum(ordered) / len(ordered), median, ordered[0], ordered[-1]], dtype=np.float64
-    )
+    local_stats = np.array(bench.time_stats(times), dtype=np.float64)
     stats = np.empty_like(local_stats)
     comm.Allreduce(local_stats, stats, op=mpi.MAX)
     keys = ("mean", "median", "min", "max")

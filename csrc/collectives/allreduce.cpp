@@ -45,21 +45,6 @@ void ring(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
   ringAllgather(c, blocks, bytes, used);
 }
 
-// Steps 0..perPhase-1 carry the fold; the algorithm's own phases follow. Returns the first
-// step after the fold.
-uint32_t foldIn(Comm& c, const Pow2Fold& f, uint8_t* data, size_t count, size_t chunk,
-                const Reduction& red) {
-  const int partner = f.foldPartner(c.rank());
-  if (partner >= 0) {
-    if (f.folded()) {
-      sendChunked(c, partner, data, count, red.elementSize, chunk, 0);
-    } else {
-      exchangeReduce(c, -1, nullptr, 0, partner, data, count, chunk, 0, red);
-    }
-  }
-  return static_cast<uint32_t>(chunksOf(count, chunk));
-}
-
 // The odd rank of a folded pair hands the result back to its even partner.
 void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t step) {
   const int partner = f.foldPartner(c.rank());

@@ -115,6 +115,19 @@ void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vect
   }
 }
 
+uint32_t foldIn(Comm& c, const Pow2Fold& fold, uint8_t* data, size_t count, size_t chunk,
+                const Reduction& red) {
+  const int partner = fold.foldPartner(c.rank());
+  if (partner >= 0) {
+    if (fold.folded()) {
+      sendChunked(c, partner, data, count, red.elementSize, chunk, 0);
+    } else {
+      exchangeReduce(c, -1, nullptr, 0, partner, data, count, chunk, 0, red);
+    }
+  }
+  return static_cast<uint32_t>(chunksOf(count, chunk));
+}
+
 uint32_t halvingReduceScatter(Comm& c, const Pow2Fold& fold, uint8_t* data,
                               const std::vector<size_t>& bound, size_t chunk, uint32_t firstStep,
                               const Reduction& red) {

@@ -91,6 +91,12 @@ namespace ucxb::algo::detail {
 void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vector<size_t>& bytes,
                    uint32_t firstStep);
 
+// The fold's first phase (steps 0..chunksOf(count, chunk)-1): a folded rank sends its
+// `count` elements to its partner, which reduces them into its own. A no-op for ranks
+// outside the first 2*rem. Returns the steps the phase takes, the first step of the next.
+uint32_t foldIn(Comm& c, const Pow2Fold& fold, uint8_t* data, size_t count, size_t chunk,
+                const Reduction& red);
+
 // Recursive halving among the participants of `fold`: participant p ends up holding the
 // reduction of elements [bound[p], bound[p+1]) of `data` (bound has pof2+1 entries). Returns
 // the steps used from firstStep.

@@ -58,15 +58,8 @@ void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_
   const Pow2Fold f(c.rank(), n);
   const size_t chunk =
       chunkElems(c, total, esz, kStepSpace / static_cast<size_t>(f.levels() + 2));
-  const auto perPhase = static_cast<uint32_t>(chunksOf(total, chunk));
+  const uint32_t perPhase = foldIn(c, f, work.get(), total, chunk, red);
   const int partner = f.foldPartner(c.rank());
-  if (partner >= 0) {
-    if (f.folded()) {
-      sendChunked(c, partner, work.get(), total, esz, chunk, 0);
-    } else {
-      exchangeReduce(c, -1, nullptr, 0, partner, work.get(), total, chunk, 0, red);
-    }
-  }
   const uint32_t handBack = perPhase * static_cast<uint32_t>(f.levels() + 1);
   if (f.folded()) {
     c.wait({c.recv(partner, handBack, blockBytes ? out : nullptr, blockBytes)});
