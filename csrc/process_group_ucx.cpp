@@ -4,6 +4,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "csrc/address_exchange.hpp"
@@ -12,6 +13,23 @@
 #include "transports/ucx/ucx_transport.h"
 
 namespace ucxb {
+
+namespace {
+
+// A base-10 integer option of at least `minimum`; anything else is a ValueError naming it.
+long long parseIntOption(const std::string& key, const std::string& value, long long minimum) {
+  char* end = nullptr;
+  errno = 0;
+  const long long parsed = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE || parsed < minimum) {
+    throw c10::ValueError({__func__, __FILE__, __LINE__},
+                          "ucx: " + key + " must be an integer >= " + std::to_string(minimum) +
+                              ", got '" + value + "'");
+  }
+  return parsed;
+}
+
+}  // namespace
 
 EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options) {
   EngineConfig config;
@@ -26,13 +44,7 @@ EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options
                               "ucx: progress_mode must be 'sleep' or 'poll', got '" + value + "'");
       }
     } else if (key == "spin_us") {
-      char* end = nullptr;
-      const long long us = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || us < 0) {
-        throw c10::ValueError({__func__, __FILE__, __LINE__},
-                              "ucx: spin_us must be an integer >= 0, got '" + value + "'");
-      }
-      config.spin = std::chrono::microseconds(us);
+      config.spin = std::chrono::microseconds(parseIntOption(key, value, 0));
     }
     // Other keys belong to the Python layer (e.g. log_level) or to parseTuning.
   }
@@ -52,13 +64,7 @@ algo::Tuning parseTuning(const std::map<std::string, std::string>& options) {
     }
   }
   if (const auto it = options.find("chunk_bytes"); it != options.end()) {
-    char* end = nullptr;
-    const long long bytes = std::strtoll(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0' || bytes < 1) {
-      throw c10::ValueError({__func__, __FILE__, __LINE__},
-                            "ucx: chunk_bytes must be an integer >= 1, got '" + it->second + "'");
-    }
-    tuning.chunkBytes = static_cast<size_t>(bytes);
+    tuning.chunkBytes = static_cast<size_t>(parseIntOption(it->first, it->second, 1));
   }
   return tuning;
 }
