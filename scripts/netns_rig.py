@@ -182,10 +182,26 @@ class NetnsRig:
             _ip("-n", ns, "link", "set", "lo", "up")
         # Create the pair in namespace a directly and move the b end: nothing ever sits in the
         # root namespace except for the instant between the two commands.
-        _ip("-n", self.ns_a, "link", "add", self.if_a, "mtu", str(self.mtu), "type", "veth",
-            "peer", "name", self.if_b, "netns", self.ns_b)  # fmt: skip
-        for ns, ifname, addr in ((self.ns_a, self.if_a, self.addr_a),
-                                 (self.ns_b, self.if_b, self.addr_b)):  # fmt: skip
+        _ip(
+            "-n",
+            self.ns_a,
+            "link",
+            "add",
+            self.if_a,
+            "mtu",
+            str(self.mtu),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            self.if_b,
+            "netns",
+            self.ns_b,
+        )
+        for ns, ifname, addr in (
+            (self.ns_a, self.if_a, self.addr_a),
+            (self.ns_b, self.if_b, self.addr_b),
+        ):
             _ip("-n", ns, "addr", "add", f"{addr}/{self.prefixlen}", "dev", ifname)
             _ip("-n", ns, "link", "set", ifname, "mtu", str(self.mtu), "up")
 
@@ -228,17 +244,35 @@ class NetnsRig:
             return [*prefix, *argv]
         # hostname runs inside the new UTS namespace only: never without --uts.
         script = 'hostname "$0" && exec "$@"'
-        return [*prefix, "unshare", "--uts", "--ipc", "--", "sh", "-c", script, self.ns(host),
-                *argv]  # fmt: skip
+        return [
+            *prefix,
+            "unshare",
+            "--uts",
+            "--ipc",
+            "--",
+            "sh",
+            "-c",
+            script,
+            self.ns(host),
+            *argv,
+        ]
 
     def run(
-        self, host: Host, argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        check: bool = True,
         env: Mapping[str, str] | None = None,
-    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            self.wrap(host, argv), capture_output=True, text=True, timeout=timeout,
+            self.wrap(host, argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             env=None if env is None else dict(env),
-        )  # fmt: skip
+        )
         if check and proc.returncode != 0:
             raise RigError(
                 f"{' '.join(argv)} in {self.ns(host)} failed (exit {proc.returncode}):\n"
@@ -274,10 +308,28 @@ def add_udp_drop(rig: NetnsRig, host: Host, port: int, probability: float) -> No
         raise ValueError(f"probability must be in [0, 1], got {probability}")
     if shutil.which("iptables") is None:
         raise RigError("iptables is not installed (apt-get install iptables)")
-    rig.run(host, [
-        "iptables", "-A", "INPUT", "-i", rig.ifname(host), "-p", "udp", "--dport", str(port),
-        "-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}", "-j", "DROP",
-    ])  # fmt: skip
+    rig.run(
+        host,
+        [
+            "iptables",
+            "-A",
+            "INPUT",
+            "-i",
+            rig.ifname(host),
+            "-p",
+            "udp",
+            "--dport",
+            str(port),
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            f"{probability:.6f}",
+            "-j",
+            "DROP",
+        ],
+    )
 
 
 def cleanup_stale(pid: int | None = None) -> list[str]:
@@ -308,8 +360,9 @@ def _newest_rig() -> NetnsRig:
     tag = ns_a[len(PREFIX) : -1]
     addrs = {}
     for host in ("a", "b"):
-        out = _ip("-n", f"{PREFIX}{tag}{host}", "-4", "-o", "addr", "show", "dev",
-                  f"{PREFIX}{tag}{host}").stdout.split()  # fmt: skip
+        out = _ip(
+            "-n", f"{PREFIX}{tag}{host}", "-4", "-o", "addr", "show", "dev", f"{PREFIX}{tag}{host}"
+        ).stdout.split()
         addrs[host] = out[out.index("inet") + 1].split("/")[0]
     return NetnsRig(tag, ns_a, f"{PREFIX}{tag}b", ns_a, f"{PREFIX}{tag}b", addrs["a"], addrs["b"])
 
@@ -324,8 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("cleanup", help="remove every rig namespace and stray veth")
     e = sub.add_parser("exec", help="run a command in host a or b of the newest rig")
     e.add_argument("host", choices=["a", "b"])
-    e.add_argument("--no-isolate", action="store_true",
-                   help="share the IPC and UTS namespaces of the caller")  # fmt: skip
+    e.add_argument(
+        "--no-isolate", action="store_true", help="share the IPC and UTS namespaces of the caller"
+    )
     e.add_argument("argv", nargs=argparse.REMAINDER)
     r = sub.add_parser("run", help="create a rig, run a command with RIG_* set, destroy the rig")
     r.add_argument("--mtu", type=int, default=1500)

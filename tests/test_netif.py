@@ -66,8 +66,12 @@ def test_prefix_exact_and_exclude_matching() -> None:
 def test_spec_selects_matching_usable_interfaces() -> None:
     sel = select("eth", None)
     # eth2 is down: never matches.
-    assert (sel.name, sel.address, sel.mtu, sel.names) == ("eth0", "192.168.1.2", 1500,
-                                                           ("eth0", "eth1"))  # fmt: skip
+    assert (sel.name, sel.address, sel.mtu, sel.names) == (
+        "eth0",
+        "192.168.1.2",
+        1500,
+        ("eth0", "eth1"),
+    )
     assert "UCXBACKEND_IFNAME" in sel.reason
 
 
@@ -119,8 +123,9 @@ def test_auto_own_address_maps_to_its_interface_not_lo() -> None:
     # The rendezvous host is this machine's own address: the kernel routes it over lo but the
     # source address belongs to eth1.
     routes = {"10.0.1.5": "10.0.1.5"}
-    sel = netif.select_interface(None, "10.0.1.5", interfaces=ALL, resolve=resolve,
-                                 route_source=routes.__getitem__)  # fmt: skip
+    sel = netif.select_interface(
+        None, "10.0.1.5", interfaces=ALL, resolve=resolve, route_source=routes.__getitem__
+    )
     assert sel.name == "eth1" and not sel.loopback
 
 
@@ -141,8 +146,9 @@ def test_auto_without_host_takes_first_non_loopback() -> None:
 
 def test_route_through_an_unknown_address_is_an_error() -> None:
     with pytest.raises(ValueError, match="which no interface here owns"):
-        netif.select_interface(None, "8.8.8.8", interfaces=ALL, resolve=resolve,
-                               route_source=lambda ip: "10.200.0.1")  # fmt: skip
+        netif.select_interface(
+            None, "8.8.8.8", interfaces=ALL, resolve=resolve, route_source=lambda ip: "10.200.0.1"
+        )
 
 
 def test_default_resolver_and_route_stay_on_loopback() -> None:

@@ -286,8 +286,11 @@ def select_interface(
         if first.loopback and host_ip is not None and not host_is_loopback:
             log.warning(
                 "%s=%r selects loopback interface %s, but rendezvous host %s is remote",
-                ENV_VAR, spec, first.name, rendezvous_host,
-            )  # fmt: skip
+                ENV_VAR,
+                spec,
+                first.name,
+                rendezvous_host,
+            )
         sel = _selection(first, f"{ENV_VAR}={spec!r}", [i.name for i in matched])
     elif routed is not None:
         sel = _selection(
@@ -304,10 +307,13 @@ def select_interface(
             log.warning(
                 "rendezvous host %s resolves to loopback %s: assuming every rank is on this "
                 "host; if not, set %s (or fix /etc/hosts)",
-                rendezvous_host, host_ip, ENV_VAR,
-            )  # fmt: skip
-        sel = _selection(lo, f"rendezvous host {rendezvous_host} is loopback ({host_ip})",
-                         [lo.name])  # fmt: skip
+                rendezvous_host,
+                host_ip,
+                ENV_VAR,
+            )
+        sel = _selection(
+            lo, f"rendezvous host {rendezvous_host} is loopback ({host_ip})", [lo.name]
+        )
     else:
         candidates = [i for i in ifaces if _usable(i) and not i.loopback]
         if not candidates:
@@ -315,12 +321,18 @@ def select_interface(
                 f"no rendezvous host given and no usable non-loopback interface; "
                 f"interfaces: {_inventory(ifaces)}"
             )
-        sel = _selection(candidates[0], "first usable non-loopback interface (no rendezvous "
-                         "host given)", [candidates[0].name])  # fmt: skip
+        sel = _selection(
+            candidates[0],
+            "first usable non-loopback interface (no rendezvous host given)",
+            [candidates[0].name],
+        )
     log.info(
-        "network interface %s (address %s, mtu %d): %s", sel.name, sel.address, sel.mtu,
+        "network interface %s (address %s, mtu %d): %s",
+        sel.name,
+        sel.address,
+        sel.mtu,
         sel.reason,
-    )  # fmt: skip
+    )
     return sel
 
 

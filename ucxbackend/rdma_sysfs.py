@@ -116,22 +116,26 @@ def read_ports(root: Path = IB_ROOT) -> list[RdmaPort]:
                 value = _read(pdir / "gids" / str(idx))
                 if not value or value == _ZERO_GID:
                     continue
-                gids.append(Gid(
-                    index=idx,
-                    gid=value,
-                    type=_read(pdir / "gid_attrs" / "types" / str(idx)),
-                    ndev=_read(pdir / "gid_attrs" / "ndevs" / str(idx)) or None,
-                ))  # fmt: skip
+                gids.append(
+                    Gid(
+                        index=idx,
+                        gid=value,
+                        type=_read(pdir / "gid_attrs" / "types" / str(idx)),
+                        ndev=_read(pdir / "gid_attrs" / "ndevs" / str(idx)) or None,
+                    )
+                )
             netdevs = list(pci_netdevs)
             netdevs += [g.ndev for g in gids if g.ndev and g.ndev not in netdevs]
-            ports.append(RdmaPort(
-                device=dev.name,
-                port=num,
-                link_layer=_read(pdir / "link_layer") or "unknown",
-                state=_read(pdir / "state") or "unknown",
-                gids=tuple(gids),
-                netdevs=tuple(netdevs),
-            ))  # fmt: skip
+            ports.append(
+                RdmaPort(
+                    device=dev.name,
+                    port=num,
+                    link_layer=_read(pdir / "link_layer") or "unknown",
+                    state=_read(pdir / "state") or "unknown",
+                    gids=tuple(gids),
+                    netdevs=tuple(netdevs),
+                )
+            )
     return ports
 
 

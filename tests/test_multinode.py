@@ -1,0 +1,170 @@
+"""Two hosts for real: torchrun --nnodes 2 across the namespace rig (scripts/netns_rig.py).
+
+One torchrun per host (``ip netns exec``, own IPC/UTS namespaces), static rendezvous on host
+a's veth address and a port picked at run time; each rank runs every collective on the backend
+under test and on Gloo with the same inputs (tests/multinode_worker.py) and checks both against
+a local reference. Traffic stays on the rig's veth pair.
+
+Skipped, with the reason, where namespaces cannot be created (not root, no iproute2/unshare),
+and for ``udp`` until that backend is registered by ``import ucxbackend``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+
+import pytest
+from dist_harness import free_port
+from rig_harness import NetnsRig, available, run_on_hosts
+
+_OK, _WHY = available()
+pytestmark = pytest.mark.skipif(not _OK, reason=f"namespace rig unavailable: {_WHY}")
+
+QUICK_SIZES = "1,1000,300000"
+SLOW_SIZES = "1,1000,300000,1500000"  # 6 MB: more than one 4 MiB chunk
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[NetnsRig]:
+    with NetnsRig.create() as r:
+        yield r
+
+
+def _skip_unless_registered(backend: str) -> None:
+    import torch.distributed as dist
+
+    import ucxbackend  # noqa: F401
+
+    if backend.upper() not in getattr(dist.Backend, "_plugins", {}):
+        pytest.skip(
+            f"backend {backend!r} is not registered by `import ucxbackend` yet "
+            "(the udp transport, issue #4, is being written)"
+        )
+
+
+def _torchrun(rig: NetnsRig, node_rank: int, nproc: int, port: int, args: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        rig.addr_a,
+        "--master-port",
+        str(port),
+        "--max-restarts",
+        "0",
+        *args,
+    ]
+
+
+def run_job(
+    rig: NetnsRig,
+    backend: str,
+    nproc: int,
+    *,
+    sizes: str = QUICK_SIZES,
+    net_devices: bool = True,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+) -> dict[str, str]:
+    """Run the worker on both hosts; assert every rank reported OK; return the outputs."""
+    # The namespaces are fresh, so a port free here is free on host a too.
+    port = free_port()
+    worker = [
+        "tests/multinode_worker.py",
+        "--backend",
+        backend,
+        "--sizes",
+        sizes,
+        "--timeout",
+        "60",
+    ]
+    env = {}
+    for host in ("a", "b"):
+        e = {"GLOO_SOCKET_IFNAME": rig.ifname(host), **(extra_env or {})}  # type: ignore[arg-type]
+        if net_devices:
+            e["UCX_NET_DEVICES"] = rig.ifname(host)  # type: ignore[arg-type]
+        env[host] = e
+    results = run_on_hosts(
+        rig,
+        {"a": _torchrun(rig, 0, nproc, port, worker), "b": _torchrun(rig, 1, nproc, port, worker)},
+        env=env,
+        timeout=timeout,
+    )
+    outputs = {h: r.output for h, r in results.items()}
+    problems = [
+        f"host {h}: exit {r.rc}" + (" (killed at the deadline)" if r.rc is None else "")
+        for h, r in results.items()
+        if r.rc != 0
+    ]
+    world = 2 * nproc
+    ranks = sorted(
+        int(m)
+        for out in outputs.values()
+        for m in re.findall(r"MULTINODE_OK rank=(\d+) world=" + str(world), out)
+    )
+    if ranks != list(range(world)):
+        problems.append(f"ranks reporting OK: {ranks}, expected 0..{world - 1}")
+    if problems:
+        tails = "\n".join(f"--- host {h} ---\n{out[-4000:]}" for h, out in outputs.items())
+        raise AssertionError("; ".join(problems) + "\n" + tails)
+    for host, out in outputs.items():
+        hostname = rig.ns(host)  # type: ignore[arg-type]
+        assert f"host={hostname}" in out, f"ranks of host {host} did not run in {hostname}"
+    return outputs
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_one_rank_per_host(rig: NetnsRig, backend: str) -> None:
+    _skip_unless_registered(backend)
+    run_job(rig, backend, 1)
+
+
+def test_ucx_without_net_devices_uses_tcp_on_the_veth(rig: NetnsRig) -> None:
+    """No UCX_NET_DEVICES: UCX still connects the hosts over TCP on the veth, never lo/sysv."""
+    out = run_job(rig, "ucx", 1, net_devices=False, extra_env={"UCX_PROTO_INFO": "y"})
+    for host in ("a", "b"):
+        text = out[host]
+        assert "inter-node" in text, f"host {host}: UCX found no inter-node path"
+        lanes = set(re.findall(r"\|\s*(tcp/\S+)", text))
+        assert lanes == {f"tcp/{rig.ifname(host)}"}, f"host {host}: tcp lanes {lanes}"  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:
+    _skip_unless_registered(backend)
+    out = run_job(
+        rig,
+        backend,
+        2,
+        sizes=SLOW_SIZES,
+        timeout=150,
+        extra_env={"UCX_PROTO_INFO": "y"} if backend == "ucx" else None,
+    )
+    if backend == "ucx":
+        # shared memory within a host, TCP on the veth across hosts
+        for host in ("a", "b"):
+            assert re.search(r"\|\s*(sysv|posix)/memory", out[host]), f"host {host}: no shm"
+            assert f"tcp/{rig.ifname(host)}" in out[host], f"host {host}: no tcp lane"  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_one_rank_per_host_multi_chunk(rig: NetnsRig, backend: str) -> None:
+    _skip_unless_registered(backend)
+    run_job(rig, backend, 1, sizes=SLOW_SIZES, timeout=120)
+
+
+def test_worker_detects_wrong_results(rig: NetnsRig) -> None:
+    """The check can fail: the worker with a corrupting hook must not report OK."""
+    with pytest.raises(AssertionError, match="ranks reporting OK"):
+        run_job(rig, "ucx", 1, extra_env={"MULTINODE_CORRUPT": "1"}, timeout=60)
