@@ -42,6 +42,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Final, Literal
@@ -204,6 +205,21 @@ class NetnsRig:
         ):
             _ip("-n", ns, "addr", "add", f"{addr}/{self.prefixlen}", "dev", ifname)
             _ip("-n", ns, "link", "set", ifname, "mtu", str(self.mtu), "up")
+        self._wait_running()
+
+    def _wait_running(self, timeout: float = 10.0) -> None:
+        """Wait for carrier on both ends: UCX ignores an interface that is not yet RUNNING."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = [
+                _ip("-n", ns, "-o", "link", "show", "dev", ifname).stdout
+                for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b))
+            ]
+            if all("LOWER_UP" in s and "state UP" in s for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise RigError(f"veth pair not up after {timeout:.0f}s: {states}")
+            time.sleep(0.05)
 
     def destroy(self) -> None:
         """Remove both namespaces (their veth ends go with them). Idempotent, never raises."""

@@ -13,7 +13,13 @@ Commands:
     ``gloo``, an optional mpi4py reference): time, algbw, busbw, #wrong per size; ``--json``,
     ``--plot``. Implemented in :mod:`ucxbackend.bench`, whose docstring has examples.
 
-New commands (``doctor``, ...) plug in by adding a ``_Command`` to ``COMMANDS``.
+``doctor``
+    Preflight for multi-node runs: the interface chosen and its MTU, UCX built with verbs when
+    RDMA devices exist, the RoCE v2 GID index (``UCX_IB_GID_INDEX``), the memlock limit,
+    GPUDirect RDMA; a one-line fix for each problem. Exits 1 when a check fails. Implemented
+    in :mod:`ucxbackend.doctor`.
+
+New commands plug in by adding a ``_Command`` to ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -209,6 +215,12 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return bench.run(args, out, err)
 
 
+def _cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ucxbackend import doctor
+
+    return doctor.main(args.json, out)
+
+
 COMMANDS: tuple[_Command, ...] = (
     _Command(
         name="info",
@@ -221,6 +233,12 @@ COMMANDS: tuple[_Command, ...] = (
         help="nccl-tests-style benchmark of collectives, ucx and other backends side by side",
         add_arguments=_bench_arguments,
         run=_cmd_bench,
+    ),
+    _Command(
+        name="doctor",
+        help="preflight for multi-node runs: interface, MTU, UCX verbs, RoCE GID, memlock",
+        add_arguments=_info_arguments,
+        run=_cmd_doctor,
     ),
 )
 
