@@ -57,8 +57,6 @@ def main() -> None:
         os.path.relpath(p, ROOT)
         for pattern in ("transports/**/*.cpp", "csrc/**/*.cpp")
         for p in glob.glob(str(ROOT / pattern), recursive=True)
-        # The UDP transport and tools are built separately when they exist.
-        if "/udp/" not in p
     )
     ext = CppExtension(
         name="ucxbackend._C",

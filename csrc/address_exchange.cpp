@@ -1,5 +1,8 @@
 #include "csrc/address_exchange.hpp"
 
+#include <cstring>
+#include <random>
+
 namespace ucxb {
 
 AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId, int rank,
@@ -8,6 +11,21 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
   const std::string base = "ucxbackend/" + groupId + "/";
   const int64_t ticket = store_.add(base + "instances", 1);
   scope_ = base + std::to_string((ticket - 1) / size) + "/";
+}
+
+uint64_t AddressExchange::sessionToken() {
+  const std::string key = scope_ + "token";
+  if (rank_ == 0) {
+    std::random_device entropy;
+    const uint64_t token = (uint64_t{entropy()} << 32) ^ entropy();
+    std::vector<uint8_t> bytes(sizeof(token));
+    std::memcpy(bytes.data(), &token, sizeof(token));
+    store_.set(key, bytes);
+  }
+  const std::vector<uint8_t> bytes = store_.get(key);
+  uint64_t token = 0;
+  std::memcpy(&token, bytes.data(), std::min(bytes.size(), sizeof(token)));
+  return token;
 }
 
 std::vector<std::vector<uint8_t>> AddressExchange::exchange(const std::vector<uint8_t>& mine) {

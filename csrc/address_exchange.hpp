@@ -17,6 +17,10 @@ class AddressExchange {
  public:
   AddressExchange(c10d::Store& store, const std::string& groupId, int rank, int size);
 
+  // A random 64-bit number drawn by rank 0 and shared through the Store: the same on every rank
+  // of this group instance, different for the next instance (the UDP transport's session token).
+  uint64_t sessionToken();
+
   // Publishes this rank's address and returns every rank's, indexed by rank.
   std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine);
 

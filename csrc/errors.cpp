@@ -8,7 +8,7 @@ namespace ucxb {
 namespace {
 
 std::string prefix(const OpContext& ctx) {
-  std::string s = "ucx " + ctx.op + " (op #" + std::to_string(ctx.seq) + ") on rank " +
+  std::string s = ctx.backend + " " + ctx.op + " (op #" + std::to_string(ctx.seq) + ") on rank " +
                   std::to_string(ctx.rank) + " of " + std::to_string(ctx.size);
   if (!ctx.tensors.empty()) {
     s += " [" + ctx.tensors + "]";
@@ -36,10 +36,11 @@ std::exception_ptr toDistError(const OpContext& ctx, std::exception_ptr cause) {
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, what));
 }
 
-void throwInvalid(const std::string& op, int rank, const std::string& problem) {
+void throwInvalid(const std::string& op, int rank, const std::string& problem,
+                  const std::string& backend) {
   throw c10::ValueError(
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      "ucx " + op + " on rank " + std::to_string(rank) + ": " + problem);
+      backend + " " + op + " on rank " + std::to_string(rank) + ": " + problem);
 }
 
 void throwWaitTimeout(const OpContext& ctx, int64_t waitedMs, const std::string& waitingFor) {

@@ -9,6 +9,9 @@
 #include "csrc/process_group_ucx.hpp"
 #include "transports/tag.h"
 #include "transports/ucx/ucx_info.h"
+#include "transports/udp/faults.h"
+#include "transports/udp/key_values.h"
+#include "transports/udp/udp_config.h"
 
 #ifndef UCXB_UCX_HOME
 #define UCXB_UCX_HOME "unknown"
@@ -33,6 +36,12 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                     globalRanks, options);
 }
 
+py::dict countersToDict(const ucxb::Counters& counters) {
+  py::dict d;
+  for (const auto& [name, value] : counters) d[py::str(name)] = value;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -43,6 +52,40 @@ PYBIND11_MODULE(_C, m) {
         py::arg("timeout"), py::arg("group_id"), py::arg("global_ranks"), py::arg("options"),
         py::call_guard<py::gil_scoped_release>(),
         "Create the ucx backend for one process group (called by torch.distributed).");
+
+  m.def(
+      "traffic",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* group = dynamic_cast<ucxb::ProcessGroupUCX*>(backend.get());
+        if (group == nullptr) {
+          throw py::type_error("traffic(): not a ucxbackend process group backend but '" +
+                               backend->getBackendName() + "'");
+        }
+        ucxb::TrafficSnapshot snap;
+        {
+          py::gil_scoped_release release;
+          snap = group->traffic();
+        }
+        py::dict out;
+        out["backend"] = group->getBackendName();
+        py::list peers;
+        for (const auto& p : snap.peers) peers.append(countersToDict(p));
+        out["peers"] = peers;
+        out["transport"] = countersToDict(snap.transport);
+        py::list ops;
+        for (const auto& op : snap.ops) {
+          py::dict o;
+          o["op"] = op.op;
+          o["seq"] = op.seq;
+          o["counters"] = countersToDict(op.counters);
+          ops.append(o);
+        }
+        out["ops"] = ops;
+        return out;
+      },
+      py::arg("backend"),
+      "The traffic counters of a ucx/udp backend: per peer, transport-wide and per recent op "
+      "(empty for ucx, whose traffic UCX does not count for us).");
 
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
@@ -92,6 +135,31 @@ PYBIND11_MODULE(_C, m) {
       py::arg("options") = std::map<std::string, std::string>{},
       "The algorithm a group with these options runs for an op of `bytes` bytes (see "
       "selection.h for what `bytes` counts).");
+
+  auto udp = m.def_submodule("udp", "The udp transport's configuration (transports/udp/).");
+  udp.def("config_keys", &ucxb::udp::udpConfigKeys);
+  udp.def("fault_keys", &ucxb::udp::faultConfigKeys);
+  udp.def(
+      "describe_config",
+      [](const std::string& text) {
+        try {
+          return ucxb::udp::describe(ucxb::udp::parseUdpConfig(text));
+        } catch (const ucxb::udp::ConfigError& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("text") = "",
+      "Every knob of the reliability layer after applying `text` (raises ValueError if bad).");
+  udp.def(
+      "describe_faults",
+      [](const std::string& text) {
+        try {
+          return ucxb::udp::describe(ucxb::udp::parseFaultConfig(text));
+        } catch (const ucxb::udp::ConfigError& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("text") = "");
 
   auto tags = m.def_submodule("tags", "The 64-bit tag layout (transports/tag.h), for tests.");
   tags.def("collective", &ucxb::tag::collective, py::arg("group"), py::arg("seq"),

@@ -9,8 +9,8 @@
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
+#include "csrc/transport_factory.hpp"
 #include "transports/tag.h"
-#include "transports/ucx/ucx_transport.h"
 
 namespace ucxb {
 
@@ -75,6 +75,7 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
                                  const std::map<std::string, std::string>& options)
     : c10d::Backend(rank, size),
       store_(store),
+      backendName_(transportName(options)),
       timeout_(timeout),
       groupId_(std::move(groupId)),
       groupHash_(tag::groupHash(groupId_.c_str())),
@@ -85,9 +86,10 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
   if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
-  auto transport = std::make_unique<ucx::UcxTransport>(rank, size);
+  std::unique_ptr<Transport> transport;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
+    transport = makeTransport(options, rank, size, exchange);
     const auto addresses = exchange.exchange(transport->localAddress());
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
@@ -95,13 +97,17 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
     exchange.allConnected();
   } catch (const TransportError& e) {
     throw c10::DistBackendError({__func__, __FILE__, __LINE__},
-                                "ucx: setting up group '" + groupId_ + "' on rank " +
+                                backendName_ + ": setting up group '" + groupId_ + "' on rank " +
                                     std::to_string(rank) + " failed: " + e.what());
   }
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_);
 }
 
 ProcessGroupUCX::~ProcessGroupUCX() { shutdown(); }
+
+TrafficSnapshot ProcessGroupUCX::traffic() const {
+  return engine_ ? engine_->traffic() : TrafficSnapshot{};
+}
 
 void ProcessGroupUCX::shutdown() {
   if (engine_) {
@@ -119,7 +125,8 @@ c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpTy
                                                       std::chrono::milliseconds timeout) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                    type == c10d::OpType::RECVANYSOURCE;
-  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors)};
+  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
+                backendName_};
   auto work = c10::make_intrusive<WorkUCX>(std::move(ctx), type, std::move(outputs), timeout);
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
@@ -142,6 +149,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
                                                         Body body) {
   auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
   Task task;
+  task.op = op;
+  task.seq = work->context().seq;
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
@@ -286,7 +295,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::barrier(const c10d::BarrierOptio
 void ProcessGroupUCX::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalesceMu_);
   if (coalescing_) {
-    throwInvalid("startCoalescing", getRank(), "a coalescing block is already open");
+    throwInvalid("startCoalescing", getRank(), "a coalescing block is already open", backendName_);
   }
   coalescing_ = true;
   coalesced_.clear();
@@ -297,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
   {
     std::lock_guard<std::mutex> lock(coalesceMu_);
     if (!coalescing_) {
-      throwInvalid("endCoalescing", getRank(), "no coalescing block is open");
+      throwInvalid("endCoalescing", getRank(), "no coalescing block is open", backendName_);
     }
     coalescing_ = false;
     members.swap(coalesced_);
@@ -306,7 +315,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
   for (auto& w : members) {
     for (auto& t : w->result()) outputs.push_back(t);
   }
-  OpContext ctx{"coalesced", getRank(), getSize(), 0, std::to_string(members.size()) + " ops"};
+  OpContext ctx{"coalesced", getRank(), getSize(), 0, std::to_string(members.size()) + " ops",
+                backendName_};
   auto group = c10::make_intrusive<WorkUCX>(ctx, c10d::OpType::COALESCED, outputs, timeout_.load());
   if (members.empty()) {
     group->finishOk();

@@ -30,7 +30,8 @@ class ProcessGroupUCX : public c10d::Backend {
                   std::vector<int64_t> globalRanks, const std::map<std::string, std::string>& options);
   ~ProcessGroupUCX() override;
 
-  const std::string getBackendName() const override { return "ucx"; }
+  // "ucx" or "udp": the transport this group runs on.
+  const std::string getBackendName() const override { return backendName_; }
   // false: torch 2.13's batch_isend_irecv then posts each op on its own. With true it wraps
   // them in _coalescing_manager, which leaves the group in coalescing mode when one op raises
   // (bad input), and torch then silently queues every later collective on the group forever.
@@ -92,13 +93,15 @@ class ProcessGroupUCX : public c10d::Backend {
                                                int tag) override;
 
   const std::vector<int64_t>& globalRanks() const { return globalRanks_; }
+  // The transport's traffic counters (empty for ucx); any thread.
+  TrafficSnapshot traffic() const;
   const EngineConfig& engineConfig() const { return engineConfig_; }
 
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
 
-  Checker checker(const char* op) const { return Checker{op, getRank(), getSize()}; }
+  Checker checker(const char* op) const { return Checker{op, getRank(), getSize(), backendName_}; }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<WorkUCX> makeWork(const char* op, c10d::OpType type,
                                        std::vector<at::Tensor> outputs, std::string tensors,
@@ -125,6 +128,7 @@ class ProcessGroupUCX : public c10d::Backend {
                                                    std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::Store> store_;
+  const std::string backendName_;
   std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupId_;
   const uint32_t groupHash_;

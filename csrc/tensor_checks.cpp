@@ -47,7 +47,7 @@ std::string describe(const std::vector<at::Tensor>& ts) {
   return s;
 }
 
-void Checker::fail(const std::string& problem) const { throwInvalid(op, rank, problem); }
+void Checker::fail(const std::string& problem) const { throwInvalid(op, rank, problem, backend); }
 
 DType Checker::tensor(const at::Tensor& t, const char* role) const {
   if (!t.defined()) {

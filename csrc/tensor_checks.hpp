@@ -23,6 +23,7 @@ struct Checker {
   std::string op;
   int rank;
   int size;
+  std::string backend = "ucx";
 
   [[noreturn]] void fail(const std::string& problem) const;
   // CPU, dense, a supported dtype.

@@ -66,8 +66,8 @@ def _child(
         # the parent's __main__ being re-imported): apply the thread count anyway.
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-        if "ucx" in backend:
-            import ucxbackend  # noqa: F401  (registers the backend)
+        if "ucx" in backend or "udp" in backend:
+            import ucxbackend  # noqa: F401  (registers the ucx and udp backends)
 
         dist.init_process_group(
             backend,

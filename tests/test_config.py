@@ -37,13 +37,20 @@ needs_native = pytest.mark.skipif(
     reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
 )
 
-# Algorithm selection and chunking knobs, at their defaults.
+# Algorithm selection, chunking and udp knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
+    "udp_config": "",
+    "udp_faults": "",
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
-DEFAULTS = {"progress_mode": "sleep", "spin_us": 250, "log_level": "WARNING", **TUNING_DEFAULTS}
+DEFAULTS = {
+    "progress_mode": "sleep",
+    "spin_us": 250,
+    "log_level": "WARNING",
+    **TUNING_DEFAULTS,
+}
 
 
 # --------------------------------------------------------------------------- defaults / env
@@ -64,7 +71,50 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
+        "UCXBACKEND_UDP_CONFIG",
+        "UCXBACKEND_UDP_FAULTS",
     }
+
+
+@pytest.mark.parametrize(
+    ("knob", "raw", "value"),
+    [
+        ("udp_config", "loss_recovery=go_back_n", "loss_recovery=go_back_n"),
+        (
+            "udp_config",
+            " mtu_payload = 8972 , congestion=aimd ",
+            "mtu_payload=8972,congestion=aimd",
+        ),
+        ("udp_config", "", ""),
+        ("udp_faults", "drop=0.01,dup=0.001,seed=7", "drop=0.01,dup=0.001,seed=7"),
+    ],
+)
+def test_udp_knobs(knob: str, raw: str, value: str) -> None:
+    assert getattr(Config.from_env({f"UCXBACKEND_{knob.upper()}": raw}), knob) == value
+    assert getattr(Options.from_mapping({knob: raw}).resolve({}), knob) == value
+
+
+@pytest.mark.parametrize(
+    ("knob", "raw"),
+    [
+        ("udp_config", "loss=go_back_n"),  # unknown key
+        ("udp_config", "mtu_payload"),  # no value
+        ("udp_faults", "drop=0.1,seed="),
+        ("udp_faults", "mtu_payload=1000"),  # a config key, not a fault key
+    ],
+)
+def test_udp_knobs_reject(knob: str, raw: str) -> None:
+    with pytest.raises(ValueError, match=f"UCXBACKEND_{knob.upper()}"):
+        Config.from_env({f"UCXBACKEND_{knob.upper()}": raw})
+
+
+@needs_native
+def test_udp_key_lists_match_native() -> None:
+    """config.py's key lists mirror the C++ parsers (transports/udp/)."""
+    from ucxbackend import _C
+
+    assert tuple(_C.udp.config_keys()) == cfg.UDP_CONFIG_KEYS
+    assert tuple(_C.udp.fault_keys()) == cfg.UDP_FAULT_KEYS
 
 
 @pytest.mark.parametrize(
@@ -285,10 +335,14 @@ def test_registered() -> None:
     assert dist.is_available()
     plugin = dist.Backend._plugins["UCX"]
     assert plugin.extended_api is True
-    assert plugin.creator_fn is ucxbackend._create_backend
+    assert plugin.creator_fn is ucxbackend._create_ucx_backend
     assert dist.Backend.backend_capability["ucx"] == ["cpu", "cuda"]
     assert dist.Backend("ucx") == "ucx"
     assert dist.Backend.UCX == "ucx"  # type: ignore[attr-defined]
+    udp = dist.Backend._plugins["UDP"]
+    assert udp.extended_api is True
+    assert udp.creator_fn is ucxbackend._create_udp_backend
+    assert dist.Backend.backend_capability["udp"] == ["cpu", "cuda"]
     # Registering must not take the default backend away from gloo / nccl.
     assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
     assert dist.Backend.default_device_backend_map["cuda"] == "nccl"
@@ -394,6 +448,7 @@ def test_init_process_group_reaches_native(fake_native: FakeNative) -> None:
         "spin_us": "7",
         "log_level": "WARNING",
         **TUNING_NATIVE,
+        "transport": "ucx",
     }
     t = torch.ones(4)
     dist.all_reduce(t)
@@ -409,6 +464,7 @@ def test_init_with_dict_and_env(fake_native: FakeNative, monkeypatch: pytest.Mon
         "spin_us": "0",
         "log_level": "WARNING",
         **TUNING_NATIVE,
+        "transport": "ucx",
     }
 
 
@@ -453,12 +509,12 @@ def test_missing_native_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
         global_ranks_in_group=[],
     )
     with pytest.raises(RuntimeError) as info:
-        ucxbackend._create_backend(opts, None)
+        ucxbackend._create_ucx_backend(opts, None)
     assert "libucp.so.0: cannot open" in str(info.value)
     assert "make build" in str(info.value)
     # pg_options are still checked first
     with pytest.raises(TypeError):
-        ucxbackend._create_backend(opts, 3.0)
+        ucxbackend._create_udp_backend(opts, 3.0)
 
 
 @needs_native

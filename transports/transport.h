@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ucxb {
@@ -95,6 +96,9 @@ class Request {
 
 using RequestPtr = std::shared_ptr<Request>;
 
+// Named counters (snake_case name, value): what a transport reports about its traffic.
+using Counters = std::vector<std::pair<std::string, uint64_t>>;
+
 // Raised for failures a caller cannot recover from locally (set-up, bad address, ...). Failures
 // of individual messages are reported through Request::error() instead.
 class TransportError : public std::runtime_error {
@@ -141,6 +145,11 @@ class Transport {
   // (failed) and later ones fail at once with `why`. Called after an op failed with requests
   // the transport could not cancel, so that no request outlives the buffers it points into.
   virtual void abortPeer(int peer, const std::string& why) = 0;
+
+  // Traffic counters per peer (index = peer rank) and for the transport as a whole; empty for
+  // a transport that keeps none. Owner thread only, like everything else here.
+  virtual std::vector<Counters> peerCounters() const { return {}; }
+  virtual Counters transportCounters() const { return {}; }
 };
 
 }  // namespace ucxb

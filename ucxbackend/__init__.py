@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from . import _udp
 from .config import Config, LogLevel, Options, ProgressMode, coerce_options
 
 if TYPE_CHECKING:
@@ -47,9 +48,13 @@ __all__ = [
     "get_config",
     "is_available",
     "load_error",
+    "stats",
 ]
 
 BACKEND_NAME = "ucx"
+UDP_BACKEND_NAME = "udp"
+# The backends this package registers, each a transport under the same collectives.
+BACKEND_NAMES = (BACKEND_NAME, UDP_BACKEND_NAME)
 DEVICES = ("cpu", "cuda")
 
 logger = logging.getLogger(__name__)
@@ -105,12 +110,23 @@ def _native_missing_error() -> RuntimeError:
     )
 
 
-def _create_backend(dist_backend_opts: Any, backend_options: object) -> C10dBackend:
-    """Backend creator registered with ``extended_api=True``.
+def _create_ucx_backend(dist_backend_opts: Any, backend_options: object) -> C10dBackend:
+    """Creator of ``ucx`` groups, registered with ``extended_api=True``.
 
     ``dist_backend_opts`` is a ``c10d::DistributedBackendOptions``; ``backend_options`` is
     what the user passed as ``pg_options``.
     """
+    return _create_backend(dist_backend_opts, backend_options, BACKEND_NAME)
+
+
+def _create_udp_backend(dist_backend_opts: Any, backend_options: object) -> C10dBackend:
+    """Creator of ``udp`` groups: the same collectives over UDP and our reliability layer."""
+    return _create_backend(dist_backend_opts, backend_options, UDP_BACKEND_NAME)
+
+
+def _create_backend(
+    dist_backend_opts: Any, backend_options: object, transport: str
+) -> C10dBackend:
     config = coerce_options(backend_options).resolve()  # TypeError / ValueError first
     if _C is None:
         raise _native_missing_error()
@@ -123,14 +139,19 @@ def _create_backend(dist_backend_opts: Any, backend_options: object) -> C10dBack
     if config.sources["log_level"] == "pg_options":
         # The Python logger is process-wide: an explicit per-group level wins from now on.
         logger.setLevel(config.logging_level)
+    native = config.to_native()
+    native["transport"] = transport
+    if transport == UDP_BACKEND_NAME:
+        native.update(_udp.native_options(config, dist_backend_opts.store))
     logger.debug(
-        "creating ucx process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
+        "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
+        transport,
         group_id,
         rank,
         size,
         global_ranks,
         timeout,
-        config.to_native(),
+        native,
     )
     return _C.ProcessGroupUCX(
         dist_backend_opts.store,
@@ -139,25 +160,73 @@ def _create_backend(dist_backend_opts: Any, backend_options: object) -> C10dBack
         timeout,
         group_id,
         global_ranks,
-        config.to_native(),
+        native,
     )
 
 
 def _register() -> None:
-    """Register ``ucx`` with torch.distributed; a no-op when this module already did."""
+    """Register ``ucx`` and ``udp`` with torch.distributed; a no-op for those already done."""
     plugins = getattr(dist.Backend, "_plugins", {})
-    current = plugins.get(BACKEND_NAME.upper())
-    if current is not None:
-        fn = current.creator_fn
-        if (
-            getattr(fn, "__module__", None) == __name__
-            and getattr(fn, "__qualname__", None) == _create_backend.__qualname__
-            and current.extended_api
-        ):
-            return
-        logger.warning("replacing the %r backend registered by %r", BACKEND_NAME, fn)
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create_backend, extended_api=True, devices=list(DEVICES)
+    creators = ((BACKEND_NAME, _create_ucx_backend), (UDP_BACKEND_NAME, _create_udp_backend))
+    for name, creator in creators:
+        current = plugins.get(name.upper())
+        if current is not None:
+            fn = current.creator_fn
+            if (
+                getattr(fn, "__module__", None) == __name__
+                and getattr(fn, "__qualname__", None) == creator.__qualname__
+                and current.extended_api
+            ):
+                continue
+            logger.warning("replacing the %r backend registered by %r", name, fn)
+        dist.Backend.register_backend(name, creator, extended_api=True, devices=list(DEVICES))
+
+
+# Counters that are levels, not counts: they are not summed over peers but maxed.
+def _is_gauge(name: str) -> bool:
+    return name.startswith("rtt_") or name.endswith("_high_water") or name in ("rtt_samples",)
+
+
+def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
+    """Traffic statistics of a ``udp`` (or ``ucx``) process group, as last published.
+
+    Returns ``{"backend", "peers": {rank: counters}, "total": counters, "transport":
+    counters, "ops": [{"op", "seq", "counters"}, ...]}``; ``total`` sums the peers (RTTs and
+    high-water marks are maxed), ``ops`` holds the change each recent collective made (up to
+    1024, the newest last). The counters are published after every op and whenever the
+    group's progress thread goes idle. A ``ucx`` group has no counters (UCX keeps its own).
+    """
+    if _C is None:
+        raise _native_missing_error()
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    last_error: Exception | None = None
+    for device in DEVICES:
+        try:
+            backend = pg._get_backend(torch.device(device))
+        except (RuntimeError, ValueError) as exc:
+            last_error = exc
+            continue
+        if backend.name() not in BACKEND_NAMES:
+            continue
+        raw = _C.traffic(backend)
+        total: dict[str, int] = {}
+        for counters in raw["peers"]:
+            for name, value in counters.items():
+                if _is_gauge(name):
+                    total[name] = max(total.get(name, 0), value)
+                else:
+                    total[name] = total.get(name, 0) + value
+        return {
+            "backend": raw["backend"],
+            "peers": dict(enumerate(raw["peers"])),
+            "total": total,
+            "transport": raw["transport"],
+            "ops": raw["ops"],
+        }
+    raise ValueError(
+        f"stats(): the group has no ucx or udp backend (backends: {pg._get_backend_name()!r}"
+        + (f"; {last_error}" if last_error else "")
+        + ")"
     )
 
 

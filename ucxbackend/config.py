@@ -28,6 +28,8 @@ __all__ = [
     "ALGORITHMS",
     "ENV_PREFIX",
     "KNOBS",
+    "UDP_CONFIG_KEYS",
+    "UDP_FAULT_KEYS",
     "Config",
     "Knob",
     "LogLevel",
@@ -67,6 +69,40 @@ ALGORITHMS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "reduce": ("auto", "binomial", "chain"),
         "alltoall": ("auto", "pairwise", "linear"),
     }
+)
+
+
+# The keys of the udp backend's ``udp_config`` and ``udp_faults`` strings. Mirrors
+# transports/udp/udp_config.cpp and faults.cpp (a test checks they agree); the values are
+# checked by the C++ parser when the group is created.
+UDP_CONFIG_KEYS: Final = (
+    "mtu_payload",
+    "rto_min_us",
+    "rto_max_us",
+    "initial_rtt_us",
+    "max_rto_expiries",
+    "ack_every",
+    "max_ack_delay_us",
+    "reorder_threshold",
+    "send_window_bytes",
+    "unexpected_bytes",
+    "eager_max_bytes",
+    "max_message_bytes",
+    "loss_recovery",
+    "congestion",
+    "initial_cwnd_packets",
+    "min_cwnd_packets",
+    "keepalive_us",
+)
+UDP_FAULT_KEYS: Final = (
+    "drop",
+    "dup",
+    "reorder",
+    "delay",
+    "corrupt",
+    "seed",
+    "reorder_us",
+    "delay_us",
 )
 
 
@@ -113,6 +149,25 @@ def _parse_chunk_bytes(raw: object) -> int:
     if not 1 <= value <= CHUNK_BYTES_MAX:
         raise _Invalid
     return value
+
+
+def _parse_key_values(keys: tuple[str, ...]) -> Callable[[object], str]:
+    """A ``"key=value,key=value"`` string whose keys are all in ``keys`` (normalised)."""
+
+    def parse(raw: object) -> str:
+        if not isinstance(raw, str):
+            raise _Invalid
+        items = [item.strip() for item in raw.split(",") if item.strip()]
+        normalised = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or key not in keys or not value:
+                raise _Invalid
+            normalised.append(f"{key}={value}")
+        return ",".join(normalised)
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -193,6 +248,27 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             )
             for op, names in ALGORITHMS.items()
         },
+        "udp_config": Knob(
+            name="udp_config",
+            default="",
+            allowed="'key=value,...' with keys " + ", ".join(UDP_CONFIG_KEYS),
+            help=(
+                "udp backend only: the reliability layer's settings, e.g. "
+                "'loss_recovery=go_back_n,congestion=aimd' (mtu_payload defaults to the "
+                "interface MTU)"
+            ),
+            parse=_parse_key_values(UDP_CONFIG_KEYS),
+        ),
+        "udp_faults": Knob(
+            name="udp_faults",
+            default="",
+            allowed="'key=value,...' with keys " + ", ".join(UDP_FAULT_KEYS),
+            help=(
+                "udp backend only: seeded fault injection on received datagrams, e.g. "
+                "'drop=0.01,dup=0.001,reorder=0.02,seed=7'"
+            ),
+            parse=_parse_key_values(UDP_FAULT_KEYS),
+        ),
     }
 )
 
@@ -219,6 +295,8 @@ class Config:
     algo_broadcast: str = "auto"
     algo_reduce: str = "auto"
     algo_alltoall: str = "auto"
+    udp_config: str = ""
+    udp_faults: str = ""
     sources: Mapping[str, Source] = field(
         default_factory=_default_sources, compare=False, repr=False
     )
@@ -318,6 +396,8 @@ class Options:
     algo_broadcast: str | None = None
     algo_reduce: str | None = None
     algo_alltoall: str | None = None
+    udp_config: str | None = None
+    udp_faults: str | None = None
 
     def __post_init__(self) -> None:
         for knob in KNOBS.values():

@@ -35,7 +35,7 @@ std::string describe(const Request& r) {
 }  // namespace
 
 ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config)
-    : transport_(std::move(transport)), config_(config) {
+    : transport_(std::move(transport)), config_(config), traffic_(*transport_) {
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   idleEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
   waitEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -129,13 +129,21 @@ void ProgressEngine::threadMain() {
     }
     if (haveTask) {
       currentKeepAlive_ = task.keepAlive;
+      const bool counted = traffic_.enabled() && !task.op.empty();
+      if (counted) traffic_.beforeOp(*transport_);
       task.run();  // reports its own errors to its Work
+      if (counted) traffic_.afterOp(*transport_, task.op, task.seq);
       currentKeepAlive_.reset();
       setWaitingFor({});
       continue;
     }
     if (transport_->progress()) {
+      trafficDirty_ = true;
       continue;
+    }
+    if (trafficDirty_) {
+      traffic_.publish(*transport_);  // idle now: what Python reads is up to date
+      trafficDirty_ = false;
     }
     if (config_.mode == ProgressMode::kPoll) {
       if (stopping_.load()) break;

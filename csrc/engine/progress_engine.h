@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/engine/traffic_stats.h"
 #include "transports/transport.h"
 
 namespace ucxb {
@@ -52,6 +53,8 @@ class OpFailed : public std::runtime_error {
 };
 
 struct Task {
+  std::string op;  // for traffic statistics ("allreduce", ...); empty for internal tasks
+  uint64_t seq = 0;
   std::function<void()> run;                      // on the progress thread
   std::function<void(const std::string&)> abandon;  // if the engine stops before running it
   std::shared_ptr<void> keepAlive;                // buffers the task's requests touch
@@ -73,6 +76,9 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   void post(Task task);
   // Describes what the running op is waiting for (empty when idle). Any thread.
   std::string waitingFor() const;
+  // The transport's traffic counters as last published (after each op, and whenever the
+  // thread goes idle). Any thread.
+  TrafficSnapshot traffic() const { return traffic_.snapshot(); }
   // Stops the thread: the running op fails within ~100 ms, queued tasks are abandoned.
   // Idempotent; from any thread (on the progress thread itself it only asks).
   void stop();
@@ -110,6 +116,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratchBytes_ = 0;
   std::string waitingFor_;
+  TrafficStats traffic_;
+  bool trafficDirty_ = false;  // progress happened since the last publish (progress thread)
   std::thread thread_;
 };
 

@@ -30,6 +30,14 @@ ReceiveId MessageReceiver::postReceive(Tag tag, Tag mask, uint8_t* buffer, uint6
   return r.id;
 }
 
+bool MessageReceiver::hasMatchable(Tag tag, Tag mask) const {
+  const Posted probe{0, tag, mask, nullptr, 0};
+  for (auto it = unmatched_.begin(); it != unmatched_.end() && *it < orderedUpTo_; ++it) {
+    if (tagMatches(active_.at(*it).tag, probe)) return true;
+  }
+  return false;
+}
+
 bool MessageReceiver::cancelReceive(ReceiveId id) {
   Event e;
   e.kind = EventKind::kReceiveCancelled;

@@ -43,6 +43,11 @@ class MessageReceiver {
   // again (the rest of a message already flowing into it is discarded). False if the receive
   // already completed or is unknown.
   bool cancelReceive(ReceiveId id);
+  // Whether a receive posted now with (tag, mask) would match a message that already arrived
+  // (any-source receives use it to pick the peer to post on).
+  bool hasMatchable(Tag tag, Tag mask) const;
+  // Something is expected from the peer: a posted receive, or a message partly arrived.
+  bool expecting() const { return !posted_.empty() || !active_.empty(); }
 
   enum class Verdict {
     kAccepted,   // new bytes (or a new message) taken

@@ -74,6 +74,7 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
   const DecodedPacket& p = decoded_;
   if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
   if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
+  lastHeard_ = std::max(lastHeard_, now);
 
   if (p.header.type == PacketType::kAck) {
     if (!onAck(p.ack, now)) return drop(DropReason::kProtocol);
@@ -193,6 +194,15 @@ std::optional<TimeUs> PeerConnection::probeDeadline() const {
   return lastActivity_ + delay;
 }
 
+std::optional<TimeUs> PeerConnection::keepaliveDeadline() const {
+  // Anything in flight is already watched by the RTO; with nothing expected, silence is fine.
+  if (config_.keepaliveUs == 0 || keepaliveDue_ || sent_.inFlightCount() > 0 ||
+      !receiver_.expecting()) {
+    return std::nullopt;
+  }
+  return std::max(lastHeard_, lastActivity_) + config_.keepaliveUs;
+}
+
 bool PeerConnection::windowFull() const {
   if (sent_.inFlightCount() >= congestion_->windowPackets()) return true;
   // One datagram always fits an empty window.
@@ -210,6 +220,7 @@ std::optional<TimeUs> PeerConnection::nextTimeout() const {
   consider(sent_.nextLossTime(lossDelay()));
   consider(rtoDeadline());
   consider(probeDeadline());
+  consider(keepaliveDeadline());
   if (receiver_.creditUpdateUrgent()) consider(lastNow_);
   return next;
 }
@@ -234,6 +245,7 @@ void PeerConnection::onTimeout(TimeUs now) {
     recover(lost_, now, /*byTimeout=*/true);
   }
   if (const auto t = probeDeadline(); t && *t <= now) probeDue_ = true;
+  if (const auto t = keepaliveDeadline(); t && *t <= now) keepaliveDue_ = true;
 }
 
 size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t bytes,
@@ -271,9 +283,11 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
   lastNow_ = std::max(lastNow_, now);
   // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
   if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
-  if (probeDue_) {
+  if (probeDue_ || keepaliveDue_) {
+    // A PING is reliable: if the peer never acknowledges it, the RTO path gives up on it.
+    if (probeDue_) ++probeBackoff_;
     probeDue_ = false;
-    ++probeBackoff_;
+    keepaliveDue_ = false;
     const size_t n = encodePing(out, header(), sent_.nextNumber());
     ++stats_.pingPacketsSent;
     return recordAndCount(now, PacketContent{}, n, false);

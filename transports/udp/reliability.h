@@ -62,6 +62,8 @@ class PeerConnection {
   ReceiveId postReceive(Tag tag, Tag mask, void* buffer, size_t capacity);
   // See MessageReceiver::cancelReceive. The kReceiveCancelled event comes from pollEvent().
   bool cancelReceive(ReceiveId id);
+  // Whether postReceive(tag, mask, ...) would match a message that has already arrived.
+  bool hasMatchable(Tag tag, Tag mask) const { return receiver_.hasMatchable(tag, mask); }
 
   // One datagram from the peer. Anything malformed, forged or stale is counted and dropped.
   void onDatagram(std::span<const uint8_t> datagram, TimeUs now);
@@ -99,6 +101,7 @@ class PeerConnection {
   DurationUs currentRto() const;
   std::optional<TimeUs> rtoDeadline() const;
   std::optional<TimeUs> probeDeadline() const;
+  std::optional<TimeUs> keepaliveDeadline() const;
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
   size_t sendAck(TimeUs now, std::span<uint8_t> out);
@@ -120,6 +123,8 @@ class PeerConnection {
   uint32_t consecutiveRtos_ = 0;   // expiries since anything was last acknowledged
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
+  bool keepaliveDue_ = false;
+  TimeUs lastHeard_ = 0;           // last datagram accepted from the peer
   TimeUs lastActivity_ = 0;        // last reliable packet sent or ACK received
   TimeUs lastAckProgress_ = 0;     // last ACK that acknowledged something new
   TimeUs lastNow_ = 0;             // latest time seen (for calls that carry none)

@@ -25,11 +25,10 @@ double goodputBitsPerSecond(const Stats& s) {
          static_cast<double>(s.lastDeliveryUs - s.firstDataReceivedUs);
 }
 
-std::string formatStats(const Stats& s) {
-  std::string out;
-  const auto add = [&out](const char* name, uint64_t v) {
-    out += (out.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(v);
-  };
+std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  out.reserve(48);
+  const auto add = [&out](const char* name, uint64_t v) { out.emplace_back(name, v); };
   add("datagrams_sent", s.datagramsSent);
   add("bytes_sent", s.bytesSent);
   add("datagrams_received", s.datagramsReceived);
@@ -37,9 +36,8 @@ std::string formatStats(const Stats& s) {
   add("accepted", s.datagramsAccepted);
   add("dropped", s.datagramsDropped);
   for (size_t i = 0; i < s.droppedBy.size(); ++i) {
-    if (s.droppedBy[i] == 0) continue;
-    out += " dropped_" + std::string(dropReasonName(static_cast<DropReason>(i))) + "=" +
-           std::to_string(s.droppedBy[i]);
+    out.emplace_back("dropped_" + std::string(dropReasonName(static_cast<DropReason>(i))),
+                     s.droppedBy[i]);
   }
   add("data_packets_sent", s.dataPacketsSent);
   add("ack_packets_sent", s.ackPacketsSent);
@@ -58,11 +56,25 @@ std::string formatStats(const Stats& s) {
   add("unexpected_messages", s.unexpectedMessages);
   add("unexpected_high_water", s.unexpectedBytesHighWater);
   add("messages_sent", s.messagesSent);
+  add("eager_messages_sent", s.eagerMessagesSent);
+  add("rendezvous_messages_sent", s.rendezvousMessagesSent);
   add("messages_received", s.messagesReceived);
+  add("payload_bytes_received", s.payloadBytesReceived);
   add("bytes_delivered", s.bytesDelivered);
   add("rtt_smoothed_us", s.rttSmoothedUs);
   add("rtt_min_us", s.rttMinUs);
+  add("rtt_latest_us", s.rttLatestUs);
   add("rtt_samples", s.rttSamples);
+  return out;
+}
+
+std::string formatStats(const Stats& s) {
+  std::string out;
+  for (const auto& [name, value] : statCounters(s)) {
+    // Drop reasons that never happened would only clutter the line.
+    if (value == 0 && name.rfind("dropped_", 0) == 0) continue;
+    out += (out.empty() ? "" : " ") + name + "=" + std::to_string(value);
+  }
   return out;
 }
 

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "transports/udp/udp_types.h"
 
@@ -81,6 +83,10 @@ struct Stats {
 
 // Delivered bits per second between the first DATA received and the last delivery.
 double goodputBitsPerSecond(const Stats& stats);
+
+// Every counter by its snake_case name (one per drop reason too), in a fixed order: what the
+// transport hands to Python.
+std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& stats);
 
 // One "name=value" per counter, space-separated (drop reasons that are zero are left out).
 std::string formatStats(const Stats& stats);

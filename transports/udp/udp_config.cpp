@@ -20,7 +20,8 @@ const std::vector<std::string>& udpConfigKeys() {
       "mtu_payload",      "rto_min_us",        "rto_max_us",           "initial_rtt_us",
       "max_rto_expiries", "ack_every",         "max_ack_delay_us",     "reorder_threshold",
       "send_window_bytes", "unexpected_bytes", "eager_max_bytes",    "max_message_bytes",
-      "loss_recovery",    "congestion",        "initial_cwnd_packets", "min_cwnd_packets"};
+      "loss_recovery",    "congestion",        "initial_cwnd_packets", "min_cwnd_packets",
+      "keepalive_us"};
   return keys;
 }
 
@@ -39,6 +40,8 @@ UdpConfig parseUdpConfig(std::string_view text, UdpConfig c) {
       c.initialRttUs = parseUnsigned(kWhat, kv, 1, kMaxUs);
     } else if (k == "max_rto_expiries") {
       c.maxRtoExpiries = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1000));
+    } else if (k == "keepalive_us") {
+      c.keepaliveUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
     } else if (k == "ack_every") {
       c.ackEvery = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1024));
     } else if (k == "max_ack_delay_us") {
@@ -126,7 +129,8 @@ std::string describe(const UdpConfig& c) {
          ",max_message_bytes=" + std::to_string(c.maxMessageBytes) +
          ",loss_recovery=" + c.lossRecovery + ",congestion=" + c.congestion +
          ",initial_cwnd_packets=" + std::to_string(c.initialCwndPackets) +
-         ",min_cwnd_packets=" + std::to_string(c.minCwndPackets);
+         ",min_cwnd_packets=" + std::to_string(c.minCwndPackets) +
+         ",keepalive_us=" + std::to_string(c.keepaliveUs);
 }
 
 }  // namespace ucxb::udp

@@ -27,6 +27,10 @@ struct UdpConfig {
   DurationUs initialRttUs = 1000;  // the RTT assumed before the first sample
   // Consecutive RTO expiries without any acknowledgement before the peer is declared failed.
   uint32_t maxRtoExpiries = 10;
+  // While something is expected from the peer (a posted receive, a message half arrived) and
+  // nothing is in flight, a PING goes out after this long without hearing from it, so that a
+  // peer that died in silence is found by the RTO path above instead of never. 0 disables.
+  DurationUs keepaliveUs = 200'000;
 
   // Acknowledge every `ackEvery` packets, or `maxAckDelayUs` after the first unacknowledged
   // one, whichever comes first; out-of-order arrivals are acknowledged at once.

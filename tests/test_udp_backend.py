@@ -1,0 +1,254 @@
+"""The ``udp`` backend over real sockets on 127.0.0.1, with and without injected faults.
+
+Every rank creates a ``udp`` world group and a Gloo group beside it; each collective runs on
+both with the same inputs and the results must agree (bit-exact for integers; floats to a
+relative tolerance, since the two may sum in another order). Faults are injected by the
+transport itself on every received datagram (``UCXBACKEND_UDP_FAULTS``), seeded, so a failure
+reproduces. The transport's statistics must show the faults were really there (drops counted,
+retransmissions made), so a test that silently ran lossless cannot pass.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import run_world
+
+import ucxbackend
+
+pytestmark = pytest.mark.skipif(
+    not ucxbackend.is_available(), reason=f"native extension not loaded: {ucxbackend.load_error()}"
+)
+
+# Sizes (elements) that cover one datagram, several, an eager message just under and a
+# rendezvous message over 64 KiB, and several 4 MiB chunks' worth of reduction steps.
+SIZES = (1, 1000, 20_000, 300_000)
+
+
+def _inputs(rank: int, n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * salt + 17 * rank + n)
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g, dtype=dtype)
+    return torch.randint(-(2**40), 2**40, (n,), generator=g, dtype=dtype)
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    if got.dtype.is_floating_point:
+        return bool(torch.allclose(got, want, rtol=1e-5, atol=1e-5))
+    return bool(torch.equal(got, want))
+
+
+def _collectives(rank: int, ws: int, sizes: tuple[int, ...]) -> list[str]:
+    """Runs every collective on udp and Gloo; returns a description of each mismatch."""
+    gloo = dist.new_group(backend="gloo")
+    bad: list[str] = []
+
+    def check(name: str, got: Any, want: Any) -> None:
+        pairs = list(zip(got, want, strict=True)) if isinstance(got, list) else [(got, want)]
+        for g, w in pairs:
+            if not _same(g, w):
+                bad.append(f"rank {rank}: {name} differs from Gloo ({g.dtype}, {g.numel()} elems)")
+
+    salt = 0
+    for n in sizes:
+        for dtype in (torch.int64, torch.float32):
+            salt += 1
+            x = _inputs(rank, n, dtype, salt)
+
+            a, b = x.clone(), x.clone()
+            dist.all_reduce(a)
+            dist.all_reduce(b, group=gloo)
+            check(f"all_reduce[{n}]", a, b)
+
+            a, b = x.clone(), x.clone()
+            dist.all_reduce(a, op=dist.ReduceOp.MAX)
+            dist.all_reduce(b, op=dist.ReduceOp.MAX, group=gloo)
+            check(f"all_reduce max[{n}]", a, b)
+
+            outs_a = [torch.empty_like(x) for _ in range(ws)]
+            outs_b = [torch.empty_like(x) for _ in range(ws)]
+            dist.all_gather(outs_a, x)
+            dist.all_gather(outs_b, x, group=gloo)
+            check(f"all_gather[{n}]", outs_a, outs_b)
+
+            root = (salt % ws)
+            a, b = x.clone(), x.clone()
+            dist.broadcast(a, src=root)
+            dist.broadcast(b, src=root, group=gloo)
+            check(f"broadcast[{n}] root {root}", a, b)
+
+            a, b = x.clone(), x.clone()
+            dist.reduce(a, dst=root)
+            dist.reduce(b, dst=root, group=gloo)
+            if rank == root:
+                check(f"reduce[{n}] root {root}", a, b)
+
+            big = _inputs(rank, n * ws, dtype, salt + 500)
+            a = torch.empty(n, dtype=dtype)
+            b = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(a, big)
+            # Gloo has no reduce_scatter: its reference is all_reduce, then this rank's block.
+            full = big.clone()
+            dist.all_reduce(full, group=gloo)
+            check(f"reduce_scatter_tensor[{n}]", a, full[rank * n : (rank + 1) * n])
+
+            a = torch.empty_like(big)
+            b = torch.empty_like(big)
+            dist.all_to_all_single(a, big)
+            dist.all_to_all_single(b, big, group=gloo)
+            check(f"all_to_all_single[{n}]", a, b)
+
+        # Point-to-point around the ring, tagged.
+        y = _inputs(rank, n, torch.int64, salt + 900)
+        got = torch.empty_like(y)
+        reqs = [
+            dist.isend(y, (rank + 1) % ws, tag=n % 1000),
+            dist.irecv(got, (rank - 1) % ws, tag=n % 1000),
+        ]
+        for r in reqs:
+            r.wait()
+        want = _inputs((rank - 1) % ws, n, torch.int64, salt + 900)
+        check(f"send/recv[{n}]", got, want)
+    dist.barrier()
+    return bad
+
+
+def _run_and_report(rank: int, ws: int, sizes: tuple[int, ...]) -> dict[str, Any]:
+    bad = _collectives(rank, ws, sizes)
+    s = ucxbackend.stats()
+    return {
+        "bad": bad,
+        "backend": s["backend"],
+        "total": s["total"],
+        "transport": s["transport"],
+        "ops": [o["op"] for o in s["ops"]],
+    }
+
+
+def _faults(drop: float, extra: str = "", seed: int = 11) -> str:
+    return ",".join(filter(None, [f"drop={drop}" if drop else "", extra, f"seed={seed}"]))
+
+
+def _run(ws: int, faults: str, udp_config: str = "", sizes: tuple[int, ...] = SIZES,
+         timeout: float = 240.0) -> list[dict[str, Any]]:
+    env = {"UCXBACKEND_UDP_FAULTS": faults, "UCXBACKEND_UDP_CONFIG": udp_config}
+    res = run_world(
+        _run_and_report, ws, backend="udp", env=env, args=(sizes,), timeout=timeout,
+        pg_timeout=120,
+    )
+    for r in res:
+        assert r["bad"] == [], r["bad"]
+        assert r["backend"] == "udp"
+    return res
+
+
+def test_lossless_two_ranks_match_gloo_and_count_traffic() -> None:
+    res = _run(2, "")
+    for r in res:
+        t = r["total"]
+        assert t["datagrams_sent"] > 0 and t["messages_received"] > 0
+        assert t["dropped"] == 0, t
+        assert r["transport"]["unknown_source_drops"] == 0
+        assert "faults_dropped" not in r["transport"]  # no injector without faults
+        # One record per collective, in issue order.
+        assert r["ops"][:2] == ["allreduce", "allreduce"]
+
+
+def test_ten_percent_drop_with_dup_and_reorder_matches_gloo() -> None:
+    res = _run(2, _faults(0.10, "dup=0.02,reorder=0.05"))
+    for r in res:
+        assert r["transport"]["faults_dropped"] > 0
+        assert r["transport"]["faults_duplicated"] > 0
+        assert r["total"]["retransmitted_packets"] > 0
+        assert r["total"]["duplicate_packets"] + r["total"]["duplicate_fragments"] > 0
+
+
+def test_three_ranks_one_percent_drop_go_back_n() -> None:
+    res = _run(3, _faults(0.01), "loss_recovery=go_back_n", sizes=(1, 20_000, 300_000))
+    assert sum(r["transport"]["faults_dropped"] for r in res) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["selective_repeat", "go_back_n"])
+@pytest.mark.parametrize("drop", [0.0, 0.01, 0.10, 0.30])
+@pytest.mark.parametrize("ws", [2, 4])
+def test_matrix(ws: int, drop: float, policy: str) -> None:
+    sizes = (1, 20_000, 100_000) if drop >= 0.3 else SIZES
+    extra = "dup=0.01,reorder=0.02" if drop else ""
+    res = _run(ws, _faults(drop, extra, seed=ws * 100 + int(drop * 100)),
+               f"loss_recovery={policy}", sizes=sizes, timeout=600)
+    if drop:
+        assert sum(r["total"]["retransmitted_packets"] for r in res) > 0
+
+
+@pytest.mark.slow
+def test_corruption_and_delay_become_loss() -> None:
+    res = _run(2, _faults(0.0, "corrupt=0.02,delay=0.01"), sizes=(1, 20_000, 300_000))
+    for r in res:
+        assert r["transport"]["faults_corrupted"] > 0
+        assert r["total"]["dropped_bad_checksum"] > 0
+
+
+def test_small_mtu_fragments_into_many_datagrams() -> None:
+    res = _run(2, "", "mtu_payload=1472", sizes=(1, 20_000, 300_000))
+    for r in res:
+        assert r["transport"]["mtu_payload"] == 1472
+        # 300k int64 = 2.4 MB per message: well over 1000 datagrams at this size.
+        assert r["total"]["data_packets_sent"] > 1000
+
+
+# --------------------------------------------------------------------------------- dead peer
+
+
+def _killed_peer(rank: int, ws: int) -> tuple[float, str]:
+    dist.barrier()
+    # Long enough for the barrier's last ACKs to arrive: a peer killed before acknowledging
+    # the barrier would (rightly) fail the survivor's barrier instead of the all_reduce.
+    time.sleep(0.5)
+    if rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(100_000)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as exc:
+        return time.monotonic() - start, str(exc)
+    return time.monotonic() - start, ""
+
+
+def test_killed_peer_fails_before_the_timeout() -> None:
+    pg_timeout = 60.0
+    env = {"UCXBACKEND_UDP_CONFIG": "keepalive_us=50000,max_rto_expiries=6"}
+    res = run_world(
+        _killed_peer, 2, backend="udp", env=env, pg_timeout=pg_timeout, expect_fail_ranks={1},
+        timeout=120,
+    )
+    elapsed, msg = res[0]
+    assert msg, "all_reduce with a dead peer returned"
+    # Found by the transport (keepalive + retransmission timeouts), not by the op's timeout.
+    assert elapsed < pg_timeout / 2, (elapsed, msg)
+    assert "rank 1" in msg and "retransmission timeouts" in msg, msg
+    assert msg.startswith("udp all_reduce") or "udp allreduce" in msg, msg
+
+
+# ------------------------------------------------------------------------------ bad settings
+
+
+def _init_only(rank: int, ws: int) -> str:
+    return dist.get_backend()
+
+
+def test_bad_udp_config_value_names_the_key() -> None:
+    env = {"UCXBACKEND_UDP_CONFIG": "rto_min_us=0"}
+    with pytest.raises(AssertionError, match="rto_min_us"):
+        run_world(_init_only, 1, backend="udp", env=env, timeout=60)
+
+
+def test_backend_name_and_stats_of_a_ucx_group() -> None:
+    assert run_world(_init_only, 1, backend="udp", timeout=60) == ["udp"]

@@ -1,0 +1,115 @@
+// The datagram socket under the UDP transport: RAII for the fd, batched send and receive
+// (sendmmsg/recvmmsg: one system call for many datagrams, since per-datagram syscalls are
+// what limits UDP throughput), and the socket address as a value.
+//
+// Everything here reports failures as TransportError with the failing call and errno text;
+// "would block" is not a failure (the calls return how many datagrams went through).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ucxb::udp {
+
+// An IPv4 or IPv6 address and port.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  // "1.2.3.4" or "::1" (numeric only: name resolution belongs to the caller) and a port.
+  static SocketAddress parse(const std::string& host, uint16_t port);
+  int family() const { return storage.ss_family; }
+  uint16_t port() const;
+  std::string host() const;
+  std::string toString() const;  // "1.2.3.4:5678" or "[::1]:5678"
+  bool operator==(const SocketAddress& other) const;
+
+  // The compact form carried in the transport's address blob: family (1 byte), port (2),
+  // address (4 or 16), all in network order.
+  void appendTo(std::vector<uint8_t>& out) const;
+  // Reads what appendTo wrote at `in[offset]`, advancing offset. Throws TransportError.
+  static SocketAddress readFrom(std::span<const uint8_t> in, size_t& offset);
+};
+
+// A hash usable for an unordered_map keyed by address.
+struct SocketAddressHash {
+  size_t operator()(const SocketAddress& a) const;
+};
+
+// One datagram of a batch: the bytes and, for receives, who sent them.
+struct Datagram {
+  uint8_t* data = nullptr;
+  size_t length = 0;       // send: bytes to send; receive: bytes received
+  size_t capacity = 0;     // receive: room at data
+  SocketAddress peer;      // send: destination; receive: source
+  bool truncated = false;  // receive: longer than capacity (the rest was discarded)
+};
+
+// Owns a file descriptor: closed on destruction, movable, never copied.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = other.release();
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+class UdpSocket {
+ public:
+  // A non-blocking socket bound to `local` (port 0 picks a free one). `bufferBytes` is the
+  // kernel send and receive buffer to ask for: as root beyond net.core.[rw]mem_max.
+  UdpSocket(const SocketAddress& local, int bufferBytes);
+  UdpSocket(const UdpSocket&) = delete;
+  UdpSocket& operator=(const UdpSocket&) = delete;
+
+  int fd() const { return fd_.get(); }
+  const SocketAddress& localAddress() const { return local_; }
+  // What the kernel actually granted (it may cap, and it reports twice the request).
+  int receiveBufferBytes() const { return receiveBuffer_; }
+  int sendBufferBytes() const { return sendBuffer_; }
+
+  // Sends datagrams from the front of `batch`; returns how many left (fewer if the socket
+  // buffer is full). Datagrams the network refuses outright (e.g. an unreachable host) count
+  // as sent: to the protocol above they are lost, like any datagram.
+  size_t sendBatch(std::span<Datagram> batch);
+  // Receives up to batch.size() datagrams into the buffers of `batch`; returns how many
+  // arrived (0 if none were waiting).
+  size_t receiveBatch(std::span<Datagram> batch);
+
+ private:
+  UniqueFd fd_;
+  SocketAddress local_;
+  int receiveBuffer_ = 0;
+  int sendBuffer_ = 0;
+  // Scratch for the mmsg calls, sized to the largest batch seen.
+  std::vector<mmsghdr> headers_;
+  std::vector<iovec> iovecs_;
+};
+
+}  // namespace ucxb::udp
