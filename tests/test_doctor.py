@@ -111,6 +111,7 @@ def test_healthy_roce_host(tmp_path: Path) -> None:
     assert {c.status for c in checks.values()} == {"ok"}, checks
     assert "eth0 192.168.1.2" in checks["interface"].found
     assert "UCX_NET_DEVICES: eth0,mlx5_0:1" in checks["interface"].found
+    assert checks["mtu"].found == "eth0 mtu 9000; eth0 (RoCE mlx5_0:1) mtu 9000"
     gid = checks["roce_gid mlx5_0:1"]
     assert "GID index 3" in gid.found and "192.168.1.2" in gid.found
 
@@ -257,6 +258,7 @@ def test_rdma_sysfs_parsing(tmp_path: Path) -> None:
     roce_host(tmp_path)
     (port,) = rdma_sysfs.read_ports(tmp_path / "sys/class/infiniband")
     assert port.ucx_name == "mlx5_0:1" and port.is_roce and port.active
+    assert port.netdevs == ("eth0",)
     assert [g.index for g in port.gids] == [0, 1, 2, 3]  # the zero GID is skipped
     assert [g.roce_v2 for g in port.gids] == [False, True, False, True]
     assert port.gids[3].ipv4 == "192.168.1.2" and port.gids[1].ipv4 is None

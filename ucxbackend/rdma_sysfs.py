@@ -125,7 +125,9 @@ def read_ports(root: Path = IB_ROOT) -> list[RdmaPort]:
                     )
                 )
             netdevs = list(pci_netdevs)
-            netdevs += [g.ndev for g in gids if g.ndev and g.ndev not in netdevs]
+            for gid in gids:
+                if gid.ndev and gid.ndev not in netdevs:
+                    netdevs.append(gid.ndev)
             ports.append(
                 RdmaPort(
                     device=dev.name,
