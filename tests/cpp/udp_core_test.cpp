@@ -453,7 +453,8 @@ void testCrc32c() {
   for (size_t off = 0; off < 8; ++off) {
     for (size_t n = 0; n <= 80; ++n) {
       const uint32_t expect = reference(data.data() + off, n);
-      allMatch = allMatch && crc32c(data.data() + off, n) == expect;
+      allMatch = allMatch && crc32c(data.data() + off, n) == expect &&
+                 crc32cPortableExtend(0, data.data() + off, n) == expect;
       for (size_t split = 0; split <= n; split += 7) {
         const uint32_t a = crc32c(data.data() + off, split);
         extendMatches = extendMatches &&

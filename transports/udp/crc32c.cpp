@@ -1,6 +1,7 @@
 #include "transports/udp/crc32c.h"
 
 #include <array>
+#include <cstring>
 
 namespace ucxb::udp {
 namespace {
@@ -36,10 +37,7 @@ inline uint32_t loadLe32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
-}  // namespace
-
-uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length) {
-  const auto* p = static_cast<const uint8_t*>(data);
+uint32_t crc32cTables(uint32_t crc, const uint8_t* p, size_t length) {
   uint32_t c = ~crc;
   while (length >= 8) {
     const uint32_t lo = c ^ loadLe32(p);
@@ -54,6 +52,89 @@ uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length) {
     c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xffu];
   }
   return ~c;
+}
+
+#if defined(__x86_64__)
+// SSE4.2 has a CRC32C instruction (8 bytes each). It matters: every datagram is summed once on
+// each side, so a table CRC would cap the transport near its own speed (about 1.5 GB/s).
+// One chain of those instructions waits 3 cycles per step; three independent chains over
+// three adjacent blocks keep the unit busy, and the three partial CRCs are then combined
+// (CRC is linear: crc(A|B) = shift(crc(A), |B|) ^ crc(B) for a zero start state).
+constexpr size_t kBlock = 512;  // bytes per chain per round
+
+__attribute__((target("sse4.2"))) uint64_t crc64Steps(uint64_t c, const uint8_t* p, size_t n) {
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  return c;
+}
+
+// shift(x) = the CRC state x followed by kBlock zero bytes, as four byte-indexed tables.
+struct ShiftTables {
+  uint32_t t[4][256];
+};
+
+__attribute__((target("sse4.2"))) ShiftTables makeShiftTables() {
+  ShiftTables s{};
+  static const uint8_t zeros[kBlock] = {};
+  for (int j = 0; j < 4; ++j) {
+    for (uint32_t v = 0; v < 256; ++v) {
+      s.t[j][v] = static_cast<uint32_t>(crc64Steps(uint64_t{v} << (8 * j), zeros, kBlock));
+    }
+  }
+  return s;
+}
+
+inline uint32_t shiftBlock(const ShiftTables& s, uint32_t x) {
+  return s.t[0][x & 0xffu] ^ s.t[1][(x >> 8) & 0xffu] ^ s.t[2][(x >> 16) & 0xffu] ^
+         s.t[3][x >> 24];
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc32cHardware(uint32_t crc, const uint8_t* p,
+                                                           size_t length) {
+  static const ShiftTables shift = makeShiftTables();
+  uint64_t c = ~crc;
+  while (length >= 3 * kBlock) {
+    uint64_t a = c, b = 0, d = 0;
+    for (size_t i = 0; i < kBlock; i += 8) {
+      uint64_t wa, wb, wd;
+      std::memcpy(&wa, p + i, 8);
+      std::memcpy(&wb, p + kBlock + i, 8);
+      std::memcpy(&wd, p + 2 * kBlock + i, 8);
+      a = __builtin_ia32_crc32di(a, wa);
+      b = __builtin_ia32_crc32di(b, wb);
+      d = __builtin_ia32_crc32di(d, wd);
+    }
+    c = shiftBlock(shift, shiftBlock(shift, static_cast<uint32_t>(a)) ^
+                              static_cast<uint32_t>(b)) ^
+        static_cast<uint32_t>(d);
+    p += 3 * kBlock;
+    length -= 3 * kBlock;
+  }
+  c = crc64Steps(c, p, length);
+  p += length & ~size_t{7};
+  auto c32 = static_cast<uint32_t>(c);
+  for (length &= 7; length > 0; --length) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return ~c32;
+}
+
+const bool kHaveHardwareCrc = __builtin_cpu_supports("sse4.2");
+#endif
+
+}  // namespace
+
+uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length) {
+  const auto* p = static_cast<const uint8_t*>(data);
+#if defined(__x86_64__)
+  if (kHaveHardwareCrc) return crc32cHardware(crc, p, length);
+#endif
+  return crc32cTables(crc, p, length);
+}
+
+uint32_t crc32cPortableExtend(uint32_t crc, const void* data, size_t length) {
+  return crc32cTables(crc, static_cast<const uint8_t*>(data), length);
 }
 
 uint32_t crc32c(const void* data, size_t length) { return crc32cExtend(0, data, length); }

@@ -131,22 +131,39 @@ UdpTransport::~UdpTransport() {
 }
 
 void UdpTransport::linger() {
+  // How long to stay after the last datagram: a short while normally; but once a peer has
+  // retransmitted something we already had (our ACK was lost), its timer may back off up to
+  // rto_max, so stay until it has been quiet that long.
+  const auto duplicates = [this] {
+    uint64_t n = 0;
+    for (const auto& peer : peers_) {
+      const Stats s = peer.connection->stats();
+      n += s.duplicatePackets + s.duplicateFragments;
+    }
+    return n;
+  };
   const TimeUs start = nowUs();
   TimeUs lastHeard = start;
+  DurationUs quiet = options_.lingerQuietUs;
+  uint64_t seenDuplicates = duplicates();
   for (;;) {
     const uint64_t before = counts_.receiveBatches;
     progress();
     const TimeUs now = nowUs();
     if (counts_.receiveBatches != before) lastHeard = now;
+    if (const uint64_t d = duplicates(); d != seenDuplicates) {
+      seenDuplicates = d;
+      quiet = std::max(quiet, options_.config.rtoMaxUs);
+    }
     bool idle = true;
     for (const auto& peer : peers_) {
       if (peer.connected && !peer.connection->failed() && !peer.connection->idle()) idle = false;
     }
     if (now - start >= options_.lingerMaxUs) return;
-    if (idle && now - lastHeard >= options_.lingerQuietUs) return;
+    if (idle && now - lastHeard >= quiet) return;
     if (arm()) {
       epoll_event ev;
-      const TimeUs wait = idle ? options_.lingerQuietUs - (now - lastHeard) : 1000;
+      const TimeUs wait = idle ? quiet - (now - lastHeard) : 1000;
       ::epoll_wait(epollFd_.get(), &ev, 1, static_cast<int>(std::max<TimeUs>(1, wait / 1000)));
     }
   }

@@ -41,10 +41,12 @@ struct UdpTransportOptions {
   uint64_t sessionToken = 0;           // the same on every rank of the group instance
   int socketBufferBytes = 8 << 20;     // kernel send/receive buffer to ask for
   // After the group is closed, keep answering the peers (acknowledging their retransmissions)
-  // until nothing has arrived for this long, so that a peer whose last ACK from us was lost
-  // still completes its send. Bounded by lingerMaxUs.
+  // until nothing has arrived for this long (for rto_max_us once a peer has retransmitted
+  // during the linger: our ACK was lost and its timer may be backing off), so that a peer
+  // whose last ACK from us was lost still completes its send (TCP's TIME-WAIT, in short).
+  // Bounded by lingerMaxUs.
   DurationUs lingerQuietUs = 100'000;
-  DurationUs lingerMaxUs = 2'000'000;
+  DurationUs lingerMaxUs = 5'000'000;
 };
 
 class UdpTransport final : public Transport {
