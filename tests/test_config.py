@@ -41,6 +41,7 @@ needs_native = pytest.mark.skipif(
 TUNING_DEFAULTS: dict[str, object] = {
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
+    "ifname": "",
     "udp_config": "",
     "udp_faults": "",
 }
@@ -71,9 +72,21 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
+        "UCXBACKEND_IFNAME",
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",
     }
+
+
+@pytest.mark.parametrize("raw", ["eth0", " eth,ib ", "=eth0", "^docker,lo", "^=lo"])
+def test_ifname_knob(raw: str) -> None:
+    assert Config.from_env({"UCXBACKEND_IFNAME": raw}).ifname == raw.strip()
+
+
+@pytest.mark.parametrize("raw", ["eth0,,eth1", "^", "="])
+def test_ifname_knob_rejects(raw: str) -> None:
+    with pytest.raises(ValueError, match="UCXBACKEND_IFNAME"):
+        Config.from_env({"UCXBACKEND_IFNAME": raw})
 
 
 @pytest.mark.parametrize(

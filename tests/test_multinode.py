@@ -138,6 +138,33 @@ def test_ucx_without_net_devices_uses_tcp_on_the_veth(rig: NetnsRig) -> None:
         assert lanes == {f"tcp/{rig.ifname(host)}"}, f"host {host}: tcp lanes {lanes}"  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_ifname_selects_the_veth(rig: NetnsRig, backend: str) -> None:
+    """UCXBACKEND_IFNAME alone (a prefix both veth ends share; no UCX_NET_DEVICES) puts the
+    traffic between hosts on the veth: UCX gets UCX_NET_DEVICES from it, udp binds its address."""
+    _skip_unless_registered(backend)
+    a, b = rig.ifname("a"), rig.ifname("b")  # type: ignore[arg-type]
+    prefix = a[:-1]  # ucxb<pid>a / ucxb<pid>b
+    assert b.startswith(prefix), (a, b)
+    extra = {"UCXBACKEND_IFNAME": prefix, "UCXBACKEND_LOG_LEVEL": "INFO"}
+    if backend == "ucx":
+        extra["UCX_PROTO_INFO"] = "y"
+    out = run_job(rig, backend, 1, net_devices=False, extra_env=extra)
+    for host in ("a", "b"):
+        name = rig.ifname(host)  # type: ignore[arg-type]
+        assert f"network interface {name}" in out[host], out[host][-2000:]
+        if backend == "ucx":
+            assert f"UCX_NET_DEVICES={name}" in out[host], out[host][-2000:]
+            lanes = set(re.findall(r"\|\s*(tcp/\S+)", out[host]))
+            assert lanes == {f"tcp/{name}"}, f"host {host}: tcp lanes {lanes}"
+
+
+def test_ifname_naming_nothing_is_a_clear_error(rig: NetnsRig) -> None:
+    """A name that matches no interface fails group creation, listing what exists."""
+    with pytest.raises(AssertionError, match="matches no usable interface"):
+        run_job(rig, "udp", 1, extra_env={"UCXBACKEND_IFNAME": "nosuchif"}, timeout=60)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from . import _udp
+from . import _transport_options
 from .config import Config, LogLevel, Options, ProgressMode, coerce_options
 
 if TYPE_CHECKING:
@@ -142,7 +142,10 @@ def _create_backend(
     native = config.to_native()
     native["transport"] = transport
     if transport == UDP_BACKEND_NAME:
-        native.update(_udp.native_options(config, dist_backend_opts.store))
+        native.update(_transport_options.native_options(config, dist_backend_opts.store))
+    else:
+        # UCX reads UCX_* when its first context is created: set them in the environment.
+        os.environ.update(_transport_options.ucx_environment(config, dist_backend_opts.store))
     logger.debug(
         "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
         transport,

@@ -151,6 +151,20 @@ def _parse_chunk_bytes(raw: object) -> int:
     return value
 
 
+def _parse_ifname(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise _Invalid
+    if not raw.strip():
+        return ""
+    from .netif import parse_ifname_spec  # stdlib-only module; imported late to stay light
+
+    try:
+        parse_ifname_spec(raw)
+    except ValueError:
+        raise _Invalid from None
+    return raw.strip()
+
+
 def _parse_key_values(keys: tuple[str, ...]) -> Callable[[object], str]:
     """A ``"key=value,key=value"`` string whose keys are all in ``keys`` (normalised)."""
 
@@ -248,6 +262,20 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             )
             for op, names in ALGORITHMS.items()
         },
+        "ifname": Knob(
+            name="ifname",
+            default="",
+            allowed="'' (automatic) or interface names: 'eth0', 'eth,ib' (prefixes), "
+            "'=eth0' (exact), '^docker,lo' (exclude)",
+            help=(
+                "network interface(s) for traffic between hosts, for both backends (like "
+                "NCCL_SOCKET_IFNAME): udp binds the first one's address; ucx gets "
+                "UCX_NET_DEVICES = those interfaces plus their RDMA ports, unless "
+                "UCX_NET_DEVICES is set. Automatic: the interface that routes to the "
+                "rendezvous host, never loopback for a remote one"
+            ),
+            parse=_parse_ifname,
+        ),
         "udp_config": Knob(
             name="udp_config",
             default="",
@@ -295,6 +323,7 @@ class Config:
     algo_broadcast: str = "auto"
     algo_reduce: str = "auto"
     algo_alltoall: str = "auto"
+    ifname: str = ""
     udp_config: str = ""
     udp_faults: str = ""
     sources: Mapping[str, Source] = field(
@@ -396,6 +425,7 @@ class Options:
     algo_broadcast: str | None = None
     algo_reduce: str | None = None
     algo_alltoall: str | None = None
+    ifname: str | None = None
     udp_config: str | None = None
     udp_faults: str | None = None
 
