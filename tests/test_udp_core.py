@@ -10,6 +10,7 @@ as its own test. Everything is seeded: a failure reproduces with
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -156,10 +157,18 @@ def test_sanitizers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "faults", ["", "drop=0.1,dup=0.02,reorder=0.05,delay=0.01,corrupt=0.01,seed=3"]
+    ("faults", "mtu"),
+    [
+        ("", "8972"),
+        ("drop=0.1,dup=0.02,reorder=0.05,delay=0.01,corrupt=0.01,seed=3", "8972"),
+        # Ethernet-sized datagrams go out in GSO trains and come back GRO-coalesced.
+        ("", "1472"),
+        ("drop=0.05,seed=5", "1472"),
+    ],
 )
-def test_transport_over_loopback_sockets(tmp_path_factory: pytest.TempPathFactory,
-                                         faults: str) -> None:
+def test_transport_over_loopback_sockets(
+    tmp_path_factory: pytest.TempPathFactory, faults: str, mtu: str
+) -> None:
     """UdpTransport (the socket loop around the core) with three ranks in one process on
     127.0.0.1: messages from 0 bytes to 4 MiB between every pair, byte-compared with canaries
     after each buffer, any-source receives, truncation, cancellation, and a peer that vanishes
@@ -167,7 +176,10 @@ def test_transport_over_loopback_sockets(tmp_path_factory: pytest.TempPathFactor
     binary = tmp_path_factory.getbasetemp() / "udp_transport_test"
     if not binary.exists():
         _compile(binary, [], program="tests/cpp/udp_transport_test.cpp")
-    result = _run(binary, [faults] if faults else [], timeout=180)
+    result = _run(binary, [faults, mtu], timeout=180)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    if mtu == "1472" and "trains_sent=" in result.stdout:
+        trains = [int(n) for n in re.findall(r"trains_sent=(\d+)", result.stdout)]
+        assert sum(trains) > 0, result.stdout
     assert "PASS" in result.stdout
     assert "ok dead peer detected" in result.stdout

@@ -621,6 +621,12 @@ void testWireFormat() {
   h.fragmentLength = 30;
   CHECK(dataVerdict(h, 20) == DecodeError::kTruncated);  // declares more than it carries
   CHECK(dataVerdict(h, 40) == DecodeError::kMalformed);  // carries more than it declares
+  h.fragmentLength = 20;
+  h.messageId = ~uint64_t{0};  // the range sets could not record it (id + 1 wraps)
+  CHECK(dataVerdict(h, 20) == DecodeError::kMalformed);
+  h.messageId = kMaxMessageId;
+  CHECK(dataVerdict(h, 20) == DecodeError::kNone);
+  h.messageId = 0;
   h.fragmentLength = 0;
   CHECK(dataVerdict(h, 0) == DecodeError::kMalformed);   // empty fragment of a non-empty message
   h.flags = data_flags::kRendezvousRequest;

@@ -1,7 +1,7 @@
 // Real-socket checks of UdpTransport, torch-free: several transports in one process on
 // 127.0.0.1, driven by one thread that progresses them all. Messages of many sizes go both
 // ways, with and without injected faults, and every byte is compared with what was sent.
-// Usage: udp_transport_test [faults]   (e.g. "drop=0.1,dup=0.01,reorder=0.05,seed=3")
+// Usage: udp_transport_test [faults [mtu_payload]]   (faults e.g. "drop=0.1,dup=0.01,seed=3")
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   const int n = 3;
   udp::UdpTransportOptions options;
   options.sessionToken = 0x1234;
-  options.config.mtuPayload = 8972;
+  options.config.mtuPayload = argc > 2 ? std::atoi(argv[2]) : 8972;
   options.lingerQuietUs = 20'000;
   if (argc > 1) options.faults = udp::parseFaultConfig(argv[1]);
   std::vector<std::unique_ptr<udp::UdpTransport>> ts;
@@ -116,7 +116,11 @@ int main(int argc, char** argv) {
     const auto c = ts[r]->peerCounters();
     uint64_t retrans = 0;
     for (const auto& peer : c) for (const auto& [k, v] : peer) if (k == "retransmitted_packets") retrans += v;
-    std::printf("rank %d retransmitted_packets=%llu\n", r, static_cast<unsigned long long>(retrans));
+    std::printf("rank %d retransmitted_packets=%llu", r, static_cast<unsigned long long>(retrans));
+    for (const auto& [k, v] : ts[r]->transportCounters()) {
+      if (k.rfind("trains_", 0) == 0) std::printf(" %s=%llu", k.c_str(), static_cast<unsigned long long>(v));
+    }
+    std::printf("\n");
   }
   // A peer that vanishes: rank 2 waits for a message from rank 1, which is destroyed.
   {

@@ -42,13 +42,17 @@ struct SocketAddressHash {
   size_t operator()(const SocketAddress& a) const;
 };
 
-// One datagram of a batch: the bytes and, for receives, who sent them.
+// One datagram of a batch: the bytes and, for receives, who sent them. With segmentSize set
+// it is a train of datagrams of that size (the last may be shorter) in one buffer: sent with
+// UDP generic segmentation offload (the kernel cuts it, one system call and one trip through
+// the stack for up to 64 datagrams) and received coalesced the same way (UDP GRO).
 struct Datagram {
   uint8_t* data = nullptr;
-  size_t length = 0;       // send: bytes to send; receive: bytes received
-  size_t capacity = 0;     // receive: room at data
-  SocketAddress peer;      // send: destination; receive: source
-  bool truncated = false;  // receive: longer than capacity (the rest was discarded)
+  size_t length = 0;        // send: bytes to send; receive: bytes received
+  size_t capacity = 0;      // receive: room at data
+  SocketAddress peer;       // send: destination; receive: source
+  uint16_t segmentSize = 0; // 0: one datagram; else the size of each datagram in the train
+  bool truncated = false;   // receive: longer than capacity (the rest was discarded)
 };
 
 // Owns a file descriptor: closed on destruction, movable, never copied.
@@ -93,6 +97,12 @@ class UdpSocket {
   // What the kernel actually granted (it may cap, and it reports twice the request).
   int receiveBufferBytes() const { return receiveBuffer_; }
   int sendBufferBytes() const { return sendBuffer_; }
+  // Whether trains may be sent (UDP_SEGMENT works here) and arrive coalesced (UDP_GRO).
+  bool segmentationOffload() const { return gso_; }
+  bool receiveOffload() const { return gro_; }
+  // Most datagrams in one train, and most bytes (the kernel's limits).
+  static constexpr size_t kMaxSegments = 64;
+  static constexpr size_t kMaxTrainBytes = 65000;
 
   // Sends datagrams from the front of `batch`; returns how many left (fewer if the socket
   // buffer is full). Datagrams the network refuses outright (e.g. an unreachable host) count
@@ -107,9 +117,12 @@ class UdpSocket {
   SocketAddress local_;
   int receiveBuffer_ = 0;
   int sendBuffer_ = 0;
+  bool gso_ = false;
+  bool gro_ = false;
   // Scratch for the mmsg calls, sized to the largest batch seen.
   std::vector<mmsghdr> headers_;
   std::vector<iovec> iovecs_;
+  std::vector<uint8_t> controls_;  // one control buffer of kControlBytes per message
 };
 
 }  // namespace ucxb::udp

@@ -21,7 +21,7 @@ constexpr size_t kReceiveBatch = 32;      // datagrams per recvmmsg
 constexpr size_t kReceiveBatchesPerProgress = 8;
 constexpr size_t kSendBatch = 64;         // datagrams per sendmmsg
 constexpr size_t kSendPerProgress = 512;  // then progress() returns to receive ACKs
-constexpr size_t kPeerBurst = 16;         // datagrams per peer per round-robin turn
+constexpr size_t kPeerBurst = 64;         // datagrams per peer per turn (one train's worth)
 
 [[noreturn]] void throwErrno(const std::string& what) {
   throw TransportError("udp: " + what + " failed: " + std::strerror(errno));
@@ -325,20 +325,27 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
         ++counts_.unknownSource;
         continue;
       }
-      const std::span<const uint8_t> bytes(d.data, d.length);
-      if (!faults_) {
-        deliver(it->second, bytes, now);
-        continue;
-      }
-      faultOut_.clear();
-      faults_->apply(bytes, faultOut_);
-      for (auto& copy : faultOut_) {
-        if (copy.extraDelayUs == 0) {
-          deliver(it->second, copy.bytes, now);
-        } else {
-          delayed_.push(Delayed{now + copy.extraDelayUs, delayedOrder_++, it->second,
-                                std::move(copy.bytes)});
+      // A coalesced train (UDP GRO) is cut back into the datagrams it was sent as.
+      const size_t step = d.segmentSize != 0 ? d.segmentSize : d.length;
+      if (d.segmentSize != 0) ++counts_.trainsReceived;
+      for (size_t offset = 0; offset < d.length || (offset == 0 && d.length == 0);
+           offset += std::max<size_t>(step, 1)) {
+        const std::span<const uint8_t> bytes(d.data + offset, std::min(step, d.length - offset));
+        if (!faults_) {
+          deliver(it->second, bytes, now);
+          continue;
         }
+        faultOut_.clear();
+        faults_->apply(bytes, faultOut_);
+        for (auto& copy : faultOut_) {
+          if (copy.extraDelayUs == 0) {
+            deliver(it->second, copy.bytes, now);
+          } else {
+            delayed_.push(Delayed{now + copy.extraDelayUs, delayedOrder_++, it->second,
+                                  std::move(copy.bytes)});
+          }
+        }
+        if (d.length == 0) break;
       }
     }
     if (n < receiveBatch_.size()) return;
@@ -378,11 +385,39 @@ void UdpTransport::setWantWritable(bool want) {
   wantWritable_ = want;
 }
 
+void UdpTransport::buildTrains() {
+  // Slots are mtu apart in sendArena_, so consecutive full-size datagrams to one peer are
+  // already one contiguous train; a shorter datagram (an ACK, a message's tail) ends it.
+  trains_.clear();
+  trainSlots_.clear();
+  const size_t mtu = options_.config.mtuPayload;
+  const bool gso = socket_.segmentationOffload() && 2 * mtu <= UdpSocket::kMaxTrainBytes;
+  for (size_t i = outgoingSent_; i < outgoingCount_;) {
+    Datagram train = outgoing_[i];
+    size_t slots = 1;
+    while (gso && i + slots < outgoingCount_ && outgoing_[i + slots - 1].length == mtu &&
+           slots < UdpSocket::kMaxSegments &&
+           train.length + outgoing_[i + slots].length <= UdpSocket::kMaxTrainBytes &&
+           outgoing_[i + slots].peer == train.peer) {
+      train.length += outgoing_[i + slots].length;
+      ++slots;
+    }
+    train.segmentSize = slots > 1 ? static_cast<uint16_t>(mtu) : 0;
+    trains_.push_back(train);
+    trainSlots_.push_back(slots);
+    i += slots;
+  }
+}
+
 bool UdpTransport::flushOutgoing() {
   if (outgoingSent_ < outgoingCount_) {
-    outgoingSent_ += socket_.sendBatch(
-        std::span<Datagram>(outgoing_.data() + outgoingSent_, outgoingCount_ - outgoingSent_));
+    buildTrains();
+    const size_t sent = socket_.sendBatch(trains_);
     ++counts_.sendBatches;
+    for (size_t k = 0; k < sent; ++k) {
+      outgoingSent_ += trainSlots_[k];
+      if (trainSlots_[k] > 1) ++counts_.trainsSent;
+    }
   }
   if (outgoingSent_ < outgoingCount_) {
     ++counts_.sendBlocked;
@@ -572,6 +607,10 @@ Counters UdpTransport::transportCounters() const {
       {"send_blocked", counts_.sendBlocked},
       {"receive_batches", counts_.receiveBatches},
       {"send_batches", counts_.sendBatches},
+      {"trains_sent", counts_.trainsSent},
+      {"trains_received", counts_.trainsReceived},
+      {"segmentation_offload", socket_.segmentationOffload() ? 1u : 0u},
+      {"receive_offload", socket_.receiveOffload() ? 1u : 0u},
       {"mtu_payload", options_.config.mtuPayload},
       {"socket_receive_buffer", static_cast<uint64_t>(socket_.receiveBufferBytes())},
       {"socket_send_buffer", static_cast<uint64_t>(socket_.sendBufferBytes())},

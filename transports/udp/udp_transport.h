@@ -110,6 +110,8 @@ class UdpTransport final : public Transport {
     uint64_t sendBlocked = 0;       // times the socket's send buffer was full
     uint64_t receiveBatches = 0;
     uint64_t sendBatches = 0;
+    uint64_t trainsSent = 0;      // GSO sends (several datagrams in one)
+    uint64_t trainsReceived = 0;  // GRO receives
   };
 
   static TimeUs nowUs();
@@ -120,6 +122,7 @@ class UdpTransport final : public Transport {
   void fireTimers(TimeUs now);
   void transmit(TimeUs now, bool& active);
   bool flushOutgoing();
+  void buildTrains();
   void handleEvents(bool& active);
   void matchAnySource(bool& active);
   void completeCancelled(bool& active);
@@ -158,6 +161,8 @@ class UdpTransport final : public Transport {
   std::vector<Datagram> outgoing_;  // slots [0, outgoingCount_) are filled
   size_t outgoingSent_ = 0;        // of those, already sent (the socket was full)
   size_t outgoingCount_ = 0;
+  std::vector<Datagram> trains_;   // the unsent slots grouped for one sendmmsg
+  std::vector<size_t> trainSlots_; // how many slots each train covers
 };
 
 }  // namespace ucxb::udp

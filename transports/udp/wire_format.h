@@ -67,6 +67,7 @@ constexpr size_t kMaxCtsIds = 64;
 // Larger values in a packet are impossible, not merely unusual: dropped as malformed.
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 48;
 constexpr PacketNumber kMaxPacketNumber = (uint64_t{1} << 62) - 1;
+constexpr MessageId kMaxMessageId = (uint64_t{1} << 62) - 1;
 
 // What a receiver charges against its unexpected-message budget for keeping track of one
 // message, on top of the payload it buffers (see message_receiver.h). Part of the protocol:
