@@ -19,6 +19,13 @@ Examples::
     # under torchrun (rank, world size and rendezvous from the environment)
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m ucxbackend bench all_gather
 
+    # udp protocol variants, each a column on a udp group of its own with its own pg_options
+    # (the first, lossless, is the reference of the ratio columns)
+    python -m ucxbackend bench -b 1M -f 4 --udp-variant "lossless:;gbn5:drop=5%,loss_recovery=gbn"
+
+    # a sweep: selective repeat and go-back-N at 0, 1 and 10% drop (six columns)
+    python -m ucxbackend bench -b 1M -f 4 --udp-drop 0,1%,10% --udp-policy sr,gbn
+
 Exit status: 0 success; 1 wrong results (``#wrong`` > 0); 2 bad options; 3 a rank failed or
 the run went past ``--timeout``.
 
@@ -343,6 +350,271 @@ def _backends_arg(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+# --------------------------------------------------------------------------- udp variants
+
+UDP: Final = "udp"
+# The built-in loss-recovery policies of the udp transport (transports/udp/loss_recovery.cpp;
+# a test checks it has them) with the short names of sweep labels, --udp-policy and
+# loss_recovery=; other registered policies are accepted under their own names.
+UDP_POLICIES: Final[Mapping[str, str]] = {"selective_repeat": "sr", "go_back_n": "gbn"}
+DEFAULT_UDP_POLICY: Final = "selective_repeat"
+DEFAULT_UDP_SEED: Final = 1
+_UDP_PROBABILITIES: Final = frozenset({"drop", "dup", "reorder", "delay", "corrupt"})
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9_.@%+:-]+")
+# Per-op counters of a udp column: udp stats() "total" keys (and "faults_dropped", from
+# "transport"), the change over the timed iterations summed over ranks, divided by -n.
+UDP_COUNTERS: Final = (
+    "retransmitted_packets",
+    "retransmitted_bytes",
+    "declared_lost",
+    "rto_expiries",
+    "faults_dropped",
+    "data_packets_sent",
+    "datagrams_sent",
+    "duplicate_packets",
+    "out_of_order",
+    "dropped",  # datagrams the receiver rejected (malformed, stale, ...), injected drops not
+)
+# Gauges read after the timed iterations, max over ranks.
+UDP_GAUGES: Final = ("rtt_smoothed_us", "rtt_min_us")
+
+
+@dataclass(frozen=True)
+class UdpVariant:
+    """A column measured on a ``udp`` group of its own, created with these ``pg_options``.
+
+    ``udp_config`` and ``udp_faults`` are the normalised ``key=value,...`` strings of the
+    ``udp_config`` and ``udp_faults`` knobs (``ucxbackend.config``); both are always passed, so
+    ``UCXBACKEND_UDP_CONFIG`` / ``UCXBACKEND_UDP_FAULTS`` do not reach a variant.
+    """
+
+    label: str
+    udp_config: str = ""
+    udp_faults: str = ""
+
+    def pg_options(self) -> dict[str, str]:
+        return {"udp_config": self.udp_config, "udp_faults": self.udp_faults}
+
+    def spec(self) -> str:
+        """``LABEL:KEY=VALUE,...``, which :func:`parse_udp_variants` reads back."""
+        return f"{self.label}:{','.join(s for s in (self.udp_config, self.udp_faults) if s)}"
+
+    def describe(self) -> dict[str, str]:
+        return {"label": self.label, "backend": UDP, **self.pg_options()}
+
+
+def _percent(drop: float) -> str:
+    return f"{drop * 100:.4g}%"
+
+
+def _validate_udp(kind: str, text: str) -> None:
+    """The native parser's verdict on a udp_config / udp_faults string (skipped when the
+    extension is not built: validate_environment reports that)."""
+    import ucxbackend
+
+    native = ucxbackend._C
+    if native is None or not text:
+        return
+    describe = native.udp.describe_config if kind == "config" else native.udp.describe_faults
+    describe(text)  # ValueError: "udp config: loss_recovery='x' is invalid (allowed: ...)"
+
+
+def parse_udp_settings(where: str, body: str, *, labelled: bool = True) -> dict[str, str]:
+    """``KEY=VALUE,...`` with udp_config and udp_faults keys in any order -> {key: value}, in
+    order; ``loss_recovery`` may be ``sr``/``gbn``, probabilities may be percentages (``5%``).
+    Raises ValueError starting with ``where``."""
+    from .config import UDP_CONFIG_KEYS, UDP_FAULT_KEYS
+
+    settings: dict[str, str] = {}
+    for item in (part.strip() for part in body.split(",")):
+        if not item:
+            continue
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep:
+            hint = f" (a variant named {item!r} with the defaults is '{item}:')"
+            raise ValueError(f"{where}: {item!r} is not KEY=VALUE{'' if labelled else hint}")
+        if key not in UDP_CONFIG_KEYS and key not in UDP_FAULT_KEYS:
+            raise ValueError(
+                f"{where}: unknown key {key!r}; udp_config keys: {', '.join(UDP_CONFIG_KEYS)}; "
+                f"udp_faults keys: {', '.join(UDP_FAULT_KEYS)}"
+            )
+        if not value:
+            raise ValueError(f"{where}: {key}= has no value")
+        if key in settings:
+            raise ValueError(f"{where}: key {key!r} given twice")
+        if key == "loss_recovery":  # the sweep's short names work here too
+            value = {short: name for name, short in UDP_POLICIES.items()}.get(value, value)
+        elif key in _UDP_PROBABILITIES and value.endswith("%"):
+            try:
+                value = repr(float(value[:-1]) / 100)
+            except ValueError:
+                raise ValueError(f"{where}: {key}={value} is not a percentage") from None
+        settings[key] = value
+    return settings
+
+
+def parse_udp_variant(
+    text: str, seed: int = DEFAULT_UDP_SEED, common: Mapping[str, str] | None = None
+) -> UdpVariant:
+    """One variant: ``LABEL:KEY=VALUE,...`` or, unlabelled, ``KEY=VALUE,...``.
+
+    The label is everything before the last ``:`` that comes before the first ``=`` (so a
+    label may contain ``:`` itself, as the sweep's ``udp:sr@1%`` do); ``LABEL:`` alone is a
+    variant with the udp defaults (lossless). Each key goes to ``udp_config`` or
+    ``udp_faults`` by name (the two key sets are disjoint). ``common`` settings
+    (``--udp-common``) apply where the variant does not set the key itself. Without a
+    ``seed`` key, faults get ``seed=<seed>``. An unlabelled variant may only set
+    ``loss_recovery`` and ``drop``; it is labelled as the sweep labels (``udp:gbn@5%``).
+    Raises ValueError naming the bad part.
+    """
+    from .config import UDP_CONFIG_KEYS
+
+    raw = text.strip()
+    where = f"udp variant {raw!r}"
+    if not raw:
+        raise ValueError("empty udp variant: expected LABEL:KEY=VALUE,... or LABEL:")
+    eq = raw.find("=")
+    colon = (raw if eq < 0 else raw[:eq]).rfind(":")
+    label: str | None = None
+    body = raw
+    if colon >= 0:
+        label, body = raw[:colon].strip(), raw[colon + 1 :]
+        if not label:
+            raise ValueError(f"{where}: empty label before ':'")
+        if not _LABEL_RE.fullmatch(label):
+            raise ValueError(
+                f"{where}: bad label {label!r}: use letters, digits and _ . @ % + : - only"
+            )
+    own = parse_udp_settings(where, body, labelled=label is not None)
+    if label is None:
+        extra = sorted(set(own) - {"loss_recovery", "drop"})
+        if extra:
+            raise ValueError(
+                f"{where}: give it a label (LABEL:{body.strip()}); only loss_recovery and "
+                f"drop make an automatic one, not {', '.join(extra)}"
+            )
+        policy = own.get("loss_recovery", (common or {}).get("loss_recovery", DEFAULT_UDP_POLICY))
+        try:
+            drop = float(own.get("drop", 0))
+        except ValueError:
+            raise ValueError(f"{where}: drop={own['drop']} is not a probability") from None
+        label = f"udp:{UDP_POLICIES.get(policy, policy)}@{_percent(drop)}"
+    settings = {**own, **{k: v for k, v in (common or {}).items() if k not in own}}
+    config = {k: v for k, v in settings.items() if k in UDP_CONFIG_KEYS}
+    faults = {k: v for k, v in settings.items() if k not in UDP_CONFIG_KEYS}
+    if faults and "seed" not in faults:
+        faults["seed"] = str(seed)
+    udp_config = ",".join(f"{k}={v}" for k, v in config.items())
+    udp_faults = ",".join(f"{k}={v}" for k, v in faults.items())
+    try:
+        _validate_udp("config", udp_config)
+        _validate_udp("faults", udp_faults)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return UdpVariant(label, udp_config, udp_faults)
+
+
+def parse_udp_variants(
+    text: str, seed: int = DEFAULT_UDP_SEED, common: Mapping[str, str] | None = None
+) -> list[UdpVariant]:
+    """Variants separated by ``;`` (see :func:`parse_udp_variant`)."""
+    parts = [part for part in text.split(";") if part.strip()]
+    if not parts:
+        raise ValueError("empty --udp-variant: expected LABEL:KEY=VALUE,... or LABEL:")
+    return [parse_udp_variant(part, seed, common) for part in parts]
+
+
+def parse_drops(text: str) -> list[float]:
+    """``0,0.01,5%`` -> [0.0, 0.01, 0.05] (probabilities; ``%`` for percent)."""
+    drops: list[float] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        try:
+            value = float(word[:-1]) / 100 if word.endswith("%") else float(word)
+        except ValueError:
+            raise ValueError(f"--udp-drop: {word!r} is not a probability (0.01 or 1%)") from None
+        if not 0.0 <= value <= 1.0 or math.isnan(value):
+            raise ValueError(f"--udp-drop: {word!r} is outside 0..1 (0%..100%)")
+        if value not in drops:
+            drops.append(value)
+    if not drops:
+        raise ValueError("--udp-drop: expected a comma-separated list such as 0,0.01,0.1")
+    return drops
+
+
+def parse_policies(text: str) -> list[str]:
+    """``sr,go_back_n`` -> ["selective_repeat", "go_back_n"]: short names for the built-in
+    policies, and any policy the transport's registry has (checked by the native parser)."""
+    import ucxbackend
+
+    by_name = {**{v: k for k, v in UDP_POLICIES.items()}, **{k: k for k in UDP_POLICIES}}
+    policies: list[str] = []
+    for word in _split_list(text):
+        policy = by_name.get(word, word)
+        problem = None
+        if ucxbackend._C is not None:
+            try:
+                _validate_udp("config", f"loss_recovery={policy}")
+            except ValueError as exc:
+                problem = str(exc)
+        elif policy not in UDP_POLICIES:
+            problem = "allowed: " + ", ".join(UDP_POLICIES)
+        if problem is not None:
+            short = ", ".join(f"{v} = {k}" for k, v in UDP_POLICIES.items())
+            raise ValueError(f"--udp-policy: unknown policy {word!r} ({problem}; {short})")
+        if policy not in policies:
+            policies.append(policy)
+    if not policies:
+        raise ValueError("--udp-policy: expected a comma-separated list such as sr,gbn")
+    return policies
+
+
+def udp_sweep(
+    drops: Sequence[float],
+    policies: Sequence[str],
+    seed: int = DEFAULT_UDP_SEED,
+    common: Mapping[str, str] | None = None,
+) -> list[UdpVariant]:
+    """The cross product, policy by policy: ``udp:sr@0%``, ``udp:sr@1%``, ..., ``udp:gbn@1%``
+    (``loss_recovery`` always set, ``drop`` when not 0; then ``common`` and ``seed``)."""
+    out = []
+    for policy in policies:
+        for drop in drops:
+            label = f"udp:{UDP_POLICIES.get(policy, policy)}@{_percent(drop)}"
+            spec = f"{label}:loss_recovery={policy}" + (f",drop={drop!r}" if drop > 0 else "")
+            out.append(parse_udp_variant(spec, seed, common))
+    return out
+
+
+def _udp_variant_list(args: argparse.Namespace) -> tuple[UdpVariant, ...]:
+    """--udp-variant (in order), then the --udp-drop x --udp-policy sweep; raises UsageError."""
+    seed = getattr(args, "udp_seed", DEFAULT_UDP_SEED)
+    common_text = getattr(args, "udp_common", None)
+    variants: list[UdpVariant] = []
+    try:
+        common = parse_udp_settings("--udp-common", common_text) if common_text else {}
+        for text in getattr(args, "udp_variant", None) or []:
+            variants += parse_udp_variants(text, seed, common)
+        drops, policies = getattr(args, "udp_drop", None), getattr(args, "udp_policy", None)
+        if drops is not None or policies is not None:
+            variants += udp_sweep(
+                parse_drops(drops) if drops is not None else [0.0],
+                parse_policies(policies) if policies is not None else [DEFAULT_UDP_POLICY],
+                seed,
+                common,
+            )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if common_text and not variants:
+        raise UsageError("--udp-common: no udp variant to apply it to (--udp-variant, --udp-drop)")
+    labels = [v.label for v in variants]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise UsageError(f"udp variant label(s) used twice: {', '.join(twice)}")
+    return tuple(variants)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` command's options (nccl-tests' short options where they exist)."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -387,9 +659,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backends",
         type=_backends_arg,
-        default=DEFAULT_BACKENDS,
+        default=None,
         help="comma-separated backends measured side by side, the first is the reference of "
-        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo)",
+        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo; with "
+        "udp variants: none, give it to add columns after the variants)",
+    )
+    udp = parser.add_argument_group(
+        "udp protocol variants",
+        "Each variant is a column of its own: a udp group created with its own pg_options "
+        "(udp_config and udp_faults; UCXBACKEND_UDP_CONFIG/_FAULTS do not reach it). Variant "
+        "columns come first, in order (the first column is the reference of the ratios), then "
+        "--backends. A transport statistics block (retransmissions, losses, RTOs, injected "
+        "drops per op, smoothed RTT) follows each table for every udp column.",
+    )
+    udp.add_argument(
+        "--udp-variant",
+        "--udp-variants",
+        dest="udp_variant",
+        action="append",
+        metavar="LABEL:KEY=VALUE,...",
+        help="a udp column: LABEL, a colon, then udp_config and udp_faults keys in any order "
+        "(each key goes where it belongs, e.g. 'gbn5:drop=0.05,loss_recovery=go_back_n'); "
+        "'LABEL:' alone = udp defaults, lossless; without 'LABEL:' only loss_recovery and drop "
+        "may be set and the label is made as the sweep's; several variants: repeat the option "
+        "or separate them with ';' ('lossless:;sr1:drop=0.01')",
+    )
+    udp.add_argument(
+        "--udp-drop",
+        metavar="P,...",
+        help="sweep: injected drop probabilities (0,0.01,0.1 or 0,1%%,10%%); crossed with "
+        "--udp-policy into columns udp:<policy>@<drop>, after the --udp-variant ones "
+        "(default policy: selective_repeat)",
+    )
+    udp.add_argument(
+        "--udp-policy",
+        metavar="POLICY,...",
+        help="sweep: loss_recovery policies, "
+        + ", ".join(f"{k} ({v})" for k, v in UDP_POLICIES.items())
+        + " or any other in the transport's registry (default drop: 0)",
+    )
+    udp.add_argument(
+        "--udp-common",
+        metavar="KEY=VALUE,...",
+        help="settings for every variant that does not set the key itself, e.g. "
+        "'max_rto_expiries=100,congestion=aimd' or 'dup=0.001'",
+    )
+    udp.add_argument(
+        "--udp-seed",
+        type=_nonnegative_int,
+        default=DEFAULT_UDP_SEED,
+        help="fault seed of every variant that injects faults without its own seed= (1); "
+        "the same for all, so that lossier variants drop a superset of the same datagrams "
+        "as far as their traffic agrees",
     )
     parser.add_argument(
         "--stat",
@@ -433,6 +754,7 @@ class BenchOptions:
     check: bool = True
     root: int = 0
     backends: tuple[str, ...] = DEFAULT_BACKENDS  # torch backends measured, in order
+    udp_variants: tuple[UdpVariant, ...] = ()  # columns of their own, before the backends
     mpi: bool = False  # an mpi4py Allreduce reference column
     mpi_position: int = 2  # where the mpi column goes among the backends
     stat: str = "mean"
@@ -451,12 +773,19 @@ class BenchOptions:
             size_sweep(args.minbytes, args.maxbytes, args.stepfactor)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        names = tuple(args.backends)
+        variants = _udp_variant_list(args)
+        if args.backends is None:
+            names: tuple[str, ...] = () if variants else DEFAULT_BACKENDS
+        else:
+            names = tuple(args.backends)
         torch_backends = tuple(n for n in names if n != MPI)
-        if not torch_backends:
+        if not torch_backends and not variants:
             raise UsageError("--backends needs at least one torch.distributed backend")
-        if names[0] == MPI:
+        if names and names[0] == MPI and not variants:
             raise UsageError("--backends: list mpi after the torch backend the ratios refer to")
+        clash = sorted({v.label for v in variants} & set(names))
+        if clash:
+            raise UsageError(f"udp variant label(s) {', '.join(clash)} also in --backends")
         return cls(
             collectives=collectives,
             minbytes=args.minbytes,
@@ -469,6 +798,7 @@ class BenchOptions:
             check=bool(args.check),
             root=args.root,
             backends=torch_backends,
+            udp_variants=variants,
             mpi=MPI in names,
             mpi_position=names.index(MPI) if MPI in names else len(names),
             stat=args.stat,
@@ -492,11 +822,24 @@ class BenchOptions:
         return size_sweep(self.minbytes, self.maxbytes, self.stepfactor)
 
     def columns(self, mpi_available: bool) -> tuple[str, ...]:
-        """Backends shown, in --backends order (mpi only when it could be measured)."""
+        """Columns shown: the udp variants, then the backends in --backends order (mpi only
+        when it could be measured)."""
         cols = list(self.backends)
         if self.mpi and mpi_available:
             cols.insert(self.mpi_position, MPI)
-        return tuple(cols)
+        return (*self.variant_labels, *cols)
+
+    @property
+    def variant_labels(self) -> tuple[str, ...]:
+        return tuple(v.label for v in self.udp_variants)
+
+    def udp_columns(self) -> frozenset[str]:
+        """The columns measured on udp groups (their transport statistics are reported)."""
+        return frozenset({*self.variant_labels, *(b for b in self.backends if b == UDP)})
+
+    def measured(self) -> tuple[str, ...]:
+        """The columns with a torch group: the variants, then the backends."""
+        return (*self.variant_labels, *self.backends)
 
     def to_argv(self) -> list[str]:
         """The ``bench`` arguments that reproduce these options (for the ranks we start)."""
@@ -514,11 +857,13 @@ class BenchOptions:
             f"--datatype={self.datatype}",
             f"--check={int(self.check)}",
             f"--root={self.root}",
-            f"--backends={','.join(backends)}",
             f"--stat={self.stat}",
             f"--device={self.device}",
             f"--timeout={self.timeout}",
         ]
+        if backends or not self.udp_variants:
+            argv.append(f"--backends={','.join(backends)}")
+        argv += [f"--udp-variant={v.spec()}" for v in self.udp_variants]
         if self.nproc is not None:
             argv.append(f"--nproc={self.nproc}")
         if self.json:
@@ -542,6 +887,7 @@ class BenchOptions:
             "check": int(self.check),
             "root": self.root,
             "backends": list(self.columns(True)),
+            "udp_variants": [v.describe() for v in self.udp_variants],
             "stat": self.stat,
             "device": self.device,
             "timeout": self.timeout,
@@ -556,10 +902,10 @@ def _backend_problem(name: str, device: str) -> str | None:
     if name not in known:
         choices = ", ".join(sorted({*known, MPI}))
         return f"unknown backend {name!r}; known: {choices}"
-    if name == ucxbackend.BACKEND_NAME and not ucxbackend.is_available():
+    if name in (ucxbackend.BACKEND_NAME, UDP) and not ucxbackend.is_available():
         return (
-            f"the ucx backend's native extension could not be loaded ({ucxbackend.load_error()}); "
-            "run `make build` and see `python -m ucxbackend info`"
+            f"the {name} backend's native extension could not be loaded "
+            f"({ucxbackend.load_error()}); run `make build` and see `python -m ucxbackend info`"
         )
     available: Mapping[str, Callable[[], bool]] = {
         "gloo": dist.is_gloo_available,
@@ -575,7 +921,7 @@ def _backend_problem(name: str, device: str) -> str | None:
 
 def validate_environment(opts: BenchOptions, world: int | None) -> None:
     """Checks that need torch or the machine; raises UsageError."""
-    for name in opts.backends:
+    for name in (*opts.backends, *((UDP,) if opts.udp_variants else ())):
         problem = _backend_problem(name, opts.device)
         if problem is not None:
             raise UsageError(problem)
@@ -825,6 +1171,7 @@ class Measurement:
     error: str | None = None
     time_us: dict[str, float] | None = None  # mean, median, min, max
     wrong: int | None = None  # None: not checked
+    transport: dict[str, Any] | None = None  # udp columns: see udp_transport_stats()
 
     def time(self, stat: str) -> float | None:
         return None if self.time_us is None else self.time_us[stat]
@@ -859,6 +1206,7 @@ class RankContext:
     ctrl: dist.ProcessGroup
     groups: Mapping[str, dist.ProcessGroup]
     sync: Callable[[], None]
+    udp_columns: frozenset[str] = frozenset()  # columns whose transport statistics we take
 
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
@@ -874,6 +1222,59 @@ class RankContext:
         t = torch.tensor(list(stats), dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctrl)
         return [float(x) for x in t.tolist()]
+
+    def sum_stats(self, stats: Sequence[float]) -> list[float]:
+        t = torch.tensor(list(stats), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.ctrl)
+        return [float(x) for x in t.tolist()]
+
+
+def udp_counters(group: dist.ProcessGroup) -> dict[str, int]:
+    """This rank's UDP_COUNTERS and UDP_GAUGES of a udp group (``ucxbackend.stats``), and
+    the sequence number of the last op whose counters were published."""
+    import ucxbackend
+
+    st = ucxbackend.stats(group)
+    merged = {**st["transport"], **st["total"]}
+    out = {name: int(merged.get(name, 0)) for name in (*UDP_COUNTERS, *UDP_GAUGES)}
+    out["last_op_seq"] = int(st["ops"][-1]["seq"]) if st["ops"] else -1
+    return out
+
+
+_SETTLE_FIRST_S: Final = 0.002
+_SETTLE_STEP_S: Final = 0.001
+_SETTLE_MAX_S: Final = 0.05
+
+
+def settled_udp_counters(group: dist.ProcessGroup) -> dict[str, int]:
+    """:func:`udp_counters` once they stop changing (at most ``_SETTLE_MAX_S``).
+
+    The progress thread publishes an op's counters just after completing its Work, and again
+    when it goes idle (late ACKs and retransmissions of the op's tail), so a read right after
+    ``wait()`` can miss the last op. Sleeping hands the core to that thread."""
+    deadline = time.monotonic() + _SETTLE_MAX_S
+    time.sleep(_SETTLE_FIRST_S)
+    prev = udp_counters(group)
+    while True:
+        time.sleep(_SETTLE_STEP_S)
+        cur = udp_counters(group)
+        if cur == prev or time.monotonic() >= deadline:
+            return cur
+        prev = cur
+
+
+def udp_transport_stats(
+    ctx: RankContext, before: Mapping[str, int], after: Mapping[str, int], iters: int
+) -> dict[str, Any]:
+    """Per op over the timed iterations: each counter's change summed over ranks over
+    ``iters``; the gauges after them, max over ranks. Collective over the control group."""
+    sums = ctx.sum_stats([after[c] - before[c] for c in UDP_COUNTERS])
+    gauges = ctx.max_stats([after[g] for g in UDP_GAUGES])
+    return {
+        "iters": iters,
+        "per_op": {c: v / iters for c, v in zip(UDP_COUNTERS, sums, strict=True)},
+        **dict(zip(UDP_GAUGES, gauges, strict=True)),
+    }
 
 
 def _corrupt_rank(collective: str, root: int) -> int:
@@ -942,9 +1343,16 @@ def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
         fn()
     ctx.sync()
     dist.barrier(group=group)
-    stats = ctx.max_stats(_time_iterations(fn, ctx.sync, opts.iters))
+    udp = backend in ctx.udp_columns
+    before = settled_udp_counters(group) if udp else None
+    times = _time_iterations(fn, ctx.sync, opts.iters)
+    after = settled_udp_counters(group) if udp else None
+    stats = ctx.max_stats(times)
     time_us = dict(zip(("mean", "median", "min", "max"), (x * 1e6 for x in stats), strict=True))
-    return Measurement(True, None, time_us, wrong)
+    transport = None
+    if before is not None and after is not None:
+        transport = udp_transport_stats(ctx, before, after, opts.iters)
+    return Measurement(True, None, time_us, wrong, transport)
 
 
 # --------------------------------------------------------------------------- table and JSON
@@ -978,7 +1386,6 @@ def row_for(layout: Layout, opts: BenchOptions) -> Row:
 _FIXED = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}"
 _BLOCK = "  {:>9}  {:>7}  {:>7}"
 _WRONG = "  {:>6}"
-_RATIO = "  {:>12}"
 
 
 def _block_width(check: bool) -> int:
@@ -1001,9 +1408,14 @@ def format_header(collective: str, columns: Sequence[str], check: bool, stat: st
         unit += _BLOCK.format(f"({stat} us)" if stat != "mean" else "(us)", "(GB/s)", "(GB/s)")
         unit += _WRONG.format("") if check else ""
     for ratio in ratio_columns(columns):
-        head += _RATIO.format(ratio)
-        unit += _RATIO.format("busbw")
+        head += _ratio_cell(ratio, ratio)
+        unit += _ratio_cell(ratio, "busbw")
     return [f"# {collective}", names.rstrip(), head, unit.rstrip()]
+
+
+def _ratio_cell(name: str, text: str) -> str:
+    """A ratio column's cell: 12 wide, wider for a long ``first/other`` name (labels)."""
+    return f"  {text:>{max(12, len(name))}}"
 
 
 def _fmt_time(us: float) -> str:
@@ -1032,11 +1444,57 @@ def format_row(row: Row, columns: Sequence[str], check: bool, stat: str, world: 
         if check:
             line += _WRONG.format("n/a" if m.wrong is None else m.wrong)
     first = row.results.get(columns[0])
-    for other_name in columns[1:]:
+    for name, other_name in zip(ratio_columns(columns), columns[1:], strict=True):
         other = row.results.get(other_name)
         r = None if first is None or other is None else ratio(first, other, stat)
-        line += _RATIO.format("n/a" if r is None else f"{r:.2f}")
+        line += _ratio_cell(name, "n/a" if r is None else f"{r:.2f}")
     return line
+
+
+def _transport(row: Row, column: str) -> dict[str, Any] | None:
+    m = row.results.get(column)
+    return None if m is None else m.transport
+
+
+# The transport statistics block: (heading, UDP_COUNTERS key or gauge, format).
+_UDP_BLOCK: Final = (
+    ("retrans/op", "retransmitted_packets", "{:.2f}"),
+    ("lost/op", "declared_lost", "{:.2f}"),
+    ("rto/op", "rto_expiries", "{:.2f}"),
+    ("drops/op", "faults_dropped", "{:.2f}"),
+    ("data/op", "data_packets_sent", "{:.1f}"),
+    ("srtt(us)", "rtt_smoothed_us", "{:.0f}"),
+)
+
+
+def format_transport_block(
+    collective: str, rows: Sequence[Row], columns: Sequence[str]
+) -> list[str]:
+    """The ``# udp transport statistics`` block: one line per size and udp column, every
+    line a comment (the data lines of the file stay those of the main table). Empty when no
+    column has statistics."""
+    cols = [c for c in columns if any(_transport(row, c) for row in rows)]
+    if not cols:
+        return []
+    width = max(8, *(len(c) for c in cols))
+    fmt = "#{:>11}  {:<" + str(width) + "}" + "".join("  {:>10}" for _ in _UDP_BLOCK)
+    lines = [
+        f"# udp transport statistics ({collective}): per op over the timed iterations, summed "
+        "over ranks (drops: injected; data: data packets, resends included); srtt: max over ranks",
+        fmt.format("size", "column", *(h for h, _, _ in _UDP_BLOCK)),
+    ]
+    for row in rows:
+        for col in cols:
+            st = _transport(row, col)
+            if st is None:
+                cells = ["n/a"] * len(_UDP_BLOCK)
+            else:
+                cells = [
+                    f.format(st["per_op"][key] if key in st["per_op"] else st[key])
+                    for _, key, f in _UDP_BLOCK
+                ]
+            lines.append(fmt.format(row.layout.nbytes, col, *cells))
+    return [*lines, "#"]
 
 
 def avg_busbw(rows: Sequence[Row], backend: str, stat: str, world: int) -> float | None:
@@ -1100,6 +1558,7 @@ def row_records(rows: Sequence[Row], stat: str, world: int) -> list[dict[str, An
                     "algbw": algbw,
                     "busbw": busbw,
                     "wrong": m.wrong,
+                    "transport": m.transport,
                 }
             )
     return records
@@ -1133,6 +1592,7 @@ def build_report(
         "versions": dict(versions),
         "options": opts.describe(),
         "columns": list(columns),
+        "udp_variants": [v.describe() for v in opts.udp_variants],
         "mpi": dict(mpi),
         "results": row_records(all_rows, opts.stat, world),
         "summary": summary,
@@ -1361,8 +1821,12 @@ def _header_lines(
         f"# nRanks {world} device {opts.device} minBytes {opts.minbytes} maxBytes "
         f"{opts.maxbytes} step: {opts.stepfactor}(factor) warmup iters: {opts.warmup_iters} "
         f"iters: {opts.iters} validation: {int(opts.check)} stat: {opts.stat}",
-        f"# backends: {', '.join(opts.backends)} (new_group over all ranks, sizes interleaved; "
-        "time: per iteration, max over ranks)",
+        f"# backends: {', '.join(opts.measured())} (new_group over all ranks, sizes "
+        "interleaved; time: per iteration, max over ranks)",
+    ]
+    lines += [
+        f"# udp variant {v.label}: udp_config={v.udp_config!r} udp_faults={v.udp_faults!r}"
+        for v in opts.udp_variants
     ]
     if mpi.status == "ok":
         lines.append(
@@ -1435,7 +1899,7 @@ class _Sweep:
         self.progress = Progress(err, enabled=self.lead, verbose=ctx.opts.verbose)
         elsize, sizes = ctx.opts.elsize, ctx.opts.sizes()
         self.layouts = {c: layouts_for(c, sizes, elsize, ctx.world) for c in ctx.opts.collectives}
-        self.steps = sum(len(v) for v in self.layouts.values()) * len(ctx.opts.backends)
+        self.steps = sum(len(v) for v in self.layouts.values()) * len(ctx.opts.measured())
         self.step = 0
 
     def emit(self, lines: Iterable[str]) -> None:
@@ -1453,6 +1917,7 @@ class _Sweep:
         self.emit(format_header(coll, self.columns, opts.check, opts.stat))
         rows = [self.size(layout) for layout in self.layouts[coll]]
         self.emit(format_footer(rows, self.columns, opts.check, opts.stat, self.ctx.world))
+        self.emit(format_transport_block(coll, rows, self.columns))
         return rows
 
     def size(self, layout: Layout) -> Row:
@@ -1534,8 +1999,16 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
     timeout = timedelta(seconds=opts.timeout)
     dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     try:
-        groups = {name: dist.new_group(backend=name, timeout=timeout) for name in opts.backends}
-        ctx = RankContext(opts, rank, world, device, dist.group.WORLD, groups, sync)
+        groups = {
+            v.label: dist.new_group(backend=UDP, timeout=timeout, pg_options=v.pg_options())
+            for v in opts.udp_variants
+        }
+        groups.update(
+            {name: dist.new_group(backend=name, timeout=timeout) for name in opts.backends}
+        )
+        ctx = RankContext(
+            opts, rank, world, device, dist.group.WORLD, groups, sync, opts.udp_columns()
+        )
         ranks = _gather_rank_info(ctx)
         mpi = _mpi_phase(ctx, err)
         sweep = _Sweep(ctx, out, err, mpi)
