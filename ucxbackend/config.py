@@ -93,6 +93,7 @@ UDP_CONFIG_KEYS: Final = (
     "initial_cwnd_packets",
     "min_cwnd_packets",
     "keepalive_us",
+    "peer_timeout_us",
 )
 UDP_FAULT_KEYS: Final = (
     "drop",

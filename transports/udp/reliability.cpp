@@ -232,10 +232,13 @@ void PeerConnection::onTimeout(TimeUs now) {
   if (const auto t = rtoDeadline(); t && *t <= now) {
     ++stats_.rtoExpiries;
     const DurationUs rto = currentRto();
-    if (++consecutiveRtos_ >= config_.maxRtoExpiries) {
+    ++consecutiveRtos_;
+    if (consecutiveRtos_ >= config_.maxRtoExpiries &&
+        now - std::min(now, lastAckProgress_) >= config_.peerTimeoutUs) {
       fail("peer rank " + std::to_string(identity_.peerRank) + " acknowledged nothing through " +
            std::to_string(consecutiveRtos_) + " retransmission timeouts (last timeout " +
-           std::to_string(rto) + " us)");
+           std::to_string(rto) + " us; nothing new acknowledged for at least " +
+           std::to_string(config_.peerTimeoutUs / 1000) + " ms)");
       return;
     }
     lost_.clear();

@@ -21,7 +21,7 @@ const std::vector<std::string>& udpConfigKeys() {
       "max_rto_expiries", "ack_every",         "max_ack_delay_us",     "reorder_threshold",
       "send_window_bytes", "unexpected_bytes", "eager_max_bytes",    "max_message_bytes",
       "loss_recovery",    "congestion",        "initial_cwnd_packets", "min_cwnd_packets",
-      "keepalive_us"};
+      "keepalive_us", "peer_timeout_us"};
   return keys;
 }
 
@@ -40,6 +40,8 @@ UdpConfig parseUdpConfig(std::string_view text, UdpConfig c) {
       c.initialRttUs = parseUnsigned(kWhat, kv, 1, kMaxUs);
     } else if (k == "max_rto_expiries") {
       c.maxRtoExpiries = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1000));
+    } else if (k == "peer_timeout_us") {
+      c.peerTimeoutUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
     } else if (k == "keepalive_us") {
       c.keepaliveUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
     } else if (k == "ack_every") {
@@ -130,7 +132,8 @@ std::string describe(const UdpConfig& c) {
          ",loss_recovery=" + c.lossRecovery + ",congestion=" + c.congestion +
          ",initial_cwnd_packets=" + std::to_string(c.initialCwndPackets) +
          ",min_cwnd_packets=" + std::to_string(c.minCwndPackets) +
-         ",keepalive_us=" + std::to_string(c.keepaliveUs);
+         ",keepalive_us=" + std::to_string(c.keepaliveUs) +
+         ",peer_timeout_us=" + std::to_string(c.peerTimeoutUs);
 }
 
 }  // namespace ucxb::udp

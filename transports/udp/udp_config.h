@@ -25,8 +25,13 @@ struct UdpConfig {
   DurationUs rtoMinUs = 1000;
   DurationUs rtoMaxUs = 1'000'000;
   DurationUs initialRttUs = 1000;  // the RTT assumed before the first sample
-  // Consecutive RTO expiries without any acknowledgement before the peer is declared failed.
+  // The peer is declared failed after this many consecutive RTO expiries without any
+  // acknowledgement AND at least peerTimeoutUs since anything new was acknowledged: the count
+  // alone (about 1 s of doubling timeouts) misjudged a live peer under heavy loss or when a
+  // loaded host starved its progress thread; a peer that went silent while idle is still
+  // found within keepaliveUs plus the expiries, since nothing new was acknowledged for long.
   uint32_t maxRtoExpiries = 10;
+  DurationUs peerTimeoutUs = 5'000'000;
   // While something is expected from the peer (a posted receive, a message half arrived) and
   // nothing is in flight, a PING goes out after this long without hearing from it, so that a
   // peer that died in silence is found by the RTO path above instead of never. 0 disables.
