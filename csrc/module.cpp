@@ -71,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
         py::list peers;
         for (const auto& p : snap.peers) peers.append(countersToDict(p));
         out["peers"] = peers;
+        out["total"] = countersToDict(ucxb::sumOverPeers(snap.peers));
         out["transport"] = countersToDict(snap.transport);
         py::list ops;
         for (const auto& op : snap.ops) {

@@ -185,11 +185,6 @@ def _register() -> None:
         dist.Backend.register_backend(name, creator, extended_api=True, devices=list(DEVICES))
 
 
-# Counters that are levels, not counts: they are not summed over peers but maxed.
-def _is_gauge(name: str) -> bool:
-    return name.startswith("rtt_") or name.endswith("_high_water") or name in ("rtt_samples",)
-
-
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Traffic statistics of a ``udp`` (or ``ucx``) process group, as last published.
 
@@ -212,17 +207,10 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
         if backend.name() not in BACKEND_NAMES:
             continue
         raw = _C.traffic(backend)
-        total: dict[str, int] = {}
-        for counters in raw["peers"]:
-            for name, value in counters.items():
-                if _is_gauge(name):
-                    total[name] = max(total.get(name, 0), value)
-                else:
-                    total[name] = total.get(name, 0) + value
         return {
             "backend": raw["backend"],
             "peers": dict(enumerate(raw["peers"])),
-            "total": total,
+            "total": raw["total"],
             "transport": raw["transport"],
             "ops": raw["ops"],
         }

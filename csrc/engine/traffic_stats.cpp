@@ -14,14 +14,13 @@ bool isGauge(const std::string& name) {
 TrafficStats::TrafficStats(const Transport& transport)
     : enabled_(!transport.transportCounters().empty()) {}
 
-Counters TrafficStats::totals(const std::vector<Counters>& peers) {
+Counters sumOverPeers(const std::vector<Counters>& peers) {
   Counters sum;
   for (const auto& peer : peers) {
     if (sum.empty()) {
       sum = peer;
       continue;
     }
-    // Every peer lists the same counters in the same order.
     for (size_t i = 0; i < sum.size() && i < peer.size(); ++i) {
       sum[i].second = isGauge(sum[i].first) ? std::max(sum[i].second, peer[i].second)
                                             : sum[i].second + peer[i].second;
@@ -32,13 +31,13 @@ Counters TrafficStats::totals(const std::vector<Counters>& peers) {
 
 void TrafficStats::beforeOp(const Transport& transport) {
   if (!enabled_) return;
-  before_ = totals(transport.peerCounters());
+  before_ = sumOverPeers(transport.peerCounters());
 }
 
 void TrafficStats::afterOp(const Transport& transport, const std::string& op, uint64_t seq) {
   if (!enabled_) return;
   auto peers = transport.peerCounters();
-  OpTraffic record{op, seq, totals(peers)};
+  OpTraffic record{op, seq, sumOverPeers(peers)};
   for (size_t i = 0; i < record.counters.size() && i < before_.size(); ++i) {
     auto& [name, value] = record.counters[i];
     if (!isGauge(name)) value -= std::min(value, before_[i].second);

@@ -22,6 +22,10 @@ struct OpTraffic {
   Counters counters;
 };
 
+// The peers' counters summed (gauges: rtt_*, *_high_water, maxed instead). Every peer lists
+// the same counters in the same order.
+Counters sumOverPeers(const std::vector<Counters>& peers);
+
 struct TrafficSnapshot {
   std::vector<Counters> peers;  // index = peer rank
   Counters transport;
@@ -45,8 +49,6 @@ class TrafficStats {
   TrafficSnapshot snapshot() const;
 
  private:
-  static Counters totals(const std::vector<Counters>& peers);
-
   bool enabled_ = false;
   Counters before_;
   mutable std::mutex mu_;

@@ -325,11 +325,11 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
         ++counts_.unknownSource;
         continue;
       }
-      // A coalesced train (UDP GRO) is cut back into the datagrams it was sent as.
-      const size_t step = d.segmentSize != 0 ? d.segmentSize : d.length;
+      // A coalesced train (UDP GRO) is cut back into the datagrams it was sent as; anything
+      // else (an empty datagram too, which the core then counts as truncated) is one piece.
+      const size_t step = d.segmentSize != 0 ? d.segmentSize : std::max<size_t>(d.length, 1);
       if (d.segmentSize != 0) ++counts_.trainsReceived;
-      for (size_t offset = 0; offset < d.length || (offset == 0 && d.length == 0);
-           offset += std::max<size_t>(step, 1)) {
+      for (size_t offset = 0; offset == 0 || offset < d.length; offset += step) {
         const std::span<const uint8_t> bytes(d.data + offset, std::min(step, d.length - offset));
         if (!faults_) {
           deliver(it->second, bytes, now);
@@ -345,7 +345,6 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
                                   std::move(copy.bytes)});
           }
         }
-        if (d.length == 0) break;
       }
     }
     if (n < receiveBatch_.size()) return;
@@ -358,7 +357,7 @@ void UdpTransport::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now)
 
 void UdpTransport::deliverDelayed(TimeUs now, bool& active) {
   while (!delayed_.empty() && delayed_.top().dueUs <= now) {
-    // priority_queue::top is const: copy out the small struct's bytes by moving after pop.
+    // top() is const, but the element is popped right after: moving its bytes out is safe.
     Delayed d = std::move(const_cast<Delayed&>(delayed_.top()));
     delayed_.pop();
     deliver(d.peer, d.bytes, now);
