@@ -167,11 +167,15 @@ def test_ten_percent_drop_with_dup_and_reorder_matches_gloo() -> None:
         assert r["transport"]["faults_duplicated"] > 0
         assert r["total"]["retransmitted_packets"] > 0
         assert r["total"]["duplicate_packets"] + r["total"]["duplicate_fragments"] > 0
+        # selective repeat keeps what overtook a lost packet
+        assert r["total"]["dropped_after_gap"] == 0
 
 
 def test_three_ranks_one_percent_drop_go_back_n() -> None:
     res = _run(3, _faults(0.01), "loss_recovery=go_back_n", sizes=(1, 20_000, 300_000))
     assert sum(r["transport"]["faults_dropped"] for r in res) > 0
+    # go-back-N's receivers discard what arrives after a gap: the textbook window of one
+    assert sum(r["total"]["dropped_after_gap"] for r in res) > 0
 
 
 @pytest.mark.slow

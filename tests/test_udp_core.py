@@ -30,6 +30,7 @@ GROUPS = [
     "rtt_congestion",
     "lossless",
     "loss",
+    "go_back_n",
     "duplication",
     "reordering",
     "delayed_acks",

@@ -195,7 +195,7 @@ struct Totals {
            duplicateFragments = 0, outOfOrder = 0, checksumDrops = 0, otherDrops = 0,
            payloadBytesReceived = 0, bytesDelivered = 0, creditStalls = 0, rendezvous = 0,
            eager = 0, unexpectedMessages = 0, unexpectedHighWater = 0, pings = 0,
-           datagramsSent = 0, ackPacketsSent = 0, rttSamples = 0;
+           datagramsSent = 0, ackPacketsSent = 0, rttSamples = 0, afterGapDrops = 0;
   DurationUs rttMinUs = 0, rttSmoothedUs = 0;
   double goodputBps = 0;  // the best receiving connection's (Stats' own figure)
 };
@@ -217,6 +217,7 @@ Totals totalsOf(Simulator& sim) {
       t.outOfOrder += s.outOfOrderPackets;
       t.checksumDrops += s.dropped(DropReason::kBadChecksum);
       t.otherDrops += s.datagramsDropped - s.dropped(DropReason::kBadChecksum);
+      t.afterGapDrops += s.dropped(DropReason::kAfterGap);
       t.payloadBytesReceived += s.payloadBytesReceived;
       t.bytesDelivered += s.bytesDelivered;
       t.creditStalls += s.creditStalls;
@@ -916,6 +917,107 @@ void testLoss() {
   }
 }
 
+// go-back-N's receive window of one, packet by packet: what the kInOrder and kRestart flags
+// make the receiver keep, whatever its own policy is.
+void testGoBackNReceiver() {
+  for (const std::string& own : kPolicies) {
+    PeerIdentity id;
+    id.localRank = 1;
+    id.peerRank = 0;
+    id.sessionToken = 0x5eed;
+    PeerConnection rx(configWith("loss_recovery=" + own), id);
+    PacketHeader h;
+    h.sourceRank = 0;
+    h.token = 0x5eed;
+    const std::vector<uint8_t> payload(100, 0x5a);
+    MessageId nextMessage = 0;
+    const auto data = [&](PacketNumber pn, uint8_t flags) {
+      std::vector<uint8_t> b(kDataHeaderBytes + payload.size());
+      DataHeader d;
+      d.tag = 7;
+      d.messageId = nextMessage++;
+      d.messageLength = payload.size();
+      d.fragmentLength = static_cast<uint16_t>(payload.size());
+      d.flags = flags;
+      b.resize(encodeData(b, h, pn, d, payload.data()));
+      const Stats before = rx.stats();
+      rx.onDatagram(b, 1000 + pn);
+      const Stats after = rx.stats();
+      CHECK_EQ(after.datagramsReceived, before.datagramsReceived + 1);
+      return after.dropped(DropReason::kAfterGap) == before.dropped(DropReason::kAfterGap) + 1;
+    };
+    const auto ping = [&](PacketNumber pn) {
+      std::vector<uint8_t> b(kPingBytes);
+      b.resize(encodePing(b, h, pn));
+      rx.onDatagram(b, 1000 + pn);
+    };
+    using namespace data_flags;
+    const std::string who = "receiver configured " + own;
+    CHECK_MSG(!data(0, kInOrder | kRestart), who);  // the first packet starts the run
+    CHECK_MSG(data(2, kInOrder), who);              // 1 is missing: discarded
+    CHECK_MSG(!data(1, kInOrder), who);             // the gap filled
+    CHECK_MSG(!data(2, kInOrder), who);             // now in its turn (it was never kept)
+    ping(4);                                        // control packets are always kept...
+    CHECK_MSG(data(5, kInOrder), who);              // ...but 3 is still missing
+    ping(3);                                        // 3 arrives: the run reaches past 4
+    CHECK_MSG(!data(5, kInOrder), who);
+    CHECK_MSG(data(9, kInOrder), who);
+    CHECK_MSG(!data(10, kInOrder | kRestart), who);  // the sender went back: a new run
+    CHECK_MSG(data(8, kInOrder | kRestart), who);    // a restart of an abandoned run
+    CHECK_MSG(!data(11, kInOrder), who);
+    CHECK_MSG(!data(20, 0), who);  // selective repeat's DATA: kept whatever the gap
+    const Stats s = rx.stats();
+    CHECK_EQ(s.dropped(DropReason::kAfterGap), uint64_t{4});
+    CHECK_EQ(s.datagramsAccepted + s.datagramsDropped, s.datagramsReceived);
+    CHECK_EQ(s.payloadBytesReceived, 7 * payload.size());  // packets 0 1 2 5 10 11 20
+  }
+  // A restart without the in-order flag means nothing: malformed.
+  std::vector<uint8_t> b(kDataHeaderBytes);
+  DataHeader d;
+  d.flags = data_flags::kRestart;
+  b.resize(encodeData(b, PacketHeader{}, 0, d, nullptr));
+  DecodedPacket p;
+  CHECK(decodePacket(b, p) == DecodeError::kMalformed);
+
+  // The same transfer, same losses: go-back-N must pay for its discards, in resends and in
+  // time, or it is not go-back-N.
+  TransferOutcome by[2];
+  for (size_t i = 0; i < kPolicies.size(); ++i) {
+    TransferPlan plan;
+    plan.config = configWith("loss_recovery=" + kPolicies[i]);
+    plan.label = "drop 5% 1 MiB one way " + kPolicies[i];
+    plan.forwardFaults = parseFaultConfig("drop=0.05,seed=23");
+    plan.flows = {{0, 1, {1u << 20, 1u << 20}}};
+    plan.verbose = true;
+    by[i] = runTransfer(plan);
+  }
+  const Totals& sr = by[0].totals;
+  const Totals& gbn = by[1].totals;
+  CHECK_EQ(sr.afterGapDrops, uint64_t{0});
+  CHECK(gbn.afterGapDrops > 100);
+  CHECK_MSG(gbn.retransmittedPackets > 3 * sr.retransmittedPackets,
+            std::to_string(gbn.retransmittedPackets) + " vs " +
+                std::to_string(sr.retransmittedPackets));
+  CHECK_MSG(by[1].doneNs > 2 * by[0].doneNs,
+            std::to_string(by[1].doneNs) + " vs " + std::to_string(by[0].doneNs));
+
+  // A path whose RTT (40 ms) is far above the RTO assumed before the first sample (3 ms):
+  // the first ACKs all come after their packets were given up on. Those late ACKs reset the
+  // timeouts (the peer is alive), and yet the RTO must catch up with the path, not livelock.
+  for (const std::string& policy : kPolicies) {
+    TransferPlan plan;
+    plan.config = configWith("loss_recovery=" + policy + ",peer_timeout_us=0");
+    plan.label = "40 ms RTT " + policy;
+    plan.link.oneWayDelayNs = 20'000'000;
+    plan.flows = {{0, 1, {1u << 20}}, {1, 0, {1000}}};
+    plan.verbose = true;
+    const TransferOutcome o = runTransfer(plan);
+    CHECK_MSG(o.completed, plan.label);
+    CHECK_MSG(o.totals.rttSmoothedUs >= 40'000, std::to_string(o.totals.rttSmoothedUs));
+    CHECK_MSG(o.doneNs < 2'000'000'000, std::to_string(o.doneNs));
+  }
+}
+
 void testDuplication() {
   for (const std::string& policy : kPolicies) {
     TransferPlan plan;
@@ -941,7 +1043,13 @@ void testReordering() {
     plan.flows = {{0, 1, boundarySizes(plan.config)}, {1, 0, std::vector<uint64_t>(50, 5000)}};
     plan.verbose = true;
     const TransferOutcome o = runTransfer(plan);
-    CHECK(o.totals.outOfOrder > 100);
+    if (policy == "go_back_n") {
+      // Its receiver keeps nothing that overtook a packet: it discards and waits.
+      CHECK_MSG(o.totals.afterGapDrops > 100, std::to_string(o.totals.afterGapDrops));
+    } else {
+      CHECK(o.totals.outOfOrder > 100);
+      CHECK_EQ(o.totals.afterGapDrops, uint64_t{0});
+    }
   }
   // A larger reordering threshold absorbs most of the same reordering: only the time
   // threshold (9/8 RTT; the reordering here reaches 30 us of a ~110 us RTT) still fires now
@@ -1688,6 +1796,7 @@ const Group kGroups[] = {
     {"rtt_congestion", testRttAndCongestion, true},
     {"lossless", testLossless, true},
     {"loss", testLoss, true},
+    {"go_back_n", testGoBackNReceiver, true},
     {"duplication", testDuplication, true},
     {"reordering", testReordering, true},
     {"delayed_acks", testDelayedAcks, true},

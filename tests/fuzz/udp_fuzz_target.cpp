@@ -188,7 +188,11 @@ void checkDecoded(std::span<const uint8_t> datagram, const DecodedPacket& p) {
       FUZZ_CHECK(d.messageLength <= kMaxMessageBytes, hex(datagram));
       FUZZ_CHECK(d.offset <= d.messageLength && d.fragmentLength <= d.messageLength - d.offset,
                  hex(datagram));
-      FUZZ_CHECK((d.flags & ~data_flags::kKnown) == 0 && d.flags != data_flags::kKnown,
+      FUZZ_CHECK((d.flags & ~data_flags::kKnown) == 0, hex(datagram));
+      FUZZ_CHECK(!((d.flags & data_flags::kRendezvousRequest) &&
+                   (d.flags & data_flags::kRendezvousData)),
+                 hex(datagram));
+      FUZZ_CHECK(!(d.flags & data_flags::kRestart) || (d.flags & data_flags::kInOrder),
                  hex(datagram));
       FUZZ_CHECK(p.payload.size() == d.fragmentLength, hex(datagram));
       // The payload must lie inside the datagram, at its end: the receiver copies from it.
@@ -643,7 +647,9 @@ class Harness {
       return;
     }
     FUZZ_CHECK(!reason || *reason == DropReason::kProtocol ||
-                   (*reason == DropReason::kStale && p.header.type != PacketType::kAck),
+                   (*reason == DropReason::kStale && p.header.type != PacketType::kAck) ||
+                   (*reason == DropReason::kAfterGap && p.header.type == PacketType::kData &&
+                    (p.data.flags & data_flags::kInOrder)),
                "unexpected drop reason " + got + ": " + what());
     // A connection that only ever saw honest traffic has no reason to call any of it a
     // protocol violation.

@@ -23,6 +23,11 @@ class AckTracker {
   // recording it would make our ACKs acknowledge packets the peer never sent.
   bool plausible(PacketNumber pn) const;
 
+  // The smallest number >= `from` not received (numbers below the history count as received).
+  PacketNumber firstMissingFrom(PacketNumber from) const {
+    return received_.firstMissingFrom(from < floor_ ? floor_ : from);
+  }
+
   // Records an accepted, new packet. Returns true if it arrived out of order (after a
   // higher-numbered one).
   bool record(PacketNumber pn, TimeUs now);
@@ -30,6 +35,7 @@ class AckTracker {
   // Acknowledge at the next opportunity (a duplicate arrived: our last ACK may have been lost;
   // or a flow-control update is due).
   void ackSoon() { immediate_ = true; }
+  bool anyReceived() const { return largest_.has_value(); }
   bool ackWanted(TimeUs now) const;
   // When the delayed-ACK timer fires, if an ACK is pending.
   std::optional<TimeUs> ackDeadline() const;

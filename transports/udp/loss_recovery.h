@@ -24,6 +24,10 @@ class LossRecovery {
   virtual void chooseResends(std::span<const PacketNumber> lost,
                              std::span<const PacketNumber> inFlight,
                              std::vector<PacketNumber>& alsoResend) const = 0;
+  // Whether the peer must discard DATA that arrives after a gap (a receive window of one
+  // packet). The sender marks its DATA so (data_flags::kInOrder): the receiving side obeys
+  // the flag whatever its own policy is, so two ranks configured differently still agree.
+  virtual bool inOrderOnly() const { return false; }
 };
 
 // `selective_repeat`: resend exactly what was lost; everything else the receiver has, or will
@@ -35,15 +39,17 @@ class SelectiveRepeat final : public LossRecovery {
                      std::vector<PacketNumber>&) const override {}
 };
 
-// `go_back_n`: the classic sliding-window sender: on a loss, resend the lost packet and every
-// packet sent after it that is still unacknowledged. Our receiver keeps out-of-order data
-// anyway, so the price of go-back-N shows up as spurious retransmissions (bandwidth), not as
-// discarded data.
+// `go_back_n`: the textbook sliding window. The receiver accepts DATA only in order and
+// discards whatever arrives after a gap (it acknowledges only what it kept), so a loss is
+// found by the timeout, and the sender then resends the lost packet and every packet sent
+// after it. One loss costs a retransmission timeout and a window of resends: the baseline
+// selective repeat is measured against.
 class GoBackN final : public LossRecovery {
  public:
   const char* name() const override { return "go_back_n"; }
   void chooseResends(std::span<const PacketNumber> lost, std::span<const PacketNumber> inFlight,
                      std::vector<PacketNumber>& alsoResend) const override;
+  bool inOrderOnly() const override { return true; }
 };
 
 // The names `loss_recovery=` accepts, in registry order.

@@ -96,6 +96,13 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
       return;
     case AckTracker::Arrival::kNew: break;
   }
+  if (p.header.type == PacketType::kData && !acceptInOrder(pn, p.data.flags)) {
+    // Not recorded, so never acknowledged: the sender's timeout sends it again. Repeat the
+    // ACK of what we kept, as a go-back-N receiver does: if our last ACK was lost, this one
+    // saves the sender a timeout round, whose RTO would double while nothing is acknowledged.
+    acks_.ackSoon();
+    return drop(DropReason::kAfterGap);
+  }
   switch (p.header.type) {
     case PacketType::kData:
       if (receiver_.onData(p.data, p.payload, now) == MessageReceiver::Verdict::kViolation) {
@@ -112,7 +119,19 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
     case PacketType::kAck: break;
   }
   if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
+  // Control packets are never discarded, but they fill their place in the in-order run.
+  inOrderNext_ = acks_.firstMissingFrom(inOrderNext_);
   ++stats_.datagramsAccepted;
+}
+
+bool PeerConnection::acceptInOrder(PacketNumber pn, uint8_t flags) {
+  if (!(flags & data_flags::kInOrder)) return true;
+  // A restart older than the run in progress is a straggler from an abandoned run.
+  if ((flags & data_flags::kRestart) && pn >= inOrderNext_) {
+    inOrderNext_ = pn;  // and past it once it is recorded
+    return true;
+  }
+  return pn == inOrderNext_;
 }
 
 bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
@@ -127,8 +146,11 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     congestion_->onPacketAcked(p.sentTime, now);
     if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
   }
-  if (!ackResult_.newlyAcked.empty()) {
-    // The peer is alive and the path works: timeouts start from scratch.
+  if (!ackResult_.newlyAcked.empty() || ackResult_.lateAcks > 0) {
+    // The peer is alive and the path works: timeouts start from scratch. A late ACK (of a
+    // packet already given up on) says so too: our timer was early, the path is not dead.
+    // Without it, go-back-N at high loss, whose timeouts abandon packets the peer has just
+    // acknowledged, backed off to rto_max and declared a live peer failed.
     consecutiveRtos_ = 0;
     rtoBackoff_ = 0;
     lastAckProgress_ = now;
@@ -152,6 +174,8 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, bool byT
   lossRecovery_->chooseResends(lostNumbers_, inFlightNumbers_, alsoResend_);
   if (!alsoResend_.empty()) sent_.declareLost(alsoResend_, lost);
   stats_.packetsDeclaredLost += lost.size();
+  // The peer discards everything after the gap: the next DATA starts a new in-order run.
+  if (lossRecovery_->inOrderOnly()) restartPending_ = true;
   TimeUs newestSent = 0;
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
@@ -246,6 +270,10 @@ void PeerConnection::onTimeout(TimeUs now) {
     rtoBackoff_ = std::min(rtoBackoff_ + 1, kMaxBackoff);
     congestion_->onRetransmissionTimeout(now);
     recover(lost_, now, /*byTimeout=*/true);
+    // Two ack-eliciting packets per timeout, not one (RFC 9002 6.2.4): with a single packet
+    // in flight, one loss either way costs a doubled timeout, and at 30% loss a run of those
+    // backed a live peer off to rto_max and past peer_timeout_us.
+    timeoutProbeDue_ = true;
   }
   if (const auto t = probeDeadline(); t && *t <= now) probeDue_ = true;
   if (const auto t = keepaliveDeadline(); t && *t <= now) keepaliveDue_ = true;
@@ -286,11 +314,12 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
   lastNow_ = std::max(lastNow_, now);
   // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
   if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
-  if (probeDue_ || keepaliveDue_) {
+  if (probeDue_ || keepaliveDue_ || timeoutProbeDue_) {
     // A PING is reliable: if the peer never acknowledges it, the RTO path gives up on it.
     if (probeDue_) ++probeBackoff_;
     probeDue_ = false;
     keepaliveDue_ = false;
+    timeoutProbeDue_ = false;
     const size_t n = encodePing(out, header(), sent_.nextNumber());
     ++stats_.pingPacketsSent;
     return recordAndCount(now, PacketContent{}, n, false);
@@ -314,6 +343,11 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     d.offset = f->content.offset;
     d.fragmentLength = static_cast<uint16_t>(f->content.length);
     d.flags = f->content.flags;
+    if (lossRecovery_->inOrderOnly()) {
+      d.flags |= data_flags::kInOrder;
+      if (restartPending_) d.flags |= data_flags::kRestart;
+      restartPending_ = false;
+    }
     const size_t n = encodeData(out, header(), sent_.nextNumber(), d, f->payload);
     ++stats_.dataPacketsSent;
     return recordAndCount(now, std::move(f->content), n, f->retransmission);

@@ -65,6 +65,13 @@ class PeerConnection {
   // Whether postReceive(tag, mask, ...) would match a message that has already arrived.
   bool hasMatchable(Tag tag, Tag mask) const { return receiver_.hasMatchable(tag, mask); }
 
+  // Sends our ACK again at the next pollTransmit, if anything was ever received. A closing
+  // transport repeats its last ACK this way, so that a peer whose copy was lost is not left
+  // waiting for a retransmission timeout we may no longer be around to answer.
+  void acknowledgeAgain() {
+    if (acks_.anyReceived()) acks_.ackSoon();
+  }
+
   // One datagram from the peer. Anything malformed, forged or stale is counted and dropped.
   void onDatagram(std::span<const uint8_t> datagram, TimeUs now);
   // Writes the next datagram to send into `out` (at least mtu_payload bytes) and returns its
@@ -93,6 +100,8 @@ class PeerConnection {
   PacketHeader header() const;
   void drop(DropReason reason);
   bool onAck(const AckFrame& ack, TimeUs now);
+  // go-back-N's receive window of one: false if this DATA must be discarded.
+  bool acceptInOrder(PacketNumber pn, uint8_t flags);
   void detectAndRecover(TimeUs now);
   // Hands lost content back to whoever produced it. `byTimeout`: the RTO already told the
   // congestion controller.
@@ -124,12 +133,18 @@ class PeerConnection {
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;
+  bool timeoutProbeDue_ = false;   // a PING to go out with what a timeout resends
   TimeUs lastHeard_ = 0;           // last datagram accepted from the peer
   TimeUs lastActivity_ = 0;        // last reliable packet sent or ACK received
   TimeUs lastAckProgress_ = 0;     // last ACK that acknowledged something new
   TimeUs lastNow_ = 0;             // latest time seen (for calls that carry none)
   bool failed_ = false;
   std::string failure_;
+  // In-order-only DATA (go-back-N). Sending: the next DATA packet is marked kRestart (the
+  // first one, and the first after every loss). Receiving: the packet number the next
+  // in-order DATA from the peer must carry.
+  bool restartPending_ = true;
+  PacketNumber inOrderNext_ = 0;
 
   // Scratch, kept to avoid allocating per datagram.
   DecodedPacket decoded_;

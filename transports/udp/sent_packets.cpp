@@ -28,8 +28,11 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   if (ack.rangeCount == 0) return true;
   // Ranges are descending: the first one holds the largest number.
   if (ack.ranges[0].largest >= next_) return false;
+  // A packet declared lost is still a clean sample when its ACK comes at last (numbers are
+  // never reused). Taking it matters: when the RTT grows past the RTO, every ACK would be
+  // late, and without samples the estimate, and the RTO, would never catch up.
   if (const SentPacket* largest = find(ack.ranges[0].largest);
-      largest != nullptr && largest->state == SentPacket::State::kInFlight) {
+      largest != nullptr && largest->state != SentPacket::State::kAcked) {
     out.rttSampleSentTime = largest->sentTime;
   }
   for (uint16_t i = 0; i < ack.rangeCount; ++i) {

@@ -13,6 +13,7 @@ const char* dropReasonName(DropReason reason) {
     case DropReason::kWrongPeer: return "wrong_peer";
     case DropReason::kProtocol: return "protocol";
     case DropReason::kStale: return "stale";
+    case DropReason::kAfterGap: return "after_gap";
     case DropReason::kClosed: return "closed";
     case DropReason::kCount: break;
   }

@@ -25,6 +25,8 @@ enum class DropReason : uint8_t {
   kProtocol,      // well-formed but impossible here: ACK of a packet never sent, fragment
                   // disagreeing with its message, credit overrun, CTS for an unknown message
   kStale,         // packet number older than the receive history kept
+  kAfterGap,      // go-back-N (the sender's kInOrder flag): DATA that follows a packet not yet
+                  // received is discarded, and the sender will send it again
   kClosed,        // the connection has failed
   kCount,
 };

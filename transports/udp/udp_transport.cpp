@@ -132,25 +132,46 @@ UdpTransport::~UdpTransport() {
 
 void UdpTransport::linger() {
   // How long to stay after the last datagram: a short while normally; but once a peer has
-  // retransmitted something we already had (our ACK was lost), its timer may back off up to
-  // rto_max, so stay until it has been quiet that long.
+  // retransmitted something we already had (our ACK was lost), or something go-back-N made us
+  // discard, its timer may back off up to rto_max, so stay until it has been quiet that long.
   const auto duplicates = [this] {
     uint64_t n = 0;
     for (const auto& peer : peers_) {
       const Stats s = peer.connection->stats();
-      n += s.duplicatePackets + s.duplicateFragments;
+      n += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
     }
     return n;
   };
+  // What a peer still waiting on us sends: anything but ACKs (two lingering peers repeat
+  // their ACKs to each other, and that alone must not keep either of them here).
+  const auto heard = [this] {
+    uint64_t n = 0;
+    for (const auto& peer : peers_) {
+      const Stats s = peer.connection->stats();
+      n += s.datagramsReceived - s.ackPacketsReceived;
+    }
+    return n;
+  };
+  // Our last ACK to a peer may have been lost, and its timer may have backed off: repeat
+  // the ACK every few ms while we stay (cheap, and at 30% loss the chance that every copy is
+  // lost is nil), rather than count on answering its retransmission.
+  constexpr DurationUs kAckRepeatUs = 5000;
   const TimeUs start = nowUs();
   TimeUs lastHeard = start;
+  TimeUs lastAckRepeat = 0;
   DurationUs quiet = options_.lingerQuietUs;
   uint64_t seenDuplicates = duplicates();
   for (;;) {
-    const uint64_t before = counts_.receiveBatches;
+    const uint64_t before = heard();
+    if (nowUs() - lastAckRepeat >= kAckRepeatUs) {
+      for (auto& peer : peers_) {
+        if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
+      }
+      lastAckRepeat = nowUs();
+    }
     progress();
     const TimeUs now = nowUs();
-    if (counts_.receiveBatches != before) lastHeard = now;
+    if (heard() != before) lastHeard = now;
     if (const uint64_t d = duplicates(); d != seenDuplicates) {
       seenDuplicates = d;
       quiet = std::max(quiet, options_.config.rtoMaxUs);
@@ -163,7 +184,7 @@ void UdpTransport::linger() {
     if (idle && now - lastHeard >= quiet) return;
     if (arm()) {
       epoll_event ev;
-      const TimeUs wait = idle ? quiet - (now - lastHeard) : 1000;
+      const TimeUs wait = std::min<TimeUs>(idle ? quiet - (now - lastHeard) : 1000, kAckRepeatUs);
       ::epoll_wait(epollFd_.get(), &ev, 1, static_cast<int>(std::max<TimeUs>(1, wait / 1000)));
     }
   }

@@ -80,6 +80,9 @@ DecodeError decodeData(const uint8_t* p, size_t n, DecodedPacket& out) {
   }
   const bool rts = d.flags & data_flags::kRendezvousRequest;
   if (rts && (d.flags & data_flags::kRendezvousData)) return DecodeError::kMalformed;
+  if ((d.flags & data_flags::kRestart) && !(d.flags & data_flags::kInOrder)) {
+    return DecodeError::kMalformed;
+  }
   if (d.messageLength > kMaxMessageBytes) return DecodeError::kMalformed;
   // Ids count up from 0 per connection; the range sets that track them need id + 1 to exist.
   if (d.messageId > kMaxMessageId) return DecodeError::kMalformed;

@@ -15,7 +15,7 @@
 //
 // DATA (60-byte header, then the payload):
 //   24 u64 tag   32 u64 message id   40 u64 message length   48 u64 offset
-//   56 u16 fragment length   58 u8 flags (DataFlags)   59 u8 reserved (0)
+//   56 u16 fragment length   58 u8 flags (data_flags)   59 u8 reserved (0)
 //   Every fragment repeats the message's tag and length, so whichever fragment arrives first
 //   can be matched to a posted receive and written straight into it.
 // ACK (44 bytes + 8 per extra range; not reliable, never acknowledged):
@@ -51,7 +51,14 @@ enum class PacketType : uint8_t { kData = 1, kAck = 2, kCts = 3, kPing = 4 };
 namespace data_flags {
 constexpr uint8_t kRendezvousRequest = 0x01;  // RTS: no payload, offset 0
 constexpr uint8_t kRendezvousData = 0x02;     // a fragment of a rendezvous message
-constexpr uint8_t kKnown = kRendezvousRequest | kRendezvousData;
+// Go-back-N (loss_recovery=go_back_n): the sender wants this packet discarded unless it is the
+// next reliable packet after the last one received, so that the receiver keeps nothing that
+// arrives after a gap. The sender sets the flag; the receiver's own policy does not matter.
+constexpr uint8_t kInOrder = 0x04;
+// With kInOrder: the sender went back and abandoned every earlier packet the receiver has not
+// seen; in-order delivery restarts here.
+constexpr uint8_t kRestart = 0x08;
+constexpr uint8_t kKnown = kRendezvousRequest | kRendezvousData | kInOrder | kRestart;
 }  // namespace data_flags
 
 constexpr size_t kCommonHeaderBytes = 16;
