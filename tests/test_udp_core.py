@@ -31,6 +31,7 @@ GROUPS = [
     "lossless",
     "loss",
     "go_back_n",
+    "tail_loss_probe",
     "duplication",
     "reordering",
     "delayed_acks",

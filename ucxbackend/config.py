@@ -94,6 +94,7 @@ UDP_CONFIG_KEYS: Final = (
     "min_cwnd_packets",
     "keepalive_us",
     "peer_timeout_us",
+    "tail_probes",
 )
 UDP_FAULT_KEYS: Final = (
     "drop",

@@ -195,7 +195,8 @@ struct Totals {
            duplicateFragments = 0, outOfOrder = 0, checksumDrops = 0, otherDrops = 0,
            payloadBytesReceived = 0, bytesDelivered = 0, creditStalls = 0, rendezvous = 0,
            eager = 0, unexpectedMessages = 0, unexpectedHighWater = 0, pings = 0,
-           datagramsSent = 0, ackPacketsSent = 0, rttSamples = 0, afterGapDrops = 0;
+           datagramsSent = 0, ackPacketsSent = 0, rttSamples = 0, afterGapDrops = 0,
+           tailProbes = 0;
   DurationUs rttMinUs = 0, rttSmoothedUs = 0;
   double goodputBps = 0;  // the best receiving connection's (Stats' own figure)
 };
@@ -218,6 +219,7 @@ Totals totalsOf(Simulator& sim) {
       t.checksumDrops += s.dropped(DropReason::kBadChecksum);
       t.otherDrops += s.datagramsDropped - s.dropped(DropReason::kBadChecksum);
       t.afterGapDrops += s.dropped(DropReason::kAfterGap);
+      t.tailProbes += s.tailLossProbes;
       t.payloadBytesReceived += s.payloadBytesReceived;
       t.bytesDelivered += s.bytesDelivered;
       t.creditStalls += s.creditStalls;
@@ -1018,6 +1020,46 @@ void testGoBackNReceiver() {
   }
 }
 
+// Tail losses (the last packet of a burst, with nothing after it to reveal the gap): the
+// tail-loss probe finds them in a few RTTs, where the RTO alone waits rto_min_us each time.
+void testTailLossProbes() {
+  // One single-packet message per run, its data dropped with probability 0.3: whenever it is,
+  // nothing follows it, and only a probe or the RTO can find the loss.
+  Totals sum[2];
+  uint64_t doneNs[2] = {0, 0};
+  for (const int probes : {0, 2}) {
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      TransferPlan plan;
+      // initial_rtt_us: a path known to be short, as after a first exchange; the RTO's
+      // 1 ms floor still applies, the probe's does not.
+      plan.config = configWith("initial_rtt_us=100,tail_probes=" + std::to_string(probes));
+      plan.label = "tail loss, tail_probes=" + std::to_string(probes);
+      plan.forwardFaults = parseFaultConfig("drop=0.3,seed=" + std::to_string(seed));
+      plan.flows = {{0, 1, {1000}}};
+      const TransferOutcome o = runTransfer(plan);
+      CHECK_MSG(o.completed, plan.label);
+      Totals& t = sum[probes != 0];
+      t.tailProbes += o.totals.tailProbes;
+      t.rtoExpiries += o.totals.rtoExpiries;
+      t.retransmittedPackets += o.totals.retransmittedPackets;
+      doneNs[probes != 0] += o.doneNs;
+    }
+  }
+  std::printf("  tail_probes=0: rto=%llu retx=%llu %.2f ms; tail_probes=2: probes=%llu rto=%llu "
+              "retx=%llu %.2f ms (sim, 40 runs)\n",
+              (unsigned long long)sum[0].rtoExpiries, (unsigned long long)sum[0].retransmittedPackets,
+              doneNs[0] / 1e6, (unsigned long long)sum[1].tailProbes,
+              (unsigned long long)sum[1].rtoExpiries, (unsigned long long)sum[1].retransmittedPackets,
+              doneNs[1] / 1e6);
+  CHECK(sum[0].retransmittedPackets > 5);  // there were tail losses to find
+  CHECK_EQ(sum[0].tailProbes, uint64_t{0});
+  CHECK(sum[1].tailProbes > 0);
+  CHECK_MSG(sum[1].rtoExpiries * 2 < sum[0].rtoExpiries,
+            std::to_string(sum[1].rtoExpiries) + " vs " + std::to_string(sum[0].rtoExpiries));
+  CHECK_MSG(doneNs[1] * 5 < doneNs[0] * 4,
+            std::to_string(doneNs[1]) + " vs " + std::to_string(doneNs[0]));
+}
+
 void testDuplication() {
   for (const std::string& policy : kPolicies) {
     TransferPlan plan;
@@ -1797,6 +1839,7 @@ const Group kGroups[] = {
     {"lossless", testLossless, true},
     {"loss", testLoss, true},
     {"go_back_n", testGoBackNReceiver, true},
+    {"tail_loss_probe", testTailLossProbes, true},
     {"duplication", testDuplication, true},
     {"reordering", testReordering, true},
     {"delayed_acks", testDelayedAcks, true},

@@ -153,6 +153,7 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     // acknowledged, backed off to rto_max and declared a live peer failed.
     consecutiveRtos_ = 0;
     rtoBackoff_ = 0;
+    tailProbesSent_ = 0;
     lastAckProgress_ = now;
   }
   detectAndRecover(now);
@@ -218,6 +219,16 @@ std::optional<TimeUs> PeerConnection::probeDeadline() const {
   return lastActivity_ + delay;
 }
 
+std::optional<TimeUs> PeerConnection::tailProbeDeadline() const {
+  if (tailProbesSent_ >= config_.tailProbes || timeoutProbeDue_ || sent_.inFlightCount() == 0) {
+    return std::nullopt;
+  }
+  // RFC 9002's probe timeout, without its 1 ms granularity floor: a probe is only a PING.
+  const DurationUs pto = rtt_.smoothed() + std::max<DurationUs>(4 * rtt_.variation(), 20) +
+                         config_.maxAckDelayUs;
+  return std::max(lastReliableSent_, lastAckProgress_) + (pto << tailProbesSent_);
+}
+
 std::optional<TimeUs> PeerConnection::keepaliveDeadline() const {
   // Anything in flight is already watched by the RTO; with nothing expected, silence is fine.
   if (config_.keepaliveUs == 0 || keepaliveDue_ || sent_.inFlightCount() > 0 ||
@@ -244,6 +255,7 @@ std::optional<TimeUs> PeerConnection::nextTimeout() const {
   consider(sent_.nextLossTime(lossDelay()));
   consider(rtoDeadline());
   consider(probeDeadline());
+  consider(tailProbeDeadline());
   consider(keepaliveDeadline());
   if (receiver_.creditUpdateUrgent()) consider(lastNow_);
   return next;
@@ -275,6 +287,11 @@ void PeerConnection::onTimeout(TimeUs now) {
     // backed a live peer off to rto_max and past peer_timeout_us.
     timeoutProbeDue_ = true;
   }
+  if (const auto t = tailProbeDeadline(); t && *t <= now) {
+    ++tailProbesSent_;
+    ++stats_.tailLossProbes;
+    timeoutProbeDue_ = true;
+  }
   if (const auto t = probeDeadline(); t && *t <= now) probeDue_ = true;
   if (const auto t = keepaliveDeadline(); t && *t <= now) keepaliveDue_ = true;
 }
@@ -287,6 +304,7 @@ size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t 
   }
   sent_.record(now, static_cast<uint32_t>(bytes), std::move(content));
   lastActivity_ = now;
+  lastReliableSent_ = now;
   ++stats_.datagramsSent;
   stats_.bytesSent += bytes;
   return bytes;

@@ -110,6 +110,7 @@ class PeerConnection {
   DurationUs currentRto() const;
   std::optional<TimeUs> rtoDeadline() const;
   std::optional<TimeUs> probeDeadline() const;
+  std::optional<TimeUs> tailProbeDeadline() const;
   std::optional<TimeUs> keepaliveDeadline() const;
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
@@ -133,7 +134,9 @@ class PeerConnection {
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;
-  bool timeoutProbeDue_ = false;   // a PING to go out with what a timeout resends
+  bool timeoutProbeDue_ = false;   // a PING to go out (timeout or tail-loss probe)
+  uint32_t tailProbesSent_ = 0;    // since anything was last acknowledged
+  TimeUs lastReliableSent_ = 0;
   TimeUs lastHeard_ = 0;           // last datagram accepted from the peer
   TimeUs lastActivity_ = 0;        // last reliable packet sent or ACK received
   TimeUs lastAckProgress_ = 0;     // last ACK that acknowledged something new

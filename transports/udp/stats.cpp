@@ -49,6 +49,7 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("declared_lost", s.packetsDeclaredLost);
   add("late_acks", s.lateAcks);
   add("rto_expiries", s.rtoExpiries);
+  add("tail_loss_probes", s.tailLossProbes);
   add("credit_stalls", s.creditStalls);
   add("ack_packets_received", s.ackPacketsReceived);
   add("duplicate_packets", s.duplicatePackets);

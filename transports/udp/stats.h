@@ -54,6 +54,7 @@ struct Stats {
                                       // plus go-back-N's give-ups
   uint64_t lateAcks = 0;              // ACKs of packets already declared lost (spurious losses)
   uint64_t rtoExpiries = 0;
+  uint64_t tailLossProbes = 0;        // PINGs sent because ACKs stopped with packets in flight
   uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
 
   // Receiving side.

@@ -21,7 +21,7 @@ const std::vector<std::string>& udpConfigKeys() {
       "max_rto_expiries", "ack_every",         "max_ack_delay_us",     "reorder_threshold",
       "send_window_bytes", "unexpected_bytes", "eager_max_bytes",    "max_message_bytes",
       "loss_recovery",    "congestion",        "initial_cwnd_packets", "min_cwnd_packets",
-      "keepalive_us", "peer_timeout_us"};
+      "keepalive_us", "peer_timeout_us", "tail_probes"};
   return keys;
 }
 
@@ -42,6 +42,8 @@ UdpConfig parseUdpConfig(std::string_view text, UdpConfig c) {
       c.maxRtoExpiries = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1000));
     } else if (k == "peer_timeout_us") {
       c.peerTimeoutUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
+    } else if (k == "tail_probes") {
+      c.tailProbes = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 0, 16));
     } else if (k == "keepalive_us") {
       c.keepaliveUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
     } else if (k == "ack_every") {
@@ -133,7 +135,8 @@ std::string describe(const UdpConfig& c) {
          ",initial_cwnd_packets=" + std::to_string(c.initialCwndPackets) +
          ",min_cwnd_packets=" + std::to_string(c.minCwndPackets) +
          ",keepalive_us=" + std::to_string(c.keepaliveUs) +
-         ",peer_timeout_us=" + std::to_string(c.peerTimeoutUs);
+         ",peer_timeout_us=" + std::to_string(c.peerTimeoutUs) +
+         ",tail_probes=" + std::to_string(c.tailProbes);
 }
 
 }  // namespace ucxb::udp

@@ -36,6 +36,11 @@ struct UdpConfig {
   // nothing is in flight, a PING goes out after this long without hearing from it, so that a
   // peer that died in silence is found by the RTO path above instead of never. 0 disables.
   DurationUs keepaliveUs = 200'000;
+  // Tail-loss probes: with packets in flight and no ACK for srtt + 4 rttvar + max ack delay
+  // (doubled per probe), send a PING, up to this many times before the RTO. Its ACK lets the
+  // time threshold find a lost last packet in about two RTTs instead of rto_min_us; a probe
+  // sent in vain costs one small datagram, where a spurious RTO would resend data. 0: none.
+  uint32_t tailProbes = 2;
 
   // Acknowledge every `ackEvery` packets, or `maxAckDelayUs` after the first unacknowledged
   // one, whichever comes first; out-of-order arrivals are acknowledged at once.
