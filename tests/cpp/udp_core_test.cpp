@@ -467,6 +467,21 @@ void testCrc32c() {
   }
   CHECK(allMatch);
   CHECK(extendMatches);
+  // The fast path (three interleaved chains of 512, 128 and 32 bytes) against the portable
+  // one, at every length up to past three 512-byte blocks and at datagram sizes.
+  std::vector<uint8_t> big(70'000);
+  for (auto& b : big) b = static_cast<uint8_t>(rng.next());
+  bool fastMatches = true;
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 1700; ++n) lengths.push_back(n);
+  for (size_t n : {1472u, 8972u, 65507u, 69'999u}) lengths.push_back(n);
+  for (size_t n : lengths) {
+    for (size_t off : {0u, 3u}) {
+      fastMatches = fastMatches && crc32cExtend(0x1234u, big.data() + off, n) ==
+                                       crc32cPortableExtend(0x1234u, big.data() + off, n);
+    }
+  }
+  CHECK(fastMatches);
 }
 
 void testRangeSet() {
