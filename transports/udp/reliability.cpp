@@ -119,16 +119,18 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
     case PacketType::kAck: break;
   }
   if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
-  // Control packets are never discarded, but they fill their place in the in-order run.
-  inOrderNext_ = acks_.firstMissingFrom(inOrderNext_);
   ++stats_.datagramsAccepted;
 }
 
 bool PeerConnection::acceptInOrder(PacketNumber pn, uint8_t flags) {
   if (!(flags & data_flags::kInOrder)) return true;
+  // The run reaches past everything received since it started, control packets included
+  // (they are never discarded). Looked up here, not per packet: selective repeat's traffic
+  // never asks.
+  inOrderNext_ = acks_.firstMissingFrom(inOrderNext_);
   // A restart older than the run in progress is a straggler from an abandoned run.
   if ((flags & data_flags::kRestart) && pn >= inOrderNext_) {
-    inOrderNext_ = pn;  // and past it once it is recorded
+    inOrderNext_ = pn;
     return true;
   }
   return pn == inOrderNext_;

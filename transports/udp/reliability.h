@@ -144,8 +144,8 @@ class PeerConnection {
   bool failed_ = false;
   std::string failure_;
   // In-order-only DATA (go-back-N). Sending: the next DATA packet is marked kRestart (the
-  // first one, and the first after every loss). Receiving: the packet number the next
-  // in-order DATA from the peer must carry.
+  // first one, and the first after every loss). Receiving: where the current in-order run
+  // started, or the next number it needed when last looked up (acceptInOrder).
   bool restartPending_ = true;
   PacketNumber inOrderNext_ = 0;
 

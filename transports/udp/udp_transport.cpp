@@ -134,23 +134,19 @@ void UdpTransport::linger() {
   // How long to stay after the last datagram: a short while normally; but once a peer has
   // retransmitted something we already had (our ACK was lost), or something go-back-N made us
   // discard, its timer may back off up to rto_max, so stay until it has been quiet that long.
-  const auto duplicates = [this] {
-    uint64_t n = 0;
-    for (const auto& peer : peers_) {
-      const Stats s = peer.connection->stats();
-      n += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
-    }
-    return n;
+  // `heard`: what a peer still waiting on us sends, anything but ACKs (two lingering peers
+  // repeat their ACKs to each other, and that alone must not keep either of them here).
+  struct Received {
+    uint64_t heard = 0, duplicates = 0;
   };
-  // What a peer still waiting on us sends: anything but ACKs (two lingering peers repeat
-  // their ACKs to each other, and that alone must not keep either of them here).
-  const auto heard = [this] {
-    uint64_t n = 0;
+  const auto received = [this] {
+    Received r;
     for (const auto& peer : peers_) {
       const Stats s = peer.connection->stats();
-      n += s.datagramsReceived - s.ackPacketsReceived;
+      r.heard += s.datagramsReceived - s.ackPacketsReceived;
+      r.duplicates += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
     }
-    return n;
+    return r;
   };
   // Our last ACK to a peer may have been lost, and its timer may have backed off: repeat
   // the ACK every few ms while we stay (cheap, and at 30% loss the chance that every copy is
@@ -160,9 +156,8 @@ void UdpTransport::linger() {
   TimeUs lastHeard = start;
   TimeUs lastAckRepeat = 0;
   DurationUs quiet = options_.lingerQuietUs;
-  uint64_t seenDuplicates = duplicates();
+  Received seen = received();
   for (;;) {
-    const uint64_t before = heard();
     if (nowUs() - lastAckRepeat >= kAckRepeatUs) {
       for (auto& peer : peers_) {
         if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
@@ -171,11 +166,10 @@ void UdpTransport::linger() {
     }
     progress();
     const TimeUs now = nowUs();
-    if (heard() != before) lastHeard = now;
-    if (const uint64_t d = duplicates(); d != seenDuplicates) {
-      seenDuplicates = d;
-      quiet = std::max(quiet, options_.config.rtoMaxUs);
-    }
+    const Received r = received();
+    if (r.heard != seen.heard) lastHeard = now;
+    if (r.duplicates != seen.duplicates) quiet = std::max(quiet, options_.config.rtoMaxUs);
+    seen = r;
     bool idle = true;
     for (const auto& peer : peers_) {
       if (peer.connected && !peer.connection->failed() && !peer.connection->idle()) idle = false;
