@@ -8,6 +8,7 @@
 #include "csrc/collectives/selection.h"
 #include "csrc/process_group_ucx.hpp"
 #include "transports/tag.h"
+#include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_info.h"
 #include "transports/udp/faults.h"
 #include "transports/udp/key_values.h"
@@ -91,6 +92,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
+  // (variable, value, applied now) for every UCX setting the backend chooses unless the user
+  // set it; `info` prints them.
+  m.def("ucx_defaults", []() {
+    std::vector<std::tuple<std::string, std::string, bool>> rows;
+    for (const auto& d : ucxb::ucx::ucxDefaults()) {
+      for (const auto& variable : d.variables) {
+        rows.emplace_back(variable, d.value, ucxb::ucx::appliesNow(d));
+      }
+    }
+    return rows;
+  });
   m.def("build_info", []() {
     return std::map<std::string, std::string>{{"ucx_home", UCXB_UCX_HOME},
                                               {"torch_version", UCXB_TORCH_VERSION}};

@@ -73,6 +73,10 @@ class FakeNative:
     def build_info() -> dict[str, str]:
         return {"ucx_home": "/fake", "torch_version": "0.0.0"}
 
+    @staticmethod
+    def ucx_defaults() -> list[tuple[str, str, bool]]:
+        return [("UCX_FAKE_A", "1s", True), ("UCX_FAKE_B", "512k", False)]
+
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
@@ -98,6 +102,8 @@ def test_info_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
     assert re.search(r"^\s+tcp\s+eth0, lo$", out, re.M)  # grouped, sorted, deduplicated
     assert re.search(r"^\s+posix\s+memory$", out, re.M)
     assert re.search(r"^\s+ucx_home\s+/fake$", out, re.M)
+    assert re.search(r"^\s+UCX_FAKE_A\s+1s\s+applied$", out, re.M)
+    assert re.search(r"^\s+UCX_FAKE_B\s+512k\s+not applied$", out, re.M)
     assert re.search(r"^\s+UCX_TLS\s+tcp,self$", out, re.M)
     assert re.search(r"^\s+spin_us\s+7\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
     assert re.search(r"^\s+progress_mode\s+sleep\s+default\s+UCXBACKEND_PROGRESS_MODE$", out, re.M)
@@ -223,6 +229,26 @@ def test_info_json_subprocess() -> None:
     assert set(info["build"]) >= {"ucx_home", "torch_version"}
     assert info["torch"]["ucx_registered"] is True
     assert [row["name"] for row in info["config"]] == list(KNOBS)
+
+
+@needs_native
+def test_info_shows_the_ucx_settings_the_backend_chooses() -> None:
+    """The TCP segment sizes are one setting: a user who sets either keeps UCX's defaults for
+    both (UCX refuses RX < TX), and info says which of the backend's choices are in force."""
+
+    def defaults(**env: str) -> dict[str, bool]:
+        proc = run_module("info", "--json", env=_env(**env))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = json.loads(proc.stdout)["ucx"]["defaults"]
+        return {row["variable"]: row["applied"] for row in rows}
+
+    tcp = {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}
+    assert defaults() == dict.fromkeys(
+        {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_KEEPALIVE_INTERVAL", *tcp},
+        True,
+    )
+    mine = defaults(UCX_TCP_RX_SEG_SIZE="64k", UCX_KEEPALIVE_INTERVAL="5s")
+    assert {k for k, applied in mine.items() if not applied} == {*tcp, "UCX_KEEPALIVE_INTERVAL"}
 
 
 def test_info_subprocess_without_native() -> None:

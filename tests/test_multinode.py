@@ -159,6 +159,12 @@ def test_ifname_selects_the_veth(rig: NetnsRig, backend: str) -> None:
             assert lanes == {f"tcp/{name}"}, f"host {host}: tcp lanes {lanes}"
 
 
+def test_ucx_keeps_the_users_tcp_segment_size(rig: NetnsRig) -> None:
+    """The backend sets both TCP segment sizes to 512k unless the user sets one: forcing TX to
+    512k next to a user's RX of 64k would make UCX refuse to open the interface."""
+    run_job(rig, "ucx", 1, extra_env={"UCX_TCP_RX_SEG_SIZE": "64k"})
+
+
 def test_ifname_naming_nothing_is_a_clear_error(rig: NetnsRig) -> None:
     """A name that matches no interface fails group creation, listing what exists."""
     with pytest.raises(AssertionError, match="matches no usable interface"):

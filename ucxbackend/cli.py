@@ -110,6 +110,7 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             "version": _call(native.ucx_version, errors, "_C.ucx_version()"),
             "library_path": _call(native.ucx_library_path, errors, "_C.ucx_library_path()"),
             "transports": None if pairs is None else _group_transports(pairs),
+            "defaults": _ucx_defaults(native, errors),
         }
         build = _call(native.build_info, errors, "_C.build_info()")
         info["build"] = None if build is None else {str(k): str(v) for k, v in build.items()}
@@ -122,6 +123,18 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     info["ok"] = not errors
     info["errors"] = errors
     return info
+
+
+def _ucx_defaults(native: Any, errors: list[str]) -> list[dict[str, Any]] | None:
+    """The UCX settings the backend chooses where the user has not (transports/ucx/ucx_context.cpp),
+    each with whether it is in force in this environment."""
+    rows = _call(native.ucx_defaults, errors, "_C.ucx_defaults()")
+    if rows is None:
+        return None
+    return [
+        {"variable": str(var), "value": str(value), "applied": bool(applied)}
+        for var, value, applied in rows
+    ]
 
 
 def _rows(rows: Sequence[tuple[str, str]], indent: str = "") -> list[str]:
@@ -158,6 +171,14 @@ def format_info(info: Mapping[str, Any]) -> str:
         transports = [(t, ", ".join(devs)) for t, devs in ucx["transports"].items()]
         lines += ["", "Transports UCX sees (transport: devices)"]
         lines += _rows(transports, "  ") if transports else ["  (none)"]
+
+    if ucx is not None and ucx.get("defaults"):
+        lines += ["", "UCX settings ucxbackend chooses (set any of a group yourself to keep UCX's)"]
+        chosen = [
+            (d["variable"], f"{d['value']:<6} {'applied' if d['applied'] else 'not applied'}")
+            for d in ucx["defaults"]
+        ]
+        lines += _rows(chosen, "  ")
 
     lines += ["", "UCX_* environment variables"]
     lines += _rows(sorted(info["env"].items()), "  ") if info["env"] else ["  (none set)"]

@@ -5,8 +5,23 @@
 #include <ucp/api/ucp.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace ucxb::ucx {
+
+// A UCX setting the backend chooses for its context where the user has not: the variables
+// are set together, and setting any of them in the environment keeps UCX's own defaults for
+// all of them.
+struct UcxDefault {
+  std::vector<std::string> variables;  // UCX_* names
+  std::string value;
+  bool required;  // an error if this UCX build does not know the variables
+};
+
+const std::vector<UcxDefault>& ucxDefaults();
+// Whether `d` is applied in this process's environment (the user set none of its variables).
+bool appliesNow(const UcxDefault& d);
 
 class Context {
  public:
