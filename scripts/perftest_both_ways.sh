@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The raw UCX limit for what a 2-rank all_reduce does across the namespace rig: ucx_perftest
+# tag_bw over TCP one way, then both ways at once (a server and a client on each host), so
+# that a collective that moves its tensor both ways at once has a fair reference.
+#
+# Run inside the rig (it reads the RIG_* variables `netns_rig.py run` exports):
+#   python scripts/netns_rig.py run -- scripts/perftest_both_ways.sh [SIZE] [ITERS] [REPS]
+# Extra ucx_perftest client/server flags come from PERFTEST_FLAGS (default "-E sleep": the
+# two busy-polling pairs would otherwise starve each other on a 2-core machine). UCX_* in the
+# environment reach both sides. Prints GB/s (1e9 B/s) per direction.
+set -euo pipefail
+
+size=${1:-67108864}
+iters=${2:-100}
+reps=${3:-3}
+flags=${PERFTEST_FLAGS:--E sleep}
+: "${RIG_ADDR_A:?run me under: python scripts/netns_rig.py run -- $0}"
+
+here=$(cd "$(dirname "$0")" && pwd)
+ucx_root=$(python -c "import libucx, os; print(os.path.dirname(libucx.__file__))")
+perftest=$ucx_root/bin/ucx_perftest
+export LD_LIBRARY_PATH=$ucx_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export UCX_TLS=${UCX_TLS:-tcp}
+
+on() {  # on HOST CMD...: run in the rig's host a or b
+  local host=$1
+  shift
+  python "$here/netns_rig.py" exec "$host" -- "$@"
+}
+
+# one_way SERVER_HOST CLIENT_HOST SERVER_ADDR SERVER_IF CLIENT_IF PORT: prints GB/s
+one_way() {
+  local server=$1 client=$2 addr=$3 server_if=$4 client_if=$5 port=$6
+  # shellcheck disable=SC2086  # flags are words
+  on "$server" env UCX_NET_DEVICES="$server_if" "$perftest" -t tag_bw -s "$size" -n "$iters" \
+    -p "$port" $flags >/dev/null 2>&1 &
+  local server_pid=$!
+  sleep 0.7
+  # shellcheck disable=SC2086
+  on "$client" env UCX_NET_DEVICES="$client_if" "$perftest" "$addr" -t tag_bw -s "$size" \
+    -n "$iters" -p "$port" $flags 2>&1 |
+    awk '/^Final:/ { printf "%.2f\n", $6 * 1048576 / 1e9 }'
+  wait "$server_pid"
+}
+
+port=$((13400 + RANDOM % 1000))
+echo "# ucx_perftest tag_bw, ${size} B, ${iters} iterations, UCX_TLS=$UCX_TLS, flags: $flags"
+echo "# rep  one-way b->a  both-ways b->a  both-ways a->b   (GB/s)"
+for rep in $(seq "$reps"); do
+  single=$(one_way a b "$RIG_ADDR_A" "$RIG_IF_A" "$RIG_IF_B" "$port")
+  out=$(mktemp -d)
+  one_way a b "$RIG_ADDR_A" "$RIG_IF_A" "$RIG_IF_B" $((port + 1)) >"$out/ba" &
+  one_way b a "$RIG_ADDR_B" "$RIG_IF_B" "$RIG_IF_A" $((port + 2)) >"$out/ab" &
+  wait
+  printf "%5d  %12s  %14s  %14s\n" "$rep" "$single" "$(cat "$out/ba")" "$(cat "$out/ab")"
+  rm -rf "$out"
+  port=$((port + 3))
+done
