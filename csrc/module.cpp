@@ -5,6 +5,10 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "csrc/collectives/selection.h"
 #include "csrc/process_group_ucx.hpp"
 #include "transports/tag.h"
@@ -92,14 +96,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
-  // (variable, value, applied now) for every UCX setting the backend chooses unless the user
-  // set it; `info` prints them.
+  // The UCX settings the backend chooses unless the user set them, for `info`: per group of
+  // variables set together, (variables, value, oldest UCX "major.minor" that takes them).
   m.def("ucx_defaults", []() {
-    std::vector<std::tuple<std::string, std::string, bool>> rows;
+    std::vector<std::tuple<std::vector<std::string>, std::string, std::string>> rows;
     for (const auto& d : ucxb::ucx::ucxDefaults()) {
-      for (const auto& variable : d.variables) {
-        rows.emplace_back(variable, d.value, ucxb::ucx::appliesNow(d));
-      }
+      rows.emplace_back(d.variables, d.value,
+                        std::to_string(d.minMajor) + "." + std::to_string(d.minMinor));
     }
     return rows;
   });

@@ -13,7 +13,7 @@ set -euo pipefail
 size=${1:-67108864}
 iters=${2:-100}
 reps=${3:-3}
-flags=${PERFTEST_FLAGS:--E sleep}
+flags=${PERFTEST_FLAGS--E sleep}
 : "${RIG_ADDR_A:?run me under: python scripts/netns_rig.py run -- $0}"
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,19 +28,29 @@ on() {  # on HOST CMD...: run in the rig's host a or b
   python "$here/netns_rig.py" exec "$host" -- "$@"
 }
 
-# one_way SERVER_HOST CLIENT_HOST SERVER_ADDR SERVER_IF CLIENT_IF PORT: prints GB/s
+# one_way SERVER_HOST CLIENT_HOST SERVER_ADDR SERVER_IF CLIENT_IF PORT: prints GB/s, or
+# fails. Both sides run under a deadline, and the client retries until the server listens.
 one_way() {
   local server=$1 client=$2 addr=$3 server_if=$4 client_if=$5 port=$6
+  local deadline=$((60 + iters * size / 200000000))
   # shellcheck disable=SC2086  # flags are words
-  on "$server" env UCX_NET_DEVICES="$server_if" "$perftest" -t tag_bw -s "$size" -n "$iters" \
-    -p "$port" $flags >/dev/null 2>&1 &
-  local server_pid=$!
-  sleep 0.7
-  # shellcheck disable=SC2086
-  on "$client" env UCX_NET_DEVICES="$client_if" "$perftest" "$addr" -t tag_bw -s "$size" \
-    -n "$iters" -p "$port" $flags 2>&1 |
-    awk '/^Final:/ { printf "%.2f\n", $6 * 1048576 / 1e9 }'
-  wait "$server_pid"
+  on "$server" timeout "$deadline" env UCX_NET_DEVICES="$server_if" "$perftest" -t tag_bw \
+    -s "$size" -n "$iters" -p "$port" $flags >/dev/null 2>&1 &
+  local server_pid=$! result=""
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    sleep 0.5
+    # shellcheck disable=SC2086
+    result=$(on "$client" timeout "$deadline" env UCX_NET_DEVICES="$client_if" "$perftest" \
+      "$addr" -t tag_bw -s "$size" -n "$iters" -p "$port" $flags 2>&1 |
+      awk '/^Final:/ { printf "%.2f\n", $6 * 1048576 / 1e9 }') || true
+    [ -n "$result" ] && break
+  done
+  wait "$server_pid" || true
+  if [ -z "$result" ]; then
+    echo "perftest $client -> $server (port $port) gave no result" >&2
+    return 1
+  fi
+  echo "$result"
 }
 
 port=$((13400 + RANDOM % 1000))
@@ -50,8 +60,10 @@ for rep in $(seq "$reps"); do
   single=$(one_way a b "$RIG_ADDR_A" "$RIG_IF_A" "$RIG_IF_B" "$port")
   out=$(mktemp -d)
   one_way a b "$RIG_ADDR_A" "$RIG_IF_A" "$RIG_IF_B" $((port + 1)) >"$out/ba" &
+  ba=$!
   one_way b a "$RIG_ADDR_B" "$RIG_IF_B" "$RIG_IF_A" $((port + 2)) >"$out/ab" &
-  wait
+  ab=$!
+  wait "$ba" && wait "$ab" || { rm -rf "$out"; exit 1; }
   printf "%5d  %12s  %14s  %14s\n" "$rep" "$single" "$(cat "$out/ba")" "$(cat "$out/ab")"
   rm -rf "$out"
   port=$((port + 3))

@@ -74,8 +74,12 @@ class FakeNative:
         return {"ucx_home": "/fake", "torch_version": "0.0.0"}
 
     @staticmethod
-    def ucx_defaults() -> list[tuple[str, str, bool]]:
-        return [("UCX_FAKE_A", "1s", True), ("UCX_FAKE_B", "512k", False)]
+    def ucx_defaults() -> list[tuple[list[str], str, str]]:
+        return [
+            (["UCX_FAKE_A"], "1s", "0.0"),
+            (["UCX_FAKE_B", "UCX_FAKE_C"], "512k", "0.0"),
+            (["UCX_FAKE_NEW"], "y", "9.9"),
+        ]
 
 
 @pytest.fixture
@@ -92,6 +96,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_info_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setattr(ucxbackend, "_C", FakeNative())
     clean_env.setenv("UCX_TLS", "tcp,self")
+    clean_env.setenv("UCX_FAKE_C", "1m")
     clean_env.setenv("UCXBACKEND_SPIN_US", "7")
     rc, out, err = run_main("info")
     assert rc == 0, err
@@ -103,7 +108,10 @@ def test_info_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
     assert re.search(r"^\s+posix\s+memory$", out, re.M)
     assert re.search(r"^\s+ucx_home\s+/fake$", out, re.M)
     assert re.search(r"^\s+UCX_FAKE_A\s+1s\s+applied$", out, re.M)
-    assert re.search(r"^\s+UCX_FAKE_B\s+512k\s+not applied$", out, re.M)
+    # UCX 9.8.7 is too old for UCX_FAKE_NEW; UCX_FAKE_C is set, so its whole group is left alone
+    assert re.search(r"^\s+UCX_FAKE_NEW\s+y\s+not applied: needs UCX >= 9\.9", out, re.M)
+    for name in ("UCX_FAKE_B", "UCX_FAKE_C"):
+        assert re.search(rf"^\s+{name}\s+512k\s+not applied: you set UCX_FAKE_C$", out, re.M)
     assert re.search(r"^\s+UCX_TLS\s+tcp,self$", out, re.M)
     assert re.search(r"^\s+spin_us\s+7\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
     assert re.search(r"^\s+progress_mode\s+sleep\s+default\s+UCXBACKEND_PROGRESS_MODE$", out, re.M)
@@ -231,10 +239,18 @@ def test_info_json_subprocess() -> None:
     assert [row["name"] for row in info["config"]] == list(KNOBS)
 
 
+def _ucx_at_least(major: int, minor: int) -> bool:
+    native = ucxbackend._C
+    assert native is not None
+    parts = [int(p) for p in native.ucx_version().split(".")[:2]]
+    return tuple(parts) >= (major, minor)
+
+
 @needs_native
 def test_info_shows_the_ucx_settings_the_backend_chooses() -> None:
     """The TCP segment sizes are one setting: a user who sets either keeps UCX's defaults for
-    both (UCX refuses RX < TX), and info says which of the backend's choices are in force."""
+    both (UCX refuses RX < TX), and info says which of the backend's choices are in force.
+    UCX before 1.22 cannot take the segment sizes from the backend."""
 
     def defaults(**env: str) -> dict[str, bool]:
         proc = run_module("info", "--json", env=_env(**env))
@@ -243,12 +259,39 @@ def test_info_shows_the_ucx_settings_the_backend_chooses() -> None:
         return {row["variable"]: row["applied"] for row in rows}
 
     tcp = {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}
-    assert defaults() == dict.fromkeys(
-        {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_KEEPALIVE_INTERVAL", *tcp},
-        True,
-    )
+    always = {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_KEEPALIVE_INTERVAL"}
+    new_enough = _ucx_at_least(1, 22)
+    assert defaults() == {**dict.fromkeys(always, True), **dict.fromkeys(tcp, new_enough)}
     mine = defaults(UCX_TCP_RX_SEG_SIZE="64k", UCX_KEEPALIVE_INTERVAL="5s")
     assert {k for k, applied in mine.items() if not applied} == {*tcp, "UCX_KEEPALIVE_INTERVAL"}
+
+
+@needs_native
+def test_tcp_segment_sizes_reach_ucx() -> None:
+    """The 512 KiB segments reach UCX: its protocol table (UCX_PROTO_INFO) sends messages up to
+    ~270 KB by zero-copy eager, where with its own 8 KiB segments that stops at ~16 KB."""
+    if not _ucx_at_least(1, 22):
+        pytest.skip("UCX before 1.22 cannot take the segment sizes from the backend")
+
+    def tcp_protocols(**env: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ucxbackend", "bench", "all_reduce", "-b", "1M", "-e", "1M",
+             "-n", "1", "-w", "0", "--backends", "ucx"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env=_env(OMP_NUM_THREADS="1", UCX_TLS="tcp,self", UCX_PROTO_INFO="y", **env),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return proc.stdout + proc.stderr
+
+    def largest_zero_copy_eager(text: str) -> int:
+        bounds = re.findall(r"\|\s*\d+\.\.(\d+)\s*\|\s*eager zero-copy copy-out\s*\|\s*tcp/", text)
+        assert bounds, text[-3000:]
+        return max(int(b) for b in bounds)
+
+    # A zero-copy eager fragment is at most one TX segment.
+    assert largest_zero_copy_eager(tcp_protocols()) > 256 << 10
+    ucx_own = tcp_protocols(UCX_TCP_TX_SEG_SIZE="8k", UCX_TCP_RX_SEG_SIZE="64k")
+    assert largest_zero_copy_eager(ucx_own) < 64 << 10
 
 
 def test_info_subprocess_without_native() -> None:

@@ -110,8 +110,8 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             "version": _call(native.ucx_version, errors, "_C.ucx_version()"),
             "library_path": _call(native.ucx_library_path, errors, "_C.ucx_library_path()"),
             "transports": None if pairs is None else _group_transports(pairs),
-            "defaults": _ucx_defaults(native, errors),
         }
+        info["ucx"]["defaults"] = _ucx_defaults(native, errors, env, info["ucx"]["version"])
         build = _call(native.build_info, errors, "_C.build_info()")
         info["build"] = None if build is None else {str(k): str(v) for k, v in build.items()}
 
@@ -125,16 +125,41 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return info
 
 
-def _ucx_defaults(native: Any, errors: list[str]) -> list[dict[str, Any]] | None:
-    """The UCX settings the backend chooses where the user has not (transports/ucx/ucx_context.cpp),
-    each with whether it is in force in this environment."""
-    rows = _call(native.ucx_defaults, errors, "_C.ucx_defaults()")
+def _version_tuple(version: object) -> tuple[int, ...]:
+    """``"1.22.0"`` -> ``(1, 22, 0)``; the leading numeric parts only."""
+    parts: list[int] = []
+    for part in str(version).split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def _ucx_defaults(
+    native: Any, errors: list[str], env: Mapping[str, str], ucx_version: object
+) -> list[dict[str, Any]] | None:
+    """The UCX settings the backend chooses (transports/ucx/ucx_context.cpp), one row per
+    variable, each with whether it is in force for ``env``. The rule is the C++ one: a group of
+    variables applies when this UCX is new enough and ``env`` sets none of them."""
+    rows = _call(lambda: native.ucx_defaults(), errors, "_C.ucx_defaults()")
     if rows is None:
         return None
-    return [
-        {"variable": str(var), "value": str(value), "applied": bool(applied)}
-        for var, value, applied in rows
-    ]
+    have = _version_tuple(ucx_version)
+    out: list[dict[str, Any]] = []
+    for variables, value, min_version in rows:
+        group = [str(v) for v in variables]
+        mine = [v for v in group if v in env]
+        if mine:
+            why = f"not applied: you set {', '.join(mine)}"
+        elif have < _version_tuple(min_version):
+            why = f"not applied: needs UCX >= {min_version} (set it yourself)"
+        else:
+            why = "applied"
+        out += [
+            {"variable": v, "value": str(value), "applied": why == "applied", "status": why}
+            for v in group
+        ]
+    return out
 
 
 def _rows(rows: Sequence[tuple[str, str]], indent: str = "") -> list[str]:
@@ -174,10 +199,7 @@ def format_info(info: Mapping[str, Any]) -> str:
 
     if ucx is not None and ucx.get("defaults"):
         lines += ["", "UCX settings ucxbackend chooses (set any of a group yourself to keep UCX's)"]
-        chosen = [
-            (d["variable"], f"{d['value']:<6} {'applied' if d['applied'] else 'not applied'}")
-            for d in ucx["defaults"]
-        ]
+        chosen = [(d["variable"], f"{d['value']:<6} {d['status']}") for d in ucx["defaults"]]
         lines += _rows(chosen, "  ")
 
     lines += ["", "UCX_* environment variables"]

@@ -12,15 +12,19 @@ namespace ucxb::ucx {
 
 // A UCX setting the backend chooses for its context where the user has not: the variables
 // are set together, and setting any of them in the environment keeps UCX's own defaults for
-// all of them.
+// all of them. `info` shows the table (module.cpp) and works out the same rule in Python.
 struct UcxDefault {
   std::vector<std::string> variables;  // UCX_* names
   std::string value;
-  bool required;  // an error if this UCX build does not know the variables
+  // Oldest UCX (major, minor) that takes the setting through ucp_config_modify: older ones
+  // accept transport-prefixed names such as TCP_TX_SEG_SIZE but never apply them (and warn
+  // at every worker creation). A setting that fails on a new enough UCX is an error.
+  unsigned minMajor = 0;
+  unsigned minMinor = 0;
 };
 
 const std::vector<UcxDefault>& ucxDefaults();
-// Whether `d` is applied in this process's environment (the user set none of its variables).
+// Whether `d` is applied here: this UCX is new enough and the user set none of its variables.
 bool appliesNow(const UcxDefault& d);
 
 class Context {
