@@ -475,13 +475,26 @@ void testCrc32c() {
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 1700; ++n) lengths.push_back(n);
   for (size_t n : {1472u, 8972u, 65507u, 69'999u}) lengths.push_back(n);
+  // crc32cCopy: the same sum, and an exact copy that writes nothing outside the destination.
+  std::vector<uint8_t> dst(big.size() + 16);
+  bool copyMatches = true;
+  bool copyExact = true;
   for (size_t n : lengths) {
     for (size_t off : {0u, 3u}) {
-      fastMatches = fastMatches && crc32cExtend(0x1234u, big.data() + off, n) ==
-                                       crc32cPortableExtend(0x1234u, big.data() + off, n);
+      const uint32_t expect = crc32cPortableExtend(0x1234u, big.data() + off, n);
+      fastMatches = fastMatches && crc32cExtend(0x1234u, big.data() + off, n) == expect;
+      std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+      const size_t at = 8 + off % 5;  // a destination alignment unlike the source's
+      copyMatches = copyMatches && crc32cCopy(0x1234u, dst.data() + at, big.data() + off, n) == expect;
+      copyExact = copyExact && std::equal(big.begin() + off, big.begin() + off + n, dst.begin() + at) &&
+                  std::all_of(dst.begin(), dst.begin() + at, [](uint8_t b) { return b == 0xA5; }) &&
+                  std::all_of(dst.begin() + at + n, dst.end(), [](uint8_t b) { return b == 0xA5; });
     }
   }
   CHECK(fastMatches);
+  CHECK(copyMatches);
+  CHECK(copyExact);
+  CHECK_EQ(crc32cCopy(7u, nullptr, nullptr, 0), crc32cPortableExtend(7u, nullptr, 0));
 }
 
 void testRangeSet() {

@@ -71,6 +71,16 @@ __attribute__((target("sse4.2"))) uint64_t crc64Steps(uint64_t c, const uint8_t*
   return c;
 }
 
+// Stores the words it sums to `d` as well, when there is a `d` (see crc32cCopy).
+template <bool kCopy>
+__attribute__((target("sse4.2"))) inline uint64_t stepWord(uint64_t c, const uint8_t* p,
+                                                          uint8_t* d) {
+  uint64_t word;
+  std::memcpy(&word, p, 8);
+  if constexpr (kCopy) std::memcpy(d, &word, 8);
+  return __builtin_ia32_crc32di(c, word);
+}
+
 // shift(x) = the CRC state x followed by `Block` zero bytes, as four byte-indexed tables.
 template <size_t Block>
 struct ShiftTables {
@@ -95,41 +105,47 @@ inline uint32_t shiftBlock(const ShiftTables<Block>& s, uint32_t x) {
          s.t[3][x >> 24];
 }
 
-// Consumes rounds of three Block-byte chains while at least 3 * Block bytes are left.
-template <size_t Block>
+// Consumes rounds of three Block-byte chains while at least 3 * Block bytes are left, copying
+// them to `d` on the way when kCopy.
+template <size_t Block, bool kCopy>
 __attribute__((target("sse4.2"))) uint64_t crcThreeChains(uint64_t c, const uint8_t*& p,
-                                                          size_t& length) {
+                                                          uint8_t*& d, size_t& length) {
   static const ShiftTables<Block> shift = makeShiftTables<Block>();
   while (length >= 3 * Block) {
-    uint64_t a = c, b = 0, d = 0;
+    uint64_t a = c, b = 0, e = 0;
+    // Without a copy `d` is null: never offset it.
+    auto to = [d](size_t offset) { return kCopy ? d + offset : nullptr; };
     for (size_t i = 0; i < Block; i += 8) {
-      uint64_t wa, wb, wd;
-      std::memcpy(&wa, p + i, 8);
-      std::memcpy(&wb, p + Block + i, 8);
-      std::memcpy(&wd, p + 2 * Block + i, 8);
-      a = __builtin_ia32_crc32di(a, wa);
-      b = __builtin_ia32_crc32di(b, wb);
-      d = __builtin_ia32_crc32di(d, wd);
+      a = stepWord<kCopy>(a, p + i, to(i));
+      b = stepWord<kCopy>(b, p + Block + i, to(Block + i));
+      e = stepWord<kCopy>(e, p + 2 * Block + i, to(2 * Block + i));
     }
     c = shiftBlock(shift, shiftBlock(shift, static_cast<uint32_t>(a)) ^
                               static_cast<uint32_t>(b)) ^
-        static_cast<uint32_t>(d);
+        static_cast<uint32_t>(e);
     p += 3 * Block;
+    if constexpr (kCopy) d += 3 * Block;
     length -= 3 * Block;
   }
   return c;
 }
 
+template <bool kCopy>
 __attribute__((target("sse4.2"))) uint32_t crc32cHardware(uint32_t crc, const uint8_t* p,
-                                                           size_t length) {
+                                                           uint8_t* d, size_t length) {
   uint64_t c = ~crc;
-  c = crcThreeChains<512>(c, p, length);
-  c = crcThreeChains<128>(c, p, length);
-  c = crcThreeChains<32>(c, p, length);
-  c = crc64Steps(c, p, length);
-  p += length & ~size_t{7};
+  c = crcThreeChains<512, kCopy>(c, p, d, length);
+  c = crcThreeChains<128, kCopy>(c, p, d, length);
+  c = crcThreeChains<32, kCopy>(c, p, d, length);
+  for (; length >= 8; length -= 8, p += 8) {
+    c = stepWord<kCopy>(c, p, d);
+    if constexpr (kCopy) d += 8;
+  }
   auto c32 = static_cast<uint32_t>(c);
-  for (length &= 7; length > 0; --length) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  for (; length > 0; --length) {
+    if constexpr (kCopy) *d++ = *p;
+    c32 = __builtin_ia32_crc32qi(c32, *p++);
+  }
   return ~c32;
 }
 
@@ -141,9 +157,19 @@ const bool kHaveHardwareCrc = __builtin_cpu_supports("sse4.2");
 uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length) {
   const auto* p = static_cast<const uint8_t*>(data);
 #if defined(__x86_64__)
-  if (kHaveHardwareCrc) return crc32cHardware(crc, p, length);
+  if (kHaveHardwareCrc) return crc32cHardware<false>(crc, p, nullptr, length);
 #endif
   return crc32cTables(crc, p, length);
+}
+
+uint32_t crc32cCopy(uint32_t crc, void* dst, const void* src, size_t length) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+#if defined(__x86_64__)
+  if (kHaveHardwareCrc) return crc32cHardware<true>(crc, p, d, length);
+#endif
+  if (length > 0) std::memcpy(d, p, length);
+  return crc32cTables(crc, d, length);
 }
 
 uint32_t crc32cPortableExtend(uint32_t crc, const void* data, size_t length) {

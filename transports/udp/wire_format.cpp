@@ -211,8 +211,11 @@ size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumb
   put16(p + kOffFragmentLength, data.fragmentLength);
   put8(p + kOffFlags, data.flags);
   put8(p + kOffDataReserved, 0);
-  if (data.fragmentLength > 0) std::memcpy(p + kDataHeaderBytes, payload, data.fragmentLength);
-  put32(p + kOffCrc, datagramChecksum(p, n));
+  // datagramChecksum(p, n), with the payload summed as it is copied in (crc32cCopy).
+  const uint32_t headerCrc = crc32cExtend(crc32c(p, kOffCrc), p + kOffCrc + 4,
+                                          kDataHeaderBytes - kOffCrc - 4);
+  put32(p + kOffCrc,
+        crc32cCopy(headerCrc, p + kDataHeaderBytes, payload, data.fragmentLength));
   return n;
 }
 
