@@ -42,7 +42,8 @@ uint64_t get64(const uint8_t* p) {
   return v;
 }
 
-// The checksum covers bytes [0, 4) and [8, n): everything but the checksum field itself.
+// The checksum covers bytes [0, 4) and [8, n): everything but the checksum field itself
+// (n may stop at the end of a header, for a payload summed elsewhere).
 uint32_t datagramChecksum(const uint8_t* p, size_t n) {
   return crc32cExtend(crc32c(p, kOffCrc), p + kOffCrc + 4, n - kOffCrc - 4);
 }
@@ -212,10 +213,8 @@ size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumb
   put8(p + kOffFlags, data.flags);
   put8(p + kOffDataReserved, 0);
   // datagramChecksum(p, n), with the payload summed as it is copied in (crc32cCopy).
-  const uint32_t headerCrc = crc32cExtend(crc32c(p, kOffCrc), p + kOffCrc + 4,
-                                          kDataHeaderBytes - kOffCrc - 4);
-  put32(p + kOffCrc,
-        crc32cCopy(headerCrc, p + kDataHeaderBytes, payload, data.fragmentLength));
+  put32(p + kOffCrc, crc32cCopy(datagramChecksum(p, kDataHeaderBytes), p + kDataHeaderBytes,
+                                payload, data.fragmentLength));
   return n;
 }
 
