@@ -32,6 +32,7 @@ GROUPS = [
     "loss",
     "go_back_n",
     "tail_loss_probe",
+    "immediate_acks",
     "duplication",
     "reordering",
     "delayed_acks",

@@ -1088,6 +1088,62 @@ void testTailLossProbes() {
             std::to_string(doneNs[1]) + " vs " + std::to_string(doneNs[0]));
 }
 
+void testImmediateAcks() {
+  // ack_every=4 and a long ACK delay: only the two exceptions below may answer at once.
+  PeerIdentity id;
+  id.localRank = 1;
+  id.peerRank = 0;
+  id.sessionToken = 0x5eed;
+  PeerConnection rx(configWith("ack_every=4,max_ack_delay_us=20000"), id);
+  PacketHeader h;
+  h.sourceRank = 0;
+  h.token = 0x5eed;
+  const std::vector<uint8_t> payload(100, 0x5a);
+  std::vector<uint8_t> out(1472);
+  const auto answersWithAck = [&](TimeUs now) {
+    const size_t n = rx.pollTransmit(now, out);
+    DecodedPacket p;
+    return n > 0 && decodePacket({out.data(), n}, p) == DecodeError::kNone &&
+           p.header.type == PacketType::kAck;
+  };
+  const auto data = [&](PacketNumber pn, MessageId message, uint64_t length, uint64_t offset) {
+    std::vector<uint8_t> b(kDataHeaderBytes + payload.size());
+    DataHeader d;
+    d.tag = 7;
+    d.messageId = message;
+    d.messageLength = length;
+    d.offset = offset;
+    d.fragmentLength = static_cast<uint16_t>(payload.size());
+    b.resize(encodeData(b, h, pn, d, payload.data()));
+    rx.onDatagram(b, 1000);
+  };
+  data(0, 0, 200, 0);  // half of a two-fragment message: the ACK may wait
+  CHECK_MSG(!answersWithAck(1000), "an ACK for a packet that neither completes nor probes");
+  std::vector<uint8_t> ping(kPingBytes);
+  ping.resize(encodePing(ping, h, 1));
+  rx.onDatagram(ping, 1000);
+  CHECK_MSG(answersWithAck(1000), "a PING must be answered at once");
+  data(2, 0, 200, 100);  // completes message 0: its sender finishes on this ACK
+  CHECK_MSG(answersWithAck(1000), "the packet completing a message must be acknowledged at once");
+  data(3, 1, 100, 0);  // a one-packet message
+  CHECK_MSG(answersWithAck(1000), "a one-packet message must be acknowledged at once");
+  data(3, 1, 100, 0);  // the same packet again: a duplicate, acknowledged at once as before
+  CHECK(answersWithAck(1000));
+
+  // End to end: whatever a message's packet count, its send completes about one RTT after its
+  // last packet leaves, not after the receiver's ACK delay (20 ms here, RTT ~0.1 ms).
+  for (const uint64_t size : {uint64_t{1000}, uint64_t{2900}, uint64_t{4300}, uint64_t{100'000},
+                              uint64_t{101'500}}) {
+    TransferPlan plan;
+    plan.config = configWith("ack_every=2,max_ack_delay_us=20000");
+    plan.label = "immediate ACK of a completing packet, " + std::to_string(size) + " B";
+    plan.flows = {{0, 1, {size}}};
+    const TransferOutcome o = runTransfer(plan);
+    CHECK_MSG(o.completed && o.doneNs < 2'000'000,
+              plan.label + ": done after " + std::to_string(o.doneNs) + " ns");
+  }
+}
+
 void testDuplication() {
   for (const std::string& policy : kPolicies) {
     TransferPlan plan;
@@ -1868,6 +1924,7 @@ const Group kGroups[] = {
     {"loss", testLoss, true},
     {"go_back_n", testGoBackNReceiver, true},
     {"tail_loss_probe", testTailLossProbes, true},
+    {"immediate_acks", testImmediateAcks, true},
     {"duplication", testDuplication, true},
     {"reordering", testReordering, true},
     {"delayed_acks", testDelayedAcks, true},

@@ -138,8 +138,9 @@ MessageReceiver::Verdict MessageReceiver::onData(const DataHeader& h,
     m.receivedBytes += added;
     stats_.payloadBytesReceived += added;
   }
+  const bool allBytes = m.receivedBytes == m.length;  // `m` may be gone after the next call
   finishIfComplete(id, now);
-  return Verdict::kAccepted;
+  return allBytes ? Verdict::kCompleted : Verdict::kAccepted;
 }
 
 void MessageReceiver::writeBytes(Incoming& m, uint64_t begin, uint64_t end, const uint8_t* src) {

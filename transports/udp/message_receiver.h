@@ -51,6 +51,7 @@ class MessageReceiver {
 
   enum class Verdict {
     kAccepted,   // new bytes (or a new message) taken
+    kCompleted,  // new bytes that complete the message: its sender finishes on their ACK
     kDuplicate,  // nothing new: acknowledged, otherwise ignored
     kViolation,  // impossible from an honest peer: dropped, not acknowledged
   };

@@ -105,8 +105,14 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
   }
   switch (p.header.type) {
     case PacketType::kData:
-      if (receiver_.onData(p.data, p.payload, now) == MessageReceiver::Verdict::kViolation) {
-        return drop(DropReason::kProtocol);
+      switch (receiver_.onData(p.data, p.payload, now)) {
+        case MessageReceiver::Verdict::kViolation: return drop(DropReason::kProtocol);
+        // The sender's send completes only when this packet is acknowledged, and a collective
+        // waits for that: a delayed ACK would add up to max_ack_delay_us to every message
+        // with an odd number of fragments.
+        case MessageReceiver::Verdict::kCompleted: acks_.ackSoon(); break;
+        case MessageReceiver::Verdict::kAccepted:
+        case MessageReceiver::Verdict::kDuplicate: break;
       }
       break;
     case PacketType::kCts:
@@ -116,6 +122,10 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
       for (uint16_t i = 0; i < p.cts.count; ++i) sender_.onClearToSend(p.cts.ids[i]);
       break;
     case PacketType::kPing:
+      // A probe: the sender is waiting for news (a lost tail, credit, liveness), and its
+      // probe timeout already counted our ACK delay once.
+      acks_.ackSoon();
+      break;
     case PacketType::kAck: break;
   }
   if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
