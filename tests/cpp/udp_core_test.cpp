@@ -1142,6 +1142,26 @@ void testImmediateAcks() {
     CHECK_MSG(o.completed && o.doneNs < 2'000'000,
               plan.label + ": done after " + std::to_string(o.doneNs) + " ns");
   }
+
+  // A lost last packet: the packet a tail probe asks about ends a message, so the peer would
+  // have acknowledged it at once, and the probe need not wait out the 5 ms ACK delay.
+  uint64_t doneNs = 0, resent = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    TransferPlan plan;
+    plan.config = configWith("ack_every=2,max_ack_delay_us=5000,initial_rtt_us=100");
+    plan.label = "tail probe without the ACK delay";
+    plan.forwardFaults = parseFaultConfig("drop=0.3,seed=" + std::to_string(seed));
+    plan.flows = {{0, 1, {1000}}};
+    const TransferOutcome o = runTransfer(plan);
+    CHECK_MSG(o.completed, plan.label);
+    doneNs += o.doneNs;
+    resent += o.totals.retransmittedPackets;
+  }
+  std::printf("  tail probe, max_ack_delay_us=5000: %llu resends, %.2f ms in all (sim, 20 runs)\n",
+              (unsigned long long)resent, doneNs / 1e6);
+  CHECK(resent >= 3);  // there were tail losses to find
+  CHECK_MSG(doneNs < resent * 2'000'000, std::to_string(doneNs) + " ns for " +
+                                             std::to_string(resent) + " resends");
 }
 
 void testDuplication() {

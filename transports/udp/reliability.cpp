@@ -237,7 +237,7 @@ std::optional<TimeUs> PeerConnection::tailProbeDeadline() const {
   }
   // RFC 9002's probe timeout, without its 1 ms granularity floor: a probe is only a PING.
   const DurationUs pto = rtt_.smoothed() + std::max<DurationUs>(4 * rtt_.variation(), 20) +
-                         config_.maxAckDelayUs;
+                         (lastSentAckedAtOnce_ ? 0 : config_.maxAckDelayUs);
   return std::max(lastReliableSent_, lastAckProgress_) + (pto << tailProbesSent_);
 }
 
@@ -309,7 +309,8 @@ void PeerConnection::onTimeout(TimeUs now) {
 }
 
 size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t bytes,
-                                      bool retransmission) {
+                                      bool retransmission, bool ackedAtOnce) {
+  lastSentAckedAtOnce_ = ackedAtOnce;
   if (retransmission) {
     ++stats_.retransmittedPackets;
     stats_.retransmittedBytes += content.length;
@@ -352,7 +353,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     timeoutProbeDue_ = false;
     const size_t n = encodePing(out, header(), sent_.nextNumber());
     ++stats_.pingPacketsSent;
-    return recordAndCount(now, PacketContent{}, n, false);
+    return recordAndCount(now, PacketContent{}, n, false, /*ackedAtOnce=*/true);
   }
   if (windowFull()) return 0;
   if (receiver_.hasClearToSend()) {
@@ -363,7 +364,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     PacketContent c;
     c.kind = PacketContent::Kind::kCts;
     c.ctsIds = ctsIds_;
-    return recordAndCount(now, std::move(c), n, false);
+    return recordAndCount(now, std::move(c), n, false, /*ackedAtOnce=*/false);
   }
   if (auto f = sender_.nextFragment()) {
     DataHeader d;
@@ -380,7 +381,11 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     }
     const size_t n = encodeData(out, header(), sent_.nextNumber(), d, f->payload);
     ++stats_.dataPacketsSent;
-    return recordAndCount(now, std::move(f->content), n, f->retransmission);
+    // The peer acknowledges at once the packet that completes a message, which this one
+    // does unless an earlier packet of the message is still missing. Then its ACK may be
+    // delayed and a tail probe may go out early: one PING, which the peer answers at once.
+    const bool endsMessage = d.offset + d.fragmentLength == d.messageLength;
+    return recordAndCount(now, std::move(f->content), n, f->retransmission, endsMessage);
   }
   return 0;
 }

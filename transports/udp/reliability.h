@@ -115,7 +115,8 @@ class PeerConnection {
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
   size_t sendAck(TimeUs now, std::span<uint8_t> out);
-  size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission);
+  size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
+                        bool ackedAtOnce);
 
   const UdpConfig config_;
   const PeerIdentity identity_;
@@ -137,6 +138,9 @@ class PeerConnection {
   bool timeoutProbeDue_ = false;   // a PING to go out (timeout or tail-loss probe)
   uint32_t tailProbesSent_ = 0;    // since anything was last acknowledged
   TimeUs lastReliableSent_ = 0;
+  // The last reliable packet sent is one the peer acknowledges at once (a PING, or the
+  // packet that completes a message): a probe for it need not wait out the ACK delay.
+  bool lastSentAckedAtOnce_ = false;
   TimeUs lastHeard_ = 0;           // last datagram accepted from the peer
   TimeUs lastActivity_ = 0;        // last reliable packet sent or ACK received
   TimeUs lastAckProgress_ = 0;     // last ACK that acknowledged something new
