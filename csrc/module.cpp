@@ -14,6 +14,7 @@
 #include "transports/tag.h"
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_info.h"
+#include "transports/udp/crc32c.h"
 #include "transports/udp/faults.h"
 #include "transports/udp/key_values.h"
 #include "transports/udp/udp_config.h"
@@ -107,8 +108,11 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
   m.def("build_info", []() {
-    return std::map<std::string, std::string>{{"ucx_home", UCXB_UCX_HOME},
-                                              {"torch_version", UCXB_TORCH_VERSION}};
+    // udp_crc32c: the checksum kernel this CPU runs (transports/udp/crc32c.h).
+    return std::map<std::string, std::string>{
+        {"ucx_home", UCXB_UCX_HOME},
+        {"torch_version", UCXB_TORCH_VERSION},
+        {"udp_crc32c", ucxb::udp::crc32cKernelName(ucxb::udp::crc32cActiveKernel())}};
   });
 
   auto algos = m.def_submodule("algorithms", "Algorithm selection (csrc/collectives/selection.h).");

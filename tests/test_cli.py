@@ -197,6 +197,18 @@ def test_parser_requires_a_command(capsys: pytest.CaptureFixture[str]) -> None:
 # --------------------------------------------------------------------------- subprocess
 
 
+def _cpu_flags() -> set[str] | None:
+    """The first CPU's feature flags from /proc/cpuinfo (None where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
 def _native_facts() -> dict[str, Any]:
     native = ucxbackend._C
     assert native is not None
@@ -234,7 +246,18 @@ def test_info_json_subprocess() -> None:
     assert info["ucx"]["version"] == facts["version"]
     assert info["ucx"]["library_path"] == facts["library"]
     assert "lo" in info["ucx"]["transports"]["tcp"]
-    assert set(info["build"]) >= {"ucx_home", "torch_version"}
+    assert set(info["build"]) >= {"ucx_home", "torch_version", "udp_crc32c"}
+    # The checksum kernel matches what the CPU offers (x86-64 Linux: /proc/cpuinfo's flags).
+    flags = _cpu_flags()
+    if flags is not None:
+        expected = (
+            "vpclmulqdq"
+            if {"avx512f", "vpclmulqdq", "pclmulqdq", "sse4_2"} <= flags
+            else "sse4.2"
+            if "sse4_2" in flags
+            else "tables"
+        )
+        assert info["build"]["udp_crc32c"] == expected
     assert info["torch"]["ucx_registered"] is True
     assert [row["name"] for row in info["config"]] == list(KNOBS)
 

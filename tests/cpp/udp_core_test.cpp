@@ -479,21 +479,38 @@ void testCrc32c() {
   std::vector<uint8_t> dst(big.size() + 16);
   bool copyMatches = true;
   bool copyExact = true;
-  for (size_t n : lengths) {
-    for (size_t off : {0u, 3u}) {
-      const uint32_t expect = crc32cPortableExtend(0x1234u, big.data() + off, n);
-      fastMatches = fastMatches && crc32cExtend(0x1234u, big.data() + off, n) == expect;
-      std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
-      const size_t at = 8 + off % 5;  // a destination alignment unlike the source's
-      copyMatches = copyMatches && crc32cCopy(0x1234u, dst.data() + at, big.data() + off, n) == expect;
-      copyExact = copyExact && std::equal(big.begin() + off, big.begin() + off + n, dst.begin() + at) &&
-                  std::all_of(dst.begin(), dst.begin() + at, [](uint8_t b) { return b == 0xA5; }) &&
-                  std::all_of(dst.begin() + at + n, dst.end(), [](uint8_t b) { return b == 0xA5; });
+  // Every kernel this CPU has, not only the one crc32cExtend picks, so that a machine with
+  // AVX-512 still tests the SSE4.2 path (and the fold's lengths around its 256- and 64-byte
+  // blocks are all in the sweep).
+  std::printf("  crc32c kernel in use: %s\n", crc32cKernelName(crc32cActiveKernel()));
+  for (const Crc32cKernel kernel : {Crc32cKernel::kTables, Crc32cKernel::kCrcInstruction,
+                                    Crc32cKernel::kCarrylessFold}) {
+    if (!crc32cKernelAvailable(kernel)) {
+      std::printf("  crc32c kernel %s: not on this CPU, not tested\n", crc32cKernelName(kernel));
+      continue;
     }
+    const std::string name = crc32cKernelName(kernel);
+    for (size_t n : lengths) {
+      for (size_t off : {0u, 3u}) {
+        const uint32_t expect = crc32cPortableExtend(0x1234u, big.data() + off, n);
+        fastMatches = fastMatches && crc32cExtendWith(kernel, 0x1234u, big.data() + off, n) == expect;
+        std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+        const size_t at = 8 + off % 5;  // a destination alignment unlike the source's
+        copyMatches = copyMatches &&
+                      crc32cCopyWith(kernel, 0x1234u, dst.data() + at, big.data() + off, n) == expect;
+        copyExact = copyExact && std::equal(big.begin() + off, big.begin() + off + n, dst.begin() + at) &&
+                    std::all_of(dst.begin(), dst.begin() + at, [](uint8_t b) { return b == 0xA5; }) &&
+                    std::all_of(dst.begin() + at + n, dst.end(), [](uint8_t b) { return b == 0xA5; });
+      }
+    }
+    CHECK_MSG(fastMatches, name);
+    CHECK_MSG(copyMatches, name);
+    CHECK_MSG(copyExact, name);
   }
-  CHECK(fastMatches);
-  CHECK(copyMatches);
-  CHECK(copyExact);
+  for (size_t n : {0u, 100u, 5000u}) {  // what crc32cExtend / crc32cCopy pick
+    CHECK_EQ(crc32cExtend(9u, big.data(), n), crc32cPortableExtend(9u, big.data(), n));
+    CHECK_EQ(crc32cCopy(9u, dst.data(), big.data(), n), crc32cPortableExtend(9u, big.data(), n));
+  }
   CHECK_EQ(crc32cCopy(7u, nullptr, nullptr, 0), crc32cPortableExtend(7u, nullptr, 0));
 }
 

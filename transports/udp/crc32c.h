@@ -24,4 +24,21 @@ uint32_t crc32cCopy(uint32_t crc, void* dst, const void* src, size_t length);
 // The portable table-driven version crc32cExtend falls back on (tests compare the two).
 uint32_t crc32cPortableExtend(uint32_t crc, const void* data, size_t length);
 
+// The ways crc32cExtend / crc32cCopy can compute a sum; they pick the fastest this CPU has.
+enum class Crc32cKernel {
+  kTables,          // slicing-by-8 tables, any CPU
+  kCrcInstruction,  // SSE4.2's CRC32 instruction on three interleaved chains
+  kCarrylessFold,   // AVX-512 VPCLMULQDQ folding of 256-byte blocks, then the instruction
+};
+const char* crc32cKernelName(Crc32cKernel kernel);
+// Whether this CPU (and OS) can run `kernel`.
+bool crc32cKernelAvailable(Crc32cKernel kernel);
+// The kernel crc32cExtend and crc32cCopy use for long inputs.
+Crc32cKernel crc32cActiveKernel();
+// crc32cExtend / crc32cCopy with a given kernel, for tests and benchmarks; the kernel must be
+// available.
+uint32_t crc32cExtendWith(Crc32cKernel kernel, uint32_t crc, const void* data, size_t length);
+uint32_t crc32cCopyWith(Crc32cKernel kernel, uint32_t crc, void* dst, const void* src,
+                        size_t length);
+
 }  // namespace ucxb::udp
