@@ -18,6 +18,7 @@
 #include "transports/udp/faults.h"
 #include "transports/udp/key_values.h"
 #include "transports/udp/udp_config.h"
+#include "transports/udp/udp_transport.h"
 
 #ifndef UCXB_UCX_HOME
 #define UCXB_UCX_HOME "unknown"
@@ -180,6 +181,18 @@ PYBIND11_MODULE(_C, m) {
         }
       },
       py::arg("text") = "");
+
+  udp.def(
+      "socket_buffers",
+      [](const std::string& host) {
+        // What the kernel grants a udp group's socket: without root (SO_RCVBUFFORCE) it caps
+        // the request at net.core.rmem_max / wmem_max.
+        const ucxb::udp::UdpSocket socket(ucxb::udp::SocketAddress::parse(host, 0),
+                                          ucxb::udp::UdpTransportOptions{}.socketBufferBytes);
+        return std::make_pair(socket.receiveBufferBytes(), socket.sendBufferBytes());
+      },
+      py::arg("host") = "127.0.0.1",
+      "(receive, send) buffer bytes the kernel gives a udp group's socket bound to `host`.");
 
   auto tags = m.def_submodule("tags", "The 64-bit tag layout (transports/tag.h), for tests.");
   tags.def("collective", &ucxb::tag::collective, py::arg("group"), py::arg("seq"),

@@ -572,3 +572,70 @@ def test_algorithm_names_match_native() -> None:
     from ucxbackend import _C
 
     assert _C.algorithms.names() == {op: list(names) for op, names in cfg.ALGORITHMS.items()}
+
+
+def test_small_udp_socket_buffer_is_named_with_its_fix() -> None:
+    from ucxbackend import _transport_options as t
+
+    assert t.socket_buffer_warning(16 << 20, 1 << 20, 3) is None  # as root: 16 MiB granted
+    assert t.socket_buffer_warning(425984, 1 << 20, 0) is None  # one rank: no peers
+    message = t.socket_buffer_warning(425984, 1 << 20, 3)  # net.core.rmem_max's usual cap
+    assert message is not None
+    for part in ("425984-byte receive buffer", "3145728 bytes", "send_window_bytes=1048576",
+                 f"net.core.rmem_max={t.SOCKET_BUFFER_BYTES}"):
+        assert part in message, message
+
+
+class _FakeUdp:
+    def __init__(self, receive: int) -> None:
+        self.receive = receive
+        self.hosts: list[str] = []
+
+    def socket_buffers(self, host: str) -> tuple[int, int]:
+        self.hosts.append(host)
+        return self.receive, self.receive
+
+    def describe_config(self, text: str) -> str:
+        window = 1 << 20
+        for kv in text.split(","):
+            if kv.startswith("send_window_bytes="):
+                window = int(kv.split("=", 1)[1])
+        return f"mtu_payload=65507,send_window_bytes={window},unexpected_bytes=1048576"
+
+
+@pytest.mark.parametrize(
+    ("receive", "udp_config", "size", "warned"),
+    [
+        (425984, "", 4, True),
+        (425984, "send_window_bytes=131072", 4, False),  # the user lowered the window
+        (16 << 20, "", 4, False),
+        (425984, "", 1, False),
+    ],
+)
+def test_udp_group_warns_when_the_kernel_caps_its_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    receive: int,
+    udp_config: str,
+    size: int,
+    warned: bool,
+) -> None:
+    fake = _FakeUdp(receive)
+    monkeypatch.setattr(ucxbackend, "_C", SimpleNamespace(udp=fake))
+    with caplog.at_level(logging.WARNING, logger="ucxbackend"):
+        ucxbackend._warn_small_udp_buffer(
+            {"udp_host": "10.0.0.7", "udp_config": udp_config}, size
+        )
+    assert fake.hosts == ["10.0.0.7"]
+    assert ("receive buffer" in caplog.text) == warned, caplog.text
+
+
+def test_native_socket_buffers_match_what_the_group_asks_for() -> None:
+    from ucxbackend import _transport_options as t
+
+    if ucxbackend._C is None:
+        pytest.skip("native extension not built")
+    receive, send = ucxbackend._C.udp.socket_buffers("127.0.0.1")
+    assert receive > 0 and send > 0
+    if os.geteuid() == 0:  # SO_RCVBUFFORCE: the kernel grants (and doubles) the request
+        assert receive >= t.SOCKET_BUFFER_BYTES and send >= t.SOCKET_BUFFER_BYTES

@@ -143,6 +143,7 @@ def _create_backend(
     native["transport"] = transport
     if transport == UDP_BACKEND_NAME:
         native.update(_transport_options.native_options(config, dist_backend_opts.store))
+        _warn_small_udp_buffer(native, size)
     else:
         # UCX reads UCX_* when its first context is created: set them in the environment.
         os.environ.update(_transport_options.ucx_environment(config, dist_backend_opts.store))
@@ -165,6 +166,22 @@ def _create_backend(
         global_ranks,
         native,
     )
+
+
+def _warn_small_udp_buffer(native: dict[str, str], size: int) -> None:
+    """Logs a warning when the kernel caps a udp group's receive buffer below its window."""
+    assert _C is not None
+    try:
+        receive, _ = _C.udp.socket_buffers(native.get("udp_host", "127.0.0.1"))
+        described = _C.udp.describe_config(native.get("udp_config", ""))
+        knobs = dict(kv.split("=", 1) for kv in described.split(","))
+        window = int(knobs["send_window_bytes"])
+    except (RuntimeError, ValueError, KeyError) as exc:  # the group itself will say more
+        logger.debug("udp: could not check the socket buffer: %s", exc)
+        return
+    message = _transport_options.socket_buffer_warning(receive, window, size - 1)
+    if message is not None:
+        logger.warning(message)
 
 
 def _register() -> None:

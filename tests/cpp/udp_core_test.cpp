@@ -467,18 +467,16 @@ void testCrc32c() {
   }
   CHECK(allMatch);
   CHECK(extendMatches);
-  // The fast path (three interleaved chains of 512, 128 and 32 bytes) against the portable
-  // one, at every length up to past three 512-byte blocks and at datagram sizes.
+  // The fast kernels (carry-less folding of 256- and 64-byte blocks; the CRC32 instruction on
+  // three interleaved chains of 512, 128 and 32 bytes) against the portable one, at every
+  // length up to past three 512-byte blocks and at datagram sizes.
   std::vector<uint8_t> big(70'008);  // room for the longest length at the largest offset
   for (auto& b : big) b = static_cast<uint8_t>(rng.next());
-  bool fastMatches = true;
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 1700; ++n) lengths.push_back(n);
   for (size_t n : {1472u, 8972u, 65507u, 69'999u}) lengths.push_back(n);
   // crc32cCopy: the same sum, and an exact copy that writes nothing outside the destination.
   std::vector<uint8_t> dst(big.size() + 16);
-  bool copyMatches = true;
-  bool copyExact = true;
   // Every kernel this CPU has, not only the one crc32cExtend picks, so that a machine with
   // AVX-512 still tests the SSE4.2 path (and the fold's lengths around its 256- and 64-byte
   // blocks are all in the sweep).
@@ -490,14 +488,16 @@ void testCrc32c() {
       continue;
     }
     const std::string name = crc32cKernelName(kernel);
+    bool fastMatches = true, copyMatches = true, copyExact = true;
     for (size_t n : lengths) {
       for (size_t off : {0u, 3u}) {
         const uint32_t expect = crc32cPortableExtend(0x1234u, big.data() + off, n);
-        fastMatches = fastMatches && crc32cExtendWith(kernel, 0x1234u, big.data() + off, n) == expect;
+        const uint32_t sum = crc32cExtendWith(kernel, 0x1234u, big.data() + off, n);
         std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
         const size_t at = 8 + off % 5;  // a destination alignment unlike the source's
-        copyMatches = copyMatches &&
-                      crc32cCopyWith(kernel, 0x1234u, dst.data() + at, big.data() + off, n) == expect;
+        const uint32_t copied = crc32cCopyWith(kernel, 0x1234u, dst.data() + at, big.data() + off, n);
+        fastMatches = fastMatches && sum == expect;
+        copyMatches = copyMatches && copied == expect;
         copyExact = copyExact && std::equal(big.begin() + off, big.begin() + off + n, dst.begin() + at) &&
                     std::all_of(dst.begin(), dst.begin() + at, [](uint8_t b) { return b == 0xA5; }) &&
                     std::all_of(dst.begin() + at + n, dst.end(), [](uint8_t b) { return b == 0xA5; });
@@ -1146,6 +1146,9 @@ void testImmediateAcks() {
   CHECK_MSG(answersWithAck(1000), "a one-packet message must be acknowledged at once");
   data(3, 1, 100, 0);  // the same packet again: a duplicate, acknowledged at once as before
   CHECK(answersWithAck(1000));
+  data(4, 1, 100, 0);  // the same bytes under a new number: a resend the sender expects answered
+  CHECK_MSG(answersWithAck(1000), "a resent last fragment of a finished message must be "
+                                  "acknowledged at once");
 
   // End to end: whatever a message's packet count, its send completes about one RTT after its
   // last packet leaves, not after the receiver's ACK delay (20 ms here, RTT ~0.1 ms).
@@ -1156,8 +1159,36 @@ void testImmediateAcks() {
     plan.label = "immediate ACK of a completing packet, " + std::to_string(size) + " B";
     plan.flows = {{0, 1, {size}}};
     const TransferOutcome o = runTransfer(plan);
-    CHECK_MSG(o.completed && o.doneNs < 2'000'000,
+    // A few round trips (~0.1 ms each, plus ~0.1 ms on the wire for 100 kB), and no tail
+    // probe: a late last ACK would be found by one (~0.5 ms), not by the 20 ms timer.
+    CHECK_MSG(o.completed && o.doneNs < 450'000,
               plan.label + ": done after " + std::to_string(o.doneNs) + " ns");
+    CHECK_MSG(o.totals.tailProbes == 0, plan.label + ": " + std::to_string(o.totals.tailProbes) +
+                                            " tail probes");
+  }
+
+  // The probe timeout leaves the ACK delay out only after a packet the peer acknowledges at
+  // once: a two-fragment message, the first fragment sent, then the last.
+  {
+    PeerIdentity txId;
+    txId.localRank = 0;
+    txId.peerRank = 1;
+    txId.sessionToken = 0x5eed;
+    PeerConnection tx(configWith("max_ack_delay_us=500,initial_rtt_us=100,rto_min_us=5000"),
+                      txId);
+    const std::vector<uint8_t> message(2000, 0x11);  // 1412 + 588 bytes at mtu_payload 1472
+    tx.send(7, message.data(), message.size());
+    CHECK(tx.pollTransmit(1000, out) > 0);
+    const auto afterFirst = tx.nextTimeout();
+    CHECK(tx.pollTransmit(1000, out) > 0);
+    const auto afterLast = tx.nextTimeout();
+    CHECK(afterFirst && afterLast);
+    if (afterFirst && afterLast) {
+      CHECK_MSG(*afterFirst - *afterLast == 500,
+                "probe after a middle fragment at +" + std::to_string(*afterFirst - 1000) +
+                    " us, after the last at +" + std::to_string(*afterLast - 1000) +
+                    " us: only the latter may skip the 500 us ACK delay");
+    }
   }
 
   // A lost last packet: the packet a tail probe asks about ends a message, so the peer would

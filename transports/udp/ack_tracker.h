@@ -32,8 +32,9 @@ class AckTracker {
   // higher-numbered one).
   bool record(PacketNumber pn, TimeUs now);
 
-  // Acknowledge at the next opportunity (a duplicate arrived: our last ACK may have been lost;
-  // or a flow-control update is due).
+  // Acknowledge at the next opportunity: a duplicate arrived (our last ACK may have been
+  // lost), a PING asks for news, a packet completed a message (its sender waits for the ACK
+  // to finish the send), or a flow-control update is due.
   void ackSoon() { immediate_ = true; }
   bool anyReceived() const { return largest_.has_value(); }
   bool ackWanted(TimeUs now) const;

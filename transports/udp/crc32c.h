@@ -12,7 +12,7 @@ uint32_t crc32c(const void* data, size_t length);
 
 // Continues a CRC32C: crc32cExtend(crc32c(a), b) == crc32c(a followed by b). Lets a datagram's
 // checksum skip its own checksum field and cover a payload that lives in another buffer.
-// Uses the CPU's CRC32C instruction where there is one (x86-64 SSE4.2).
+// Uses the fastest kernel the CPU has (see Crc32cKernel).
 uint32_t crc32cExtend(uint32_t crc, const void* data, size_t length);
 
 // Copies `length` bytes from `src` to `dst` (which must not overlap) and returns
@@ -35,8 +35,8 @@ const char* crc32cKernelName(Crc32cKernel kernel);
 bool crc32cKernelAvailable(Crc32cKernel kernel);
 // The kernel crc32cExtend and crc32cCopy use for long inputs.
 Crc32cKernel crc32cActiveKernel();
-// crc32cExtend / crc32cCopy with a given kernel, for tests and benchmarks; the kernel must be
-// available.
+// crc32cExtend / crc32cCopy with a given kernel, for tests and benchmarks. Throw
+// std::invalid_argument for a kernel this CPU lacks.
 uint32_t crc32cExtendWith(Crc32cKernel kernel, uint32_t crc, const void* data, size_t length);
 uint32_t crc32cCopyWith(Crc32cKernel kernel, uint32_t crc, void* dst, const void* src,
                         size_t length);

@@ -111,8 +111,11 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
         // waits for that: a delayed ACK would add up to max_ack_delay_us to every message
         // with an odd number of fragments.
         case MessageReceiver::Verdict::kCompleted: acks_.ackSoon(); break;
-        case MessageReceiver::Verdict::kAccepted:
-        case MessageReceiver::Verdict::kDuplicate: break;
+        // Bytes we already have under a new packet number: a resend after a spurious loss
+        // or a timeout, whose sender (having sent a message's last fragment) expects an ACK
+        // at once, as for the first copy.
+        case MessageReceiver::Verdict::kDuplicate: acks_.ackSoon(); break;
+        case MessageReceiver::Verdict::kAccepted: break;
       }
       break;
     case PacketType::kCts:
