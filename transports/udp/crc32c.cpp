@@ -160,16 +160,13 @@ __attribute__((target("sse4.2"))) uint32_t crc32cHardware(uint32_t crc, const ui
 #endif
 
 bool available(Crc32cKernel kernel) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();  // kActive is computed during static initialization
-#endif
   switch (kernel) {
     case Crc32cKernel::kTables: return true;
 #if defined(__x86_64__)
-    case Crc32cKernel::kCrcInstruction: return __builtin_cpu_supports("sse4.2");
-    // libgcc's check also asks the OS (XGETBV) whether it saves the AVX-512 state.
-    case Crc32cKernel::kCarrylessFold:
-      return __builtin_cpu_supports("sse4.2") && crc32cFoldAvailable();
+    case Crc32cKernel::kCrcInstruction:
+      __builtin_cpu_init();  // kActive is computed during static initialization
+      return __builtin_cpu_supports("sse4.2");
+    case Crc32cKernel::kCarrylessFold: return crc32cFoldAvailable();  // SSE4.2 included
 #else
     case Crc32cKernel::kCrcInstruction:
     case Crc32cKernel::kCarrylessFold: return false;
@@ -240,18 +237,23 @@ bool crc32cKernelAvailable(Crc32cKernel kernel) { return available(kernel); }
 
 Crc32cKernel crc32cActiveKernel() { return kActive; }
 
+namespace {
+void requireAvailable(Crc32cKernel kernel) {
+  if (!available(kernel)) {
+    throw std::invalid_argument(std::string("crc32c kernel ") + crc32cKernelName(kernel) +
+                                " is not available on this CPU");
+  }
+}
+}  // namespace
+
 uint32_t crc32cExtendWith(Crc32cKernel kernel, uint32_t crc, const void* data, size_t length) {
-  if (!available(kernel)) throw std::invalid_argument(std::string("crc32c kernel ") +
-                                                      crc32cKernelName(kernel) +
-                                                      " is not available on this CPU");
+  requireAvailable(kernel);
   return extendWith(kernel, crc, static_cast<const uint8_t*>(data), length);
 }
 
 uint32_t crc32cCopyWith(Crc32cKernel kernel, uint32_t crc, void* dst, const void* src,
                         size_t length) {
-  if (!available(kernel)) throw std::invalid_argument(std::string("crc32c kernel ") +
-                                                      crc32cKernelName(kernel) +
-                                                      " is not available on this CPU");
+  requireAvailable(kernel);
   return copyWith(kernel, crc, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
                   length);
 }

@@ -101,7 +101,8 @@ UCXB_FOLD_TARGET uint64_t crc32cFoldSum(uint64_t state, const uint8_t*& src, siz
   return fold<false>(state, src, none, length);
 }
 
-UCXB_FOLD_TARGET uint64_t crc32cFoldCopy(uint64_t state, uint8_t*& dst, const uint8_t*& src, size_t& length) {
+UCXB_FOLD_TARGET uint64_t crc32cFoldCopy(uint64_t state, uint8_t*& dst, const uint8_t*& src,
+                                         size_t& length) {
   return fold<true>(state, src, dst, length);
 }
 

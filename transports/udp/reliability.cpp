@@ -109,11 +109,9 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
         case MessageReceiver::Verdict::kViolation: return drop(DropReason::kProtocol);
         // The sender's send completes only when this packet is acknowledged, and a collective
         // waits for that: a delayed ACK would add up to max_ack_delay_us to every message
-        // with an odd number of fragments.
-        case MessageReceiver::Verdict::kCompleted: acks_.ackSoon(); break;
-        // Bytes we already have under a new packet number: a resend after a spurious loss
-        // or a timeout, whose sender (having sent a message's last fragment) expects an ACK
-        // at once, as for the first copy.
+        // with an odd number of fragments. A duplicate (bytes we already have, resent after
+        // a spurious loss or a timeout) is answered at once for the same reason.
+        case MessageReceiver::Verdict::kCompleted:
         case MessageReceiver::Verdict::kDuplicate: acks_.ackSoon(); break;
         case MessageReceiver::Verdict::kAccepted: break;
       }
