@@ -22,28 +22,38 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
     return c.recv(from, chunkStep(firstStep, k, recvChunks), slots + (k % 2) * chunk * esz,
                   piece(recvCount, chunk, k) * esz);
   };
+  auto postSend = [&](size_t k) {
+    return c.send(to, chunkStep(firstStep, k, sendChunks), src + k * chunk * esz,
+                  piece(sendCount, chunk, k) * esz);
+  };
+  // One receive and one send stay posted ahead of the chunk being folded, so the peer can
+  // move chunk k+1 while this rank reduces chunk k.
   RequestPtr next = recvChunks > 0 ? postRecv(0) : nullptr;
+  RequestPtr nextSend = sendChunks > 0 ? postSend(0) : nullptr;
   RequestPtr current;
+  RequestPtr currentSend;
   try {
     for (size_t k = 0; k < std::max(sendChunks, recvChunks); ++k) {
       std::vector<RequestPtr> reqs;
       current = std::move(next);
+      currentSend = std::move(nextSend);
       next = nullptr;
+      nextSend = nullptr;
       if (k + 1 < recvChunks) next = postRecv(k + 1);  // its slot held chunk k-1, now folded
-      if (k < sendChunks) {
-        reqs.push_back(c.send(to, chunkStep(firstStep, k, sendChunks), src + k * chunk * esz,
-                              piece(sendCount, chunk, k) * esz));
-      }
+      // A send of chunk k+1 reads src; when src is dst, chunk k+1 is folded only later.
+      if (k + 1 < sendChunks) nextSend = postSend(k + 1);
+      if (currentSend) reqs.push_back(currentSend);
       if (current) reqs.push_back(current);
       c.wait(reqs);
+      currentSend = nullptr;
       if (current) {
         red.fn(dst + k * chunk * esz, slots + (k % 2) * chunk * esz, piece(recvCount, chunk, k));
       }
     }
   } catch (...) {
-    // `current` is still posted if posting `next` or the send threw before the wait.
+    // The current pair is still posted if posting the next one threw before the wait.
     std::vector<RequestPtr> left;
-    for (auto& r : {current, next}) {
+    for (auto& r : {current, next, currentSend, nextSend}) {
       if (r) left.push_back(r);
     }
     c.abandon(left);

@@ -41,10 +41,10 @@ inline uint32_t chunkStep(uint32_t firstStep, size_t k, size_t chunks) {
 }
 
 // Sends `sendCount` elements of `src` to `to` while receiving `recvCount` from `from` and
-// folding them into `dst`, chunk by chunk through two scratch slots (receiving chunk k+1
-// overlaps reducing chunk k). Chunk k travels with step chunkStep(firstStep, k, ...). Either
-// direction may be absent (peer -1). `src` may equal `dst`: chunk k is folded only after it
-// was sent. Uses at most chunksOf(max(sendCount, recvCount), chunk) steps.
+// folding them into `dst`, chunk by chunk through two scratch slots (receiving and sending
+// chunk k+1 overlap reducing chunk k). Chunk k travels with step chunkStep(firstStep, k,
+// ...). Either direction may be absent (peer -1). `src` may equal `dst`: chunk k is folded
+// only after it was sent. Uses at most chunksOf(max(sendCount, recvCount), chunk) steps.
 void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
                     uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
                     const Reduction& red);
