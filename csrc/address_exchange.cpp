@@ -28,11 +28,12 @@ uint64_t AddressExchange::sessionToken() {
   return token;
 }
 
-std::vector<std::vector<uint8_t>> AddressExchange::exchange(const std::vector<uint8_t>& mine) {
-  store_.set(scope_ + "addr/" + std::to_string(rank_), mine);
+std::vector<std::vector<uint8_t>> AddressExchange::allGather(const std::string& key,
+                                                             const std::vector<uint8_t>& mine) {
+  store_.set(scope_ + key + "/" + std::to_string(rank_), mine);
   std::vector<std::vector<uint8_t>> all(size_);
   for (int p = 0; p < size_; ++p) {
-    all[p] = p == rank_ ? mine : store_.get(scope_ + "addr/" + std::to_string(p));
+    all[p] = p == rank_ ? mine : store_.get(scope_ + key + "/" + std::to_string(p));
   }
   return all;
 }

@@ -22,7 +22,13 @@ class AddressExchange {
   uint64_t sessionToken();
 
   // Publishes this rank's address and returns every rank's, indexed by rank.
-  std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine);
+  std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine) {
+    return allGather("addr", mine);
+  }
+
+  // Publishes `mine` under `key` and returns every rank's value for it, indexed by rank.
+  std::vector<std::vector<uint8_t>> allGather(const std::string& key,
+                                              const std::vector<uint8_t>& mine);
 
   // Returns once every rank has connected to all the others. Without it a rank that has
   // nothing to receive (a broadcast root) could finish its first ops and destroy its worker

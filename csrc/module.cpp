@@ -49,6 +49,17 @@ py::dict countersToDict(const ucxb::Counters& counters) {
   return d;
 }
 
+// The ucxbackend group behind a c10d Backend handle; a TypeError for any other backend.
+ucxb::ProcessGroupUCX* asGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
+                               const char* function) {
+  auto* group = dynamic_cast<ucxb::ProcessGroupUCX*>(backend.get());
+  if (group == nullptr) {
+    throw py::type_error(std::string(function) + "(): not a ucxbackend process group backend but '" +
+                         backend->getBackendName() + "'");
+  }
+  return group;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -63,11 +74,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "traffic",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
-        auto* group = dynamic_cast<ucxb::ProcessGroupUCX*>(backend.get());
-        if (group == nullptr) {
-          throw py::type_error("traffic(): not a ucxbackend process group backend but '" +
-                               backend->getBackendName() + "'");
-        }
+        auto* group = asGroup(backend, "traffic");
         ucxb::TrafficSnapshot snap;
         {
           py::gil_scoped_release release;
@@ -94,6 +101,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend"),
       "The traffic counters of a ucx/udp backend: per peer, transport-wide and per recent op "
       "(empty for ucx, whose traffic UCX does not count for us).");
+
+  m.def(
+      "shared_memory",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        return asGroup(backend, "shared_memory")->sharedMemory();
+      },
+      py::arg("backend"),
+      "Whether the group stages large ring ops through shared memory (all ranks on one host).");
 
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);

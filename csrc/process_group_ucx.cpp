@@ -9,6 +9,7 @@
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
+#include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
 #include "transports/tag.h"
 
@@ -87,6 +88,7 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
   std::unique_ptr<Transport> transport;
+  std::unique_ptr<StagingArea> staging;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
     transport = makeTransport(options, rank, size, exchange);
@@ -95,12 +97,14 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
       transport->connect(p, addresses[p]);
     }
     exchange.allConnected();
+    staging = setUpStaging(options, rank, size, tuning_.chunkBytes, exchange);
   } catch (const TransportError& e) {
     throw c10::DistBackendError({__func__, __FILE__, __LINE__},
                                 backendName_ + ": setting up group '" + groupId_ + "' on rank " +
                                     std::to_string(rank) + " failed: " + e.what());
   }
-  engine_ = ProgressEngine::start(std::move(transport), engineConfig_);
+  sharedMemory_ = staging != nullptr;
+  engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
 }
 
 ProcessGroupUCX::~ProcessGroupUCX() { shutdown(); }

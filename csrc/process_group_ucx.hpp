@@ -95,6 +95,9 @@ class ProcessGroupUCX : public c10d::Backend {
   const std::vector<int64_t>& globalRanks() const { return globalRanks_; }
   // The transport's traffic counters (empty for ucx); any thread.
   TrafficSnapshot traffic() const;
+  // Whether large ring ops stage through shared memory (every rank on this host; see
+  // engine/staging_area.h).
+  bool sharedMemory() const { return sharedMemory_; }
   const EngineConfig& engineConfig() const { return engineConfig_; }
 
  private:
@@ -145,6 +148,7 @@ class ProcessGroupUCX : public c10d::Backend {
   // Ops may also be issued from Future callbacks on the progress thread.
   std::mutex coalesceMu_;
   bool coalescing_ = false;
+  bool sharedMemory_ = false;
   std::vector<c10::intrusive_ptr<WorkUCX>> coalesced_;
 };
 

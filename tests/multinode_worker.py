@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import ucxbackend  # noqa: F401  (registers the ucx backend, and udp when built)
+import ucxbackend  # registers the ucx backend, and udp when built
 
 # Test-only: corrupt one element of the backend's all_reduce output on the last rank.
 CORRUPT = os.environ.get("MULTINODE_CORRUPT") == "1"
@@ -138,6 +138,23 @@ def run_all(rank: int, world: int, sizes: list[int], gloo: dist.ProcessGroup) ->
     return checks
 
 
+def check_host_group(rank: int, sizes: list[int]) -> bool | None:
+    """With several ranks per host: all_reduce within each host's group (which may stage
+    through shared memory, unlike the world), checked against the sum of the known inputs.
+    Returns whether this host's group staged; None with one rank per host."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local < 2:
+        return None
+    group, _ = dist.new_subgroups(group_size=local)  # torchrun numbers ranks host by host
+    first = rank - rank % local
+    for numel in sizes:
+        got = _input(rank, numel, torch.int64)
+        dist.all_reduce(got, group=group)
+        want = sum(_input(r, numel, torch.int64) for r in range(first, first + local))
+        _expect(f"host group all_reduce numel={numel}", got, want)
+    return ucxbackend.shared_memory(group)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", required=True)
@@ -151,13 +168,16 @@ def main() -> int:
     gloo = dist.new_group(backend="gloo")
     try:
         checks = run_all(rank, world, sizes, gloo)
+        host_staged = check_host_group(rank, sizes)
     except Mismatch as exc:
         print(f"MULTINODE_FAIL rank={rank}: {exc}", flush=True)
         return 1
+    staged = ucxbackend.shared_memory()
     dist.destroy_process_group()
     print(
         f"MULTINODE_OK rank={rank} world={world} host={socket.gethostname()} "
-        f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')}",
+        f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')} staged={staged} "
+        f"host_group_staged={host_staged}",
         flush=True,
     )
     return 0

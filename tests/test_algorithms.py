@@ -642,15 +642,27 @@ def _threshold_call(
 # --------------------------------------------------------------------------- the spawned worlds
 
 
+# The rings stage through shared memory when all ranks share a host (here always): run them
+# with it off too, so that the transport path stays covered.
+STAGED = {("allreduce", "ring"), ("allgather", "ring")}
+STAGING: dict[tuple[str, str], tuple[str, ...]] = {
+    (op, alg): ("auto", "off") if (op, alg) in STAGED else ("auto",)
+    for op, algos in FORCED.items()
+    for alg in algos
+}
+
+
 def _algorithm_world(rank: int, ws: int, parts: tuple[Part, ...], thresholds: bool) -> Any:
     warnings.simplefilter("ignore", FutureWarning)  # *_tensor names are deprecated aliases
     forced = _Recorder()
     for op, algos in FORCED.items():
         for alg in algos:
             for chunk, counts in parts:
-                g = _new_group({f"algo_{op}": alg, "chunk_bytes": chunk})
-                CHECKS[op](forced, g, rank, ws, f"algo={alg} world={ws} chunk={chunk}", counts)
-                dist.destroy_process_group(g)
+                for shm in STAGING[(op, alg)]:
+                    g = _new_group({f"algo_{op}": alg, "chunk_bytes": chunk, "shared_memory": shm})
+                    label = f"algo={alg} world={ws} chunk={chunk} shared_memory={shm}"
+                    CHECKS[op](forced, g, rank, ws, label, counts)
+                    dist.destroy_process_group(g)
     auto = _Recorder()
     if thresholds:
         g = _new_group({**{f"algo_{op}": "auto" for op in FORCED}, "chunk_bytes": DEFAULT_CHUNK})

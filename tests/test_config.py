@@ -37,10 +37,11 @@ needs_native = pytest.mark.skipif(
     reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
 )
 
-# Algorithm selection, chunking and udp knobs, at their defaults.
+# Algorithm selection, chunking, staging and network knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
+    "shared_memory": "auto",
     "ifname": "",
     "udp_config": "",
     "udp_faults": "",
@@ -72,6 +73,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
+        "UCXBACKEND_SHARED_MEMORY",
         "UCXBACKEND_IFNAME",
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",

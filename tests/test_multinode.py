@@ -119,6 +119,11 @@ def run_job(
     for host, out in outputs.items():
         hostname = rig.ns(host)  # type: ignore[arg-type]
         assert f"host={hostname}" in out, f"ranks of host {host} did not run in {hostname}"
+        # A world spanning both hosts never stages through shared memory; a ucx group of the
+        # ranks on one host does (udp never does).
+        assert out.count("staged=False host_group") == nproc, out[-2000:]
+        host_staged = "True" if backend == "ucx" and nproc > 1 else "False" if nproc > 1 else "None"
+        assert out.count(f"host_group_staged={host_staged}") == nproc, out[-2000:]
     return outputs
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "get_config",
     "is_available",
     "load_error",
+    "shared_memory",
     "stats",
 ]
 
@@ -147,6 +148,7 @@ def _create_backend(
     else:
         # UCX reads UCX_* when its first context is created: set them in the environment.
         os.environ.update(_transport_options.ucx_environment(config, dist_backend_opts.store))
+        native["shared_memory"] = _transport_options.shared_memory(config, os.environ)
     logger.debug(
         "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
         transport,
@@ -211,6 +213,32 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     1024, the newest last). The counters are published after every op and whenever the
     group's progress thread goes idle. A ``ucx`` group has no counters (UCX keeps its own).
     """
+    backend = _native_backend(group, "stats")
+    assert _C is not None
+    raw = _C.traffic(backend)
+    return {
+        "backend": raw["backend"],
+        "peers": dict(enumerate(raw["peers"])),
+        "total": raw["total"],
+        "transport": raw["transport"],
+        "ops": raw["ops"],
+    }
+
+
+def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether a ``ucx`` group moves large all_reduce/all_gather/broadcast through shared memory.
+
+    True when every rank of the group runs on this host (same boot, mount and network
+    namespace), ``shared_memory`` is ``"auto"`` and ``UCX_TLS`` (if set) allows UCX's own
+    shared-memory transports; see the README's "Shared-memory staging".
+    """
+    backend = _native_backend(group, "shared_memory")
+    assert _C is not None
+    return bool(_C.shared_memory(backend))
+
+
+def _native_backend(group: dist.ProcessGroup | None, caller: str) -> Any:
+    """The ucx or udp backend object of ``group`` (the default group when None)."""
     if _C is None:
         raise _native_missing_error()
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
@@ -221,20 +249,11 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
         except (RuntimeError, ValueError) as exc:
             last_error = exc
             continue
-        if backend.name() not in BACKEND_NAMES:
-            continue
-        raw = _C.traffic(backend)
-        return {
-            "backend": raw["backend"],
-            "peers": dict(enumerate(raw["peers"])),
-            "total": raw["total"],
-            "transport": raw["transport"],
-            "ops": raw["ops"],
-        }
+        if backend.name() in BACKEND_NAMES:
+            return backend
     raise ValueError(
-        f"stats(): the group has no ucx or udp backend (backends: {pg._get_backend_name()!r}"
-        + (f"; {last_error}" if last_error else "")
-        + ")"
+        f"{caller}(): the group has no ucx or udp backend (backends: "
+        f"{pg._get_backend_name()!r}" + (f"; {last_error}" if last_error else "") + ")"
     )
 
 

@@ -35,12 +35,14 @@ __all__ = [
     "LogLevel",
     "Options",
     "ProgressMode",
+    "SharedMemoryMode",
     "Source",
     "coerce_options",
     "unknown_env_vars",
 ]
 
 ProgressMode: TypeAlias = Literal["sleep", "poll"]
+SharedMemoryMode: TypeAlias = Literal["auto", "off"]
 LogLevel: TypeAlias = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Source: TypeAlias = Literal["default", "env", "pg_options"]
 
@@ -49,6 +51,7 @@ ENV_PREFIX: Final = "UCXBACKEND_"
 TEST_HOOK_ENV_VARS: Final = frozenset({"UCXBACKEND_BENCH_CORRUPT"})
 
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("sleep", "poll")
+SHARED_MEMORY_MODES: Final[tuple[SharedMemoryMode, ...]] = ("auto", "off")
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 # spin_us travels to C++ as a string; keep it within a signed 32-bit int so any parser copes.
 SPIN_US_MAX: Final = 2**31 - 1
@@ -264,6 +267,18 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             )
             for op, names in ALGORITHMS.items()
         },
+        "shared_memory": Knob(
+            name="shared_memory",
+            default="auto",
+            allowed="'auto', 'off'",
+            help=(
+                "ucx backend only: with 'auto', a group whose ranks all run on one host (same "
+                "boot, mount and network namespace) moves large all_reduce, all_gather and "
+                "broadcast messages through shared-memory slots, one copy less per byte than "
+                "through UCX; off when UCX_TLS leaves out shared memory"
+            ),
+            parse=_parse_choice(SHARED_MEMORY_MODES, upper=False),
+        ),
         "ifname": Knob(
             name="ifname",
             default="",
@@ -325,6 +340,7 @@ class Config:
     algo_broadcast: str = "auto"
     algo_reduce: str = "auto"
     algo_alltoall: str = "auto"
+    shared_memory: SharedMemoryMode = "auto"
     ifname: str = ""
     udp_config: str = ""
     udp_faults: str = ""
@@ -427,6 +443,7 @@ class Options:
     algo_broadcast: str | None = None
     algo_reduce: str | None = None
     algo_alltoall: str | None = None
+    shared_memory: SharedMemoryMode | None = None
     ifname: str | None = None
     udp_config: str | None = None
     udp_faults: str | None = None

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "csrc/collectives/building_blocks.h"
+#include "csrc/collectives/staged_exchange.h"
 
 namespace ucxb::algo {
 
@@ -17,6 +18,20 @@ uint32_t ringReduceScatterInPlace(Comm& c, uint8_t* data, const Blocks& b, const
   const int n = c.size();
   const int r = c.rank();
   const size_t esz = red.elementSize;
+  // Through shared memory when the group has it and both ring phases fit the step space.
+  if (const StagingArea* st = c.staging();
+      st != nullptr &&
+      2 * static_cast<size_t>(n - 1) * stagedSteps(*st, b.largest * esz, esz) <= kStepSpace) {
+    const auto perStep = static_cast<uint32_t>(stagedSteps(*st, b.largest * esz, esz));
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r - s - 1, n);
+      const int recvBlock = mod(r - s - 2, n);
+      stagedExchange(c, mod(r + 1, n), data + b.offset[sendBlock] * esz, b.count[sendBlock] * esz,
+                     mod(r - 1, n), data + b.offset[recvBlock] * esz, b.count[recvBlock] * esz,
+                     static_cast<uint32_t>(s) * perStep, &red);
+    }
+    return static_cast<uint32_t>(n - 1) * perStep;
+  }
   // Every rank derives the same chunking from the largest block; the all-gather that
   // follows needs n-1 more steps.
   const size_t perStep = (kStepSpace - std::min<size_t>(kStepSpace, n)) / std::max(1, n - 1);

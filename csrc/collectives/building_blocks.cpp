@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "csrc/collectives/staged_exchange.h"
+
 namespace ucxb::algo::detail {
 
 size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChunks) {
@@ -51,7 +53,6 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
       }
     }
   } catch (...) {
-    // The current pair is still posted if posting the next one threw before the wait.
     std::vector<RequestPtr> left;
     for (auto& r : {current, next, currentSend, nextSend}) {
       if (r) left.push_back(r);
@@ -116,6 +117,19 @@ void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vect
                    uint32_t firstStep) {
   const int n = c.size();
   const int r = c.rank();
+  const StagingArea* st = c.staging();
+  const size_t largest = *std::max_element(bytes.begin(), bytes.end());
+  if (st != nullptr &&
+      firstStep + static_cast<size_t>(n - 1) * stagedSteps(*st, largest, 1) <= kStepSpace) {
+    const auto perStep = static_cast<uint32_t>(stagedSteps(*st, largest, 1));
+    for (int s = 0; s < n - 1; ++s) {
+      const int sendBlock = mod(r - s, n);
+      const int recvBlock = mod(r - s - 1, n);
+      stagedExchange(c, mod(r + 1, n), blocks[sendBlock], bytes[sendBlock], mod(r - 1, n),
+                     blocks[recvBlock], bytes[recvBlock], firstStep + s * perStep, nullptr);
+    }
+    return;
+  }
   for (int s = 0; s < n - 1; ++s) {
     const int sendBlock = mod(r - s, n);
     const int recvBlock = mod(r - s - 1, n);

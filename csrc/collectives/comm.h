@@ -32,6 +32,8 @@ class Comm {
   void abandon(const std::vector<RequestPtr>& requests) { engine_.abandon(requests); }
   // The group's reusable scratch buffer (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return engine_.scratch(bytes); }
+  // The group's shared-memory slots; null unless every rank runs on this host.
+  const StagingArea* staging() const { return engine_.staging(); }
 
  private:
   ProgressEngine& engine_;

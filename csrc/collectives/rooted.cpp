@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "csrc/collectives/building_blocks.h"
+#include "csrc/collectives/staged_exchange.h"
 
 namespace ucxb::algo {
 
@@ -12,14 +13,28 @@ using namespace detail;
 namespace {
 
 // Receive from the parent, then send to the children, over ranks relative to the root.
-void binomialBroadcast(Comm& c, void* data, size_t bytes, int root) {
+// Through the group's shared-memory slots when it has them and the message is large enough
+// for one copy less to outweigh a notice and a credit per piece (children are then served
+// one after the other).
+void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   const int n = c.size();
   const int vr = mod(c.rank() - root, n);
+  const StagingArea* st = c.staging();
+  uint32_t levels = 0;  // of the tree: ceil(log2 n)
+  while ((size_t{1} << levels) < static_cast<size_t>(n)) ++levels;
+  const bool staged = st != nullptr && bytes >= kStagedBroadcastMin &&
+                      levels * stagedSteps(*st, bytes, 1) <= kStepSpace;
+  const uint32_t perLevel = staged ? static_cast<uint32_t>(stagedSteps(*st, bytes, 1)) : 1;
   int mask = 1;
   uint32_t level = 0;
   while (mask < n) {
     if (vr & mask) {
-      c.wait({c.recv(mod(vr - mask + root, n), level, data, bytes)});
+      const int parent = mod(vr - mask + root, n);
+      if (staged) {
+        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * perLevel, nullptr);
+      } else {
+        c.wait({c.recv(parent, level, data, bytes)});
+      }
       break;
     }
     mask <<= 1;
@@ -28,8 +43,12 @@ void binomialBroadcast(Comm& c, void* data, size_t bytes, int root) {
   std::vector<RequestPtr> sends;
   for (mask >>= 1; mask > 0; mask >>= 1) {
     --level;
-    if (vr + mask < n) {
-      sends.push_back(c.send(mod(vr + mask + root, n), level, data, bytes));
+    if (vr + mask >= n) continue;
+    const int child = mod(vr + mask + root, n);
+    if (staged) {
+      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * perLevel, nullptr);
+    } else {
+      sends.push_back(c.send(child, level, data, bytes));
     }
   }
   c.wait(sends);
@@ -142,7 +161,7 @@ void broadcast(Comm& comm, void* data, size_t bytes, int root) {
   if (choose(comm.tuning(), Op::kBroadcast, bytes, comm.size()) == Algorithm::kChain) {
     chainBroadcast(comm, static_cast<uint8_t*>(data), bytes, root);
   } else {
-    binomialBroadcast(comm, data, bytes, root);
+    binomialBroadcast(comm, static_cast<uint8_t*>(data), bytes, root);
   }
 }
 

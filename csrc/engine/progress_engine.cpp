@@ -34,8 +34,12 @@ std::string describe(const Request& r) {
 
 }  // namespace
 
-ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config)
-    : transport_(std::move(transport)), config_(config), traffic_(*transport_) {
+ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config,
+                               std::unique_ptr<StagingArea> staging)
+    : transport_(std::move(transport)),
+      config_(config),
+      staging_(std::move(staging)),
+      traffic_(*transport_) {
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   idleEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
   waitEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -54,8 +58,10 @@ ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfi
 }
 
 std::shared_ptr<ProgressEngine> ProgressEngine::start(std::unique_ptr<Transport> transport,
-                                                     EngineConfig config) {
-  auto engine = std::make_shared<ProgressEngine>(std::move(transport), config);
+                                                     EngineConfig config,
+                                                     std::unique_ptr<StagingArea> staging) {
+  auto engine =
+      std::make_shared<ProgressEngine>(std::move(transport), config, std::move(staging));
   engine->thread_ = std::thread([self = engine] { self->threadMain(); });
   engine->threadId_.store(engine->thread_.get_id());
   return engine;

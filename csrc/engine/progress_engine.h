@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/engine/staging_area.h"
 #include "csrc/engine/traffic_stats.h"
 #include "transports/transport.h"
 
@@ -65,9 +66,12 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // Starts the progress thread. The thread holds a reference to its engine, so the engine
   // (and its transport) is destroyed only after the thread has left it, even when the last
   // outside reference is dropped on the progress thread itself (a Future callback).
+  // `staging`: the group's shared-memory slots when all its ranks share this host, else null.
   static std::shared_ptr<ProgressEngine> start(std::unique_ptr<Transport> transport,
-                                               EngineConfig config);
-  ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config);
+                                               EngineConfig config,
+                                               std::unique_ptr<StagingArea> staging = nullptr);
+  ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config,
+                 std::unique_ptr<StagingArea> staging = nullptr);
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
@@ -93,6 +97,8 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // A buffer of at least `bytes`, reused by every op of the group (grow-only, so its size is
   // the largest chunk any algorithm asked for). It outlives every request that points into it.
   uint8_t* scratch(size_t bytes);
+  // Null unless every rank of the group runs on this host (and shared memory is enabled).
+  const StagingArea* staging() const { return staging_.get(); }
 
  private:
   void threadMain();
@@ -115,6 +121,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::shared_ptr<void> currentKeepAlive_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratchBytes_ = 0;
+  std::unique_ptr<StagingArea> staging_;
   std::string waitingFor_;
   TrafficStats traffic_;
   bool trafficDirty_ = false;  // progress happened since the last publish (progress thread)

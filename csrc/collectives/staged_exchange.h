@@ -1,0 +1,31 @@
+// The send-while-receive exchange of exchangeReduce, through the group's shared-memory slots
+// (engine/staging_area.h) instead of the transport's data path. Internal to csrc/collectives.
+//
+// Piece k of a message (pieceBytes(element size) long, the last one shorter) travels as: the
+// sender copies it into its own slot k % slots, then
+// sends a 16-byte notice (its length and the message's total) with step firstStep + 2k; the
+// receiver folds or copies it straight out of that slot and answers with an empty credit,
+// step firstStep + 2k + 1, after which the sender may reuse the slot. The notices and
+// credits are ordinary tag messages, so deadlines, peer failures and cancellation behave as
+// on the transport path; only the bulk bytes bypass it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "csrc/collectives/algorithms.h"
+
+namespace ucxb::algo::detail {
+
+// Tag steps an exchange of at most `bytes` each way takes on the staged path; `elementSize`
+// as for the exchange (1 when it only copies).
+size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize);
+
+// Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
+// folded into it with `red`, or copied when `red` is null. Either direction may be absent
+// (peer -1). Uses stagedSteps(max(sendBytes, recvBytes)) steps from firstStep. A sender and
+// receiver that disagree on the length fail with OpFailed naming both lengths.
+void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
+                    size_t recvBytes, uint32_t firstStep, const Reduction* red);
+
+}  // namespace ucxb::algo::detail

@@ -1,0 +1,116 @@
+#include "csrc/staging_setup.hpp"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "csrc/transport_factory.hpp"
+
+namespace ucxb {
+
+namespace {
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+std::string stringOf(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+uint64_t randomWord() {
+  std::random_device entropy;
+  return (uint64_t{entropy()} << 32) ^ entropy();
+}
+
+// What a rank publishes: "<host identity> slot=<bytes>\n<segment name>\n<cookie>", or "" when it takes
+// no part (shared memory off, or its segment could not be created).
+struct Offer {
+  std::string host;
+  std::string name;
+  uint64_t cookie = 0;
+
+  static Offer parse(const std::string& s) {
+    Offer o;
+    const size_t a = s.find('\n');
+    const size_t b = a == std::string::npos ? a : s.find('\n', a + 1);
+    if (b == std::string::npos) return o;
+    o.host = s.substr(0, a);
+    o.name = s.substr(a + 1, b - a - 1);
+    o.cookie = std::strtoull(s.c_str() + b + 1, nullptr, 16);
+    return o;
+  }
+};
+
+bool enabled(const std::map<std::string, std::string>& options) {
+  const auto it = options.find("shared_memory");
+  const std::string value = it == options.end() ? "auto" : it->second;
+  if (value != "auto" && value != "off") {
+    throw c10::ValueError({__func__, __FILE__, __LINE__},
+                          "ucx: shared_memory must be 'auto' or 'off', got '" + value + "'");
+  }
+  return value == "auto";
+}
+
+}  // namespace
+
+std::unique_ptr<StagingArea> setUpStaging(const std::map<std::string, std::string>& options,
+                                          int rank, int size, size_t chunkBytes,
+                                          AddressExchange& exchange) {
+  const bool wanted = enabled(options);
+  // The udp transport exists to put every byte on the wire: it never stages.
+  if (transportName(options) != "ucx" || size < 2) return nullptr;
+
+  StagingLayout layout;
+  layout.slotBytes =
+      std::clamp(chunkBytes, StagingLayout::kMinSlotBytes, StagingLayout::kMaxSlotBytes);
+  shm::SharedSegment mine;
+  uint64_t cookie = 0;
+  std::string offer;
+  if (wanted) {
+    try {
+      const std::string name = "/ucxb-" + std::to_string(getpid()) + "-" +
+                               std::to_string(randomWord() & 0xffffffffffff) + "-r" +
+                               std::to_string(rank);
+      mine = shm::SharedSegment::create(name, layout.segmentBytes());
+      cookie = randomWord() | 1;
+      std::memcpy(mine.data(), &cookie, sizeof(cookie));
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(cookie));
+      // Ranks agree to share only with the same slot layout (chunk_bytes set alike).
+      offer = shm::hostIdentity() + " slot=" + std::to_string(layout.slotBytes) + "\n" + name +
+              "\n" + hex;
+    } catch (const TransportError&) {
+      offer.clear();  // no shared memory here (/dev/shm missing or full): take no part
+    }
+  }
+  // Round 1: is every rank on this host and willing? (Every rank publishes, so a rank with
+  // shared memory off never leaves the others waiting.)
+  const auto offers = exchange.allGather("shm_offer", bytesOf(offer));
+  const std::string myHost = Offer::parse(offer).host;
+  for (const auto& o : offers) {
+    if (myHost.empty() || Offer::parse(stringOf(o)).host != myHost) return nullptr;
+  }
+  // Round 2: could every rank map every peer's segment (and find its cookie there)?
+  std::vector<shm::SharedSegment> peers(size);
+  bool mapped = true;
+  for (int p = 0; p < size && mapped; ++p) {
+    if (p == rank) continue;
+    const Offer o = Offer::parse(stringOf(offers[p]));
+    try {
+      peers[p] = shm::SharedSegment::open(o.name, layout.segmentBytes());
+      uint64_t found = 0;
+      std::memcpy(&found, peers[p].data(), sizeof(found));
+      mapped = found == o.cookie;
+    } catch (const TransportError&) {
+      mapped = false;
+    }
+  }
+  const auto results = exchange.allGather("shm_mapped", {static_cast<uint8_t>(mapped)});
+  mine.unlink();  // every peer has mapped it by now, or never will
+  for (const auto& r : results) {
+    if (r.empty() || r[0] != 1) return nullptr;
+  }
+  return std::make_unique<StagingArea>(layout, std::move(mine), std::move(peers));
+}
+
+}  // namespace ucxb
