@@ -1,9 +1,9 @@
 """Shared-memory staging (csrc/engine/staging_area.h, collectives/staged_exchange.h,
 transports/shm/).
 
-When every rank of a ucx group runs on one host, the ring all_reduce, the ring all_gather and
-the binomial broadcast (from 64 KiB) move their bytes through shared-memory slots instead of
-UCX. These tests check when a group
+When every rank of a ucx group runs on one host, the ring all_reduce, the ring all_gather, and
+the binomial broadcast and pairwise all_to_all (messages from 64 KiB) move their bytes through
+shared-memory slots instead of UCX. These tests check when a group
 stages (``ucxbackend.shared_memory``), that results through the slots match numpy bit for bit
 (many pieces, ragged last pieces, pieces smaller than a slot, world sizes 2 and 3), that the
 same ops with staging off agree, that ranks passing different sizes get an error naming both
@@ -58,7 +58,8 @@ def _check_group(rank: int, ws: int, group: Any, count: int, label: str) -> list
         dist.all_gather_into_tensor(out, torch.from_numpy(inputs[rank].copy()), group=group)
         if not np.array_equal(out.numpy(), np.concatenate(inputs)):
             failures.append(f"{label} all_gather_into_tensor {dtype.__name__}")
-    # Broadcast stages from 64 KiB (kStagedBroadcastMin): every root, one size above it.
+    failures += _check_all_to_all(rank, ws, group, label)
+    # Broadcast stages from 64 KiB (kStagedMessageMin): every root, one size above it.
     for root in range(ws):
         data = _input(root, BROADCAST_COUNT, np.int64)
         t = torch.from_numpy(data.copy() if rank == root else np.zeros_like(data))
@@ -66,6 +67,27 @@ def _check_group(rank: int, ws: int, group: Any, count: int, label: str) -> list
         if not np.array_equal(t.numpy(), data):
             failures.append(f"{label} broadcast from {root}")
     return failures
+
+
+def _a2a_split(src: int, ws: int) -> list[int]:
+    # int64 elements rank src sends to each rank: rank 0 sends 32 KB blocks (below the 64 KiB
+    # floor: through UCX), the others 160 KB ones (staged), so pairs mix both paths.
+    return [(4000 if src == 0 else 20000) + 7 * src + dst for dst in range(ws)]
+
+
+def _check_all_to_all(rank: int, ws: int, group: Any, label: str) -> list[str]:
+    inputs = [_input(src, sum(_a2a_split(src, ws)), np.int64) for src in range(ws)]
+    blocks = [np.split(x, np.cumsum(_a2a_split(src, ws))[:-1]) for src, x in enumerate(inputs)]
+    expected = np.concatenate([blocks[src][rank] for src in range(ws)])
+    out = torch.empty(expected.size, dtype=torch.int64)
+    dist.all_to_all_single(
+        out,
+        torch.from_numpy(inputs[rank].copy()),
+        output_split_sizes=[_a2a_split(src, ws)[rank] for src in range(ws)],
+        input_split_sizes=_a2a_split(rank, ws),
+        group=group,
+    )
+    return [] if np.array_equal(out.numpy(), expected) else [f"{label} all_to_all_single"]
 
 
 def _staging_world(rank: int, ws: int) -> dict[str, Any]:

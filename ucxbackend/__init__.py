@@ -226,7 +226,9 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
 
 
 def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
-    """Whether a ``ucx`` group moves large all_reduce/all_gather/broadcast through shared memory.
+    """Whether a ``ucx`` group moves large collective messages through shared memory.
+
+    The ring all_reduce and all_gather, the binomial broadcast and all_to_all stage.
 
     True when every rank of the group runs on this host (same boot, mount and network
     namespace), ``shared_memory`` is ``"auto"`` and ``UCX_TLS`` (if set) allows UCX's own

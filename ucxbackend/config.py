@@ -273,9 +273,9 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             allowed="'auto', 'off'",
             help=(
                 "ucx backend only: with 'auto', a group whose ranks all run on one host (same "
-                "boot, mount and network namespace) moves large all_reduce, all_gather and "
-                "broadcast messages through shared-memory slots, one copy less per byte than "
-                "through UCX; off when UCX_TLS leaves out shared memory"
+                "boot, mount and network namespace) moves large all_reduce, all_gather, "
+                "broadcast and all_to_all messages through shared-memory slots, one copy "
+                "less per byte than through UCX; off when UCX_TLS leaves out shared memory"
             ),
             parse=_parse_choice(SHARED_MEMORY_MODES, upper=False),
         ),

@@ -1,10 +1,12 @@
 // all_to_all: linear (post everything at once; few, small messages) and pairwise exchange
 // (one partner per step, so no rank is flooded and each step has one message in flight each
-// way). Barrier: dissemination.
+// way); in both, blocks from kStagedMessageMin go through the group's shared-memory slots
+// when it has them. Barrier: dissemination.
 #include <cstring>
 #include <string>
 
 #include "csrc/collectives/building_blocks.h"
+#include "csrc/collectives/staged_exchange.h"
 
 namespace ucxb::algo {
 
@@ -12,35 +14,72 @@ using namespace detail;
 
 namespace {
 
-void linear(Comm& c, const std::vector<const void*>& sends, const std::vector<size_t>& sendBytes,
-            const std::vector<void*>& recvs, const std::vector<size_t>& recvBytes) {
+// Whether a message of `bytes` travels through the group's shared-memory slots. Sender and
+// receiver both know the length of the message between them, so they decide alike, even for
+// an uneven all_to_all whose ranks chose different algorithms (each chooses by its own
+// largest block).
+bool stagedMessage(const Comm& c, size_t bytes) {
+  return c.staging() != nullptr && bytes >= kStagedMessageMin &&
+         stagedSteps(*c.staging(), bytes, 1) <= kStepSpace;
+}
+
+// The op's per-peer blocks (index = peer rank).
+struct Buffers {
+  const std::vector<const void*>& sends;
+  const std::vector<size_t>& sendBytes;
+  const std::vector<void*>& recvs;
+  const std::vector<size_t>& recvBytes;
+};
+
+// Posts the messages of pairwise step i (send to r+i, receive from r-i) that go through UCX.
+void postUnstaged(Comm& c, const Buffers& b, int i, std::vector<RequestPtr>& reqs) {
   const int n = c.size();
-  const int r = c.rank();
+  const int to = mod(c.rank() + i, n);
+  const int from = mod(c.rank() - i, n);
+  if (!stagedMessage(c, b.recvBytes[from])) {
+    reqs.push_back(c.recv(from, 0, b.recvs[from], b.recvBytes[from]));
+  }
+  if (!stagedMessage(c, b.sendBytes[to])) {
+    reqs.push_back(c.send(to, 0, b.sends[to], b.sendBytes[to]));
+  }
+}
+
+// The staged messages of step i, both directions interleaved piece by piece. Every rank runs
+// these in step order, whichever algorithm it chose: a ring of waits, never a cycle. Tag
+// step 0 for every step: the source rank keeps them apart (notices and credits from one peer
+// differ in parity).
+void exchangeStaged(Comm& c, const Buffers& b, int i, std::vector<RequestPtr>& reqs) {
+  const int n = c.size();
+  const int to = mod(c.rank() + i, n);
+  const int from = mod(c.rank() - i, n);
+  const bool out = stagedMessage(c, b.sendBytes[to]);
+  const bool in = stagedMessage(c, b.recvBytes[from]);
+  if (!out && !in) return;
+  try {
+    stagedExchange(c, out ? to : -1, static_cast<const uint8_t*>(b.sends[to]), b.sendBytes[to],
+                   in ? from : -1, static_cast<uint8_t*>(b.recvs[from]), b.recvBytes[from], 0,
+                   nullptr);
+  } catch (...) {
+    c.abandon(reqs);
+    throw;
+  }
+}
+
+// Everything through UCX posted at once (rotated, so that not every rank starts with rank 0).
+void linear(Comm& c, const Buffers& b) {
   std::vector<RequestPtr> reqs;
-  // Rotated order, so that not every rank starts with rank 0.
-  for (int i = 1; i < n; ++i) {
-    const int p = mod(r - i, n);
-    reqs.push_back(c.recv(p, 0, recvs[p], recvBytes[p]));
-  }
-  for (int i = 1; i < n; ++i) {
-    const int p = mod(r + i, n);
-    reqs.push_back(c.send(p, 0, sends[p], sendBytes[p]));
-  }
+  for (int i = 1; i < c.size(); ++i) postUnstaged(c, b, i, reqs);
+  for (int i = 1; i < c.size(); ++i) exchangeStaged(c, b, i, reqs);
   c.wait(reqs);
 }
 
-// Step i: send to r+i, receive from r-i.
-void pairwise(Comm& c, const std::vector<const void*>& sends,
-              const std::vector<size_t>& sendBytes, const std::vector<void*>& recvs,
-              const std::vector<size_t>& recvBytes) {
-  const int n = c.size();
-  const int r = c.rank();
-  for (int i = 1; i < n; ++i) {
-    const int to = mod(r + i, n);
-    const int from = mod(r - i, n);
-    auto rq = c.recv(from, 0, recvs[from], recvBytes[from]);
-    auto sq = c.send(to, 0, sends[to], sendBytes[to]);
-    c.wait({rq, sq});
+// One partner each way per step.
+void pairwise(Comm& c, const Buffers& b) {
+  for (int i = 1; i < c.size(); ++i) {
+    std::vector<RequestPtr> reqs;
+    postUnstaged(c, b, i, reqs);
+    exchangeStaged(c, b, i, reqs);
+    c.wait(reqs);
   }
 }
 
@@ -57,10 +96,11 @@ void alltoall(Comm& comm, const std::vector<const void*>& sends,
   }
   size_t largest = 0;
   for (size_t b : sendBytes) largest = b > largest ? b : largest;
+  const Buffers blocks{sends, sendBytes, recvs, recvBytes};
   if (choose(comm.tuning(), Op::kAlltoall, largest, comm.size()) == Algorithm::kLinear) {
-    linear(comm, sends, sendBytes, recvs, recvBytes);
+    linear(comm, blocks);
   } else {
-    pairwise(comm, sends, sendBytes, recvs, recvBytes);
+    pairwise(comm, blocks);
   }
   if (sendBytes[r] > 0) std::memmove(recvs[r], sends[r], sendBytes[r]);
 }

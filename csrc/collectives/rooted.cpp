@@ -22,7 +22,7 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   const StagingArea* st = c.staging();
   uint32_t levels = 0;  // of the tree: ceil(log2 n)
   while ((size_t{1} << levels) < static_cast<size_t>(n)) ++levels;
-  const bool staged = st != nullptr && bytes >= kStagedBroadcastMin &&
+  const bool staged = st != nullptr && bytes >= kStagedMessageMin &&
                       levels * stagedSteps(*st, bytes, 1) <= kStepSpace;
   const uint32_t perLevel = staged ? static_cast<uint32_t>(stagedSteps(*st, bytes, 1)) : 1;
   int mask = 1;

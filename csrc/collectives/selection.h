@@ -42,9 +42,10 @@ constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
 constexpr size_t kReduceBinomialMax = size_t{512} << 10;
 constexpr size_t kAlltoallLinearMax = size_t{32} << 10;  // bytes per peer
-// A binomial broadcast stages through shared memory (when the group has it) from this size:
-// below it one UCX message beats a notice and a credit per piece.
-constexpr size_t kStagedBroadcastMin = size_t{64} << 10;
+// Messages of the binomial broadcast and the pairwise all_to_all travel through the group's
+// shared-memory slots (when it has them) from this size: below it one UCX message beats a
+// notice and a credit per piece. (The rings stage whatever the size.)
+constexpr size_t kStagedMessageMin = size_t{64} << 10;
 // A ring takes n-1 tag steps per phase and the step space is 2^15: above this many ranks the
 // automatic choice uses the log-step algorithms instead (a forced ring fails with an error).
 constexpr int kRingMaxRanks = 16384;
