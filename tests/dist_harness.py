@@ -34,6 +34,19 @@ FAIL_GRACE = 10.0
 _DEATH_GRACE = 2.0
 
 
+def timed_failure(call: Callable[[], object]) -> tuple[float, str | None]:
+    """Runs ``call`` and returns (seconds it took, its error message or None if it returned).
+
+    For tests that expect an op to fail, and to fail well before the group's timeout.
+    """
+    start = time.monotonic()
+    try:
+        call()
+    except RuntimeError as exc:
+        return time.monotonic() - start, str(exc)
+    return time.monotonic() - start, None
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -3,7 +3,6 @@ tree level, with a ragged last chunk, checked bit-exactly against numpy."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import skip_unless_ucx
-from dist_harness import run_world
+from dist_harness import run_world, timed_failure
 
 # 5.2M int32 = 20.8 MB: 2 ranks -> 10.4 MB blocks (3 chunks), 3 ranks -> 6.9 MB (2 chunks).
 COUNT = 5_200_003
@@ -52,12 +51,7 @@ def test_reductions_across_several_chunks(ws: int) -> None:
 def _mismatched_whole_chunks(rank: int, ws: int) -> Any:
     # 1M float32 is one 4 MB chunk: the ranks agree on every chunk but disagree on how many.
     t = torch.ones((2 if rank == 0 else 3) * (1 << 20))
-    start = time.monotonic()
-    try:
-        dist.reduce(t, dst=0)
-    except RuntimeError as exc:
-        return time.monotonic() - start, str(exc)
-    return time.monotonic() - start, None
+    return timed_failure(lambda: dist.reduce(t, dst=0))
 
 
 def test_sizes_differing_by_whole_chunks_fail() -> None:
