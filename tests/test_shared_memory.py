@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ TINY_SLOT_OPTIONS = {"chunk_bytes": 40}
 TINY_COUNT = 1003
 # int64: 80 KB, above the staged broadcast's 64 KiB floor; 2000 pieces in 40-byte slots.
 BROADCAST_COUNT = 10_001
+# int64: ~2.4 MB in ten 256 KiB broadcast pieces and ~16.8 MB in seventeen whole 1 MiB
+# slots (one-way pieces grow with the message), the last piece ragged, every slot reused;
+# only for groups with full-size slots (40-byte ones would need 420,000 pieces).
+LARGE_BROADCAST_COUNTS = (300_007, 2_100_007)
 
 
 def _input(rank: int, count: int, dtype: type) -> np.ndarray:
@@ -43,7 +48,14 @@ def _input(rank: int, count: int, dtype: type) -> np.ndarray:
     return ((np.arange(count, dtype=np.int64) * (rank + 7)) % 201 - 100).astype(dtype)
 
 
-def _check_group(rank: int, ws: int, group: Any, count: int, label: str) -> list[str]:
+def _check_group(
+    rank: int,
+    ws: int,
+    group: Any,
+    count: int,
+    label: str,
+    broadcast_counts: tuple[int, ...] = (BROADCAST_COUNT, *LARGE_BROADCAST_COUNTS),
+) -> list[str]:
     failures = []
     for dtype in (np.int64, np.float32):
         inputs = [_input(r, count, dtype) for r in range(ws)]
@@ -58,13 +70,14 @@ def _check_group(rank: int, ws: int, group: Any, count: int, label: str) -> list
         if not np.array_equal(out.numpy(), np.concatenate(inputs)):
             failures.append(f"{label} all_gather_into_tensor {dtype.__name__}")
     failures += _check_all_to_all(rank, ws, group, label)
-    # Broadcast stages from 64 KiB (kStagedMessageMin): every root, one size above it.
-    for root in range(ws):
-        data = _input(root, BROADCAST_COUNT, np.int64)
-        t = torch.from_numpy(data.copy() if rank == root else np.zeros_like(data))
-        dist.broadcast(t, src=root, group=group)
-        if not np.array_equal(t.numpy(), data):
-            failures.append(f"{label} broadcast from {root}")
+    # Broadcast stages from 64 KiB (kStagedMessageMin): every root, sizes above it.
+    for bcast_count in broadcast_counts:
+        for root in range(ws):
+            data = _input(root, bcast_count, np.int64)
+            t = torch.from_numpy(data.copy() if rank == root else np.zeros_like(data))
+            dist.broadcast(t, src=root, group=group)
+            if not np.array_equal(t.numpy(), data):
+                failures.append(f"{label} broadcast of {bcast_count} from {root}")
     return failures
 
 
@@ -95,7 +108,8 @@ def _staging_world(rank: int, ws: int) -> dict[str, Any]:
     groups = (("default", None, COUNT), ("off", off, COUNT), ("tiny", tiny, TINY_COUNT))
     failures: list[str] = []
     for label, group, count in groups:
-        failures += _check_group(rank, ws, group, count, label)
+        bcasts = (BROADCAST_COUNT,) if group is tiny else (BROADCAST_COUNT, *LARGE_BROADCAST_COUNTS)
+        failures += _check_group(rank, ws, group, count, label, bcasts)
     return {
         "staged": {label: ucxbackend.shared_memory(group) for label, group, _ in groups},
         "failures": failures,
@@ -145,6 +159,66 @@ def test_staged_sizes_that_differ_fail_with_both_sizes() -> None:
         assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
 
 
+def _late_receiver(rank: int, ws: int) -> dict[str, Any]:
+    # 1 MiB: four staged pieces, so rank 0 puts every piece in a slot and sends every notice
+    # before it waits for a credit; rank 1 only arrives after rank 0's op timed out.
+    first = np.arange(1 << 17, dtype=np.int64)
+    second = -first - 1
+    if rank == 0:
+        _, timed_out = timed_failure(lambda: dist.broadcast(torch.from_numpy(first.copy()), 0))
+        elapsed, refused = timed_failure(lambda: dist.broadcast(torch.from_numpy(second), 0))
+        time.sleep(LATE_BY)  # keep this rank's segment mapped while rank 1 reads it
+        return {"timed_out": timed_out, "refused": refused, "refused_after": elapsed}
+    time.sleep(LATE_BY)
+    got = torch.zeros(first.size, dtype=torch.int64)
+    _, error = timed_failure(lambda: dist.broadcast(got, 0))
+    return {
+        "error": error,
+        "first": bool(np.array_equal(got.numpy(), first)),
+        "second": bool(np.array_equal(got.numpy(), second)),
+    }
+
+
+LATE_PG_TIMEOUT = 2.0
+LATE_BY = 4.0
+
+
+def test_slots_a_late_peer_may_read_are_never_rewritten() -> None:
+    """A sender whose op failed before every piece was read must not refill its slots: a peer
+    that enters that op late would take the next op's bytes for it."""
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    res = run_world(_late_receiver, 2, pg_timeout=LATE_PG_TIMEOUT, timeout=120)
+    sender, receiver = res
+    assert sender["timed_out"] is not None, res
+    assert "stopped using its shared-memory slots" in (sender["refused"] or ""), res
+    assert sender["refused_after"] < 1.0, res
+    assert not receiver["second"], res
+    assert receiver["error"] is not None or receiver["first"], res
+
+
+def _a2a_block_sizes_disagree(rank: int, ws: int) -> tuple[float, str | None]:
+    # Rank 1 sends rank 0 an 80 KB block (staged) where rank 0 expects 16 bytes (through
+    # UCX): the 16-byte notice must not pass for the data.
+    out_splits = [4, 2] if rank == 0 else [4, 4]
+    in_splits = [4, 4] if rank == 0 else [10_000, 4]
+    out = torch.zeros(sum(out_splits), dtype=torch.int64)
+    inp = torch.arange(sum(in_splits), dtype=torch.int64)
+    return timed_failure(
+        lambda: dist.all_to_all_single(
+            out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits
+        )
+    )
+
+
+def test_staged_block_never_matches_a_whole_message() -> None:
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    pg_timeout = 3.0
+    res = run_world(_a2a_block_sizes_disagree, 2, pg_timeout=pg_timeout, timeout=90)
+    for rank, (elapsed, msg) in enumerate(res):
+        assert msg is not None, (rank, res)
+        assert elapsed < pg_timeout + 10, (rank, res)
+
+
 @pytest.mark.parametrize(
     ("tls", "expected"),
     [
@@ -168,13 +242,14 @@ def test_ucx_tls_rule(tls: str, expected: str) -> None:
     assert _transport_options.shared_memory(off, {"UCX_TLS": tls}) == "off"
 
 
-def test_shared_segment_unit(tmp_path: Path) -> None:
-    """The torch-free segment class on its own (tests/cpp/shared_segment_test.cpp)."""
+@pytest.mark.parametrize("unit", ["shared_segment_test", "staging_area_test"])
+def test_torch_free_unit(tmp_path: Path, unit: str) -> None:
+    """The segment class and the slot layout on their own (tests/cpp/<unit>.cpp)."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("g++ not found")
-    exe = tmp_path / "shared_segment_test"
-    sources = ["transports/shm/shared_segment.cpp", "tests/cpp/shared_segment_test.cpp"]
+    exe = tmp_path / unit
+    sources = ["transports/shm/shared_segment.cpp", f"tests/cpp/{unit}.cpp"]
     subprocess.run(
         [compiler, "-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-I.", *sources, "-o", exe],
         cwd=REPO,

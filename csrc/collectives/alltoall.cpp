@@ -20,7 +20,7 @@ namespace {
 // largest block).
 bool stagedMessage(const Comm& c, size_t bytes) {
   return c.staging() != nullptr && bytes >= kStagedMessageMin &&
-         stagedSteps(*c.staging(), bytes, 1) <= kStepSpace;
+         stagedSteps(*c.staging(), bytes, 1, PieceSize::kCacheSized) <= kStepSpace;
 }
 
 // The op's per-peer blocks (index = peer rank).
@@ -37,10 +37,10 @@ void postUnstaged(Comm& c, const Buffers& b, int i, std::vector<RequestPtr>& req
   const int to = mod(c.rank() + i, n);
   const int from = mod(c.rank() - i, n);
   if (!stagedMessage(c, b.recvBytes[from])) {
-    reqs.push_back(c.recv(from, 0, b.recvs[from], b.recvBytes[from]));
+    reqs.push_back(c.recv(from, kWholeMessage, b.recvs[from], b.recvBytes[from]));
   }
   if (!stagedMessage(c, b.sendBytes[to])) {
-    reqs.push_back(c.send(to, 0, b.sends[to], b.sendBytes[to]));
+    reqs.push_back(c.send(to, kWholeMessage, b.sends[to], b.sendBytes[to]));
   }
 }
 
@@ -58,7 +58,7 @@ void exchangeStaged(Comm& c, const Buffers& b, int i, std::vector<RequestPtr>& r
   try {
     stagedExchange(c, out ? to : -1, static_cast<const uint8_t*>(b.sends[to]), b.sendBytes[to],
                    in ? from : -1, static_cast<uint8_t*>(b.recvs[from]), b.recvBytes[from], 0,
-                   nullptr);
+                   nullptr, PieceSize::kCacheSized);
   } catch (...) {
     c.abandon(reqs);
     throw;

@@ -120,13 +120,17 @@ void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vect
   const StagingArea* st = c.staging();
   const size_t largest = *std::max_element(bytes.begin(), bytes.end());
   if (st != nullptr &&
-      firstStep + static_cast<size_t>(n - 1) * stagedSteps(*st, largest, 1) <= kStepSpace) {
-    const auto perStep = static_cast<uint32_t>(stagedSteps(*st, largest, 1));
+      firstStep + static_cast<size_t>(n - 1) *
+                          stagedSteps(*st, largest, 1, PieceSize::kCacheSized) <=
+          kStepSpace) {
+    const auto perStep =
+        static_cast<uint32_t>(stagedSteps(*st, largest, 1, PieceSize::kCacheSized));
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s, n);
       const int recvBlock = mod(r - s - 1, n);
       stagedExchange(c, mod(r + 1, n), blocks[sendBlock], bytes[sendBlock], mod(r - 1, n),
-                     blocks[recvBlock], bytes[recvBlock], firstStep + s * perStep, nullptr);
+                     blocks[recvBlock], bytes[recvBlock], firstStep + s * perStep, nullptr,
+                     PieceSize::kCacheSized);
     }
     return;
   }

@@ -19,6 +19,10 @@ inline int mod(int a, int n) { return ((a % n) + n) % n; }
 constexpr uint32_t kLastChunk = uint32_t{1} << 15;
 // Step numbers an op may use below kLastChunk.
 constexpr size_t kStepSpace = kLastChunk;
+// Added to the step of a message sent whole, unchunked and unstaged: staged notices and
+// credits use steps below kStepSpace, so a rank that stages a message (the ranks disagree
+// on its length) can never have a 16-byte notice taken for a peer's whole message.
+constexpr uint32_t kWholeMessage = kLastChunk;
 
 // Elements per chunk: the group's chunk size, or more when `count` would otherwise need more
 // than `maxChunks` chunks (each chunk takes one tag step).

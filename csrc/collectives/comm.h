@@ -33,7 +33,7 @@ class Comm {
   // The group's reusable scratch buffer (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return engine_.scratch(bytes); }
   // The group's shared-memory slots; null unless every rank runs on this host.
-  const StagingArea* staging() const { return engine_.staging(); }
+  StagingArea* staging() const { return engine_.staging(); }
 
  private:
   ProgressEngine& engine_;

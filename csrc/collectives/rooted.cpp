@@ -22,18 +22,21 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   const StagingArea* st = c.staging();
   uint32_t levels = 0;  // of the tree: ceil(log2 n)
   while ((size_t{1} << levels) < static_cast<size_t>(n)) ++levels;
-  const bool staged = st != nullptr && bytes >= kStagedMessageMin &&
-                      levels * stagedSteps(*st, bytes, 1) <= kStepSpace;
-  const uint32_t perLevel = staged ? static_cast<uint32_t>(stagedSteps(*st, bytes, 1)) : 1;
+  const size_t stagedPerLevel =
+      st != nullptr ? stagedSteps(*st, bytes, 1, PieceSize::kScaledToMessage) : 0;
+  const bool staged =
+      st != nullptr && bytes >= kStagedMessageMin && levels * stagedPerLevel <= kStepSpace;
+  const auto perLevel = static_cast<uint32_t>(stagedPerLevel);
   int mask = 1;
   uint32_t level = 0;
   while (mask < n) {
     if (vr & mask) {
       const int parent = mod(vr - mask + root, n);
       if (staged) {
-        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * perLevel, nullptr);
+        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * perLevel, nullptr,
+                       PieceSize::kScaledToMessage);
       } else {
-        c.wait({c.recv(parent, level, data, bytes)});
+        c.wait({c.recv(parent, kWholeMessage + level, data, bytes)});
       }
       break;
     }
@@ -46,9 +49,10 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     if (vr + mask >= n) continue;
     const int child = mod(vr + mask + root, n);
     if (staged) {
-      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * perLevel, nullptr);
+      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * perLevel, nullptr,
+                     PieceSize::kScaledToMessage);
     } else {
-      sends.push_back(c.send(child, level, data, bytes));
+      sends.push_back(c.send(child, kWholeMessage + level, data, bytes));
     }
   }
   c.wait(sends);

@@ -21,17 +21,22 @@ uint32_t creditStep(uint32_t first, size_t k) { return noticeStep(first, k) + 1;
 
 }  // namespace
 
-size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize) {
-  return 2 * chunksOf(bytes, staging.pieceBytes(elementSize));
+size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize,
+                   PieceSize pieces) {
+  return 2 * chunksOf(bytes, staging.pieceBytes(elementSize, pieces, bytes));
 }
 
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
-                    size_t recvBytes, uint32_t firstStep, const Reduction* red) {
-  const StagingArea& st = *c.staging();
-  const size_t slot = st.pieceBytes(red != nullptr ? red->elementSize : 1);
+                    size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces) {
+  StagingArea& st = *c.staging();
+  if (!st.retiredBecause().empty()) throw OpFailed(st.retiredBecause());
+  const size_t esz = red != nullptr ? red->elementSize : 1;
+  // Each direction is cut by its own message's length, as the rank at its other end cuts it.
+  const size_t sendPiece = st.pieceBytes(esz, pieces, sendBytes);
+  const size_t recvPiece = st.pieceBytes(esz, pieces, recvBytes);
   const size_t slots = st.slots();
-  const size_t sendPieces = to >= 0 ? chunksOf(sendBytes, slot) : 0;
-  const size_t recvPieces = from >= 0 ? chunksOf(recvBytes, slot) : 0;
+  const size_t sendPieces = to >= 0 ? chunksOf(sendBytes, sendPiece) : 0;
+  const size_t recvPieces = from >= 0 ? chunksOf(recvBytes, recvPiece) : 0;
   std::vector<Notice> sent(sendPieces);
   std::vector<Notice> arrived(slots);
   std::vector<RequestPtr> credits(sendPieces);  // from `to`: slot of piece k free again
@@ -54,8 +59,8 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
     for (size_t k = 0; k < std::max(sendPieces, recvPieces); ++k) {
       if (k < sendPieces) {
         if (k >= slots) c.wait({credits[k - slots]});
-        const size_t n = std::min(slot, sendBytes - std::min(sendBytes, k * slot));
-        std::memcpy(st.ownSlot(k), src + k * slot, n);
+        const size_t n = std::min(sendPiece, sendBytes - std::min(sendBytes, k * sendPiece));
+        std::memcpy(st.ownSlot(k), src + k * sendPiece, n);
         sent[k] = Notice{n, sendBytes};
         small.push_back(c.send(to, noticeStep(firstStep, k), &sent[k], sizeof(Notice)));
         credits[k] = c.recv(to, creditStep(firstStep, k), nullptr, 0);
@@ -63,7 +68,7 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
       if (k < recvPieces) {
         c.wait({notices[k]});
         const Notice got = arrived[k % slots];
-        const size_t n = std::min(slot, recvBytes - std::min(recvBytes, k * slot));
+        const size_t n = std::min(recvPiece, recvBytes - std::min(recvBytes, k * recvPiece));
         if (got.total != recvBytes || got.bytes != n) {
           throw OpFailed("expected " + std::to_string(recvBytes) + " bytes from rank " +
                          std::to_string(from) + " but it sent " + std::to_string(got.total) +
@@ -72,9 +77,9 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
         if (k + slots < recvPieces) postNotice(k + slots);  // after `got` was read
         const uint8_t* in = st.peerSlot(from, k);
         if (red != nullptr) {
-          red->fn(dst + k * slot, in, n / red->elementSize);
+          red->fn(dst + k * recvPiece, in, n / red->elementSize);
         } else {
-          std::memcpy(dst + k * slot, in, n);
+          std::memcpy(dst + k * recvPiece, in, n);
         }
         small.push_back(c.send(from, creditStep(firstStep, k), nullptr, 0));
       }
@@ -82,6 +87,17 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
     c.wait(pending());  // the last credits: our slots are free for the next exchange
   } catch (...) {
     c.abandon(pending());
+    // A credit that never arrived (still pending, or failed: a timeout cancels it) means `to`
+    // may yet read that slot, even after this op is gone.
+    const bool slotsInUse = std::any_of(credits.begin(), credits.end(), [](const RequestPtr& r) {
+      return r && (r->pending() || r->failed());
+    });
+    if (slotsInUse) {
+      st.retire("rank " + std::to_string(c.rank()) +
+                " stopped using its shared-memory slots after an earlier op failed while rank " +
+                std::to_string(to) +
+                " could still read them; destroy this process group and create a new one");
+    }
     throw;
   }
 }

@@ -1,7 +1,7 @@
 // The send-while-receive exchange of exchangeReduce, through the group's shared-memory slots
 // (engine/staging_area.h) instead of the transport's data path. Internal to csrc/collectives.
 //
-// Piece k of a message (pieceBytes(element size) long, the last one shorter) travels as: the
+// Piece k of a message (StagingArea::pieceBytes long, the last one shorter) travels as: the
 // sender copies it into its own slot k % slots, then
 // sends a 16-byte notice (its length and the message's total) with step firstStep + 2k; the
 // receiver folds or copies it straight out of that slot and answers with an empty credit,
@@ -17,15 +17,20 @@
 
 namespace ucxb::algo::detail {
 
-// Tag steps an exchange of at most `bytes` each way takes on the staged path; `elementSize`
-// as for the exchange (1 when it only copies).
-size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize);
+// Tag steps a message of `bytes` takes on the staged path; `elementSize` and `pieces` as for
+// the exchange (element size 1 when it only copies). For PieceSize::kCacheSized this also
+// bounds every shorter message; kScaledToMessage pieces grow with the message, so a slightly
+// shorter one may take a piece more: pass each message's own length.
+size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize,
+                   PieceSize pieces);
 
 // Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
 // folded into it with `red`, or copied when `red` is null. Either direction may be absent
-// (peer -1). Uses stagedSteps(max(sendBytes, recvBytes)) steps from firstStep. A sender and
-// receiver that disagree on the length fail with OpFailed naming both lengths.
+// (peer -1). Uses the larger of the two directions' stagedSteps from firstStep. A sender and
+// receiver that disagree on the length fail with OpFailed naming both lengths. An exchange
+// that fails while `to` may still read this rank's slots retires them (StagingArea::retire):
+// every later staged exchange of the group fails with that reason.
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
-                    size_t recvBytes, uint32_t firstStep, const Reduction* red);
+                    size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces);
 
 }  // namespace ucxb::algo::detail

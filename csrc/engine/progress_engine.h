@@ -98,7 +98,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   // the largest chunk any algorithm asked for). It outlives every request that points into it.
   uint8_t* scratch(size_t bytes);
   // Null unless every rank of the group runs on this host (and shared memory is enabled).
-  const StagingArea* staging() const { return staging_.get(); }
+  StagingArea* staging() const { return staging_.get(); }
 
  private:
   void threadMain();

@@ -4,14 +4,16 @@
 // of its message into one of its own slots; the receiver reduces (or copies) it straight out
 // of that slot into its output. Going through UCX instead costs a copy into UCX's shared FIFO
 // and another out of it into scratch before the reduction: the staged path moves each byte
-// once less, and the slots are small enough to stay in cache between the two processes.
+// once less, and the pieces of a two-way exchange stay in cache between the two processes.
 // Which slot holds which piece, and when it may be reused, travels in small tag messages (see
 // collectives/staged_exchange.h), so timeouts and peer failures work as for any message.
 // Torch-free and UCX-free.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,19 +21,40 @@
 
 namespace ucxb {
 
+// How a message is cut into pieces; sender and receiver of a message must pass the same (each
+// call site of stagedExchange names one for all its ranks) and each sizes the pieces from the
+// message's length, which both know.
+enum class PieceSize {
+  // At most 256 KiB: for exchanges in which every rank copies into its slots and out of a
+  // peer's at once (the rings, all_to_all). Four such pieces are 1 MiB, about one core's L2
+  // here; larger ones fall out of cache between the copy in and the fold and measured slower.
+  kCacheSized,
+  // A sixteenth of the message, from 256 KiB up to the whole slot: for one-way transfers (a
+  // broadcast's parent to its child), where each rank only copies in or only copies out, so
+  // the notice and credit per piece weigh more. Whole 1 MiB slots ran 16-64 MB broadcasts
+  // 1.5-1.9x faster than 256 KiB pieces here, but a 1-4 MB one needs several pieces in flight.
+  kScaledToMessage,
+};
+
 struct StagingLayout {
-  // Four slots of at most 256 KiB: 1 MiB per rank, about one core's L2 here. Larger slots
-  // fall out of cache between the copy in and the reduction; smaller ones cost more
-  // notifications. A group's chunk_bytes caps them (tests use tiny chunks to cut messages
-  // into many uneven pieces); 16 bytes holds any element.
-  static constexpr size_t kMaxSlotBytes = size_t{256} << 10;
+  // Four slots of at most 1 MiB: 4 MiB of /dev/shm per rank, of which cache-sized pieces
+  // touch only the first 256 KiB of each. A group's chunk_bytes caps them (tests use tiny
+  // chunks to cut messages into many uneven pieces); 16 bytes holds any element.
+  static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
+  static constexpr size_t kCacheSizedPieceBytes = size_t{256} << 10;
   static constexpr size_t kMinSlotBytes = 16;
+  // Slots start on cache-line boundaries whatever chunk_bytes is, so every element the
+  // reductions read from a slot is aligned.
+  static constexpr size_t kSlotAlignment = 64;
   size_t slotBytes = kMaxSlotBytes;
   size_t slots = 4;
   // The segment starts with a page holding the creator's cookie (how a peer knows it opened
   // the right object); the slots follow, page-aligned.
   static constexpr size_t kHeaderBytes = 4096;
-  size_t segmentBytes() const { return kHeaderBytes + slotBytes * slots; }
+  size_t slotStride() const {
+    return (slotBytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+  }
+  size_t segmentBytes() const { return kHeaderBytes + slotStride() * slots; }
 };
 
 class StagingArea {
@@ -41,23 +64,35 @@ class StagingArea {
       : layout_(layout), mine_(std::move(mine)), peers_(std::move(peers)) {}
 
   size_t slotBytes() const { return layout_.slotBytes; }
-  // The largest piece of whole `elementSize`-byte elements that fits a slot.
-  size_t pieceBytes(size_t elementSize) const {
-    return layout_.slotBytes / elementSize * elementSize;
+  // Piece length for a message of `messageBytes`: whole `elementSize`-byte elements.
+  size_t pieceBytes(size_t elementSize, PieceSize size, size_t messageBytes) const {
+    size_t room = std::min(layout_.slotBytes, StagingLayout::kCacheSizedPieceBytes);
+    if (size == PieceSize::kScaledToMessage) {
+      room = std::max(room, std::min(layout_.slotBytes, messageBytes / 16));
+    }
+    return room / elementSize * elementSize;
   }
   size_t slots() const { return layout_.slots; }
   // Slot of piece k of a message (k modulo slots()).
   uint8_t* ownSlot(size_t k) const { return slotIn(mine_, k); }
   const uint8_t* peerSlot(int peer, size_t k) const { return slotIn(peers_.at(peer), k); }
 
+  // Called when an op fails while a peer may still read this rank's slots (it has not
+  // returned every credit): writing them again could hand that peer the next op's bytes as
+  // the old op's, so no later op of this group writes them; each fails with `why` instead.
+  void retire(std::string why) { retiredBecause_ = std::move(why); }
+  // Empty while the slots may be used.
+  const std::string& retiredBecause() const { return retiredBecause_; }
+
  private:
   uint8_t* slotIn(const shm::SharedSegment& s, size_t k) const {
-    return s.data() + StagingLayout::kHeaderBytes + (k % layout_.slots) * layout_.slotBytes;
+    return s.data() + StagingLayout::kHeaderBytes + (k % layout_.slots) * layout_.slotStride();
   }
 
   StagingLayout layout_;
   shm::SharedSegment mine_;
   std::vector<shm::SharedSegment> peers_;
+  std::string retiredBecause_;
 };
 
 }  // namespace ucxb
