@@ -8,13 +8,16 @@ processes; the subprocess tests run the real bench on tiny sweeps and skip with 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -203,6 +206,7 @@ def test_options_defaults_are_nccl_tests() -> None:
     assert (opts.op, opts.datatype, opts.check, opts.root) == ("sum", "float", True, 0)
     assert opts.backends == ("ucx", "gloo") and not opts.mpi
     assert opts.stat == "mean" and opts.device == "cpu"
+    assert opts.rounds == 1  # each backend's iterations in one block, as nccl-tests
 
 
 def test_collectives_positional() -> None:
@@ -244,6 +248,8 @@ def test_options_round_trip() -> None:
         "gloo,mpi,ucx",
         "--stat",
         "min",
+        "--rounds",
+        "3",
         "--nproc",
         "3",
         "--timeout",
@@ -257,6 +263,7 @@ def test_options_round_trip() -> None:
     assert opts.columns(True) == ("gloo", "mpi", "ucx")
     assert opts.columns(False) == ("gloo", "ucx")
     assert opts.json == os.path.abspath("out.json")
+    assert opts.rounds == 3
     again = bench.BenchOptions.from_args(parse_args(*opts.to_argv()))
     assert again == opts
 
@@ -272,6 +279,7 @@ def test_options_round_trip() -> None:
         (("gather",), "unknown collective 'gather'"),
         (("--backends", "ucx,ucx"), "listed twice"),
         (("--timeout", "0"), "positive number"),
+        (("--rounds", "0"), "expected an integer >= 1"),
     ],
 )
 def test_bad_options_are_argparse_errors(
@@ -290,6 +298,7 @@ def test_bad_options_are_argparse_errors(
         (("-f", "1"), "stepfactor must be at least 2"),
         (("--backends", "mpi"), "at least one torch.distributed backend"),
         (("--backends", "mpi,ucx"), "list mpi after"),
+        (("-n", "3", "--rounds", "4"), r"--rounds 4: more rounds than timed iterations \(-n 3\)"),
     ],
 )
 def test_bad_option_values(argv: tuple[str, ...], message: str) -> None:
@@ -690,9 +699,11 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
 @needs_native
 def test_other_collectives() -> None:
     others = [c for c in bench.COLLECTIVES if c != "all_reduce"]
-    proc = run_bench(",".join(others), *TINY, "--verbose")
+    # in 3 rounds: the backends take turns, each round re-warmed, results still checked
+    proc = run_bench(",".join(others), *TINY, "--rounds", "3", "--verbose")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_clean(proc)
+    assert " iters: 3 rounds: 3 validation: 1 " in proc.stdout
     tables = parse_tables(proc.stdout)
     assert list(tables) == others
     for coll, table in tables.items():
@@ -881,6 +892,58 @@ def test_under_torchrun(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("# all_gather") == 1  # only rank 0 prints
     assert json.loads(out_json.read_text())["world_size"] == 2
+
+
+def test_round_lengths() -> None:
+    assert bench.round_lengths(20, 1) == [20]
+    assert bench.round_lengths(20, 4) == [5, 5, 5, 5]
+    assert bench.round_lengths(7, 3) == [3, 2, 2]
+    assert bench.round_lengths(3, 3) == [1, 1, 1]
+
+
+def test_backends_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rounds 3: every backend is checked and warmed up once, then times its rounds in
+    turn with the others (each round re-warmed), and its result covers all its rounds."""
+    calls: list[tuple[str, str, int, bool]] = []
+
+    def prepare(ctx: Any, backend: str, layout: Any, data: Any) -> Any:
+        calls.append(("prepare", backend, 0, False))
+        if backend == "broken":
+            return bench.Measurement(False, "unsupported here")
+        return bench.Timed(backend, None, lambda: None, 0, udp=False)
+
+    def time_round(ctx: Any, timed: bench.Timed, iters: int, rewarm: bool) -> None:
+        calls.append(("round", timed.backend, iters, rewarm))
+        timed.times += [1e-6 * len(calls)] * iters
+
+    def finish(ctx: Any, timed: bench.Timed) -> bench.Measurement:
+        calls.append(("finish", timed.backend, len(timed.times), False))
+        return bench.Measurement(True, None, {"mean": 1.0, "median": 1.0, "min": 1.0, "max": 1.0})
+
+    monkeypatch.setattr(bench, "prepare", prepare)
+    monkeypatch.setattr(bench, "time_round", time_round)
+    monkeypatch.setattr(bench, "finish", finish)
+    opts = options("all_reduce", "-b", "1K", "-e", "1K", "-n", "7", "--rounds", "3")
+    opts = dataclasses.replace(opts, backends=("ucx", "broken", "gloo"))
+    ctx = types.SimpleNamespace(opts=opts, rank=1, world=2, device=torch.device("cpu"))
+    mpi = bench.MpiOutcome("not requested")
+    sweep = bench._Sweep(ctx, io.StringIO(), io.StringIO(), mpi)  # type: ignore[arg-type]
+    row = sweep.size(sweep.layouts["all_reduce"][0])
+    assert calls == [
+        ("prepare", "ucx", 0, False),
+        ("prepare", "broken", 0, False),
+        ("prepare", "gloo", 0, False),
+        ("round", "ucx", 3, True),
+        ("round", "gloo", 3, True),
+        ("round", "ucx", 2, True),
+        ("round", "gloo", 2, True),
+        ("round", "ucx", 2, True),
+        ("round", "gloo", 2, True),
+        ("finish", "ucx", 7, False),
+        ("finish", "gloo", 7, False),
+    ]
+    assert row.results["broken"].error == "unsupported here"
+    assert row.results["ucx"].supported and row.results["gloo"].supported
 
 
 def test_time_stats() -> None:
@@ -1157,6 +1220,8 @@ def test_udp_variants_lossless_vs_lossy(tmp_path: Path) -> None:
         "6",
         "-w",
         "1",
+        "--rounds",
+        "2",  # the udp counters sum over rounds, count only timed iterations
         "--udp-variant",
         "lossless:;lossy:drop=0.1",
         "--backends",
@@ -1209,3 +1274,39 @@ def test_udp_variants_lossless_vs_lossy(tmp_path: Path) -> None:
     for col in ("lossless", "udp"):  # no faults injected; retransmissions only from stalls
         assert totals[col]["faults_dropped"] == 0
         assert totals[col]["retransmitted_packets"] < totals["lossy"]["retransmitted_packets"]
+
+
+# --------------------------------------------------------------------------- cross-core probe
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cross_core_copy_probe(tmp_path: Path) -> None:
+    """scripts/cross_core_copy.cpp (the README's check for a machine whose shared-memory
+    speed drifts): one line per second, both store modes; bad arguments exit 2."""
+    exe = tmp_path / "cross_core_copy"
+    subprocess.run(
+        [
+            "g++",
+            "-O2",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(exe),
+            str(REPO / "scripts" / "cross_core_copy.cpp"),
+        ],
+        check=True,
+        timeout=120,
+    )
+    for args, seconds in ((("2", "262144", "cached"), 2), (("1", "65536", "streaming"), 1)):
+        proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert [int(line.split()[0]) for line in lines] == list(range(1, seconds + 1))
+        for line in lines:
+            m = re.fullmatch(r"\d+ (\d+\.\d\d) GB/s", line)
+            assert m is not None and float(m.group(1)) > 0, line
+    for bad in (("0",), ("1", "1000"), ("1", "1048576", "fast")):
+        proc = subprocess.run([str(exe), *bad], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and "usage:" in proc.stderr, bad

@@ -2,7 +2,9 @@
 
 Several backends are measured side by side in one job: the default process group is a Gloo
 control group, each measured backend gets ``dist.new_group(backend=name)`` over all ranks, and
-every size is timed on each backend in turn (interleaved, so that noise hits them alike).
+every size is timed on each backend in turn (interleaved, so that noise hits them alike), and
+with ``--rounds R`` each size's iterations are cut into R rounds that the backends take in turn,
+so that a machine whose speed drifts for seconds at a time skews no ratio.
 Sizes, counts, algorithm and bus bandwidths follow nccl-tests (its ``PERFORMANCE.md``).
 
 Examples::
@@ -719,6 +721,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-iteration time shown and used for bandwidths and ratios (mean, as "
         "nccl-tests; median to ignore scheduling hiccups on a busy machine; min for latency)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=1,
+        help="cut each size's -n timed iterations into this many rounds, taken by the "
+        "backends in turn (ucx, gloo, ucx, gloo, ...), each after one untimed iteration, so "
+        "that a machine whose speed drifts skews no ratio; 1 (default) times each backend "
+        "in one block, as nccl-tests",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="tensor device")
     parser.add_argument(
         "--nproc",
@@ -758,6 +769,7 @@ class BenchOptions:
     mpi: bool = False  # an mpi4py Allreduce reference column
     mpi_position: int = 2  # where the mpi column goes among the backends
     stat: str = "mean"
+    rounds: int = 1
     device: str = "cpu"
     nproc: int | None = None
     timeout: float = 600.0
@@ -783,6 +795,10 @@ class BenchOptions:
             raise UsageError("--backends needs at least one torch.distributed backend")
         if names and names[0] == MPI and not variants:
             raise UsageError("--backends: list mpi after the torch backend the ratios refer to")
+        if args.rounds > args.iters:
+            raise UsageError(
+                f"--rounds {args.rounds}: more rounds than timed iterations (-n {args.iters})"
+            )
         clash = sorted({v.label for v in variants} & set(names))
         if clash:
             raise UsageError(f"udp variant label(s) {', '.join(clash)} also in --backends")
@@ -802,6 +818,7 @@ class BenchOptions:
             mpi=MPI in names,
             mpi_position=names.index(MPI) if MPI in names else len(names),
             stat=args.stat,
+            rounds=args.rounds,
             device=args.device,
             nproc=args.nproc,
             timeout=args.timeout,
@@ -858,6 +875,7 @@ class BenchOptions:
             f"--check={int(self.check)}",
             f"--root={self.root}",
             f"--stat={self.stat}",
+            f"--rounds={self.rounds}",
             f"--device={self.device}",
             f"--timeout={self.timeout}",
         ]
@@ -889,6 +907,7 @@ class BenchOptions:
             "backends": list(self.columns(True)),
             "udp_variants": [v.describe() for v in self.udp_variants],
             "stat": self.stat,
+            "rounds": self.rounds,
             "device": self.device,
             "timeout": self.timeout,
         }
@@ -1301,21 +1320,40 @@ def time_stats(times: Sequence[float]) -> tuple[float, float, float, float]:
     return sum(ordered) / len(ordered), median, ordered[0], ordered[-1]
 
 
-def _time_iterations(
-    fn: Callable[[], None], sync: Callable[[], None], iters: int
-) -> tuple[float, float, float, float]:
-    """(mean, median, min, max) seconds per iteration, each op blocking like a training loop's."""
+def _time_iterations(fn: Callable[[], None], sync: Callable[[], None], iters: int) -> list[float]:
+    """Seconds of each of ``iters`` iterations, each op blocking like a training loop's."""
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return time_stats(times)
+    return times
 
 
-def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement:
-    """Check once (untimed), warm up, barrier, time ``iters`` iterations."""
+def round_lengths(iters: int, rounds: int) -> list[int]:
+    """``iters`` timed iterations cut into ``rounds`` rounds as even as can be, longer first."""
+    base, extra = divmod(iters, rounds)
+    return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+
+@dataclass
+class Timed:
+    """One backend at one size, checked and warmed up, timed over one or more rounds."""
+
+    backend: str
+    group: Any
+    fn: Callable[[], None]
+    wrong: int | None
+    udp: bool
+    times: list[float] = field(default_factory=list)
+    counted: dict[str, int] = field(default_factory=dict)  # udp counters' change in rounds
+    gauges: dict[str, int] = field(default_factory=dict)  # udp gauges after the last round
+
+
+def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement | Timed:
+    """Check once (untimed) and warm up: a Timed ready for time_round(), or the
+    Measurement of a backend that cannot run this case."""
     opts, collective = ctx.opts, layout.collective
     if collective == "sendrecv" and ctx.world < 2:
         return Measurement(False, "sendrecv needs at least 2 ranks")
@@ -1342,17 +1380,46 @@ def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
     for _ in range(opts.warmup_iters):
         fn()
     ctx.sync()
-    dist.barrier(group=group)
-    udp = backend in ctx.udp_columns
-    before = settled_udp_counters(group) if udp else None
-    times = _time_iterations(fn, ctx.sync, opts.iters)
-    after = settled_udp_counters(group) if udp else None
-    stats = ctx.max_stats(times)
+    return Timed(backend, group, fn, wrong, udp=backend in ctx.udp_columns)
+
+
+def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None:
+    """Barrier, then time ``iters`` iterations; ``rewarm`` runs one untimed iteration first
+    (another backend's round ran since this one's warm-up). The udp counters count only
+    the timed iterations."""
+    if rewarm:
+        timed.fn()
+        ctx.sync()
+    dist.barrier(group=timed.group)
+    before = settled_udp_counters(timed.group) if timed.udp else None
+    timed.times += _time_iterations(timed.fn, ctx.sync, iters)
+    if before is not None:
+        after = settled_udp_counters(timed.group)
+        for c in UDP_COUNTERS:
+            timed.counted[c] = timed.counted.get(c, 0) + after[c] - before[c]
+        timed.gauges = {g: after[g] for g in UDP_GAUGES}
+
+
+def finish(ctx: RankContext, timed: Timed) -> Measurement:
+    """The Measurement of every round together (times: max over ranks)."""
+    stats = ctx.max_stats(time_stats(timed.times))
     time_us = dict(zip(("mean", "median", "min", "max"), (x * 1e6 for x in stats), strict=True))
     transport = None
-    if before is not None and after is not None:
-        transport = udp_transport_stats(ctx, before, after, opts.iters)
-    return Measurement(True, None, time_us, wrong, transport)
+    if timed.udp:
+        zero = dict.fromkeys(UDP_COUNTERS, 0)
+        transport = udp_transport_stats(
+            ctx, zero, {**timed.counted, **timed.gauges}, len(timed.times)
+        )
+    return Measurement(True, None, time_us, timed.wrong, transport)
+
+
+def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement:
+    """Check once (untimed), warm up, barrier, time ``iters`` iterations in one round."""
+    timed = prepare(ctx, backend, layout, data)
+    if isinstance(timed, Measurement):
+        return timed
+    time_round(ctx, timed, ctx.opts.iters, rewarm=False)
+    return finish(ctx, timed)
 
 
 # --------------------------------------------------------------------------- table and JSON
@@ -1820,7 +1887,8 @@ def _header_lines(
         f"UCX {versions['ucx']}, Python {versions['python']}",
         f"# nRanks {world} device {opts.device} minBytes {opts.minbytes} maxBytes "
         f"{opts.maxbytes} step: {opts.stepfactor}(factor) warmup iters: {opts.warmup_iters} "
-        f"iters: {opts.iters} validation: {int(opts.check)} stat: {opts.stat}",
+        f"iters: {opts.iters} rounds: {opts.rounds} validation: {int(opts.check)} "
+        f"stat: {opts.stat}",
         f"# backends: {', '.join(opts.measured())} (new_group over all ranks, sizes "
         "interleaved; time: per iteration, max over ranks)",
     ]
@@ -1933,14 +2001,26 @@ class _Sweep:
             with_expected=opts.check,
         )
         row = row_for(layout, opts)
+        size = format_size(layout.nbytes) if layout.collective != "barrier" else "-"
+        timed: list[Timed] = []
         for backend in self.columns:
             if backend == MPI:
                 row.results[MPI] = self.mpi_result(layout)
                 continue
             self.step += 1
-            size = format_size(layout.nbytes) if layout.collective != "barrier" else "-"
             self.progress.update(f"{layout.collective} {backend} {size} ({self.step}/{self.steps})")
-            row.results[backend] = measure(ctx, backend, layout, data)
+            ready = prepare(ctx, backend, layout, data)
+            if isinstance(ready, Measurement):
+                row.results[backend] = ready
+            else:
+                timed.append(ready)
+        # Backends take turns round by round, so that a machine that slows down for a while
+        # (a busy host; see the README) slows every column alike and the ratios hold.
+        for n in round_lengths(opts.iters, opts.rounds):
+            for t in timed:
+                time_round(ctx, t, n, rewarm=opts.rounds > 1)
+        for t in timed:
+            row.results[t.backend] = finish(ctx, t)
         self.emit([format_row(row, self.columns, opts.check, opts.stat, ctx.world)])
         return row
 
