@@ -51,12 +51,24 @@ bool enabled(const std::map<std::string, std::string>& options) {
   return value == "auto";
 }
 
+SlotStores slotStores(const std::map<std::string, std::string>& options) {
+  const auto it = options.find("staging_stores");
+  const std::string value = it == options.end() ? "cached" : it->second;
+  if (value != "cached" && value != "streaming") {
+    throw c10::ValueError({__func__, __FILE__, __LINE__},
+                          "ucx: staging_stores must be 'cached' or 'streaming', got '" + value +
+                              "'");
+  }
+  return value == "streaming" ? SlotStores::kStreaming : SlotStores::kCached;
+}
+
 }  // namespace
 
 std::unique_ptr<StagingArea> setUpStaging(const std::map<std::string, std::string>& options,
                                           int rank, int size, size_t chunkBytes,
                                           AddressExchange& exchange) {
   const bool wanted = enabled(options);
+  const SlotStores stores = slotStores(options);
   // The udp transport exists to put every byte on the wire: it never stages.
   if (transportName(options) != "ucx" || size < 2) return nullptr;
 
@@ -110,7 +122,7 @@ std::unique_ptr<StagingArea> setUpStaging(const std::map<std::string, std::strin
   for (const auto& r : results) {
     if (r.empty() || r[0] != 1) return nullptr;
   }
-  return std::make_unique<StagingArea>(layout, std::move(mine), std::move(peers));
+  return std::make_unique<StagingArea>(layout, std::move(mine), std::move(peers), stores);
 }
 
 }  // namespace ucxb

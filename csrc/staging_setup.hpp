@@ -16,7 +16,8 @@ namespace ucxb {
 // of the group runs on this host (shm::hostIdentity) with the same slot size and could map every peer's segment;
 // null otherwise. All ranks reach the same answer: each publishes what it found through the
 // Store before anyone decides. A bad value raises c10::ValueError.
-// `chunkBytes` (the group's chunk_bytes) caps the slot size.
+// `chunkBytes` (the group's chunk_bytes) caps the slot size. options["staging_stores"]:
+// "cached" (default) or "streaming", how this rank writes its slots (SlotStores).
 std::unique_ptr<StagingArea> setUpStaging(const std::map<std::string, std::string>& options,
                                           int rank, int size, size_t chunkBytes,
                                           AddressExchange& exchange);

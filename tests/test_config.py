@@ -42,6 +42,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
+    "staging_stores": "cached",
     "ifname": "",
     "udp_config": "",
     "udp_faults": "",
@@ -74,10 +75,21 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
         "UCXBACKEND_SHARED_MEMORY",
+        "UCXBACKEND_STAGING_STORES",
         "UCXBACKEND_IFNAME",
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",
     }
+
+
+def test_staging_stores_knob() -> None:
+    assert Config.from_env({"UCXBACKEND_STAGING_STORES": "streaming"}).staging_stores == (
+        "streaming"
+    )
+    assert Options(staging_stores="cached").resolve({}).staging_stores == "cached"
+    assert Config(staging_stores="streaming").to_native()["staging_stores"] == "streaming"
+    with pytest.raises(ValueError, match=r"UCXBACKEND_STAGING_STORES.*'cached', 'streaming'"):
+        Config.from_env({"UCXBACKEND_STAGING_STORES": "nontemporal"})
 
 
 @pytest.mark.parametrize("raw", ["eth0", " eth,ib ", "=eth0", "^docker,lo", "^=lo"])

@@ -105,7 +105,13 @@ def _check_all_to_all(rank: int, ws: int, group: Any, label: str) -> list[str]:
 def _staging_world(rank: int, ws: int) -> dict[str, Any]:
     off = dist.new_group(backend="ucx", pg_options={"shared_memory": "off"})
     tiny = dist.new_group(backend="ucx", pg_options=TINY_SLOT_OPTIONS)
-    groups = (("default", None, COUNT), ("off", off, COUNT), ("tiny", tiny, TINY_COUNT))
+    streaming = dist.new_group(backend="ucx", pg_options={"staging_stores": "streaming"})
+    groups = (
+        ("default", None, COUNT),
+        ("off", off, COUNT),
+        ("tiny", tiny, TINY_COUNT),
+        ("streaming", streaming, COUNT),
+    )
     failures: list[str] = []
     for label, group, count in groups:
         bcasts = (BROADCAST_COUNT,) if group is tiny else (BROADCAST_COUNT, *LARGE_BROADCAST_COUNTS)
@@ -122,7 +128,12 @@ def test_staged_results_match_numpy(ws: int) -> None:
     skip_unless_ucx("shared-memory staging is part of the ucx backend")
     results = run_world(_staging_world, ws, timeout=240)
     for rank, res in enumerate(results):
-        assert res["staged"] == {"default": True, "off": False, "tiny": True}, (rank, res)
+        assert res["staged"] == {
+            "default": True,
+            "off": False,
+            "tiny": True,
+            "streaming": True,
+        }, (rank, res)
         assert res["failures"] == [], (rank, res["failures"])
         assert res["left_in_dev_shm"] == [], (rank, res["left_in_dev_shm"])
 
@@ -244,12 +255,17 @@ def test_ucx_tls_rule(tls: str, expected: str) -> None:
 
 @pytest.mark.parametrize("unit", ["shared_segment_test", "staging_area_test"])
 def test_torch_free_unit(tmp_path: Path, unit: str) -> None:
-    """The segment class and the slot layout on their own (tests/cpp/<unit>.cpp)."""
+    """The segment class, the slot layout and the slots' streaming stores on their own
+    (tests/cpp/<unit>.cpp)."""
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("g++ not found")
     exe = tmp_path / unit
-    sources = ["transports/shm/shared_segment.cpp", f"tests/cpp/{unit}.cpp"]
+    sources = [
+        "transports/shm/shared_segment.cpp",
+        "csrc/engine/streaming_copy.cpp",
+        f"tests/cpp/{unit}.cpp",
+    ]
     subprocess.run(
         [compiler, "-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-I.", *sources, "-o", exe],
         cwd=REPO,

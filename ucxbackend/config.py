@@ -37,12 +37,14 @@ __all__ = [
     "ProgressMode",
     "SharedMemoryMode",
     "Source",
+    "StagingStores",
     "coerce_options",
     "unknown_env_vars",
 ]
 
 ProgressMode: TypeAlias = Literal["sleep", "poll"]
 SharedMemoryMode: TypeAlias = Literal["auto", "off"]
+StagingStores: TypeAlias = Literal["cached", "streaming"]
 LogLevel: TypeAlias = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 Source: TypeAlias = Literal["default", "env", "pg_options"]
 
@@ -52,6 +54,7 @@ TEST_HOOK_ENV_VARS: Final = frozenset({"UCXBACKEND_BENCH_CORRUPT"})
 
 PROGRESS_MODES: Final[tuple[ProgressMode, ...]] = ("sleep", "poll")
 SHARED_MEMORY_MODES: Final[tuple[SharedMemoryMode, ...]] = ("auto", "off")
+STAGING_STORES: Final[tuple[StagingStores, ...]] = ("cached", "streaming")
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 # spin_us travels to C++ as a string; keep it within a signed 32-bit int so any parser copes.
 SPIN_US_MAX: Final = 2**31 - 1
@@ -279,6 +282,18 @@ KNOBS: Final[Mapping[str, Knob]] = MappingProxyType(
             ),
             parse=_parse_choice(SHARED_MEMORY_MODES, upper=False),
         ),
+        "staging_stores": Knob(
+            name="staging_stores",
+            default="cached",
+            allowed="'cached', 'streaming'",
+            help=(
+                "ucx backend, shared-memory staging only: how a rank writes the slots its "
+                "peer reads; 'streaming' uses non-temporal stores that go around its cache, "
+                "for hosts where handing freshly written cache lines to another core is slow "
+                "(when scripts/cross_core_copy.cpp runs faster with 'streaming')"
+            ),
+            parse=_parse_choice(STAGING_STORES, upper=False),
+        ),
         "ifname": Knob(
             name="ifname",
             default="",
@@ -341,6 +356,7 @@ class Config:
     algo_reduce: str = "auto"
     algo_alltoall: str = "auto"
     shared_memory: SharedMemoryMode = "auto"
+    staging_stores: StagingStores = "cached"
     ifname: str = ""
     udp_config: str = ""
     udp_faults: str = ""
@@ -444,6 +460,7 @@ class Options:
     algo_reduce: str | None = None
     algo_alltoall: str | None = None
     shared_memory: SharedMemoryMode | None = None
+    staging_stores: StagingStores | None = None
     ifname: str | None = None
     udp_config: str | None = None
     udp_faults: str | None = None

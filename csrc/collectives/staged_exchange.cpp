@@ -60,7 +60,7 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
       if (k < sendPieces) {
         if (k >= slots) c.wait({credits[k - slots]});
         const size_t n = std::min(sendPiece, sendBytes - std::min(sendBytes, k * sendPiece));
-        std::memcpy(st.ownSlot(k), src + k * sendPiece, n);
+        st.fillOwnSlot(k, src + k * sendPiece, n);
         sent[k] = Notice{n, sendBytes};
         small.push_back(c.send(to, noticeStep(firstStep, k), &sent[k], sizeof(Notice)));
         credits[k] = c.recv(to, creditStep(firstStep, k), nullptr, 0);

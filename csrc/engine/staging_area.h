@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "csrc/engine/streaming_copy.h"
 #include "transports/shm/shared_segment.h"
 
 namespace ucxb {
@@ -34,6 +36,13 @@ enum class PieceSize {
   // the notice and credit per piece weigh more. Whole 1 MiB slots ran 16-64 MB broadcasts
   // 1.5-1.9x faster than 256 KiB pieces here, but a 1-4 MB one needs several pieces in flight.
   kScaledToMessage,
+};
+
+// How a rank writes the pieces it stages into its own slots (the group's staging_stores).
+// Each rank chooses for itself: a reader sees the same bytes either way.
+enum class SlotStores {
+  kCached,     // memcpy: the bytes stay in the writer's cache for the reader to pull across
+  kStreaming,  // streamingCopy: they go to memory; for hosts where that hand-off is slow
 };
 
 struct StagingLayout {
@@ -60,8 +69,9 @@ struct StagingLayout {
 class StagingArea {
  public:
   // `peers[rank]` is rank's segment mapped here; peers[own rank] is left empty.
-  StagingArea(StagingLayout layout, shm::SharedSegment mine, std::vector<shm::SharedSegment> peers)
-      : layout_(layout), mine_(std::move(mine)), peers_(std::move(peers)) {}
+  StagingArea(StagingLayout layout, shm::SharedSegment mine, std::vector<shm::SharedSegment> peers,
+              SlotStores stores = SlotStores::kCached)
+      : layout_(layout), mine_(std::move(mine)), peers_(std::move(peers)), stores_(stores) {}
 
   size_t slotBytes() const { return layout_.slotBytes; }
   // Piece length for a message of `messageBytes`: whole `elementSize`-byte elements.
@@ -76,6 +86,15 @@ class StagingArea {
   // Slot of piece k of a message (k modulo slots()).
   uint8_t* ownSlot(size_t k) const { return slotIn(mine_, k); }
   const uint8_t* peerSlot(int peer, size_t k) const { return slotIn(peers_.at(peer), k); }
+  // Copies `n` (at most slotBytes()) bytes of `src` into ownSlot(k) the way stores() says.
+  void fillOwnSlot(size_t k, const uint8_t* src, size_t n) const {
+    if (stores_ == SlotStores::kStreaming) {
+      streamingCopy(ownSlot(k), src, n);
+    } else {
+      std::memcpy(ownSlot(k), src, n);
+    }
+  }
+  SlotStores stores() const { return stores_; }
 
   // Called when an op fails while a peer may still read this rank's slots (it has not
   // returned every credit): writing them again could hand that peer the next op's bytes as
@@ -92,6 +111,7 @@ class StagingArea {
   StagingLayout layout_;
   shm::SharedSegment mine_;
   std::vector<shm::SharedSegment> peers_;
+  SlotStores stores_;
   std::string retiredBecause_;
 };
 

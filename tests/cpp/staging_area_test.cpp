@@ -1,17 +1,21 @@
-// csrc/engine/staging_area.h on its own: where slots start and how messages are cut into
-// pieces. Built and run by tests/test_shared_memory.py; prints "OK" and exits 0, else names
+// csrc/engine/staging_area.h on its own: where slots start, how messages are cut into
+// pieces, and the streaming stores (csrc/engine/streaming_copy.h) a rank may fill its slots
+// with. Built and run by tests/test_shared_memory.py; prints "OK" and exits 0, else names
 // the first failed check and exits 1.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "csrc/engine/staging_area.h"
+#include "csrc/engine/streaming_copy.h"
 
 using ucxb::PieceSize;
+using ucxb::SlotStores;
 using ucxb::StagingArea;
 using ucxb::StagingLayout;
 using ucxb::shm::SharedSegment;
@@ -27,7 +31,7 @@ void expect(bool ok, const std::string& what) {
   }
 }
 
-StagingArea areaWithSlots(size_t slotBytes) {
+StagingArea areaWithSlots(size_t slotBytes, SlotStores stores = SlotStores::kCached) {
   StagingLayout layout;
   layout.slotBytes = slotBytes;
   const std::string name =
@@ -36,7 +40,27 @@ StagingArea areaWithSlots(size_t slotBytes) {
   std::vector<SharedSegment> peers(2);
   peers[1] = SharedSegment::open(name, layout.segmentBytes());
   mine.unlink();
-  return StagingArea(layout, std::move(mine), std::move(peers));
+  return StagingArea(layout, std::move(mine), std::move(peers), stores);
+}
+
+uint8_t patternAt(size_t i) { return static_cast<uint8_t>(i * 131 + 7); }
+
+// Copies `n` bytes from `srcOffset` into `dstOffset` of a buffer full of guard bytes: the
+// copy must equal the source and leave every byte around it alone.
+void checkStreamingCopy(size_t n, size_t srcOffset, size_t dstOffset) {
+  constexpr uint8_t kGuard = 0xA5;
+  std::vector<uint8_t> src(n + srcOffset + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = patternAt(i);
+  std::vector<uint8_t> dst(n + dstOffset + 64, kGuard);
+  ucxb::streamingCopy(dst.data() + dstOffset, src.data() + srcOffset, n);
+  bool ok = true;
+  for (size_t i = 0; i < dst.size() && ok; ++i) {
+    const bool inside = i >= dstOffset && i < dstOffset + n;
+    ok = dst[i] == (inside ? src[i - dstOffset + srcOffset] : kGuard);
+  }
+  expect(ok, "streamingCopy of " + std::to_string(n) + " bytes, source offset " +
+                 std::to_string(srcOffset) + ", destination offset " +
+                 std::to_string(dstOffset));
 }
 
 }  // namespace
@@ -86,6 +110,30 @@ int main() {
   expect(retired.retiredBecause().empty(), "a new area is usable");
   retired.retire("rank 0 stopped");
   expect(retired.retiredBecause() == "rank 0 stopped", "retire records why");
+
+  // Streaming stores: every length around the 16- and 64-byte steps, at every alignment of
+  // source and destination (the head before an aligned store, the 64- and 16-byte loops and
+  // the tail), and a slot-sized copy that ends mid-vector.
+  for (size_t n = 0; n <= 200; ++n) {
+    for (size_t srcOffset : {0, 1, 8, 15}) {
+      for (size_t dstOffset = 0; dstOffset < 17; ++dstOffset) {
+        checkStreamingCopy(n, srcOffset, dstOffset);
+      }
+    }
+  }
+  checkStreamingCopy(MiB + 13, 3, 5);
+
+  // A streaming area's slot, read through the peer's mapping of the same segment.
+  const StagingArea streaming = areaWithSlots(1000, SlotStores::kStreaming);
+  expect(streaming.stores() == SlotStores::kStreaming && full.stores() == SlotStores::kCached,
+         "an area keeps the stores it was made with (cached by default)");
+  std::vector<uint8_t> piece(1000);
+  for (size_t i = 0; i < piece.size(); ++i) piece[i] = patternAt(i + 3);
+  for (size_t k = 0; k < streaming.slots(); ++k) {
+    streaming.fillOwnSlot(k, piece.data() + k, piece.size() - k);
+    expect(std::memcmp(streaming.peerSlot(1, k), piece.data() + k, piece.size() - k) == 0,
+           "streaming slot " + std::to_string(k) + " reads back through the peer's mapping");
+  }
 
   if (failures == 0) std::printf("OK\n");
   return failures == 0 ? 0 : 1;
