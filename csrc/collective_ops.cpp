@@ -166,14 +166,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce(std::vector<at::Tensor>& 
   at::Tensor t = tensors[0];
   return enqueue("reduce", c10d::OpType::REDUCE, tensors, describe(t), timeoutFor(opts.timeout),
                  [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
-                   // Only the root's tensor receives the result; elsewhere work on a copy.
-                   at::Tensor buf = isRoot && t.is_contiguous() ? t : t.contiguous().clone();
+                   // Only the root's tensor receives the result. The algorithm never writes
+                   // the other ranks' inputs, so they are sent as they are, except under
+                   // PREMUL_SUM, which must scale a copy.
+                   const bool scaled = reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
+                   const Staged staged(t);
+                   at::Tensor buf = staged.flat;
+                   if (scaled && !isRoot && buf.is_same(t)) buf = buf.clone();
                    preScale(buf, reduceOp);
-                   algo::reduce(comm, buf.numel() ? buf.data_ptr() : nullptr,
-                                static_cast<size_t>(buf.numel()), spec.red, root);
+                   void* data = buf.numel() ? buf.data_ptr() : nullptr;
+                   algo::reduce(comm, data, data, static_cast<size_t>(buf.numel()), spec.red,
+                                root);
                    if (isRoot) {
                      postScale(buf, reduceOp, size);
-                     if (!buf.is_same(t)) t.copy_(buf);
+                     staged.copyBack();
                    }
                  });
 }

@@ -28,8 +28,11 @@ void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);
 void reduceScatter(Comm& comm, const std::vector<const void*>& blocks, void* out,
                    size_t blockCount, const Reduction& red);
 
-// `data` is the result at the root and this rank's contribution elsewhere (clobbered there).
-void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root);
+// `in` is this rank's contribution and is never written (unless it is `out`); the root gets
+// the result in `out` (which may be `in`); `out` is ignored elsewhere. Extra memory: two
+// chunks of scratch, whatever `count` is.
+void reduce(Comm& comm, const void* in, void* out, size_t count, const Reduction& red,
+            int root);
 
 void broadcast(Comm& comm, void* data, size_t bytes, int root);
 

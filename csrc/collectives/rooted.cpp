@@ -92,30 +92,76 @@ void chainBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   }
 }
 
-// Binomial tree towards the root; each level's message is chunked through scratch.
-void binomialReduce(Comm& c, uint8_t* data, size_t count, const Reduction& red, int root) {
+// Binomial tree towards the root. The root folds each child's message straight into its
+// output (chunked through scratch, pipelined) and a leaf sends its input as it is. A rank in
+// between must send its children's sum on without writing its input, so it works one chunk
+// at a time: copy its own chunk into an accumulator, fold each child's chunk into it, send
+// it on. That bounds its extra memory to two chunks (accumulator + receive slot) whatever
+// the message size. Chunk k of the message from the child at level l travels with step
+// chunkStep(l * chunks, k, chunks) in every case, so the three kinds of rank agree.
+void binomialReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count,
+                    const Reduction& red, int root) {
   const int n = c.size();
   const int vr = mod(c.rank() - root, n);
-  const size_t chunk = chunkElems(c, count, red.elementSize, kStepSpace / 32);
-  const auto perLevel = static_cast<uint32_t>(chunksOf(count, chunk));
+  const size_t esz = red.elementSize;
+  const size_t chunk = chunkElems(c, count, esz, kStepSpace / 32);
+  const size_t chunks = chunksOf(count, chunk);
+  const auto perLevel = static_cast<uint32_t>(chunks);
+  // Levels at which this rank has a child, bottom up, and the level at which it sends.
+  std::vector<uint32_t> childLevels;
+  int parentLevel = -1;
   uint32_t level = 0;
   for (int mask = 1; mask < n; mask <<= 1, ++level) {
     if (vr & mask) {
-      exchangeReduce(c, mod(vr - mask + root, n), data, count, -1, nullptr, 0, chunk,
-                     level * perLevel, red);
-      return;
+      parentLevel = static_cast<int>(level);
+      break;
     }
-    if (vr + mask < n) {
-      exchangeReduce(c, -1, nullptr, 0, mod(vr + mask + root, n), data, count, chunk,
-                     level * perLevel, red);
+    if (vr + mask < n) childLevels.push_back(level);
+  }
+  auto childOf = [&](uint32_t l) { return mod(vr + (1 << l) + root, n); };
+  if (parentLevel < 0) {  // the root
+    if (out != in && count > 0) std::memcpy(out, in, count * esz);
+    for (uint32_t l : childLevels) {
+      exchangeReduce(c, -1, nullptr, 0, childOf(l), out, count, chunk, l * perLevel, red);
     }
+    return;
+  }
+  const int parent = mod(vr - (1 << parentLevel) + root, n);
+  const uint32_t sendStep = static_cast<uint32_t>(parentLevel) * perLevel;
+  if (childLevels.empty()) {  // a leaf
+    sendChunked(c, parent, in, count, esz, chunk, sendStep);
+    return;
+  }
+  uint8_t* acc = c.scratch(2 * chunk * esz);
+  uint8_t* slot = acc + chunk * esz;
+  RequestPtr pending;
+  try {
+    for (size_t k = 0; k < chunks; ++k) {
+      const size_t elems = piece(count, chunk, k);
+      if (pending) c.wait({pending});  // the accumulator is free again
+      pending = nullptr;
+      if (elems) std::memcpy(acc, in + k * chunk * esz, elems * esz);
+      for (uint32_t l : childLevels) {
+        pending = c.recv(childOf(l), chunkStep(l * perLevel, k, chunks), slot, elems * esz);
+        c.wait({pending});
+        pending = nullptr;
+        if (elems) red.fn(acc, slot, elems);
+      }
+      pending = c.send(parent, chunkStep(sendStep, k, chunks), acc, elems * esz);
+    }
+    if (pending) c.wait({pending});
+  } catch (...) {
+    if (pending) c.abandon({pending});
+    throw;
   }
 }
 
 // root-1 <- ... <- root+1 <- root+n-1 ... : the partial sum flows down the chain towards
-// the root; a rank folds chunk k into its own data (clobbered off the root) and forwards it
-// while chunk k+1 arrives in the other scratch slot.
-void chainReduce(Comm& c, uint8_t* data, size_t count, const Reduction& red, int root) {
+// the root. A rank receives chunk k of the partial sum into a scratch slot, folds its own
+// chunk k into it (every c10d reduction is commutative) and forwards the slot, while chunk
+// k+1 arrives in the other slot; its input is never written. The root folds into its output.
+void chainReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count, const Reduction& red,
+                 int root) {
   const int n = c.size();
   const int vr = mod(c.rank() - root, n);
   const int upstream = vr < n - 1 ? mod(c.rank() + 1, n) : -1;
@@ -124,36 +170,42 @@ void chainReduce(Comm& c, uint8_t* data, size_t count, const Reduction& red, int
   const size_t chunk = chunkElems(c, count, esz, kStepSpace);
   const size_t chunks = chunksOf(count, chunk);
   if (upstream < 0) {
-    sendChunked(c, downstream, data, count, esz, chunk, 0);
+    sendChunked(c, downstream, in, count, esz, chunk, 0);
     return;
   }
+  if (downstream < 0 && out != in && count > 0) std::memcpy(out, in, count * esz);
   uint8_t* slots = c.scratch(2 * chunk * esz);
+  auto slotOf = [&](size_t k) { return slots + (k % 2) * chunk * esz; };
   auto postRecv = [&](size_t k) {
-    return c.recv(upstream, chunkStep(0, k, chunks), slots + (k % 2) * chunk * esz,
-                  piece(count, chunk, k) * esz);
+    return c.recv(upstream, chunkStep(0, k, chunks), slotOf(k), piece(count, chunk, k) * esz);
   };
   RequestPtr next = postRecv(0);
   RequestPtr current;
-  std::vector<RequestPtr> sends;
+  RequestPtr sending;  // the forward of chunk k-1, out of the slot chunk k+1 arrives in
   try {
     for (size_t k = 0; k < chunks; ++k) {
       current = std::move(next);
       next = nullptr;
-      if (k + 1 < chunks) next = postRecv(k + 1);  // its slot held chunk k-1, already folded
+      if (sending) c.wait({sending});
+      sending = nullptr;
+      if (k + 1 < chunks) next = postRecv(k + 1);
       c.wait({current});
+      current = nullptr;
       const size_t elems = piece(count, chunk, k);
-      if (elems) red.fn(data + k * chunk * esz, slots + (k % 2) * chunk * esz, elems);
-      if (downstream >= 0) {
-        sends.push_back(c.send(downstream, chunkStep(0, k, chunks), data + k * chunk * esz,
-                               elems * esz));
+      if (downstream < 0) {
+        if (elems) red.fn(out + k * chunk * esz, slotOf(k), elems);
+        continue;
       }
+      if (elems) red.fn(slotOf(k), in + k * chunk * esz, elems);
+      sending = c.send(downstream, chunkStep(0, k, chunks), slotOf(k), elems * esz);
     }
-    c.wait(sends);
+    if (sending) c.wait({sending});
   } catch (...) {
-    for (auto& r : {current, next}) {
-      if (r) sends.push_back(r);
+    std::vector<RequestPtr> left;
+    for (auto& r : {current, next, sending}) {
+      if (r) left.push_back(r);
     }
-    c.abandon(sends);
+    c.abandon(left);
     throw;
   }
 }
@@ -169,14 +221,19 @@ void broadcast(Comm& comm, void* data, size_t bytes, int root) {
   }
 }
 
-void reduce(Comm& comm, void* data, size_t count, const Reduction& red, int root) {
-  if (comm.size() == 1) return;
-  auto* bytes = static_cast<uint8_t*>(data);
+void reduce(Comm& comm, const void* in, void* out, size_t count, const Reduction& red,
+            int root) {
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = comm.rank() == root ? static_cast<uint8_t*>(out) : nullptr;
+  if (comm.size() == 1) {
+    if (dst != src && count > 0) std::memcpy(dst, src, count * red.elementSize);
+    return;
+  }
   if (choose(comm.tuning(), Op::kReduce, count * red.elementSize, comm.size()) ==
       Algorithm::kChain) {
-    chainReduce(comm, bytes, count, red, root);
+    chainReduce(comm, src, dst, count, red, root);
   } else {
-    binomialReduce(comm, bytes, count, red, root);
+    binomialReduce(comm, src, dst, count, red, root);
   }
 }
 
