@@ -33,14 +33,19 @@ all: build
 
 # Install only what is missing, so that a warm machine does nothing. torch is installed only
 # when absent (an existing torch is never replaced: the extension builds against it);
-# libucx-cu12 is pinned.
+# libucx-cu12 is pinned. DEPS_MODULES lists what the build and the tests import, as
+# module[:pip name] where the two differ (PyYAML is imported as yaml). Keep it in step with
+# pyproject's "test" and "dev" extras (tests/test_deps.py checks both).
+DEPS_MODULES := ninja numpy pytest expecttest yaml:pyyaml ruff
+
 deps:
 	@missing=""; \
 	$(PYTHON) -c 'import torch' 2>/dev/null || missing="$$missing $(TORCH_REQ)"; \
 	$(PYTHON) -c 'import importlib.metadata as m, sys; sys.exit(m.version("libucx-cu12") != "$(LIBUCX_VERSION)")' 2>/dev/null \
 		|| missing="$$missing libucx-cu12==$(LIBUCX_VERSION)"; \
-	for mod in ninja numpy pytest expecttest ruff; do \
-		$(PYTHON) -c "import $$mod" 2>/dev/null || missing="$$missing $$mod"; \
+	for spec in $(DEPS_MODULES); do \
+		mod=$${spec%%:*}; pkg=$${spec#*:}; \
+		$(PYTHON) -c "import $$mod" 2>/dev/null || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing:$$missing"; \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Entrypoint of the ucxbackend container: one torchrun per container ("node") running the DDP
-# demo (examples/train_ddp.py) across all nodes, after a doctor preflight.
+# demo (examples/train_ddp.py) across all nodes, after a doctor preflight. It first checks that
+# ucxbackend and its native extension load from the working directory (exit 1 if not, unless
+# BACKEND=gloo).
 #
 # Environment (compose.yaml sets them):
 #   NNODES (2), NODE_RANK (required), NPROC_PER_NODE (1), MASTER_ADDR (required),
@@ -24,6 +26,15 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 read -r -a EXTRA <<<"${DEMO_ARGS:-}"
 
 echo "[entrypoint] node ${NODE_RANK}/${NNODES} on $(hostname), master ${MASTER_ADDR}:${MASTER_PORT}, backend ${BACKEND}"
+# The package the job imports, as `python -m` and `-c` see it from this directory (first on
+# their sys.path): a source tree here, without its compiled _C, would shadow the installed one.
+if ! where=$("$PYTHON" -c 'import sys, ucxbackend as u
+print(u.__file__) if u.is_available() else sys.exit(f"{u.__file__}: {u.load_error()}")'); then
+    echo "[entrypoint] ucxbackend's native extension does not load from $(pwd)" >&2
+    if [[ "$BACKEND" != gloo ]]; then exit 1; fi
+else
+    echo "[entrypoint] ucxbackend: ${where}"
+fi
 if [[ "${DOCTOR:-1}" == 1 ]]; then
     if ! "$PYTHON" -m ucxbackend doctor; then
         if [[ "${DOCTOR_STRICT:-1}" == 1 ]]; then

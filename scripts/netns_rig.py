@@ -6,7 +6,11 @@ and its own ``lo`` brought up. Nothing is routed out of the namespaces: traffic 
 addresses stays on the veth pair, never on the machine's real interfaces.
 
 Names carry the creating process's pid (``ucxb<pid>a``/``ucxb<pid>b`` for the namespaces and
-their veth ends), so concurrent rigs do not collide and stale ones can be found by prefix.
+their veth ends), so concurrent rigs do not collide and stale ones can be found: a rig whose
+pid no longer exists was left by a killed process (``cleanup --dead``, :func:`cleanup_dead`),
+while the rig of a live process is never touched by that sweep. ``create`` below makes a rig
+meant to outlive its creator: it is tagged ``<pid>k`` (``ucxb<pid>ka``), which the sweep
+leaves alone too.
 
 As a context manager (tests)::
 
@@ -14,17 +18,20 @@ As a context manager (tests)::
         rig.run("a", ["ip", "-br", "addr"])
         rig.popen("b", ["python", "worker.py"], env=...)
 
-The rig is removed on leaving the block, at interpreter exit (atexit) and by
-``python scripts/netns_rig.py cleanup`` (every ``ucxb*`` namespace and stray veth).
+The rig is removed on leaving the block (normally or by an exception), at interpreter exit
+(atexit) and by ``python scripts/netns_rig.py cleanup`` (every ``ucxb*`` namespace and stray
+veth). A SIGKILLed process runs none of that: ``cleanup --dead`` removes what it left.
 
 As a script (needs root and iproute2)::
 
     python scripts/netns_rig.py create            # prints the rig as JSON, leaves it in place
     python scripts/netns_rig.py exec a -- CMD...  # run CMD in host a of the newest rig
                                                   # (own IPC/UTS namespace, hostname = ns)
-    python scripts/netns_rig.py destroy [PID]     # remove the rig created by PID (or all)
+    python scripts/netns_rig.py destroy [TAG]     # remove the rig with TAG (or all)
     python scripts/netns_rig.py cleanup           # remove every rig namespace and veth
+    python scripts/netns_rig.py cleanup --dead    # only those of processes that no longer exist
     python scripts/netns_rig.py run -- CMD...     # create, run CMD with RIG_* env, destroy
+                                                  # (exits with CMD's status)
 
 ``run`` exports ``RIG_NS_A``, ``RIG_NS_B``, ``RIG_ADDR_A``, ``RIG_ADDR_B``, ``RIG_IF_A``,
 ``RIG_IF_B`` to CMD.
@@ -39,11 +46,12 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Final, Literal
 
@@ -53,6 +61,7 @@ __all__ = [
     "RigError",
     "add_udp_drop",
     "available",
+    "cleanup_dead",
     "cleanup_stale",
 ]
 
@@ -128,6 +137,34 @@ def _rig_namespaces() -> list[str]:
     proc = _ip("netns", "list", check=False)
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
     return [n for n in names if n.startswith(PREFIX)]
+
+
+def _rig_links() -> list[str]:
+    """Interfaces of the root namespace with a rig name (a veth pair left by a failure)."""
+    names = []
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) < 2:
+            continue
+        name = parts[1].strip().split("@", 1)[0]
+        if name.startswith(PREFIX):
+            names.append(name)
+    return names
+
+
+# The names a rig of tag <pid> (the default tag) gives its namespaces and veth ends, and the
+# namespace available() probes with: ucxb<pid>a, ucxb<pid>b, ucxb<pid>probe.
+_PID_NAME: Final = re.compile(rf"^{PREFIX}(\d+)(?:a|b|probe)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -348,24 +385,39 @@ def add_udp_drop(rig: NetnsRig, host: Host, port: int, probability: float) -> No
     )
 
 
-def cleanup_stale(pid: int | None = None) -> list[str]:
-    """Remove rig namespaces (and root-namespace veths) of ``pid``, or of every pid; return them."""
-    prefix = f"{PREFIX}{pid}" if pid is not None else PREFIX
+def _remove(select: Callable[[str], bool]) -> list[str]:
     removed = []
     for ns in _rig_namespaces():
-        if ns.startswith(prefix):
+        if select(ns):
             _ip("netns", "del", ns, check=False)
             removed.append(ns)
-    links = _ip("-o", "link", "show", check=False).stdout.splitlines()
-    for line in links:
-        parts = line.split(":", 2)
-        if len(parts) < 2:
-            continue
-        name = parts[1].strip().split("@", 1)[0]
-        if name.startswith(prefix):
+    for name in _rig_links():  # listed after the namespaces went, with their veth ends
+        if select(name):
             _ip("link", "del", name, check=False)
             removed.append(name)
     return removed
+
+
+def cleanup_stale(tag: int | str | None = None) -> list[str]:
+    """Remove the namespaces (and root-namespace veths) of the rig tagged ``tag`` (the creating
+    pid by default), or of every rig, live or not; return their names."""
+    if tag is None:
+        return _remove(lambda name: True)
+    own = {f"{PREFIX}{tag}{suffix}" for suffix in ("a", "b", "probe")}
+    return _remove(own.__contains__)
+
+
+def cleanup_dead() -> list[str]:
+    """Remove the rigs whose creating process no longer exists (left by a SIGKILL, which runs
+    no cleanup); return their names. Rigs of live processes, rigs with a tag that is not a pid
+    and those of ``create`` (``<pid>k``) are kept, so this is safe while other rigs are in use.
+    Pids are those of this PID namespace: run it where the rigs were created."""
+
+    def dead(name: str) -> bool:
+        m = _PID_NAME.match(name)
+        return m is not None and not _pid_alive(int(m.group(1)))
+
+    return _remove(dead)
 
 
 def _newest_rig() -> NetnsRig:
@@ -388,9 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("create", help="create a rig and print it as JSON")
     c.add_argument("--mtu", type=int, default=1500)
-    d = sub.add_parser("destroy", help="remove the rig of PID (default: every rig)")
-    d.add_argument("pid", nargs="?", type=int)
-    sub.add_parser("cleanup", help="remove every rig namespace and stray veth")
+    d = sub.add_parser("destroy", help="remove the rig with TAG (default: every rig)")
+    d.add_argument("tag", nargs="?", help="the rig's tag (create's JSON; the pid for run)")
+    cl = sub.add_parser("cleanup", help="remove every rig namespace and stray veth")
+    cl.add_argument(
+        "--dead",
+        action="store_true",
+        help="only the rigs of processes that no longer exist (safe next to running rigs)",
+    )
     e = sub.add_parser("exec", help="run a command in host a or b of the newest rig")
     e.add_argument("host", choices=["a", "b"])
     e.add_argument(
@@ -403,13 +460,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "create":
-        rig = NetnsRig.create(mtu=args.mtu)
+        # "<pid>k": kept on purpose, so `cleanup --dead` must not take it for a killed run's.
+        rig = NetnsRig.create(f"{os.getpid()}k", mtu=args.mtu)
         atexit.unregister(rig.destroy)  # the point is to leave it in place
         print(json.dumps(asdict(rig), indent=2))
         return 0
     if args.cmd in {"destroy", "cleanup"}:
-        pid = getattr(args, "pid", None)
-        for name in cleanup_stale(pid):
+        if getattr(args, "dead", False):
+            removed = cleanup_dead()
+        else:
+            removed = cleanup_stale(getattr(args, "tag", None))
+        for name in removed:
             print(f"removed {name}")
         return 0
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

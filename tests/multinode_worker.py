@@ -2,30 +2,42 @@
 
 Every collective runs on the backend under test (the default group, ``--backend``) and on a
 Gloo group over the same ranks with the same inputs; results must agree with each other and
-with a reference computed locally. Inputs are small integers (exact in float32 and int64; the
-int64 all_reduce also carries values beyond 2**53 so that a float detour would show), so every
-comparison is exact.
+with a reference computed locally (torch for the first ops, numpy for the rest). Inputs are
+small integers (exact in float32 and int64; the int64 all_reduce also carries values beyond
+2**53 so that a float detour would show, and PRODUCT wraps around 2**64), so every comparison
+is exact. Covered: all_reduce (SUM on int64 and float32; MAX, MIN, PRODUCT on int64),
+all_gather, all_gather_into_tensor, reduce_scatter (list and tensor), broadcast, reduce,
+gather, scatter, all_to_all (list; with uneven sizes on the backend under test only, since
+Gloo rejects them: checked against Gloo's uneven all_to_all_single), all_to_all_single (equal
+and uneven splits, empty blocks), isend/irecv, batch_isend_irecv, recv from any source,
+barrier.
 
 Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname>`` when everything matched, and exits
-non-zero (with the mismatch) otherwise. ``MULTINODE_CORRUPT=1`` (tests only) corrupts one
-element of a result on the last rank, to show that the check fails.
+non-zero (with the mismatch) otherwise. ``MULTINODE_CORRUPT=1`` (tests only) also compares a
+corrupted copy of every non-empty result with its reference, which must be reported as a
+mismatch, and then fails the rank with ``corrupted results caught: <k> of <n>`` and the kinds
+of check they came from, to show that every comparison can fail.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import ucxbackend  # registers the ucx backend, and udp when built
 
-# Test-only: corrupt one element of the backend's all_reduce output on the last rank.
+# Test-only: every comparison must also reject a corrupted copy of the result.
 CORRUPT = os.environ.get("MULTINODE_CORRUPT") == "1"
+_corrupt_caught: list[str] = []  # the kind of check of each corrupted copy that was rejected
+_corrupt_missed: list[str] = []  # the names of those that were not
 
 
 class Mismatch(AssertionError):
@@ -37,8 +49,20 @@ _all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_ten
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
+def _differs(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want)
+
+
 def _expect(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+    if CORRUPT and got.numel() > 0:
+        bad = got.clone()
+        bad.view(-1)[0] += 1
+        if _differs(bad, want):
+            kind = re.match(r"[a-z_/]+(?: [A-Z]+| list| uneven| any source)?", name)
+            _corrupt_caught.append(kind[0] if kind else name)
+        else:
+            _corrupt_missed.append(name)
+    if _differs(got, want):
         diff = (got != want).nonzero()[:5].flatten().tolist() if got.shape == want.shape else []
         raise Mismatch(
             f"{name}: wrong result (first bad indices {diff}); got {got[:8].tolist()}"
@@ -63,8 +87,6 @@ def run_all(rank: int, world: int, sizes: list[int], gloo: dist.ProcessGroup) ->
             for group, label in ((None, "test"), (gloo, "gloo")):
                 t = _input(rank, numel, dtype) + big
                 dist.all_reduce(t, group=group)
-                if CORRUPT and group is None and rank == world - 1:
-                    t.view(-1)[0] += 1  # test hook: proves the comparison can fail
                 _expect(f"all_reduce {dtype} n={numel} [{label}]", t, want)
                 checks += 1
         # all_gather (list) and all_gather_into_tensor
@@ -133,8 +155,174 @@ def run_all(rank: int, world: int, sizes: list[int], gloo: dist.ProcessGroup) ->
                     f"send/recv n={numel} [{label}]", out, _input(prv, numel, torch.int64, salt=11)
                 )
                 checks += 1
+        checks += run_more(rank, world, numel, gloo)
         dist.barrier()
         dist.barrier(group=gloo)
+    return checks
+
+
+# -- the rest of the API: numpy references, built from the inputs' formula alone -----------
+
+
+def _np_input(rank: int, numel: int, salt: int = 0) -> np.ndarray:
+    """``_input`` in numpy (int64), written out again so that a bug in one shows in the other."""
+    return (np.arange(numel, dtype=np.int64) % 97 + 3 * rank + salt) % 101
+
+
+def _expect_np(name: str, got: torch.Tensor, want: np.ndarray) -> None:
+    _expect(name, got, torch.from_numpy(np.ascontiguousarray(want)))
+
+
+def _split(src: int, dst: int, unit: int) -> int:
+    """Elements rank ``src`` sends to rank ``dst`` in the uneven all-to-alls: 0, 1 or 2 units
+    (so some blocks are empty, and the sizes differ in both directions)."""
+    return ((src + 2 * dst) % 3) * unit
+
+
+def _uneven_send(src: int, world: int, unit: int, salt: int) -> np.ndarray:
+    return _np_input(src, sum(_split(src, j, unit) for j in range(world)), salt)
+
+
+def _uneven_block(src: int, dst: int, world: int, unit: int, salt: int) -> np.ndarray:
+    start = sum(_split(src, j, unit) for j in range(dst))
+    return _uneven_send(src, world, unit, salt)[start : start + _split(src, dst, unit)]
+
+
+# int64 operands for MAX/MIN (beyond 2**53 and of both signs: a float detour would show) and
+# for PRODUCT (the product of two ranks' operands already wraps around 2**64).
+def _minmax_operand(rank: int, numel: int) -> np.ndarray:
+    return (_np_input(rank, numel, 5) - 50) * (1 << 54) + rank
+
+
+def _product_operand(rank: int, numel: int) -> np.ndarray:
+    return (_np_input(rank, numel, 9) + 1) * (1 << 33) + 2 * rank + 1
+
+
+_REDUCE_OPS = (
+    ("MAX", dist.ReduceOp.MAX, _minmax_operand, np.maximum),
+    ("MIN", dist.ReduceOp.MIN, _minmax_operand, np.minimum),
+    ("PRODUCT", dist.ReduceOp.PRODUCT, _product_operand, np.multiply),
+)
+
+
+def run_more(rank: int, world: int, numel: int, gloo: dist.ProcessGroup) -> int:
+    """gather, scatter, list all_to_all (also with uneven sizes on the backend under test), list
+    reduce_scatter, uneven all_to_all_single, batch_isend_irecv, recv from any source and
+    all_reduce MAX/MIN/PRODUCT, on both groups, against numpy references. Returns the number
+    of checks."""
+    checks = 0
+    per = max(1, numel // world)
+    unit = max(1, numel // (2 * world))
+    groups = ((None, "test"), (gloo, "gloo"))
+    # all_reduce with MAX, MIN, PRODUCT on int64, bit-exact (numpy wraps like the backends)
+    for opname, op, operand, ufunc in _REDUCE_OPS:
+        with np.errstate(over="ignore"):
+            want = ufunc.reduce(np.stack([operand(r, numel) for r in range(world)]), axis=0)
+        for group, label in groups:
+            t = torch.from_numpy(operand(rank, numel))
+            dist.all_reduce(t, op=op, group=group)
+            _expect_np(f"all_reduce {opname} int64 n={numel} [{label}]", t, want)
+            checks += 1
+    # gather and scatter, first and last rank as root
+    for root in sorted({0, world - 1}):
+        for group, label in groups:
+            mine = _input(rank, numel, torch.float32, salt=20 + root)
+            parts = [torch.empty(numel) for _ in range(world)] if rank == root else None
+            dist.gather(mine, parts, dst=root, group=group)
+            if parts is not None:
+                for r in range(world):
+                    want_g = _np_input(r, numel, 20 + root).astype(np.float32)
+                    _expect_np(f"gather root={root} n={numel} part {r} [{label}]", parts[r], want_g)
+            out = torch.empty(numel, dtype=torch.int64)
+            pieces = None
+            if rank == root:
+                pieces = [_input(r, numel, torch.int64, salt=30 + root) for r in range(world)]
+            dist.scatter(out, pieces, src=root, group=group)
+            _expect_np(
+                f"scatter root={root} n={numel} [{label}]", out, _np_input(rank, numel, 30 + root)
+            )
+            checks += 2
+    # reduce_scatter with a list of inputs: input j of every rank is summed into rank j
+    big = 1 << 60
+    want_rs = sum(_np_input(r, per, 40 + rank) + big for r in range(world))
+    for group, label in groups:
+        out = torch.empty(per, dtype=torch.int64)
+        ins = [_input(rank, per, torch.int64, salt=40 + j) + big for j in range(world)]
+        dist.reduce_scatter(out, ins, group=group)
+        _expect_np(f"reduce_scatter list n={per} [{label}]", out, want_rs)
+        checks += 1
+    # all_to_all with lists: block j of rank i (salt 45 + j) goes to rank j
+    for group, label in groups:
+        outs = [torch.full((per,), -1, dtype=torch.int64) for _ in range(world)]
+        ins = [_input(rank, per, torch.int64, salt=45 + j) for j in range(world)]
+        dist.all_to_all(outs, ins, group=group)
+        for i in range(world):
+            want_a = _np_input(i, per, 45 + rank)
+            _expect_np(f"all_to_all list n={per} from {i} [{label}]", outs[i], want_a)
+        checks += 1
+    # all_to_all_single with uneven splits (empty blocks included) on both groups; the same
+    # blocks as a list all_to_all of tensors of different sizes, which Gloo rejects: on the
+    # backend under test only, checked against numpy and against Gloo's all_to_all_single.
+    in_splits = [_split(rank, j, unit) for j in range(world)]
+    out_splits = [_split(i, rank, unit) for i in range(world)]
+    want_blocks = [_uneven_block(i, rank, world, unit, 50) for i in range(world)]
+    send = torch.from_numpy(_uneven_send(rank, world, unit, 50))
+    singles = {}
+    for group, label in groups:
+        recv = torch.full((sum(out_splits),), -1, dtype=torch.int64)
+        dist.all_to_all_single(recv, send, out_splits, in_splits, group=group)
+        _expect_np(
+            f"all_to_all_single uneven splits {in_splits} n={numel} [{label}]",
+            recv,
+            np.concatenate(want_blocks),
+        )
+        singles[label] = recv
+        checks += 1
+    outs = [torch.full((n,), -1, dtype=torch.int64) for n in out_splits]
+    dist.all_to_all(outs, list(send.split(in_splits)))
+    for i, got_gloo in enumerate(singles["gloo"].split(out_splits)):
+        name = f"all_to_all uneven list n={numel} from {i}"
+        _expect_np(f"{name} [test]", outs[i], want_blocks[i])
+        _expect(f"{name} [test vs gloo]", outs[i], got_gloo)
+    checks += 1
+    if world == 1:
+        return checks
+    # batch_isend_irecv: one batch that sends both ways around the ring
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for group, label in groups:
+        from_prv = torch.full((numel,), -1, dtype=torch.int64)
+        from_nxt = torch.full((numel,), -1, dtype=torch.int64)
+        ops = [
+            dist.P2POp(dist.isend, _input(rank, numel, torch.int64, salt=60), nxt, group=group),
+            dist.P2POp(dist.irecv, from_prv, prv, group=group),
+            dist.P2POp(dist.isend, _input(rank, numel, torch.int64, salt=61), prv, group=group),
+            dist.P2POp(dist.irecv, from_nxt, nxt, group=group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        _expect_np(
+            f"batch_isend_irecv from prev n={numel} [{label}]", from_prv, _np_input(prv, numel, 60)
+        )
+        _expect_np(
+            f"batch_isend_irecv from next n={numel} [{label}]", from_nxt, _np_input(nxt, numel, 61)
+        )
+        checks += 2
+    # recv from any source: rank 0 takes one message from every other rank, in arrival order
+    for group, label in groups:
+        if rank != 0:
+            dist.send(_input(rank, numel, torch.int64, salt=70), 0, group=group)
+            continue
+        senders = []
+        for _ in range(world - 1):
+            out = torch.full((numel,), -1, dtype=torch.int64)
+            src = dist.recv(out, group=group)
+            if not 0 < src < world or src in senders:
+                raise Mismatch(f"recv any source [{label}]: sender {src} after {senders}")
+            senders.append(src)
+            _expect_np(
+                f"recv any source from {src} n={numel} [{label}]", out, _np_input(src, numel, 70)
+            )
+            checks += 1
     return checks
 
 
@@ -171,6 +359,15 @@ def main() -> int:
         host_staged = check_host_group(rank, sizes)
     except Mismatch as exc:
         print(f"MULTINODE_FAIL rank={rank}: {exc}", flush=True)
+        return 1
+    if CORRUPT:  # the results were right; what matters is whether the corruption was seen
+        total = len(_corrupt_caught) + len(_corrupt_missed)
+        print(
+            f"MULTINODE_FAIL rank={rank}: corrupted results caught: {len(_corrupt_caught)} of "
+            f"{total}; kinds: {','.join(sorted(set(_corrupt_caught)))}; "
+            f"missed: {_corrupt_missed[:5]}",
+            flush=True,
+        )
         return 1
     staged = ucxbackend.shared_memory()
     dist.destroy_process_group()

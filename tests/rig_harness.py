@@ -6,6 +6,9 @@ returns ``{host: HostResult(rc, output)}``. Past ``timeout`` (or once one host f
 other has had ``fail_grace`` seconds), every process still inside the rig's namespaces is
 killed by pid: torchrun starts its workers in sessions of their own, so killing the launcher's
 process group alone would leave them running.
+
+``fresh_rig()`` creates a rig after removing those left by killed earlier runs (their pid no
+longer exists; rigs of live processes, e.g. a test session running next to this one, stay).
 """
 
 from __future__ import annotations
@@ -23,9 +26,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from netns_rig import NetnsRig, available  # noqa: E402
+from netns_rig import NetnsRig, available, cleanup_dead, cleanup_stale  # noqa: E402
 
-__all__ = ["REPO", "HostResult", "NetnsRig", "available", "kill_rig_processes", "run_on_hosts"]
+__all__ = [
+    "REPO",
+    "HostResult",
+    "NetnsRig",
+    "available",
+    "cleanup_dead",
+    "cleanup_stale",
+    "fresh_rig",
+    "kill_rig_processes",
+    "run_on_hosts",
+]
+
+
+def fresh_rig(**kwargs: object) -> NetnsRig:
+    """``NetnsRig.create(**kwargs)``, after removing the rigs of processes that are gone."""
+    removed = cleanup_dead()
+    if removed:
+        print(f"rig_harness: removed rigs left by dead processes: {removed}", file=sys.stderr)
+    return NetnsRig.create(**kwargs)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,7 @@ def run_on_hosts(
     env: Mapping[str, Mapping[str, str]] | None = None,
     timeout: float = 90.0,
     fail_grace: float = 10.0,
+    cwd: str | os.PathLike[str] = REPO,
 ) -> dict[str, HostResult]:
     env = env or {}
     procs: dict[str, subprocess.Popen[str]] = {}
@@ -81,7 +103,7 @@ def run_on_hosts(
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=base_env(env.get(host)),
-                        cwd=str(REPO),
+                        cwd=str(cwd),
                     )  # type: ignore[arg-type]
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:

@@ -5,8 +5,8 @@ a's veth address and a port picked at run time; each rank runs every collective 
 under test and on Gloo with the same inputs (tests/multinode_worker.py) and checks both against
 a local reference. Traffic stays on the rig's veth pair.
 
-Skipped, with the reason, where namespaces cannot be created (not root, no iproute2/unshare),
-and for ``udp`` until that backend is registered by ``import ucxbackend``.
+Skipped, with the reason, where namespaces cannot be created (not root, no iproute2/unshare).
+The module's rig is created after removing rigs left by killed earlier runs (``fresh_rig``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from dist_harness import free_port
-from rig_harness import NetnsRig, available, run_on_hosts
+from rig_harness import HostResult, NetnsRig, available, fresh_rig, run_on_hosts
 
 _OK, _WHY = available()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"namespace rig unavailable: {_WHY}")
@@ -28,20 +28,8 @@ SLOW_SIZES = "1,1000,300000,1500000"  # 6 MB: more than one 4 MiB chunk
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[NetnsRig]:
-    with NetnsRig.create() as r:
+    with fresh_rig() as r:
         yield r
-
-
-def _skip_unless_registered(backend: str) -> None:
-    import torch.distributed as dist
-
-    import ucxbackend  # noqa: F401
-
-    if backend.upper() not in getattr(dist.Backend, "_plugins", {}):
-        pytest.skip(
-            f"backend {backend!r} is not registered by `import ucxbackend` yet "
-            "(the udp transport, issue #4, is being written)"
-        )
 
 
 def _torchrun(rig: NetnsRig, node_rank: int, nproc: int, port: int, args: list[str]) -> list[str]:
@@ -65,7 +53,7 @@ def _torchrun(rig: NetnsRig, node_rank: int, nproc: int, port: int, args: list[s
     ]
 
 
-def run_job(
+def start_job(
     rig: NetnsRig,
     backend: str,
     nproc: int,
@@ -74,8 +62,8 @@ def run_job(
     net_devices: bool = True,
     extra_env: dict[str, str] | None = None,
     timeout: float = 90.0,
-) -> dict[str, str]:
-    """Run the worker on both hosts; assert every rank reported OK; return the outputs."""
+) -> dict[str, HostResult]:
+    """Run the worker on both hosts; return each host's exit status and output."""
     # The namespaces are fresh, so a port free here is free on host a too.
     port = free_port()
     worker = [
@@ -93,12 +81,41 @@ def run_job(
         if net_devices:
             e["UCX_NET_DEVICES"] = rig.ifname(host)  # type: ignore[arg-type]
         env[host] = e
-    results = run_on_hosts(
+    return run_on_hosts(
         rig,
         {"a": _torchrun(rig, 0, nproc, port, worker), "b": _torchrun(rig, 1, nproc, port, worker)},
         env=env,
         timeout=timeout,
     )
+
+
+def run_job(
+    rig: NetnsRig,
+    backend: str,
+    nproc: int,
+    *,
+    sizes: str = QUICK_SIZES,
+    net_devices: bool = True,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+) -> dict[str, str]:
+    """Run the worker on both hosts; assert every rank reported OK; return the outputs."""
+    results = start_job(
+        rig,
+        backend,
+        nproc,
+        sizes=sizes,
+        net_devices=net_devices,
+        extra_env=extra_env,
+        timeout=timeout,
+    )
+    return check_job(rig, backend, nproc, results)
+
+
+def check_job(
+    rig: NetnsRig, backend: str, nproc: int, results: dict[str, HostResult]
+) -> dict[str, str]:
+    """Assert that every host exited 0 and every rank reported OK; return the outputs."""
     outputs = {h: r.output for h, r in results.items()}
     problems = [
         f"host {h}: exit {r.rc}" + (" (killed at the deadline)" if r.rc is None else "")
@@ -129,7 +146,6 @@ def run_job(
 
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_one_rank_per_host(rig: NetnsRig, backend: str) -> None:
-    _skip_unless_registered(backend)
     run_job(rig, backend, 1)
 
 
@@ -147,7 +163,6 @@ def test_ucx_without_net_devices_uses_tcp_on_the_veth(rig: NetnsRig) -> None:
 def test_ifname_selects_the_veth(rig: NetnsRig, backend: str) -> None:
     """UCXBACKEND_IFNAME alone (a prefix both veth ends share; no UCX_NET_DEVICES) puts the
     traffic between hosts on the veth: UCX gets UCX_NET_DEVICES from it, udp binds its address."""
-    _skip_unless_registered(backend)
     a, b = rig.ifname("a"), rig.ifname("b")  # type: ignore[arg-type]
     prefix = a[:-1]  # ucxb<pid>a / ucxb<pid>b
     assert b.startswith(prefix), (a, b)
@@ -170,16 +185,31 @@ def test_ucx_keeps_the_users_tcp_segment_size(rig: NetnsRig) -> None:
     run_job(rig, "ucx", 1, extra_env={"UCX_TCP_RX_SEG_SIZE": "64k"})
 
 
-def test_ifname_naming_nothing_is_a_clear_error(rig: NetnsRig) -> None:
-    """A name that matches no interface fails group creation, listing what exists."""
-    with pytest.raises(AssertionError, match="matches no usable interface"):
-        run_job(rig, "udp", 1, extra_env={"UCXBACKEND_IFNAME": "nosuchif"}, timeout=60)
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_ifname_naming_nothing_is_a_clear_error(rig: NetnsRig, backend: str) -> None:
+    """A name that matches no interface fails group creation on every host, and the error
+    lists the interfaces that host has (its veth end and lo, with their addresses)."""
+    results = start_job(
+        rig, backend, 1, net_devices=False, extra_env={"UCXBACKEND_IFNAME": "nosuchif"}, timeout=60
+    )
+    for host, res in results.items():
+        name, addr = rig.ifname(host), rig.addr(host)  # type: ignore[arg-type]
+        assert res.rc not in (0, None), f"host {host}: exit {res.rc}\n{res.output[-3000:]}"
+        assert "MULTINODE_OK" not in res.output
+        errors = [
+            line
+            for line in res.output.splitlines()
+            if "ValueError" in line and "UCXBACKEND_IFNAME='nosuchif' matches no usable" in line
+        ]
+        assert errors, f"host {host}: no interface error\n{res.output[-3000:]}"
+        listed = errors[0].split("interfaces here:", 1)[-1]
+        assert f"{name} ({addr};" in listed, (host, listed)
+        assert "lo (127.0.0.1;" in listed, (host, listed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:
-    _skip_unless_registered(backend)
     out = run_job(
         rig,
         backend,
@@ -198,11 +228,47 @@ def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_one_rank_per_host_multi_chunk(rig: NetnsRig, backend: str) -> None:
-    _skip_unless_registered(backend)
     run_job(rig, backend, 1, sizes=SLOW_SIZES, timeout=120)
 
 
+# A kind of check for each op the worker covers (the ones run_more added included).
+WORKER_CHECKS = {
+    "all_reduce",
+    "all_reduce MAX",
+    "all_reduce MIN",
+    "all_reduce PRODUCT",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter list",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all list",
+    "all_to_all uneven",
+    "all_to_all_single uneven",
+    "send/recv",
+    "batch_isend_irecv",
+    "recv any source",
+}
+
+
 def test_worker_detects_wrong_results(rig: NetnsRig) -> None:
-    """The check can fail: the worker with a corrupting hook must not report OK."""
-    with pytest.raises(AssertionError, match="ranks reporting OK"):
-        run_job(rig, "ucx", 1, extra_env={"MULTINODE_CORRUPT": "1"}, timeout=60)
+    """The checks can fail: with the corrupting hook every comparison, of every kind, must
+    reject a corrupted copy of its result, and the worker must not report OK."""
+    results = start_job(rig, "ucx", 1, extra_env={"MULTINODE_CORRUPT": "1"}, timeout=60)
+    with pytest.raises(AssertionError, match="ranks reporting OK: \\[\\]"):
+        check_job(rig, "ucx", 1, results)
+    output = "".join(r.output for r in results.values())
+    reports = re.findall(
+        r"MULTINODE_FAIL rank=(\d+): corrupted results caught: (\d+) of (\d+); kinds: ([^;]*);",
+        output,
+    )
+    assert sorted(int(r[0]) for r in reports) == [0, 1], output[-3000:]
+    kinds: set[str] = set()
+    for _, caught, total, seen in reports:
+        assert int(caught) == int(total) > 0, reports
+        kinds.update(seen.split(","))
+    assert kinds == WORKER_CHECKS, kinds ^ WORKER_CHECKS

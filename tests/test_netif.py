@@ -1,8 +1,12 @@
-"""Interface selection (ucxbackend.netif) with injected interface lists: no real network."""
+"""Interface selection (ucxbackend.netif) with injected interface lists, and a ucx group's
+interface error with this host's own list: no traffic."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -214,3 +218,53 @@ def test_list_interfaces_sees_loopback() -> None:
     lo = [i for i in ifaces if i.loopback]
     assert lo and lo[0].up and "127.0.0.1" in lo[0].addresses and lo[0].mtu > 0
     assert len({i.name for i in ifaces}) == len(ifaces)
+
+
+def test_ucx_group_options_for_a_spec_matching_nothing_list_this_hosts_interfaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ucx path (UCX_NET_DEVICES from UCXBACKEND_IFNAME) with the real interface list."""
+    from ucxbackend import _transport_options, get_config
+
+    for var in ("UCX_NET_DEVICES", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    config = get_config({"ifname": "nosuchif"}, env={})
+    with pytest.raises(ValueError) as info:
+        _transport_options.ucx_environment(config, None)
+    msg = str(info.value)
+    assert "UCXBACKEND_IFNAME='nosuchif' matches no usable interface" in msg
+    ifaces = netif.list_interfaces()
+    assert any(i.loopback for i in ifaces)
+    for iface in ifaces:
+        assert iface.describe() in msg, (iface, msg)
+
+
+def test_ucx_group_creation_with_a_spec_matching_nothing_fails_listing_interfaces(
+    tmp_path: Path,
+) -> None:
+    """init_process_group("ucx") in a fresh process (one rank, FileStore: no network) fails
+    before UCX starts, naming the spec and the interfaces this host has."""
+    import ucxbackend
+
+    if not ucxbackend.is_available():
+        pytest.skip(f"native extension not built: {ucxbackend.load_error()}")
+    code = (
+        "import torch.distributed as dist, ucxbackend\n"
+        f"dist.init_process_group('ucx', init_method='file://{tmp_path}/store', "
+        "rank=0, world_size=1)\n"
+        "print('CREATED')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "UCXBACKEND_"))}
+    env.pop("MASTER_ADDR", None)
+    env.update(UCXBACKEND_IFNAME="nosuchif", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "CREATED" not in out, out[-3000:]
+    line = next((s for s in out.splitlines() if "matches no usable interface" in s), "")
+    assert line.startswith("ValueError: UCXBACKEND_IFNAME='nosuchif'"), out[-3000:]
+    assert "interfaces here: " in line and "lo (127.0.0.1; loopback; mtu" in line, line
