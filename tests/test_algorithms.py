@@ -20,9 +20,9 @@ needs more chunks than an op has tag steps for in recursive doubling, Rabenseifn
 reduce_scatters, the binomial reduce and the chain broadcast, which then enlarge the chunk.
 
 Quick (unmarked): the unit tests, world sizes 2 and 3 with every chunk size, "auto" around
-every threshold at world size 2, and the ``UCXBACKEND_*`` environment path.  Slow: world
-sizes 1, 4 and 5 (4 and 5 also with ``LONG_COUNT``), and "auto" around the thresholds at
-world size 4.  Together they are the whole matrix.
+every threshold at world sizes 2 and 3, and the ``UCXBACKEND_*`` environment path.  Slow:
+world sizes 1, 4 and 5 (4 and 5 also with ``LONG_COUNT``), and "auto" around the thresholds
+at world sizes 4 and 5.  Together they are the whole matrix.
 
 Under ``UCXB_TEST_BACKEND=gloo`` the same matrix runs on plain Gloo groups (no algorithm
 choice there): a check of the references themselves.  Calls Gloo rejects are skipped with a
@@ -32,6 +32,7 @@ warning, and in-place all_to_all_single (silently wrong under Gloo) is left out.
 from __future__ import annotations
 
 import datetime
+import time
 import warnings
 import zlib
 from collections.abc import Callable
@@ -103,9 +104,9 @@ LONG: tuple[Part, ...] = ((ODD_CHUNK, (LONG_COUNT,)),)
 PLANS: dict[int, tuple[tuple[Part, ...], bool]] = {
     1: (COMMON, False),
     2: (COMMON, True),
-    3: (COMMON, False),
+    3: (COMMON, True),
     4: (COMMON + LONG, True),
-    5: (COMMON + LONG, False),
+    5: (COMMON + LONG, True),
 }
 QUICK_WORLDS = (2, 3)
 WORLD_TIMEOUT = 300.0
@@ -552,6 +553,44 @@ def _new_group(options: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- "auto" near thresholds
 
 
+def _threshold_sizes(ws: int, op: str, limit: int, esz: int = 8) -> list[tuple[int, int]]:
+    """(count, bytes as choose() counts them) one element below, at and one above `limit`.
+
+    all_gather / reduce_scatter count the whole output / input, so there the count per rank
+    changes by one element: where ws * esz does not divide the limit (world sizes 3 and 5),
+    "at" is the largest size under it and the threshold lies between it and the next one.
+    """
+    sizes = []
+    for delta in (-1, 0, 1):
+        if op in ("allgather", "reduce_scatter"):
+            count = limit // (ws * esz) + delta
+            sizes.append((count, count * ws * esz))
+        else:
+            # all_reduce, reduce, broadcast: the tensor; all_to_all: the per-peer block
+            count = limit // esz + delta
+            sizes.append((count, count * esz))
+    return sizes
+
+
+@needs_native
+@pytest.mark.parametrize("ws", [ws for ws, (_, thr) in PLANS.items() if thr])
+def test_threshold_sizes_straddle_every_threshold(ws: int) -> None:
+    """The multi-rank "auto" runs reach both sides of every threshold, by one element."""
+    a = _algos()
+    for key, op in THRESHOLD_OPS.items():
+        limit = a.thresholds()[key]
+        (_, below), (_, at), (_, above) = _threshold_sizes(ws, op, limit)
+        step = ws * 8 if op in ("allgather", "reduce_scatter") else 8
+        assert below < at <= limit < above == at + step, (key, ws, below, at, above)
+        # Where the choice stays the same on both sides (see _auto_expectations): ring on
+        # both sides of Rabenseifner's range outside power-of-two worlds of more than 2, and
+        # the binomial tree kept for one or two ranks.
+        same = (key == "allreduce_rabenseifner_max" and (ws <= 2 or ws & (ws - 1) != 0)) or (
+            op in ("broadcast", "reduce") and ws <= 2
+        )
+        assert (a.choose(op, at, ws) == a.choose(op, above, ws)) == same, (key, ws, at, above)
+
+
 def _check_thresholds(rec: _Recorder, g: Any, rank: int, ws: int) -> None:
     """Each op at byte sizes just below, at and just above each of its thresholds."""
     a = ucxbackend._C.algorithms  # type: ignore[union-attr]
@@ -559,15 +598,7 @@ def _check_thresholds(rec: _Recorder, g: Any, rank: int, ws: int) -> None:
     root = ws - 1
     for key, op in THRESHOLD_OPS.items():
         limit = a.thresholds()[key]
-        for delta in (-1, 0, 1):
-            if op in ("allgather", "reduce_scatter"):
-                # bytes = the whole output / input: count per rank changes by one element
-                count = limit // (ws * esz) + delta
-                nbytes = count * ws * esz
-            else:
-                # all_reduce, reduce, broadcast: the tensor; all_to_all: the per-peer block
-                count = limit // esz + delta
-                nbytes = count * esz
+        for count, nbytes in _threshold_sizes(ws, op, limit, esz):
             tag = (
                 f"algo=auto[{a.choose(op, nbytes, ws)}] world={ws} chunk={DEFAULT_CHUNK} "
                 f"{key}={limit} bytes={nbytes}"
@@ -880,6 +911,195 @@ def test_env_selects_algorithm_and_chunk() -> None:
             "all_gather(list)",
         }, (rank, res["checked"])
         assert not res["failures"], f"rank {rank}:\n" + "\n".join(res["failures"])
+
+
+# ------------------------------------------------------------- every op's environment knob
+
+# One UCXBACKEND_ALGO_<OP> per op, each naming an algorithm that "auto" does not choose for
+# the small messages below at world size 3, so that the knob visibly changes the choice.
+ENV_EVERY_OP = {
+    "UCXBACKEND_ALGO_ALLREDUCE": "ring",
+    "UCXBACKEND_ALGO_ALLGATHER": "ring",
+    "UCXBACKEND_ALGO_REDUCE_SCATTER": "ring",
+    "UCXBACKEND_ALGO_BROADCAST": "chain",
+    "UCXBACKEND_ALGO_REDUCE": "chain",
+    "UCXBACKEND_ALGO_ALLTOALL": "pairwise",
+}
+ENV_WORLD = 3
+PATTERN_COUNT = 16  # int64 elements per rank (per peer for all_to_all): one small message
+# How long rank 0 waits for rank 1's all_to_all block before it joins (see _early_block).
+EARLY_WAIT = 1.0
+
+
+def _env_algo(op: str) -> str:
+    return ENV_EVERY_OP[f"UCXBACKEND_ALGO_{op.upper()}"]
+
+
+def _settled(g: Any) -> dict[str, Any]:
+    """A barrier on udp group g, then its counters once the barrier's own are published.
+
+    The progress thread publishes an op's counters after the op's Work has completed; by the
+    time the barrier's record shows, everything this rank sent before it is counted.
+    """
+    ops = ucxbackend.stats(g)["ops"]
+    last = ops[-1]["seq"] if ops else -1
+    dist.barrier(group=g)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        snap = ucxbackend.stats(g)
+        if snap["ops"] and snap["ops"][-1]["op"] == "barrier" and snap["ops"][-1]["seq"] > last:
+            return snap
+        time.sleep(0.001)
+    raise TimeoutError("the barrier's counters were never published")
+
+
+def _pattern_call(op: str, g: Any, rank: int, ws: int) -> None:
+    n = PATTERN_COUNT
+    x = torch.arange(n * ws, dtype=torch.int64) + rank
+    if op == "allreduce":
+        dist.all_reduce(x[:n].clone(), group=g)
+    elif op == "allgather":
+        dist.all_gather_into_tensor(torch.empty(n * ws, dtype=x.dtype), x[:n].clone(), group=g)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(torch.empty(n, dtype=x.dtype), x, group=g)
+    elif op == "broadcast":
+        dist.broadcast(x, 0, group=g)
+    elif op == "reduce":
+        dist.reduce(x, 0, group=g)
+    else:
+        raise AssertionError(op)
+
+
+def _message_pattern(op: str, g: Any, rank: int, ws: int) -> list[int]:
+    """Messages this rank sent each peer in one small `op` on udp group g (and a barrier).
+
+    The udp transport counts messages per peer; the algorithms of an op differ in whom they
+    send to and how often (all_to_all's excepted: see _early_block).
+    """
+    before = _settled(g)["peers"]
+    _pattern_call(op, g, rank, ws)
+    after = _settled(g)["peers"]
+    return [after[p]["messages_sent"] - before[p]["messages_sent"] for p in range(ws)]
+
+
+def _early_block(g: Any, rank: int, ws: int) -> bool | None:
+    """all_to_all with rank 0 late: did rank 1's block reach rank 0 before rank 0 joined?
+
+    linear and pairwise send each peer the same message, so counts cannot tell them apart;
+    their order can. linear posts every send at once. pairwise sends to rank+i in step i,
+    after step i-1 completed: rank 1's block for rank 0 (step 2 of 3 ranks) waits for rank
+    0's own step-1 block, which rank 0 sends only once it joins. Rank 0 waits for rank 2's
+    step-1 block (so the others have joined), then up to EARLY_WAIT for rank 1's.
+    """
+    _settled(g)
+    n = PATTERN_COUNT
+    early = None
+    if rank == 0:
+
+        def received(peer: int) -> int:
+            return int(ucxbackend.stats(g)["peers"][peer]["payload_bytes_received"])
+
+        start = {p: received(p) for p in (1, 2)}
+        deadline = time.monotonic() + 30
+        while received(2) == start[2]:
+            assert time.monotonic() < deadline, "rank 2's block never came"
+            time.sleep(0.002)
+        deadline = time.monotonic() + EARLY_WAIT
+        while received(1) == start[1] and time.monotonic() < deadline:
+            time.sleep(0.002)
+        early = received(1) != start[1]
+    inp = torch.arange(n * ws, dtype=torch.int64) + 100 * rank
+    out = torch.empty(n * ws, dtype=torch.int64)
+    dist.all_to_all_single(out, inp, group=g)
+    want = torch.cat([torch.arange(n, dtype=torch.int64) + n * rank + 100 * p for p in range(ws)])
+    assert torch.equal(out, want), (out, want)
+    return early
+
+
+def _env_every_op_world(rank: int, ws: int) -> Any:
+    warnings.simplefilter("ignore", FutureWarning)
+    conf = ucxbackend.get_config()
+    report: dict[str, Any] = {
+        "config": {op: getattr(conf, f"algo_{op}") for op in FORCED},
+        "sources": {op: conf.sources[f"algo_{op}"] for op in FORCED},
+    }
+    spy = _NativeSpy(ucxbackend._C)
+    ucxbackend._C = spy  # type: ignore[assignment]
+    try:
+        plain = dist.new_group(backend="ucx")  # env only
+    finally:
+        ucxbackend._C = spy._native
+    report["native_options"] = [{op: o.get(f"algo_{op}") for op in FORCED} for o in spy.options]
+
+    # Results: every call of every op on the default group and on a new group, both built
+    # from the environment alone.
+    rec = _Recorder()
+    for g, tag in ((None, "default group"), (plain, "env group")):
+        for op in FORCED:
+            CHECKS[op](rec, g, rank, ws, f"{tag} algo={_env_algo(op)} world={ws}")
+    report["result"] = rec.result()
+
+    # The algorithm that ran: the same small call of each op on udp groups (same collectives,
+    # counted traffic), one from the environment alone and one forcing each algorithm.
+    env_udp = dist.new_group(backend="udp")
+    forced: dict[str, dict[str, Any]] = {op: {} for op in FORCED}
+    for k in range(max(len(a) for a in FORCED.values())):
+        opts = {f"algo_{op}": algos[k] for op, algos in FORCED.items() if k < len(algos)}
+        g = dist.new_group(backend="udp", pg_options=opts)
+        for op, algos in FORCED.items():
+            if k < len(algos):
+                forced[op][algos[k]] = (
+                    _early_block(g, rank, ws)
+                    if op == "alltoall"
+                    else _message_pattern(op, g, rank, ws)
+                )
+        dist.destroy_process_group(g)
+    report["forced"] = forced
+    report["env"] = {
+        op: _early_block(env_udp, rank, ws)
+        if op == "alltoall"
+        else _message_pattern(op, env_udp, rank, ws)
+        for op in FORCED
+    }
+    dist.destroy_process_group(env_udp)
+    dist.destroy_process_group(plain)
+    return report
+
+
+@needs_native
+def test_env_selects_every_ops_algorithm() -> None:
+    """UCXBACKEND_ALGO_<OP> for every op reaches the native group and decides what runs."""
+    skip_unless_ucx("UCXBACKEND_ALGO_* are ucx/udp knobs")
+    ws = ENV_WORLD
+    assert {f"UCXBACKEND_ALGO_{op.upper()}" for op in FORCED} == set(ENV_EVERY_OP)
+    a = _algos()
+    for op in FORCED:  # the knob changes the choice at every size the test uses
+        for count in (*COUNTS, PATTERN_COUNT):
+            for nbytes in (count * 8, count * 8 * ws):  # an int64 block / the whole buffer
+                assert a.choose(op, nbytes, ws) != _env_algo(op), (op, nbytes)
+    results = run_world(
+        _env_every_op_world, ws, env=ENV_EVERY_OP, timeout=WORLD_TIMEOUT, pg_timeout=120.0
+    )
+    want = {op: _env_algo(op) for op in FORCED}
+    for rank, rep in enumerate(results):
+        assert rep["config"] == want, (rank, rep["config"])
+        assert rep["sources"] == dict.fromkeys(FORCED, "env"), (rank, rep["sources"])
+        assert rep["native_options"] == [want], (rank, rep["native_options"])
+        res = rep["result"]
+        assert set(res["checked"]) == EXPECTED_CALLS["forced"], (rank, res["checked"])
+        assert not res["failures"], f"rank {rank}:\n" + "\n".join(res["failures"])
+    for op in FORCED:
+        env_alg = _env_algo(op)
+        ran = [rep["env"][op] for rep in results]
+        patterns = {alg: [rep["forced"][op][alg] for rep in results] for alg in FORCED[op]}
+        if op == "alltoall":
+            assert patterns["linear"][0] is True, patterns  # the check can tell them apart
+            assert patterns["pairwise"][0] is False, patterns
+        else:
+            others = {alg: p for alg, p in patterns.items() if alg != env_alg}
+            # the env's algorithm leaves a pattern of its own (or this check proves nothing)
+            assert all(p != patterns[env_alg] for p in others.values()), (op, patterns)
+        assert ran == patterns[env_alg], f"{op}: env ran {ran}, {env_alg} is {patterns}"
 
 
 # ------------------------------------------------------------------ in-place reduce_scatter

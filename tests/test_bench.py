@@ -807,6 +807,51 @@ def test_corruption_hook_fails_the_check(tmp_path: Path) -> None:
     assert doc["ok"] is False and doc["wrong_total"] == 3
 
 
+@needs_native
+def test_check_off_reports_nothing_checked(tmp_path: Path) -> None:
+    """-c 0: no #wrong column, no #wrong footer, wrong_total null, and exit 0, even with the
+    corruption hook set: nothing is checked, so nothing can be found wrong (the hook only
+    corrupts outputs that are checked, and says so on stderr when it does)."""
+    out_json = tmp_path / "r.json"
+    proc = run_bench(
+        "all_reduce",
+        "-b",
+        "8",
+        "-e",
+        "512",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "-c",
+        "0",
+        "--json",
+        str(out_json),
+        env=_env(**{bench.CORRUPT_ENV: "ucx"}),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " validation: 0 " in proc.stdout
+    assert "corrupting" not in proc.stderr, proc.stderr
+    table = parse_tables(proc.stdout)["all_reduce"]
+    assert table["columns"] == ["ucx", "gloo"]
+    assert "#wrong" not in proc.stdout
+    assert not any("wrong" in line for line in table["footer"]), table["footer"]
+    rows = table["rows"]
+    assert [int(r[0]) for r in rows] == [8, 64, 512]
+    for row in rows:
+        # size count type redop root, then time algbw busbw per backend, then the ratio
+        assert len(row) == 5 + 3 * 2 + 1, row
+        for backend in ("ucx", "gloo"):
+            assert float(cell(table, row, backend, "time")) > 0, row
+    doc = json.loads(out_json.read_text())
+    assert doc["options"]["check"] == 0
+    assert doc["wrong_total"] is None and doc["ok"] is True
+    assert len(doc["results"]) == 6
+    assert all(r["wrong"] is None for r in doc["results"]), doc["results"]
+
+
 def test_bad_option_is_a_clean_error() -> None:
     proc = run_bench("all_reduce", "-b", "12X", timeout=60)
     assert proc.returncode == 2

@@ -1108,3 +1108,51 @@ def test_matrix_large(family: str, ws: int) -> None:
     if rejected:
         assert GLOO, rejected
         pytest.skip("Gloo raised (ucx must support):\n" + "\n".join(rejected[:8]))
+
+
+# --------------------------------------------------------------------------
+# Barrier: no rank leaves before the last one has entered
+# --------------------------------------------------------------------------
+
+BARRIER_DELAY = 0.3  # seconds the late rank sleeps before it enters
+
+
+def barrier_main(rank: int, ws: int) -> dict[str, Any]:
+    """Child entry point: each rank in turn enters the barrier late.
+
+    Returns when the late rank entered (on that rank) and when this rank left, per late
+    rank, on CLOCK_MONOTONIC (time.monotonic), which all processes on a host share.
+    """
+    entered: dict[int, float] = {}
+    left: dict[int, float] = {}
+    for late in range(ws):
+        dist.barrier()  # line up
+        if rank == late:
+            time.sleep(BARRIER_DELAY)
+            entered[late] = time.monotonic()
+        dist.barrier()
+        left[late] = time.monotonic()
+    return {"entered": entered, "left": left}
+
+
+@pytest.mark.parametrize(
+    "ws", [2, 3, pytest.param(5, marks=pytest.mark.slow)], ids=lambda ws: f"ws{ws}"
+)
+def test_barrier_waits_for_every_late_rank(ws: int) -> None:
+    """Every rank leaves the barrier after the late rank entered it, whichever rank is late.
+
+    Dissemination takes ceil(log2 n) rounds; a missing round (or a wrong partner) lets a
+    rank out before ranks it hears from only indirectly have arrived: with 5 ranks, rank r
+    learns of rank r-4 only in the third round.
+    """
+    results = run_world(barrier_main, ws, timeout=WORLD_TIMEOUT, pg_timeout=PG_TIMEOUT)
+    early = []
+    for late in range(ws):
+        entered = results[late]["entered"][late]
+        for rank, res in enumerate(results):
+            left = res["left"][late]
+            if left < entered:
+                early.append(
+                    f"rank {rank} left {entered - left:.3f}s before late rank {late} entered"
+                )
+    assert not early, "\n".join(early)

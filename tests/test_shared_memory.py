@@ -7,15 +7,20 @@ shared-memory slots instead of UCX. These tests check when a group
 stages (``ucxbackend.shared_memory``), that results through the slots match numpy bit for bit
 (many pieces, ragged last pieces, pieces smaller than a slot, world sizes 2 and 3), that the
 same ops with staging off agree, that ranks passing different sizes get an error naming both
-sizes, and that no segment name is left in /dev/shm once the groups exist.
+sizes, and that no segment name is left in /dev/shm once the groups exist. Around the 64 KiB
+floor (one element under, on and over it, world sizes 2, 3 and 5) they also check, by watching
+each rank's own slots, which calls staged and which went through UCX.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
+import os
 import shutil
 import subprocess
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +279,221 @@ def test_torch_free_unit(tmp_path: Path, unit: str) -> None:
     )
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "OK", run.stdout + run.stderr
+
+
+# ------------------------------------------------------------- the 64 KiB staging floor
+
+# kStagedMessageMin in csrc/collectives/selection.h: the binomial broadcast and all_to_all
+# (linear and pairwise) stage a message from this many bytes. Not exposed to Python (the
+# thresholds() binding lists only the algorithm thresholds), so it is repeated here.
+STAGED_MESSAGE_MIN = 64 << 10
+# One element below, at and one element above it: int64 moves by 8 bytes, uint8 by 1.
+FLOOR_DTYPES = (np.int64, np.uint8)
+FLOOR_DELTAS = (-1, 0, 1)
+# StagingLayout::kHeaderBytes (csrc/engine/staging_area.h): the cookie page before the slots.
+SEGMENT_HEADER_BYTES = 4096
+
+
+def _own_segments() -> set[tuple[int, int]]:
+    """(start, end) of this process's own staging segments, from /proc/self/maps.
+
+    A rank's segment is /dev/shm/ucxb-<pid>-<random>-r<rank> (csrc/staging_setup.cpp; its
+    name is unlinked once every peer mapped it, hence " (deleted)"); peers' are mapped too,
+    under their creators' pids.
+    """
+    prefix = f"/dev/shm/ucxb-{os.getpid()}-"
+    found = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith(prefix):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found.add((start, end))
+    return found
+
+
+class _SlotWatch:
+    """Tells whether this rank wrote into its own staging slots during an op.
+
+    Only the owner writes a segment's slots (a sender copies each piece into its own slot;
+    receivers read it out of there), and ops here run one at a time, so a change between two
+    snapshots taken around a blocking op means the op staged something from this rank. Every
+    op sends data no earlier op sent, so a staged piece cannot leave the slot unchanged.
+    """
+
+    def __init__(self, segment: tuple[int, int]) -> None:
+        self.start = segment[0] + SEGMENT_HEADER_BYTES
+        self.size = segment[1] - self.start
+
+    def snapshot(self) -> bytes:
+        return ctypes.string_at(self.start, self.size)
+
+
+def _group_with_segment(options: dict[str, str]) -> tuple[Any, _SlotWatch]:
+    before = _own_segments()
+    group = dist.new_group(backend="ucx", pg_options=options)
+    dist.barrier(group=group)  # the backend exists (and has mapped its segment) by now
+    new = _own_segments() - before
+    assert len(new) == 1, f"expected one new staging segment for {options}, found {new}"
+    return group, _SlotWatch(new.pop())
+
+
+def _binomial_has_children(rank: int, root: int, ws: int) -> bool:
+    """Whether rank forwards the binomial broadcast (csrc/collectives/rooted.cpp)."""
+    vr = (rank - root) % ws
+    mask = 1
+    while mask < ws and not vr & mask:
+        mask <<= 1
+    # children at vr + m for every power of two m below vr's lowest set bit (all, for vr 0)
+    return any(vr + m < ws for m in (1 << i for i in range(ws.bit_length())) if m < mask)
+
+
+def _floor_values(case: str, rank: int, count: int, dtype: type) -> np.ndarray:
+    rng = np.random.default_rng(zlib.crc32(f"{case} {rank} {count} {dtype.__name__}".encode()))
+    if dtype is np.uint8:
+        return rng.integers(0, 256, size=count, dtype=np.uint8)  # sums wrap alike in both
+    return rng.integers(-(2**40), 2**40, size=count, dtype=np.int64)
+
+
+def _staging_floor_world(rank: int, ws: int) -> dict[str, Any]:
+    """all_reduce, all_gather, broadcast and all_to_all one element around 64 KiB.
+
+    Every result is compared with numpy bit for bit; for every call, whether this rank
+    staged is compared with what the algorithm should do: the rings stage at any size, the
+    binomial broadcast and both all_to_alls only messages of at least STAGED_MESSAGE_MIN.
+    """
+    choose = ucxbackend._C.algorithms.choose  # type: ignore[union-attr]
+    auto, auto_slots = _group_with_segment({})
+    linear, linear_slots = _group_with_segment({"algo_alltoall": "linear"})
+    a2a_groups = (("auto", auto, auto_slots), ("linear", linear, linear_slots))
+    failures: list[str] = []
+    staging: list[str] = []  # calls whose staging was not the expected one
+    checked = 0
+
+    def run(label: str, watch: _SlotWatch, want_staged: bool, op: Any) -> None:
+        nonlocal checked
+        before = watch.snapshot()
+        op()
+        staged = watch.snapshot() != before
+        checked += 1
+        if staged != want_staged:
+            staging.append(f"{label}: staged={staged}, expected {want_staged}")
+
+    def compare(label: str, got: torch.Tensor, want: np.ndarray) -> None:
+        g = got.numpy()
+        if g.dtype != want.dtype or not np.array_equal(g, want):
+            bad = np.flatnonzero(g != want) if g.shape == want.shape else [-1]
+            failures.append(f"{label}: {len(bad)} wrong, first at {int(bad[0])}")
+
+    for dtype in FLOOR_DTYPES:
+        esz = np.dtype(dtype).itemsize
+        for delta in FLOOR_DELTAS:
+            count = STAGED_MESSAGE_MIN // esz + delta
+            nbytes = count * esz
+            tag = f"{dtype.__name__} {nbytes} bytes (64 KiB {delta:+d} element) world={ws}"
+
+            # all_reduce: the tensor's bytes choose; only the ring stages
+            inputs = [_floor_values("ar", r, count, dtype) for r in range(ws)]
+            t = torch.from_numpy(inputs[rank].copy())
+            alg = choose("allreduce", nbytes, ws)
+            run(
+                f"all_reduce[{alg}] {tag}",
+                auto_slots,
+                alg == "ring",
+                lambda t=t: dist.all_reduce(t, group=auto),
+            )
+            compare(f"all_reduce {tag}", t, np.sum(np.stack(inputs), axis=0, dtype=dtype))
+
+            # all_gather: blocks of nbytes per rank; the whole output chooses
+            inputs = [_floor_values("ag", r, count, dtype) for r in range(ws)]
+            out = torch.empty(count * ws, dtype=t.dtype)
+            alg = choose("allgather", nbytes * ws, ws)
+            mine = torch.from_numpy(inputs[rank].copy())
+            run(
+                f"all_gather[{alg}] {tag}",
+                auto_slots,
+                alg == "ring",
+                lambda out=out, mine=mine: dist.all_gather_into_tensor(out, mine, group=auto),
+            )
+            compare(f"all_gather {tag}", out, np.concatenate(inputs))
+
+            # broadcast from every root: binomial here; a rank stages what it forwards
+            assert choose("broadcast", nbytes, ws) == "binomial"
+            for root in range(ws):
+                data = _floor_values(f"bc{root}", root, count, dtype)
+                t = torch.from_numpy(data.copy() if rank == root else np.zeros_like(data))
+                sends = _binomial_has_children(rank, root, ws)
+                run(
+                    f"broadcast root={root} {tag}",
+                    auto_slots,
+                    sends and nbytes >= STAGED_MESSAGE_MIN,
+                    lambda t=t, root=root: dist.broadcast(t, root, group=auto),
+                )
+                compare(f"broadcast root={root} {tag}", t, data)
+
+            # all_to_all, blocks of nbytes to every peer: pairwise (auto) and linear
+            for name, group, watch in a2a_groups:
+                inputs = [_floor_values(f"a2a{name}", r, count * ws, dtype) for r in range(ws)]
+                out = torch.empty(count * ws, dtype=t.dtype)
+                inp = torch.from_numpy(inputs[rank].copy())
+                alg = choose("alltoall", nbytes, ws, {"algo_alltoall": name})
+                run(
+                    f"all_to_all_single[{alg}] {tag}",
+                    watch,
+                    nbytes >= STAGED_MESSAGE_MIN,
+                    lambda out=out, inp=inp, group=group: dist.all_to_all_single(
+                        out, inp, group=group
+                    ),
+                )
+                want = np.concatenate([x[rank * count : (rank + 1) * count] for x in inputs])
+                compare(f"all_to_all_single[{alg}] {tag}", out, want)
+
+        # Uneven all_to_all: the blocks between ranks lie one element under the floor, on it
+        # or one over it, so each pair decides for itself (sender and receiver alike) and one
+        # op mixes staged and unstaged messages; with two ranks, rank 0 sends one element
+        # over it and rank 1 one under it.
+        base = STAGED_MESSAGE_MIN // esz
+        splits = [[base + (2 * s + d + 1) % 3 - 1 for d in range(ws)] for s in range(ws)]
+        for name, group, watch in a2a_groups:
+            inputs = [_floor_values(f"a2av{name}", s, sum(splits[s]), dtype) for s in range(ws)]
+            blocks = [np.split(x, np.cumsum(splits[s])[:-1]) for s, x in enumerate(inputs)]
+            want = np.concatenate([blocks[s][rank] for s in range(ws)])
+            inp = torch.from_numpy(inputs[rank].copy())
+            out = torch.empty(want.size, dtype=inp.dtype)
+            staged = any(
+                splits[rank][d] * esz >= STAGED_MESSAGE_MIN for d in range(ws) if d != rank
+            )
+            label = f"all_to_all_single(uneven, {name}) {dtype.__name__} splits={splits}"
+            run(
+                label,
+                watch,
+                staged,
+                lambda out=out, inp=inp, group=group, splits=splits: dist.all_to_all_single(
+                    out,
+                    inp,
+                    output_split_sizes=[splits[s][rank] for s in range(ws)],
+                    input_split_sizes=splits[rank],
+                    group=group,
+                ),
+            )
+            compare(label, out, want)
+
+    # the mixed 32 KB / 160 KB blocks of the tests above, at this world size
+    failures += _check_all_to_all(rank, ws, auto, "auto")
+    return {
+        "staged": [ucxbackend.shared_memory(g) for g in (auto, linear)],
+        "failures": failures,
+        "staging": staging,
+        "checked": checked,
+    }
+
+
+@pytest.mark.parametrize("ws", [2, 3, pytest.param(5, marks=pytest.mark.slow)])
+def test_staging_floor_one_element_either_side(ws: int) -> None:
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    results = run_world(_staging_floor_world, ws, timeout=240)
+    for rank, res in enumerate(results):
+        assert res["staged"] == [True, True], (rank, res["staged"])
+        assert res["failures"] == [], (rank, res["failures"])
+        assert res["staging"] == [], (rank, "\n".join(res["staging"]))
+        assert res["checked"] == len(FLOOR_DTYPES) * (len(FLOOR_DELTAS) * (4 + ws) + 2)
