@@ -132,6 +132,7 @@ c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpTy
   OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
                 backendName_};
   auto work = c10::make_intrusive<WorkUCX>(std::move(ctx), type, std::move(outputs), timeout);
+  work->setSpin(engineConfig_.spin);
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
     auto e = engine.lock();

@@ -1,6 +1,7 @@
 #include "csrc/work_ucx.hpp"
 
 #include <ATen/core/ivalue.h>
+#include <sched.h>
 
 namespace ucxb {
 
@@ -15,6 +16,15 @@ WorkUCX::WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outpu
 
 bool WorkUCX::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
+  if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {
+    const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(
+                                                                spin_, limit);
+    // sched_yield, not a bare spin: with more threads than cores, the progress thread that
+    // finishes this op may need this core.
+    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+      sched_yield();
+    }
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
@@ -38,6 +48,7 @@ void WorkUCX::finishOk() {
   } catch (...) {
   }
   finish();
+  done_.store(true, std::memory_order_release);
 }
 
 void WorkUCX::finishError(std::exception_ptr error) {
@@ -46,6 +57,7 @@ void WorkUCX::finishError(std::exception_ptr error) {
   } catch (...) {
   }
   finish(error);
+  done_.store(true, std::memory_order_release);
 }
 
 }  // namespace ucxb

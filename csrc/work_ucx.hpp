@@ -24,6 +24,9 @@ class WorkUCX : public c10d::Work {
   void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }
   // Runs when a wait() gives up (point-to-point ops withdraw their request).
   void setOnWaitTimeout(std::function<void()> fn) { onWaitTimeout_ = std::move(fn); }
+  // How long wait() polls for completion, yielding the core, before it blocks: a small op
+  // ends within microseconds, sooner than a blocked thread could be woken.
+  void setSpin(std::chrono::microseconds spin) { spin_ = spin; }
 
   bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
   void synchronize() override {}
@@ -46,6 +49,8 @@ class WorkUCX : public c10d::Work {
   std::function<std::string()> waitingFor_;
   std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
+  std::chrono::microseconds spin_{0};
+  std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

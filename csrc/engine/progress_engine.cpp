@@ -98,9 +98,12 @@ void ProgressEngine::post(Task task) {
       return;
     }
     queue_.push_back(std::move(task));
-    queued_.fetch_add(1, std::memory_order_release);
+    queued_.fetch_add(1, std::memory_order_seq_cst);
   }
-  if (config_.mode == ProgressMode::kSleep) {
+  // Pairs with threadMain's store to sleeping_ and its re-check of queued_ (both seq_cst):
+  // either the thread sees this task before it sleeps, or this sees it asleep and wakes it.
+  // A thread still spinning after its last op is not woken: that saves a system call.
+  if (config_.mode == ProgressMode::kSleep && sleeping_.load(std::memory_order_seq_cst)) {
     const uint64_t one = 1;
     (void)!write(wakeFd_, &one, sizeof(one));
   }
@@ -118,10 +121,11 @@ void ProgressEngine::setWaitingFor(std::string what) {
 
 void ProgressEngine::threadMain() {
   pthread_setname_np(pthread_self(), "ucxb-progress");
+  auto lastActivity = Clock::now();
   for (;;) {
     Task task;
     bool haveTask = false;
-    if (queued_.load(std::memory_order_acquire) > 0 || config_.mode == ProgressMode::kSleep) {
+    if (queued_.load(std::memory_order_acquire) > 0 || stopping_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_.load()) {
         break;
@@ -141,10 +145,12 @@ void ProgressEngine::threadMain() {
       if (counted) traffic_.afterOp(*transport_, task.op, task.seq);
       currentKeepAlive_.reset();
       setWaitingFor({});
+      lastActivity = Clock::now();
       continue;
     }
     if (transport_->progress()) {
       trafficDirty_ = true;
+      lastActivity = Clock::now();
       continue;
     }
     if (trafficDirty_) {
@@ -157,11 +163,24 @@ void ProgressEngine::threadMain() {
       sched_yield();
       continue;
     }
+    if (Clock::now() - lastActivity < config_.spin) {
+      // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
+      // `spin` after the last one, so the next is picked up without a wake-up.
+      sched_yield();
+      continue;
+    }
     if (!transport_->arm()) {
+      continue;
+    }
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (queued_.load(std::memory_order_seq_cst) > 0 || stopping_.load()) {
+      sleeping_.store(false);
       continue;
     }
     epoll_event events[2];
     const int n = epoll_wait(idleEpollFd_, events, 2, -1);
+    sleeping_.store(false);
+    lastActivity = Clock::now();
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == wakeFd_) {
         uint64_t count;

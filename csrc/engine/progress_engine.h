@@ -3,8 +3,10 @@
 // * One progress thread owns the group's Transport (the UCX worker is single-threaded).
 // * The caller's thread validates an op, queues it as a Task and returns a Work; the progress
 //   thread runs tasks one at a time in issue order, so every rank executes a group's
-//   collectives in the same order. An 8-byte all_reduce costs two thread hops: caller ->
-//   progress thread (eventfd write) and back (condition variable in Work::wait).
+//   collectives in the same order. An op costs two thread hops: caller -> progress thread
+//   and back. Both sides poll (yielding the core) for `spin` before they block, so ops in a
+//   burst cost no wake-up: the thread stays awake for `spin` after its last op (and is then
+//   woken by an eventfd write), and Work::wait polls for `spin` before its condition variable.
 // * A task's algorithm posts non-blocking sends/receives and waits in waitAll(), which drives
 //   progress itself: it polls (yielding the core between polls) for up to `spin` after the
 //   last event, then arms the transport and sleeps on its event fd (progress mode "sleep"),
@@ -118,6 +120,7 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   std::mutex joinMu_;
   std::atomic<std::thread::id> threadId_{};
   std::atomic<size_t> queued_{0};
+  std::atomic<bool> sleeping_{false};  // the idle thread is (about to be) in epoll_wait
   std::shared_ptr<void> currentKeepAlive_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratchBytes_ = 0;
