@@ -993,13 +993,16 @@ def _early_block(g: Any, rank: int, ws: int) -> bool | None:
     """
     _settled(g)
     n = PATTERN_COUNT
+
+    def received(peer: int) -> int:
+        return int(ucxbackend.stats(g)["peers"][peer]["payload_bytes_received"])
+
+    # Rank 0 reads its counters before a barrier releases the others: read after it, they
+    # could already count the blocks sent right after. A barrier's messages carry no payload.
+    start = {p: received(p) for p in (1, 2)} if rank == 0 else {}
+    dist.barrier(group=g)
     early = None
     if rank == 0:
-
-        def received(peer: int) -> int:
-            return int(ucxbackend.stats(g)["peers"][peer]["payload_bytes_received"])
-
-        start = {p: received(p) for p in (1, 2)}
         deadline = time.monotonic() + 30
         while received(2) == start[2]:
             assert time.monotonic() < deadline, "rank 2's block never came"
