@@ -36,7 +36,7 @@ struct Tuning {
 
 // Thresholds of the automatic choice, in bytes of the op's whole message (see choose()).
 constexpr size_t kAllreduceRecursiveDoublingMax = size_t{32} << 10;
-constexpr size_t kAllreduceRabenseifnerMax = size_t{1} << 20;
+constexpr size_t kAllreduceRabenseifnerMax = size_t{256} << 10;
 constexpr size_t kAllgatherBruckMax = size_t{64} << 10;
 constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
