@@ -68,3 +68,36 @@ for rep in $(seq "$reps"); do
   rm -rf "$out"
   port=$((port + 3))
 done
+
+# The kernel's own TCP limit on the same path, when iperf3 is installed: one stream one way,
+# then one each way at once (--bidir). No UCX is involved, so a backend over TCP cannot
+# beat the both-ways figure per direction.
+if command -v iperf3 >/dev/null; then
+  echo "# iperf3 (kernel TCP, no UCX), 5 s each   (GB/s)"
+  for mode in one-way both-ways; do
+    iport=$((port + 7))
+    on a timeout 30 iperf3 -s -1 -B "$RIG_ADDR_A" -p "$iport" >/dev/null 2>&1 &
+    server_pid=$!
+    rates=""
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      sleep 0.5
+      flags=()
+      [ "$mode" = both-ways ] && flags=(--bidir)
+      rates=$(on b timeout 30 iperf3 -c "$RIG_ADDR_A" -p "$iport" -t 5 -f g -J "${flags[@]}" \
+        2>/dev/null | python -c '
+import json, sys
+doc = json.load(sys.stdin)
+if "error" in doc:
+    sys.exit(doc["error"])
+end = doc["end"]
+rates = [end["sum_received"]["bits_per_second"]]
+if "sum_received_bidir_reverse" in end:
+    rates.append(end["sum_received_bidir_reverse"]["bits_per_second"])
+print("  ".join(f"{r / 8e9:.2f}" for r in rates))') || true
+      [ -n "$rates" ] && break
+    done
+    wait "$server_pid" || true
+    printf "  %-9s  %s\n" "$mode" "${rates:-no result}"
+    port=$((port + 1))
+  done
+fi
