@@ -43,22 +43,25 @@ void ring(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_t* out, size
 }
 
 // Recursive halving over a copy of the input (size proportional to the message, which is
-// why the automatic choice uses it only below kReduceScatterHalvingMax). Non-powers of two
-// fold as in all_reduce; a participant standing for two ranks hands the even one its block.
+// why the automatic choice uses it only below kReduceScatterHalvingMax; the copy is kept in
+// the group's scratch pool). Non-powers of two fold as in all_reduce; a participant standing
+// for two ranks hands the even one its block.
 void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_t* out,
                       size_t blockCount, const Reduction& red) {
   const int n = c.size();
   const size_t esz = red.elementSize;
   const size_t blockBytes = blockCount * esz;
   const size_t total = blockCount * n;
-  auto work = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(1, total * esz));
-  for (int b = 0; b < n && blockBytes; ++b) {
-    std::memcpy(work.get() + b * blockBytes, blocks[b], blockBytes);
-  }
   const Pow2Fold f(c.rank(), n);
   const size_t chunk =
       chunkElems(c, total, esz, kStepSpace / static_cast<size_t>(f.levels() + 2));
-  const uint32_t perPhase = foldIn(c, f, work.get(), total, chunk, red);
+  // The copy lives in the group's pooled scratch, after the two slots exchangeReduce uses
+  // (it asks for them from the same pool, at its start): no allocation per op.
+  uint8_t* const work = c.scratch(2 * chunk * esz + total * esz) + 2 * chunk * esz;
+  for (int b = 0; b < n && blockBytes; ++b) {
+    std::memcpy(work + b * blockBytes, blocks[b], blockBytes);
+  }
+  const uint32_t perPhase = foldIn(c, f, work, total, chunk, red);
   const int partner = f.foldPartner(c.rank());
   const uint32_t handBack = perPhase * static_cast<uint32_t>(f.levels() + 1);
   if (f.folded()) {
@@ -67,12 +70,12 @@ void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_
   }
   std::vector<size_t> bound;
   for (int p = 0; p <= f.pof2; ++p) bound.push_back(f.firstBlockOf(p) * blockCount);
-  halvingReduceScatter(c, f, work.get(), bound, chunk, perPhase, red);
+  halvingReduceScatter(c, f, work, bound, chunk, perPhase, red);
   if (partner >= 0) {
-    c.wait({c.send(partner, handBack, blockBytes ? work.get() + partner * blockBytes : nullptr,
+    c.wait({c.send(partner, handBack, blockBytes ? work + partner * blockBytes : nullptr,
                    blockBytes)});
   }
-  if (blockBytes) std::memcpy(out, work.get() + c.rank() * blockBytes, blockBytes);
+  if (blockBytes) std::memcpy(out, work + c.rank() * blockBytes, blockBytes);
 }
 
 }  // namespace
