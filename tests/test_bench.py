@@ -778,25 +778,18 @@ def test_int32_max_and_unsupported_dtype() -> None:
     assert any(line.startswith("# n/a ucx: ValueError") for line in table["footer"])
 
 
+def _corrupted_small_all_reduce(out_json: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """all_reduce at 8, 64 and 512 bytes, 2 iterations, with the ucx outputs corrupted."""
+    args = ["-b", "8", "-e", "512", "-f", "8", "-n", "2", "-w", "0", *extra]
+    return run_bench(
+        "all_reduce", *args, "--json", str(out_json), env=_env(**{bench.CORRUPT_ENV: "ucx"})
+    )
+
+
 @needs_native
 def test_corruption_hook_fails_the_check(tmp_path: Path) -> None:
     out_json = tmp_path / "r.json"
-    proc = run_bench(
-        "all_reduce",
-        "-b",
-        "8",
-        "-e",
-        "512",
-        "-f",
-        "8",
-        "-n",
-        "2",
-        "-w",
-        "0",
-        "--json",
-        str(out_json),
-        env=_env(**{bench.CORRUPT_ENV: "ucx"}),
-    )
+    proc = _corrupted_small_all_reduce(out_json)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     table = parse_tables(proc.stdout)["all_reduce"]
     for row in table["rows"]:
@@ -813,24 +806,7 @@ def test_check_off_reports_nothing_checked(tmp_path: Path) -> None:
     corruption hook set: nothing is checked, so nothing can be found wrong (the hook only
     corrupts outputs that are checked, and says so on stderr when it does)."""
     out_json = tmp_path / "r.json"
-    proc = run_bench(
-        "all_reduce",
-        "-b",
-        "8",
-        "-e",
-        "512",
-        "-f",
-        "8",
-        "-n",
-        "2",
-        "-w",
-        "0",
-        "-c",
-        "0",
-        "--json",
-        str(out_json),
-        env=_env(**{bench.CORRUPT_ENV: "ucx"}),
-    )
+    proc = _corrupted_small_all_reduce(out_json, "-c", "0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " validation: 0 " in proc.stdout
     assert "corrupting" not in proc.stderr, proc.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from dist_harness import free_port
@@ -89,27 +90,9 @@ def start_job(
     )
 
 
-def run_job(
-    rig: NetnsRig,
-    backend: str,
-    nproc: int,
-    *,
-    sizes: str = QUICK_SIZES,
-    net_devices: bool = True,
-    extra_env: dict[str, str] | None = None,
-    timeout: float = 90.0,
-) -> dict[str, str]:
-    """Run the worker on both hosts; assert every rank reported OK; return the outputs."""
-    results = start_job(
-        rig,
-        backend,
-        nproc,
-        sizes=sizes,
-        net_devices=net_devices,
-        extra_env=extra_env,
-        timeout=timeout,
-    )
-    return check_job(rig, backend, nproc, results)
+def run_job(rig: NetnsRig, backend: str, nproc: int, **job: Any) -> dict[str, str]:
+    """start_job (same keywords), then assert every rank reported OK; return the outputs."""
+    return check_job(rig, backend, nproc, start_job(rig, backend, nproc, **job))
 
 
 def check_job(
