@@ -227,7 +227,11 @@ ReduceFn floatReduce(ReduceKind op) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(UCXB_NO_NARROW_CLONES)  // (the unit test builds the baseline loops this way)
 #define UCXB_NARROW_X86 1
+#if defined(__GLIBC__)  // target_clones resolves through an ifunc, which needs glibc
 #define UCXB_NARROW_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define UCXB_NARROW_CLONES
+#endif
 #else
 #define UCXB_NARROW_X86 0
 #define UCXB_NARROW_CLONES
