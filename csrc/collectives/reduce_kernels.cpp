@@ -270,51 +270,39 @@ __attribute__((target("avx2,f16c"))) void applyHalfF16c(void* acc, const void* i
 bool haveF16c() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
 #endif
 
-#define UCXB_NARROW_KERNEL(name, clones, apply, op) \
-  clones void name(void* a, const void* b, size_t n) { apply<op>(a, b, n); }
-UCXB_NARROW_KERNEL(halfSum, , applyHalf, Sum)
-UCXB_NARROW_KERNEL(halfProduct, , applyHalf, Product)
-UCXB_NARROW_KERNEL(halfMin, , applyHalf, Min)
-UCXB_NARROW_KERNEL(halfMax, , applyHalf, Max)
-UCXB_NARROW_KERNEL(bfloat16Sum, UCXB_NARROW_CLONES, applyBFloat16, Sum)
-UCXB_NARROW_KERNEL(bfloat16Product, UCXB_NARROW_CLONES, applyBFloat16, Product)
-UCXB_NARROW_KERNEL(bfloat16Min, UCXB_NARROW_CLONES, applyBFloat16, Min)
-UCXB_NARROW_KERNEL(bfloat16Max, UCXB_NARROW_CLONES, applyBFloat16, Max)
-#undef UCXB_NARROW_KERNEL
+// target_clones cannot be put on a template, hence one function per bfloat16 op.
+#define UCXB_BFLOAT16_KERNEL(name, op) \
+  UCXB_NARROW_CLONES void name(void* a, const void* b, size_t n) { applyBFloat16<op>(a, b, n); }
+UCXB_BFLOAT16_KERNEL(bfloat16Sum, Sum)
+UCXB_BFLOAT16_KERNEL(bfloat16Product, Product)
+UCXB_BFLOAT16_KERNEL(bfloat16Min, Min)
+UCXB_BFLOAT16_KERNEL(bfloat16Max, Max)
+#undef UCXB_BFLOAT16_KERNEL
 
-struct HalfKernels {
-  static ReduceFn pick(ReduceFn baseline, ReduceFn f16c) {
-#if UCXB_NARROW_X86
-    if (haveF16c()) return f16c;
-#endif
-    (void)f16c;
-    return baseline;
-  }
-#if UCXB_NARROW_X86
-#define UCXB_F16C(op) &applyHalfF16c<op>
-#else
-#define UCXB_F16C(op) nullptr
-#endif
-  static ReduceFn sum() { return pick(&halfSum, UCXB_F16C(Sum)); }
-  static ReduceFn product() { return pick(&halfProduct, UCXB_F16C(Product)); }
-  static ReduceFn min() { return pick(&halfMin, UCXB_F16C(Min)); }
-  static ReduceFn max() { return pick(&halfMax, UCXB_F16C(Max)); }
-#undef UCXB_F16C
-};
-struct BFloat16Kernels {
-  static ReduceFn sum() { return &bfloat16Sum; }
-  static ReduceFn product() { return &bfloat16Product; }
-  static ReduceFn min() { return &bfloat16Min; }
-  static ReduceFn max() { return &bfloat16Max; }
-};
-
-template <typename Kernels>
-ReduceFn narrowFloatReduce(ReduceKind op) {
+ReduceFn bfloat16Reduce(ReduceKind op) {
   switch (op) {
-    case ReduceKind::kSum: return Kernels::sum();
-    case ReduceKind::kProduct: return Kernels::product();
-    case ReduceKind::kMin: return Kernels::min();
-    case ReduceKind::kMax: return Kernels::max();
+    case ReduceKind::kSum: return &bfloat16Sum;
+    case ReduceKind::kProduct: return &bfloat16Product;
+    case ReduceKind::kMin: return &bfloat16Min;
+    case ReduceKind::kMax: return &bfloat16Max;
+    default: return nullptr;
+  }
+}
+
+template <typename Op>
+ReduceFn halfKernel() {
+#if UCXB_NARROW_X86
+  if (haveF16c()) return &applyHalfF16c<Op>;
+#endif
+  return &applyHalf<Op>;
+}
+
+ReduceFn halfReduce(ReduceKind op) {
+  switch (op) {
+    case ReduceKind::kSum: return halfKernel<Sum>();
+    case ReduceKind::kProduct: return halfKernel<Product>();
+    case ReduceKind::kMin: return halfKernel<Min>();
+    case ReduceKind::kMax: return halfKernel<Max>();
     default: return nullptr;
   }
 }
@@ -381,8 +369,8 @@ const char* reduceName(ReduceKind op) {
 
 ReduceFn findReduce(DType dtype, ReduceKind op) {
   switch (dtype) {
-    case DType::kFloat16: return narrowFloatReduce<HalfKernels>(op);
-    case DType::kBFloat16: return narrowFloatReduce<BFloat16Kernels>(op);
+    case DType::kFloat16: return halfReduce(op);
+    case DType::kBFloat16: return bfloat16Reduce(op);
     case DType::kFloat32: return floatReduce<float>(op);
     case DType::kFloat64: return floatReduce<double>(op);
     case DType::kInt8: return integerReduce<int8_t>(op);
