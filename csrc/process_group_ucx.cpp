@@ -167,12 +167,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
       Comm comm(*engine, group, work->context().seq, Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {
-      running->store(nullptr);
+      // Finish before clearing `running`: a caller whose own wait() deadline falls while the
+      // op is failing must still find what it waits for in the probe, not an idle engine.
       work->finishError(toDistError(work->context(), std::current_exception()));
+      running->store(nullptr);
       return;
     }
-    running->store(nullptr);
     work->finishOk();
+    running->store(nullptr);
   };
   task.abandon = [work](const std::string& why) {
     work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
