@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/cpp/check.h"
 #include "tests/udp_sim/simulator.h"
 #include "transports/udp/congestion.h"
 #include "transports/udp/crc32c.h"
@@ -44,70 +45,10 @@ using ucxb::udp::sim::Simulator;
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Checks
-
-int g_checks = 0;
-int g_failures = 0;
-std::string g_group;
-
-void report(bool ok, const std::string& what, const char* file, int line) {
-  ++g_checks;
-  if (ok) return;
-  ++g_failures;
-  if (g_failures <= 60) {
-    std::fprintf(stderr, "FAIL [%s] %s:%d: %s\n", g_group.c_str(), file, line, what.c_str());
-  }
-}
-
-template <typename T>
-std::string show(const T& v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return v ? "true" : "false";
-  } else if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
-    if constexpr (std::is_enum_v<T>) {
-      return std::to_string(static_cast<long long>(v));
-    } else {
-      return std::to_string(v);
-    }
-  } else if constexpr (std::is_convertible_v<T, std::string>) {
-    return std::string(v);
-  } else {
-    return "?";
-  }
-}
-
-template <typename A, typename B>
-void checkEq(const A& a, const B& b, const char* ea, const char* eb, const char* file, int line) {
-  const bool ok = a == b;
-  std::string what = std::string(ea) + " == " + eb;
-  if (!ok) what += "  (" + show(a) + " vs " + show(b) + ")";
-  report(ok, what, file, line);
-}
-
-#define CHECK(cond) report(static_cast<bool>(cond), #cond, __FILE__, __LINE__)
-#define CHECK_MSG(cond, msg) \
-  report(static_cast<bool>(cond), std::string(#cond) + "  -- " + (msg), __FILE__, __LINE__)
-#define CHECK_EQ(a, b) checkEq((a), (b), #a, #b, __FILE__, __LINE__)
-
-template <typename F>
-std::string thrownMessage(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-double wallMs(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since)
-      .count();
-}
+using ucxb::check::contains;
+using ucxb::check::report;
+using ucxb::check::thrownMessage;
+using ucxb::check::wallMs;
 
 // ---------------------------------------------------------------------------------------------
 // Data patterns: byte i of message `key` is a hash of (key, i), so a byte written at the
@@ -1975,13 +1916,7 @@ void measure() {
   }
 }
 
-struct Group {
-  const char* name;
-  void (*run)();
-  bool inDefault;
-};
-
-const Group kGroups[] = {
+const ucxb::check::Group kGroups[] = {
     {"crc32c", testCrc32c, true},
     {"range_set", testRangeSet, true},
     {"wire_format", testWireFormat, true},
@@ -2010,47 +1945,5 @@ const Group kGroups[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<const Group*> selected;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--list") {
-      for (const auto& g : kGroups) std::printf("%s\n", g.name);
-      return 0;
-    }
-    const Group* found = nullptr;
-    for (const auto& g : kGroups) {
-      if (arg == g.name) found = &g;
-    }
-    if (!found) {
-      std::fprintf(stderr, "udp_core_test: unknown group '%s' (--list shows them)\n", arg.c_str());
-      return 2;
-    }
-    selected.push_back(found);
-  }
-  if (selected.empty()) {
-    for (const auto& g : kGroups) {
-      if (g.inDefault) selected.push_back(&g);
-    }
-  }
-  const auto start = std::chrono::steady_clock::now();
-  for (const Group* g : selected) {
-    g_group = g->name;
-    const int failuresBefore = g_failures;
-    const int checksBefore = g_checks;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::printf("[%s]\n", g->name);
-    std::fflush(stdout);
-    try {
-      g->run();
-    } catch (const std::exception& e) {
-      report(false, std::string("uncaught exception: ") + e.what(), __FILE__, __LINE__);
-    }
-    std::printf("[%s] %s: %d checks, %d failed, %.0f ms\n", g->name,
-                g_failures == failuresBefore ? "ok" : "FAILED", g_checks - checksBefore,
-                g_failures - failuresBefore, wallMs(t0));
-    std::fflush(stdout);
-  }
-  std::printf("udp_core_test: %d checks, %d failed, %zu groups, %.0f ms\n", g_checks, g_failures,
-              selected.size(), wallMs(start));
-  return g_failures == 0 ? 0 : 1;
+  return ucxb::check::runGroups("udp_core_test", kGroups, argc, argv);
 }
