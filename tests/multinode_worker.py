@@ -384,5 +384,6 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip interpreter teardown: Gloo's threads can abort a finalizing interpreter (README).
+    # Skip interpreter teardown: Gloo's threads can abort a finalizing interpreter
+    # (docs/known-issues.md).
     os._exit(code)

@@ -1302,7 +1302,7 @@ def test_udp_variants_lossless_vs_lossy(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_cross_core_copy_probe(tmp_path: Path) -> None:
-    """scripts/cross_core_copy.cpp (the README's check for a machine whose shared-memory
+    """scripts/cross_core_copy.cpp (docs/performance.md's check for a machine whose shared-memory
     speed drifts): one line per second, both store modes; bad arguments exit 2."""
     exe = tmp_path / "cross_core_copy"
     subprocess.run(

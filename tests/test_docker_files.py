@@ -5,7 +5,7 @@ the image's directory layout (rebuilt from the Dockerfile's COPY/WORKDIR/RUN rm 
 the in-tree build standing in for the installed package.
 
 What this cannot show (no Docker engine here): that the image builds and that compose starts
-the containers; see README, Multi-node.
+the containers; see docs/multi-node.md.
 """
 
 from __future__ import annotations
