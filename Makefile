@@ -4,7 +4,7 @@
 #   make test        deps + build + the whole test suite
 #   make test-quick  deps + build + tests not marked slow
 #   make build       (re)build ucxbackend/_C in place; ninja recompiles only what changed
-#   make lint        ruff
+#   make lint        ruff, and mypy strict over ucxbackend/
 #   make clean       remove build outputs
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
@@ -36,7 +36,7 @@ all: build
 # libucx-cu12 is pinned. DEPS_MODULES lists what the build and the tests import, as
 # module[:pip name] where the two differ (PyYAML is imported as yaml). Keep it in step with
 # pyproject's "test" and "dev" extras (tests/test_deps.py checks both).
-DEPS_MODULES := ninja numpy pytest expecttest yaml:pyyaml ruff
+DEPS_MODULES := ninja numpy pytest expecttest yaml:pyyaml mypy ruff
 
 deps:
 	@missing=""; \
@@ -68,8 +68,9 @@ test-quick: deps build
 
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
 	rm -f ucxbackend/_C*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,4 +1,4 @@
-// The collectives of ProcessGroupUCX. Each op validates on the caller's thread, then queues a
+// The collectives of TransportBackend. Each op validates on the caller's thread, then queues a
 // body that stages tensors (contiguous copies only where the user's tensor is not contiguous),
 // calls its one algorithm entry point, and writes results back into the user's tensors.
 #include <ATen/ATen.h>
@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 
 #include "csrc/collectives/algorithms.h"
-#include "csrc/process_group_ucx.hpp"
+#include "csrc/transport_backend.hpp"
 
 namespace ucxb {
 
@@ -49,7 +50,8 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
 void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
   const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
-  TORCH_CHECK(s != nullptr, "ucx: PREMUL_SUM without a factor");
+  // Runs in the op's body: errors.cpp's toDistError gives it the op's context.
+  if (s == nullptr) throw std::invalid_argument("PREMUL_SUM without a factor");
   if (s->tensor_factor.defined()) {
     t.mul_(s->tensor_factor.to(at::kCPU));
   } else {
@@ -111,7 +113,7 @@ std::vector<at::Tensor> rootList(const Checker& c, int root,
 
 // --- all_reduce --------------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduceFlat(const char* op, c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c10d::OpType type,
                                                               std::vector<at::Tensor> tensors,
                                                               const c10d::ReduceOp& reduceOp,
                                                               std::chrono::milliseconds timeout) {
@@ -136,7 +138,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduceFlat(const char* op, c1
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   checker("allreduce").single(tensors);
   if (opts.sparseIndices.has_value()) {
@@ -146,7 +148,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce(std::vector<at::Tensor
                        timeoutFor(opts.timeout));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce_coalesced(
+c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   return allreduceFlat("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
                        opts.reduceOp, timeoutFor(opts.timeout));
@@ -154,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allreduce_coalesced(
 
 // --- reduce / broadcast ------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
   const auto c = checker("reduce");
   c.single(tensors);
@@ -184,7 +186,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce(std::vector<at::Tensor>& 
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   const auto c = checker("broadcast");
   c.single(tensors);
@@ -201,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::broadcast(std::vector<at::Tensor
 
 // --- all_gather family -------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather(
+c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const auto c = checker("allgather");
@@ -234,7 +236,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather(
 
 // outputs[i] holds size() copies of inputs[i]'s shape, rank-major. One algorithm call for all
 // pairs: inputs are packed into one block per rank, gathered, then split back.
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgatherFlat(const char* op,
+c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
                                                               std::vector<at::Tensor> outputs,
                                                               std::vector<at::Tensor> inputs,
                                                               std::chrono::milliseconds timeout) {
@@ -298,19 +300,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgatherFlat(const char* op,
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::_allgather_base(
+c10::intrusive_ptr<c10d::Work> TransportBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   return allgatherFlat("_allgather_base", {output}, {input}, timeoutFor(opts.timeout));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather_into_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return allgatherFlat("allgather_into_tensor_coalesced", outputs, inputs,
                        timeoutFor(opts.timeout));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather_coalesced(
+c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   // outputLists[r][i] receives rank r's inputs[i]: gather into one flat output per input.
@@ -358,7 +360,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::allgather_coalesced(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::gather(
+c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   const auto c = checker("gather");
@@ -381,7 +383,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::gather(
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
+c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
   const auto c = checker("scatter");
@@ -411,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::scatter(
 // straight from the user's input blocks into the output (the algorithm never writes its
 // inputs). Several pairs, or PREMUL_SUM (which scales the inputs first), are packed into one
 // buffer whose row r holds rank r's block of every input, so one reduce-scatter serves all.
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
+c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
     const char* op, std::vector<at::Tensor> outputs, std::vector<std::vector<at::Tensor>> inputs,
     const c10d::ReduceOp& reduceOp, std::chrono::milliseconds timeout) {
   const auto c = checker(op);
@@ -502,7 +504,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduceScatterFlat(
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter(
+c10::intrusive_ptr<c10d::Work> TransportBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const auto c = checker("reduce_scatter");
@@ -518,13 +520,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter(
                            timeoutFor(opts.timeout));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::_reduce_scatter_base(
+c10::intrusive_ptr<c10d::Work> TransportBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   return reduceScatterFlat("_reduce_scatter_base", {output}, {{input}}, opts.reduceOp,
                            timeoutFor(opts.timeout));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> TransportBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   std::vector<std::vector<at::Tensor>> parts;
@@ -535,7 +537,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::reduce_scatter_tensor_coalesced(
 
 // --- all_to_all --------------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall_base(
+c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
     std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
   const auto c = checker("alltoall_base");
@@ -610,7 +612,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall_base(
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   const auto c = checker("alltoall");

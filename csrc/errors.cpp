@@ -43,6 +43,20 @@ void throwInvalid(const std::string& op, int rank, const std::string& problem,
       backend + " " + op + " on rank " + std::to_string(rank) + ": " + problem);
 }
 
+void throwBadOption(const std::string& backend, const std::string& problem) {
+  throw c10::ValueError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      backend + ": " + problem);
+}
+
+void throwSetupFailed(const std::string& backend, const std::string& groupId, int rank,
+                      const std::string& why) {
+  throw c10::DistBackendError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      backend + ": setting up group '" + groupId + "' on rank " + std::to_string(rank) +
+          " failed: " + why);
+}
+
 void throwWaitTimeout(const OpContext& ctx, int64_t waitedMs, const std::string& waitingFor) {
   std::string what = prefix(ctx) + " timed out after " + std::to_string(waitedMs) + " ms";
   what += waitingFor.empty() ? " (queued behind earlier ops or not yet matched by its peers)"

@@ -1,5 +1,6 @@
 // The one place where failures become c10 exceptions with the context a user needs: the op,
-// its sequence number, this rank, the group size, the tensors and the peer involved.
+// its sequence number, this rank, the group size, the tensors and the peer involved. Bad
+// input, bad options, set-up failures, failed ops and timeouts all leave csrc/ through here.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -15,7 +16,7 @@ struct OpContext {
   int rank = -1;
   int size = 0;
   uint64_t seq = 0;
-  std::string tensors;  // e.g. "float32[1024]"
+  std::string tensors;  // e.g. "Float[1024]"
   std::string backend = "ucx";  // "ucx" or "udp": errors start with it
 };
 
@@ -25,6 +26,13 @@ std::exception_ptr toDistError(const OpContext& ctx, std::exception_ptr cause);
 // Bad arguments from the caller: c10::ValueError (Python ValueError).
 [[noreturn]] void throwInvalid(const std::string& op, int rank, const std::string& problem,
                                const std::string& backend = "ucx");
+
+// A knob with a bad value (a config::ConfigError's text): c10::ValueError.
+[[noreturn]] void throwBadOption(const std::string& backend, const std::string& problem);
+
+// Creating a group failed (transport set-up, address exchange): c10::DistBackendError.
+[[noreturn]] void throwSetupFailed(const std::string& backend, const std::string& groupId,
+                                   int rank, const std::string& why);
 
 // The caller's wait() gave up before the op finished.
 [[noreturn]] void throwWaitTimeout(const OpContext& ctx, int64_t waitedMs,

@@ -1,6 +1,6 @@
-// ucxbackend._C: the factory torch.distributed calls to create a "ucx" backend, plus facts
-// about the UCX library for `python -m ucxbackend info`, the algorithm table, and the tag
-// layout for tests.
+// ucxbackend._C: the factory torch.distributed calls to create a "ucx" or "udp" backend, the
+// knob schema, facts about the UCX library for `python -m ucxbackend info`, the algorithm
+// table, and the tag layout for tests.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
@@ -9,14 +9,17 @@
 #include <tuple>
 #include <vector>
 
+#include "csrc/backend_options.h"
 #include "csrc/collectives/selection.h"
-#include "csrc/process_group_ucx.hpp"
+#include "csrc/errors.hpp"
+#include "csrc/transport_backend.hpp"
 #include "transports/tag.h"
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_info.h"
 #include "transports/udp/crc32c.h"
 #include "transports/udp/faults.h"
-#include "transports/udp/key_values.h"
+#include "transports/config/key_values.h"
+#include "transports/config/schema.h"
 #include "transports/udp/udp_config.h"
 #include "transports/udp/udp_transport.h"
 
@@ -39,7 +42,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                 const std::string& groupId,
                                                 const std::vector<int64_t>& globalRanks,
                                                 const std::map<std::string, std::string>& options) {
-  return c10::make_intrusive<ucxb::ProcessGroupUCX>(store, rank, size, timeout, groupId,
+  return c10::make_intrusive<ucxb::TransportBackend>(store, rank, size, timeout, groupId,
                                                     globalRanks, options);
 }
 
@@ -50,9 +53,9 @@ py::dict countersToDict(const ucxb::Counters& counters) {
 }
 
 // The ucxbackend group behind a c10d Backend handle; a TypeError for any other backend.
-ucxb::ProcessGroupUCX* asGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
+ucxb::TransportBackend* asGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
                                const char* function) {
-  auto* group = dynamic_cast<ucxb::ProcessGroupUCX*>(backend.get());
+  auto* group = dynamic_cast<ucxb::TransportBackend*>(backend.get());
   if (group == nullptr) {
     throw py::type_error(std::string(function) + "(): not a ucxbackend process group backend but '" +
                          backend->getBackendName() + "'");
@@ -60,13 +63,44 @@ ucxb::ProcessGroupUCX* asGroup(const c10::intrusive_ptr<c10d::Backend>& backend,
   return group;
 }
 
+// Runs `f`; a config::ConfigError becomes a ValueError through the one translation point.
+template <typename F>
+auto configCall(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const ucxb::config::ConfigError& e) {
+    ucxb::throwBadOption("ucxbackend", e.what());
+  }
+}
+
+// One row per setting of `schema`: what Python's config, `info` and the docs show.
+template <typename T>
+py::list schemaRows(const ucxb::config::Schema<T>& schema) {
+  py::list rows;
+  for (const auto& f : schema.fields()) {
+    const auto& i = f.info;
+    py::dict row;
+    row["name"] = i.name;
+    row["kind"] = ucxb::config::kindName(i.kind);
+    row["default"] = schema.defaultOf(f);
+    row["allowed"] = i.allowed;
+    row["help"] = i.help;
+    row["choices"] = i.choices;
+    row["min"] = i.min;
+    row["max"] = i.max;
+    row["internal"] = i.internal;
+    rows.append(row);
+  }
+  return rows;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "Native part of ucxbackend: the c10d backend over UCX.";
+  m.doc() = "Native part of ucxbackend: the c10d backend over UCX or UDP.";
   py::module_::import("torch.distributed");
 
-  m.def("ProcessGroupUCX", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+  m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::arg("group_id"), py::arg("global_ranks"), py::arg("options"),
         py::call_guard<py::gil_scoped_release>(),
         "Create the ucx backend for one process group (called by torch.distributed).");
@@ -157,7 +191,8 @@ PYBIND11_MODULE(_C, m) {
       "choose",
       [](const std::string& opName, size_t bytes, int worldSize,
          const std::map<std::string, std::string>& options) {
-        const auto tuning = ucxb::parseTuning(options);
+        const auto tuning =
+            configCall([&] { return ucxb::parseBackendOptions(options).tuning(); });
         for (size_t i = 0; i < ucxb::algo::kOpCount; ++i) {
           const auto op = static_cast<ucxb::algo::Op>(i);
           if (opName == ucxb::algo::opName(op)) {
@@ -172,28 +207,51 @@ PYBIND11_MODULE(_C, m) {
       "The algorithm a group with these options runs for an op of `bytes` bytes (see "
       "selection.h for what `bytes` counts).");
 
+  auto cfg = m.def_submodule(
+      "config", "The knobs of a group, declared once in csrc/backend_options.cpp.");
+  cfg.def("schema", [] { return schemaRows(ucxb::backendOptionsSchema()); },
+          "One row per knob (internal ones included): name, kind, default, allowed, help, "
+          "choices, min, max, internal.");
+  cfg.def(
+      "normalize",
+      [](const std::string& name, const std::string& value) {
+        return configCall(
+            [&] { return ucxb::backendOptionsSchema().normalizeValue(name, value); });
+      },
+      py::arg("name"), py::arg("value"),
+      "The canonical text of a knob's value; ValueError naming what is allowed if it is bad.");
+  cfg.def(
+      "parse_size",
+      [](const std::string& text) {
+        const auto bytes = ucxb::config::parseSize(text);
+        if (!bytes) {
+          ucxb::throwBadOption("ucxbackend", "'" + text +
+                                                 "' is not a size (digits with an optional "
+                                                 "K/M/G/T unit, 1024^n, e.g. 4M or 4MiB)");
+        }
+        return *bytes;
+      },
+      py::arg("text"), "Bytes in a size such as '4194304', '4M' or '4 MiB' (the one size parser).");
+  cfg.def("format_size", &ucxb::config::formatSize, py::arg("bytes"));
+
   auto udp = m.def_submodule("udp", "The udp transport's configuration (transports/udp/).");
   udp.def("config_keys", &ucxb::udp::udpConfigKeys);
   udp.def("fault_keys", &ucxb::udp::faultConfigKeys);
+  udp.def("config_schema", [] { return schemaRows(ucxb::udp::udpConfigSchema()); },
+          "One row per udp_config key: name, kind, default, allowed, help.");
+  udp.def("fault_schema", [] { return schemaRows(ucxb::udp::faultConfigSchema()); },
+          "One row per udp_faults key.");
   udp.def(
       "describe_config",
       [](const std::string& text) {
-        try {
-          return ucxb::udp::describe(ucxb::udp::parseUdpConfig(text));
-        } catch (const ucxb::udp::ConfigError& e) {
-          throw py::value_error(e.what());
-        }
+        return configCall([&] { return ucxb::udp::describe(ucxb::udp::parseUdpConfig(text)); });
       },
       py::arg("text") = "",
       "Every knob of the reliability layer after applying `text` (raises ValueError if bad).");
   udp.def(
       "describe_faults",
       [](const std::string& text) {
-        try {
-          return ucxb::udp::describe(ucxb::udp::parseFaultConfig(text));
-        } catch (const ucxb::udp::ConfigError& e) {
-          throw py::value_error(e.what());
-        }
+        return configCall([&] { return ucxb::udp::describe(ucxb::udp::parseFaultConfig(text)); });
       },
       py::arg("text") = "");
 

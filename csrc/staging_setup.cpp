@@ -1,6 +1,5 @@
 #include "csrc/staging_setup.hpp"
 
-#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 #include <cstring>
 #include <random>
 
-#include "csrc/transport_factory.hpp"
 
 namespace ucxb {
 
@@ -41,36 +39,14 @@ struct Offer {
   }
 };
 
-bool enabled(const std::map<std::string, std::string>& options) {
-  const auto it = options.find("shared_memory");
-  const std::string value = it == options.end() ? "auto" : it->second;
-  if (value != "auto" && value != "off") {
-    throw c10::ValueError({__func__, __FILE__, __LINE__},
-                          "ucx: shared_memory must be 'auto' or 'off', got '" + value + "'");
-  }
-  return value == "auto";
-}
-
-SlotStores slotStores(const std::map<std::string, std::string>& options) {
-  const auto it = options.find("staging_stores");
-  const std::string value = it == options.end() ? "cached" : it->second;
-  if (value != "cached" && value != "streaming") {
-    throw c10::ValueError({__func__, __FILE__, __LINE__},
-                          "ucx: staging_stores must be 'cached' or 'streaming', got '" + value +
-                              "'");
-  }
-  return value == "streaming" ? SlotStores::kStreaming : SlotStores::kCached;
-}
-
 }  // namespace
 
-std::unique_ptr<StagingArea> setUpStaging(const std::map<std::string, std::string>& options,
-                                          int rank, int size, size_t chunkBytes,
-                                          AddressExchange& exchange) {
-  const bool wanted = enabled(options);
-  const SlotStores stores = slotStores(options);
+std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, int rank, int size,
+                                          size_t chunkBytes, AddressExchange& exchange) {
+  const bool wanted = options.stagingWanted();
+  const SlotStores stores = options.slotStores();
   // The udp transport exists to put every byte on the wire: it never stages.
-  if (transportName(options) != "ucx" || size < 2) return nullptr;
+  if (options.transport != "ucx" || size < 2) return nullptr;
 
   StagingLayout layout;
   layout.slotBytes =

@@ -55,7 +55,7 @@ DType Checker::tensor(const at::Tensor& t, const char* role) const {
   }
   if (t.device().type() != at::kCPU) {
     fail(std::string(role) + " " + describe(t) +
-         " is not a CPU tensor; this build of the ucx backend carries CPU tensors only");
+         " is not a CPU tensor; the " + backend + " backend carries CPU tensors only so far");
   }
   if (t.layout() != at::kStrided) {
     fail(std::string(role) + " " + describe(t) + " is sparse; only dense tensors are supported");

@@ -804,7 +804,7 @@ ENV = {
 
 
 class _NativeSpy:
-    """Wraps ucxbackend._C: records the options every ProcessGroupUCX is created with."""
+    """Wraps ucxbackend._C: records the options every backend is created with."""
 
     def __init__(self, native: Any) -> None:
         self._native = native
@@ -813,9 +813,9 @@ class _NativeSpy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
 
-    def ProcessGroupUCX(self, *args: Any, **kwargs: Any) -> Any:
+    def create_backend(self, *args: Any, **kwargs: Any) -> Any:
         self.options.append(dict(kwargs["options"] if "options" in kwargs else args[6]))
-        return self._native.ProcessGroupUCX(*args, **kwargs)
+        return self._native.create_backend(*args, **kwargs)
 
 
 def _env_world(rank: int, ws: int) -> Any:

@@ -2,7 +2,7 @@
 
 Everything here runs without the native extension except the tests marked as needing it,
 which skip with a reason when ``ucxbackend._C`` is not built. The registration path through
-``init_process_group`` is exercised with a stand-in ``_C`` whose ``ProcessGroupUCX`` records
+``init_process_group`` is exercised with a stand-in ``_C`` whose ``create_backend`` records
 its arguments and returns a Gloo backend.
 """
 
@@ -137,11 +137,12 @@ def test_udp_knobs_reject(knob: str, raw: str) -> None:
 
 @needs_native
 def test_udp_key_lists_match_native() -> None:
-    """config.py's key lists mirror the C++ parsers (transports/udp/)."""
+    """config.py's key lists are the C++ schemas' (transports/udp/)."""
     from ucxbackend import _C
 
-    assert tuple(_C.udp.config_keys()) == cfg.UDP_CONFIG_KEYS
-    assert tuple(_C.udp.fault_keys()) == cfg.UDP_FAULT_KEYS
+    assert cfg.udp_config_keys() == tuple(r["name"] for r in _C.udp.config_schema())
+    assert cfg.udp_fault_keys() == tuple(r["name"] for r in _C.udp.fault_schema())
+    assert "loss_recovery" in cfg.udp_config_keys() and "drop" in cfg.udp_fault_keys()
 
 
 @pytest.mark.parametrize(
@@ -410,12 +411,12 @@ def test_import_emits_no_warning() -> None:
 
 
 class FakeNative:
-    """Stands in for ucxbackend._C: records ProcessGroupUCX's arguments, returns Gloo."""
+    """Stands in for ucxbackend._C: records create_backend's arguments, returns Gloo."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def ProcessGroupUCX(
+    def create_backend(
         self,
         store: Any,
         rank: int,
@@ -476,6 +477,7 @@ def test_init_process_group_reaches_native(fake_native: FakeNative) -> None:
         "log_level": "WARNING",
         **TUNING_NATIVE,
         "transport": "ucx",
+        "ucx_net_devices": "",
     }
     t = torch.ones(4)
     dist.all_reduce(t)
@@ -492,6 +494,7 @@ def test_init_with_dict_and_env(fake_native: FakeNative, monkeypatch: pytest.Mon
         "log_level": "WARNING",
         **TUNING_NATIVE,
         "transport": "ucx",
+        "ucx_net_devices": "",
     }
 
 

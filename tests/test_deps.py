@@ -100,6 +100,6 @@ def test_pyproject_extras_match_make_deps() -> None:
         "optional-dependencies"
     ]
     pip_names = set(deps_modules().values())
-    test_only = pip_names - {"ninja", "ruff"}  # build and lint tools
+    test_only = pip_names - {"ninja", "ruff"}  # build and lint tools (mypy runs in the suite)
     assert set(extras["test"]) == test_only, extras["test"]
     assert set(extras["dev"]) == test_only | {"ruff"}, extras["dev"]

@@ -315,7 +315,7 @@ def test_build_context_keeps_build_outputs_out() -> None:
         "setup.py",
         "pyproject.toml",
         "README.md",
-        "csrc/process_group_ucx.cpp",
+        "csrc/transport_backend.cpp",
         "ucxbackend/__init__.py",
         "examples/train_ddp.py",
         "docker/entrypoint.sh",

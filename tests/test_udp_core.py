@@ -51,7 +51,11 @@ RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
 
 
 def _sources(program: str) -> list[str]:
-    core = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "transports/udp").glob("*.cpp"))
+    core = sorted(
+        p.relative_to(REPO).as_posix()
+        for d in ("transports/config", "transports/udp")
+        for p in (REPO / d).glob("*.cpp")
+    )
     sim = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests/udp_sim").glob("*.cpp"))
     return [*core, *sim, program]
 

@@ -78,7 +78,8 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("udp_fuzz")
     core = sorted(
         p.relative_to(REPO).as_posix()
-        for p in (REPO / "transports/udp").glob("*.cpp")
+        for d in ("transports/config", "transports/udp")
+        for p in (REPO / d).glob("*.cpp")
         if p.name not in NOT_SANS_IO
     )
     units = {

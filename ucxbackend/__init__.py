@@ -5,8 +5,8 @@ Importing this package registers the backend::
     import torch.distributed as dist
     import ucxbackend  # noqa: F401  (registers "ucx")
 
-    dist.init_process_group("ucx")                # cpu and cuda tensors
-    dist.init_process_group("cpu:gloo,cuda:ucx")  # ucx for cuda tensors only
+    dist.init_process_group("ucx")                # cpu tensors over UCX
+    dist.init_process_group("udp")                # the same collectives over our UDP transport
 
 Per-group options go in ``pg_options`` (:class:`Options` or a dict); process-wide defaults come
 from ``UCXBACKEND_*`` environment variables (see :mod:`ucxbackend.config`).
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import _transport_options
-from .config import Config, LogLevel, Options, ProgressMode, coerce_options
+from .config import Config, Options, coerce_options
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -41,9 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND_NAME",
     "Config",
-    "LogLevel",
     "Options",
-    "ProgressMode",
     "__version__",
     "get_config",
     "is_available",
@@ -146,8 +144,9 @@ def _create_backend(
         native.update(_transport_options.native_options(config, dist_backend_opts.store))
         _warn_small_udp_buffer(native, size)
     else:
-        # UCX reads UCX_* when its first context is created: set them in the environment.
-        os.environ.update(_transport_options.ucx_environment(config, dist_backend_opts.store))
+        # The group's own UCX context takes the devices; the process environment is left alone.
+        devices = _transport_options.ucx_environment(config, dist_backend_opts.store)
+        native["ucx_net_devices"] = devices.get("UCX_NET_DEVICES", "")
         native["shared_memory"] = _transport_options.shared_memory(config, os.environ)
     logger.debug(
         "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
@@ -159,7 +158,7 @@ def _create_backend(
         timeout,
         native,
     )
-    return _C.ProcessGroupUCX(
+    backend: C10dBackend = _C.create_backend(
         dist_backend_opts.store,
         rank,
         size,
@@ -168,6 +167,7 @@ def _create_backend(
         global_ranks,
         native,
     )
+    return backend
 
 
 def _warn_small_udp_buffer(native: dict[str, str], size: int) -> None:
@@ -232,7 +232,7 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
 
     True when every rank of the group runs on this host (same boot, mount and network
     namespace), ``shared_memory`` is ``"auto"`` and ``UCX_TLS`` (if set) allows UCX's own
-    shared-memory transports; see the README's "Shared-memory staging".
+    shared-memory transports; see docs/algorithms.md#shared-memory-staging.
     """
     backend = _native_backend(group, "shared_memory")
     assert _C is not None
@@ -267,9 +267,10 @@ def _setup_logging() -> None:
     """
     try:
         config = get_config()
-    except ValueError as exc:
-        # Surface the problem where it matters (group creation, `info`), not at import.
-        logger.debug("ignoring invalid UCXBACKEND_* environment at import: %s", exc)
+    except (ValueError, RuntimeError) as exc:
+        # Surface the problem where it matters (group creation, `info`), not at import; a
+        # RuntimeError: the extension that declares the knobs is missing.
+        logger.debug("no UCXBACKEND_* configuration at import: %s", exc)
         return
     logger.setLevel(config.logging_level)
     if (

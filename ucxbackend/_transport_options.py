@@ -45,7 +45,7 @@ def mtu_payload(mtu: int) -> int:
 
 
 def native_options(config: Config, store: Any) -> dict[str, str]:
-    """The udp_* entries of the options handed to ``_C.ProcessGroupUCX``."""
+    """The udp_* entries of the options handed to ``_C.create_backend``."""
     host = rendezvous_host(store)
     if host is None and not config.ifname:
         # A FileStore (or HashStore) and no MASTER_ADDR: nothing says where the peers are.
@@ -102,11 +102,12 @@ def shared_memory(config: Config, env: Mapping[str, str]) -> str:
     transports (``UCX_TLS=tcp`` to measure TCP on one host, ``^sm``) turns staging off too:
     the user asked for the bytes to travel another way.
     """
-    if config.shared_memory == "off":
+    wanted = str(config.shared_memory)
+    if wanted == "off":
         return "off"
     tls = env.get("UCX_TLS", "").strip()
     if not tls:
-        return config.shared_memory
+        return wanted
     names = {n.strip().lower() for n in tls.lstrip("^").split(",") if n.strip()}
     if tls.startswith("^"):
         allowed = not names & _UCX_SHM_TLS
@@ -115,4 +116,4 @@ def shared_memory(config: Config, env: Mapping[str, str]) -> str:
     if not allowed:
         logger.info("shared-memory staging off: UCX_TLS=%s leaves out shared memory", tls)
         return "off"
-    return config.shared_memory
+    return wanted

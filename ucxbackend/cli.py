@@ -96,7 +96,7 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "build": None,
         "env": {k: env[k] for k in sorted(env) if k.startswith("UCX_")},
         "config": None,
-        "unknown_config_env": cfg.unknown_env_vars(env),
+        "unknown_config_env": [],
     }
 
     if native is None:
@@ -115,10 +115,12 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         build = _call(native.build_info, errors, "_C.build_info()")
         info["build"] = None if build is None else {str(k): str(v) for k, v in build.items()}
 
-    try:
-        info["config"] = cfg.Config.from_env(env).describe()
-    except ValueError as exc:
-        errors.append(f"invalid configuration: {exc}")
+    if native is not None:  # the knobs are declared there
+        info["unknown_config_env"] = cfg.unknown_env_vars(env)
+        try:
+            info["config"] = cfg.Config.from_env(env).describe()
+        except ValueError as exc:
+            errors.append(f"invalid configuration: {exc}")
 
     info["ok"] = not errors
     info["errors"] = errors
@@ -264,6 +266,27 @@ def _cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return doctor.main(args.json, out)
 
 
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--write",
+        metavar="PATH",
+        help="replace the generated block of PATH (docs/configuration.md) instead of printing",
+    )
+
+
+def _cmd_config(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from pathlib import Path
+
+    from ucxbackend import config_reference
+
+    if args.write is None:
+        out.write(config_reference.render())
+        return 0
+    changed = config_reference.write(Path(args.write))
+    out.write(f"{args.write}: {'updated' if changed else 'already up to date'}\n")
+    return 0
+
+
 COMMANDS: tuple[_Command, ...] = (
     _Command(
         name="info",
@@ -276,6 +299,12 @@ COMMANDS: tuple[_Command, ...] = (
         help="nccl-tests-style benchmark of collectives, ucx and other backends side by side",
         add_arguments=_bench_arguments,
         run=_cmd_bench,
+    ),
+    _Command(
+        name="config",
+        help="the reference of every knob, as Markdown, from the schema the backend parses with",
+        add_arguments=_config_arguments,
+        run=_cmd_config,
     ),
     _Command(
         name="doctor",

@@ -1,6 +1,6 @@
 // Which algorithm runs an op: chosen by message size and group size, unless the group's
 // configuration names one (UCXBACKEND_ALGO_<OP>=<name> or pg_options {"algo_<op>": name}).
-// The thresholds live here and only here; the README's algorithm table mirrors them.
+// The thresholds live here and only here; docs/algorithms.md describes them.
 #pragma once
 
 #include <cstddef>
@@ -42,7 +42,7 @@ constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
 constexpr size_t kReduceBinomialMax = size_t{512} << 10;
 constexpr size_t kAlltoallLinearMax = size_t{32} << 10;  // bytes per peer
-// Messages of the binomial broadcast and the pairwise all_to_all travel through the group's
+// Messages of the binomial broadcast and of either all_to_all travel through the group's
 // shared-memory slots (when it has them) from this size: below it one UCX message beats a
 // notice and a credit per piece. (The rings stage whatever the size.)
 constexpr size_t kStagedMessageMin = size_t{64} << 10;

@@ -30,7 +30,7 @@
 #include "transports/udp/congestion.h"
 #include "transports/udp/crc32c.h"
 #include "transports/udp/faults.h"
-#include "transports/udp/key_values.h"
+#include "transports/config/key_values.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/range_set.h"
 #include "transports/udp/reliability.h"

@@ -1,6 +1,7 @@
 #include "transports/ucx/ucx_context.h"
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -25,11 +26,15 @@ void apply(ucp_config_t* config, const UcxDefault& d) {
   }
 }
 
-ucp_context_h createContext() {
+ucp_context_h createContext(const std::string& netDevices) {
   ucp_config_t* raw = nullptr;
   check(ucp_config_read(nullptr, nullptr, &raw), "ucp_config_read");
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw);
   for (const UcxDefault& d : ucxDefaults()) apply(config.get(), d);
+  if (!netDevices.empty()) {
+    check(ucp_config_modify(config.get(), "NET_DEVICES", netDevices.c_str()),
+          "ucp_config_modify NET_DEVICES=" + netDevices);
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -80,14 +85,15 @@ bool appliesNow(const UcxDefault& d) {
 
 Context::~Context() { ucp_cleanup(handle_); }
 
-std::shared_ptr<Context> Context::shared() {
+std::shared_ptr<Context> Context::shared(const std::string& netDevices) {
   static std::mutex mu;
-  static std::weak_ptr<Context> current;
+  static std::map<std::string, std::weak_ptr<Context>> live;
   std::lock_guard<std::mutex> lock(mu);
-  auto ctx = current.lock();
+  auto& slot = live[netDevices];
+  auto ctx = slot.lock();
   if (!ctx) {
-    ctx = std::make_shared<Context>(createContext());
-    current = ctx;
+    ctx = std::make_shared<Context>(createContext(netDevices));
+    slot = ctx;
   }
   return ctx;
 }

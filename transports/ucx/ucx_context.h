@@ -1,5 +1,7 @@
-// A process-wide UCP context, shared by every group's worker. Creating a context reads the
-// UCX_* environment and loads transport modules, which costs milliseconds; workers are cheap.
+// A UCP context shared by every group's worker that asks for the same devices. Creating a
+// context reads the UCX_* environment and loads transport modules, which costs milliseconds;
+// workers are cheap. The devices a group picked (UCXBACKEND_IFNAME) are set on its context's
+// configuration, never in the process environment, so a later group can pick others.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -29,8 +31,9 @@ bool appliesNow(const UcxDefault& d);
 
 class Context {
  public:
-  // Returns the live shared context, creating it on first use (thread-safe).
-  static std::shared_ptr<Context> shared();
+  // Returns the live context for `netDevices` (UCX_NET_DEVICES' syntax; "" keeps UCX's own
+  // choice), creating it on first use (thread-safe).
+  static std::shared_ptr<Context> shared(const std::string& netDevices);
 
   explicit Context(ucp_context_h handle) : handle_(handle) {}
   ~Context();

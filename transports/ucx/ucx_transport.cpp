@@ -39,8 +39,8 @@ std::string peerLabel(int peer) {
 
 }  // namespace
 
-UcxTransport::UcxTransport(int rank, int size)
-    : rank_(rank), size_(size), context_(Context::shared()) {
+UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices)
+    : rank_(rank), size_(size), context_(Context::shared(netDevices)) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // Only the backend's progress thread touches this worker.

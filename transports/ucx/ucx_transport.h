@@ -17,7 +17,8 @@ namespace ucxb::ucx {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(int rank, int size);
+  // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice).
+  UcxTransport(int rank, int size, const std::string& netDevices = "");
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "transports/udp/key_values.h"
 
 namespace ucxb::udp {
 namespace {
@@ -18,11 +17,6 @@ uint64_t splitmix64(uint64_t& x) {
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-std::string formatProbability(double p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", p);
-  return buf;
-}
 
 }  // namespace
 
@@ -49,44 +43,36 @@ uint64_t Rng::below(uint64_t bound) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * bound) >> 64);
 }
 
-const std::vector<std::string>& faultConfigKeys() {
-  static const std::vector<std::string> keys = {"drop",    "dup",  "reorder",    "delay",
-                                                "corrupt", "seed", "reorder_us", "delay_us"};
-  return keys;
+const config::Schema<FaultConfig>& faultConfigSchema() {
+  using config::integer;
+  using config::member;
+  using config::probability;
+  static const config::Schema<FaultConfig> schema(
+      std::string(kWhat),
+      {
+          member(probability("drop", "probability a received datagram is lost"),
+                 &FaultConfig::drop),
+          member(probability("dup", "probability it arrives twice"), &FaultConfig::duplicate),
+          member(probability("reorder", "probability it is held back so later ones overtake it"),
+                 &FaultConfig::reorder),
+          member(probability("delay", "probability it is held back much longer"),
+                 &FaultConfig::delay),
+          member(probability("corrupt", "probability 1 to 3 of its bits are flipped"),
+                 &FaultConfig::corrupt),
+          member(integer("seed", 0, UINT64_MAX, "seed of the fault generator"), &FaultConfig::seed),
+          member(integer("reorder_us", 1, 10'000'000, "a reordered datagram arrives 1..this late"),
+                 &FaultConfig::reorderUs),
+          member(integer("delay_us", 1, 10'000'000, "a delayed datagram arrives 1..this late"),
+                 &FaultConfig::delayUs),
+      });
+  return schema;
 }
 
-FaultConfig parseFaultConfig(std::string_view text) {
-  FaultConfig c;
-  for (const KeyValue& kv : splitKeyValues(text, kWhat)) {
-    if (kv.key == "drop") {
-      c.drop = parseProbability(kWhat, kv);
-    } else if (kv.key == "dup") {
-      c.duplicate = parseProbability(kWhat, kv);
-    } else if (kv.key == "reorder") {
-      c.reorder = parseProbability(kWhat, kv);
-    } else if (kv.key == "delay") {
-      c.delay = parseProbability(kWhat, kv);
-    } else if (kv.key == "corrupt") {
-      c.corrupt = parseProbability(kWhat, kv);
-    } else if (kv.key == "seed") {
-      c.seed = parseUnsigned(kWhat, kv, 0, UINT64_MAX);
-    } else if (kv.key == "reorder_us") {
-      c.reorderUs = parseUnsigned(kWhat, kv, 1, 10'000'000);
-    } else if (kv.key == "delay_us") {
-      c.delayUs = parseUnsigned(kWhat, kv, 1, 10'000'000);
-    } else {
-      throwUnknownKey(kWhat, kv, faultConfigKeys());
-    }
-  }
-  return c;
-}
+std::vector<std::string> faultConfigKeys() { return faultConfigSchema().keys(); }
 
-std::string describe(const FaultConfig& c) {
-  return "drop=" + formatProbability(c.drop) + ",dup=" + formatProbability(c.duplicate) +
-         ",reorder=" + formatProbability(c.reorder) + ",delay=" + formatProbability(c.delay) +
-         ",corrupt=" + formatProbability(c.corrupt) + ",seed=" + std::to_string(c.seed) +
-         ",reorder_us=" + std::to_string(c.reorderUs) + ",delay_us=" + std::to_string(c.delayUs);
-}
+FaultConfig parseFaultConfig(std::string_view text) { return faultConfigSchema().parse(text); }
+
+std::string describe(const FaultConfig& c) { return faultConfigSchema().describe(c); }
 
 FaultInjector::FaultInjector(const FaultConfig& config) : config_(config), rng_(config.seed) {}
 

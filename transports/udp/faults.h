@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "transports/config/schema.h"
 #include "transports/udp/udp_types.h"
 
 namespace ucxb::udp {
@@ -33,7 +34,9 @@ struct FaultConfig {
 // Throws ConfigError naming the key and the allowed values.
 FaultConfig parseFaultConfig(std::string_view text);
 std::string describe(const FaultConfig& config);
-const std::vector<std::string>& faultConfigKeys();
+// Every key above, declared once (defaults: FaultConfig's initializers).
+const config::Schema<FaultConfig>& faultConfigSchema();
+std::vector<std::string> faultConfigKeys();
 
 // xoshiro256** seeded through splitmix64: small, fast, and the same sequence on every platform
 // and standard library (std::mt19937 is, its distributions are not).

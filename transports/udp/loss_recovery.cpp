@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "transports/udp/key_values.h"
+#include "transports/config/key_values.h"
 
 namespace ucxb::udp {
 namespace {

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "transports/udp/congestion.h"
-#include "transports/udp/key_values.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/wire_format.h"
 
@@ -15,63 +14,84 @@ constexpr uint64_t kMinMtuPayload = 256;  // room for a DATA header and a useful
 
 }  // namespace
 
-const std::vector<std::string>& udpConfigKeys() {
-  static const std::vector<std::string> keys = {
-      "mtu_payload",      "rto_min_us",        "rto_max_us",           "initial_rtt_us",
-      "max_rto_expiries", "ack_every",         "max_ack_delay_us",     "reorder_threshold",
-      "send_window_bytes", "unexpected_bytes", "eager_max_bytes",    "max_message_bytes",
-      "loss_recovery",    "congestion",        "initial_cwnd_packets", "min_cwnd_packets",
-      "keepalive_us", "peer_timeout_us", "tail_probes"};
-  return keys;
-}
-
-UdpConfig parseUdpConfig(std::string_view text, UdpConfig c) {
+const config::Schema<UdpConfig>& udpConfigSchema() {
+  using config::bytes;
+  using config::choice;
+  using config::integer;
+  using config::member;
   constexpr uint64_t kMaxUs = 600'000'000;  // 10 minutes
   constexpr uint64_t kMaxCount = uint64_t{1} << 20;
-  for (const KeyValue& kv : splitKeyValues(text, kWhat)) {
-    const std::string& k = kv.key;
-    if (k == "mtu_payload") {
-      c.mtuPayload = parseUnsigned(kWhat, kv, kMinMtuPayload, kMaxDatagramBytes);
-    } else if (k == "rto_min_us") {
-      c.rtoMinUs = parseUnsigned(kWhat, kv, 1, kMaxUs);
-    } else if (k == "rto_max_us") {
-      c.rtoMaxUs = parseUnsigned(kWhat, kv, 1, kMaxUs);
-    } else if (k == "initial_rtt_us") {
-      c.initialRttUs = parseUnsigned(kWhat, kv, 1, kMaxUs);
-    } else if (k == "max_rto_expiries") {
-      c.maxRtoExpiries = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1000));
-    } else if (k == "peer_timeout_us") {
-      c.peerTimeoutUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
-    } else if (k == "tail_probes") {
-      c.tailProbes = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 0, 16));
-    } else if (k == "keepalive_us") {
-      c.keepaliveUs = parseUnsigned(kWhat, kv, 0, kMaxUs);
-    } else if (k == "ack_every") {
-      c.ackEvery = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, 1024));
-    } else if (k == "max_ack_delay_us") {
-      c.maxAckDelayUs = parseUnsigned(kWhat, kv, 0, 1'000'000);
-    } else if (k == "reorder_threshold") {
-      c.reorderThreshold = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, kMaxCount));
-    } else if (k == "send_window_bytes") {
-      c.sendWindowBytes = parseUnsigned(kWhat, kv, kMinMtuPayload, uint64_t{1} << 40);
-    } else if (k == "unexpected_bytes") {
-      c.unexpectedBytes = parseUnsigned(kWhat, kv, 4 * kMessageChargeBytes, uint64_t{1} << 40);
-    } else if (k == "eager_max_bytes") {
-      c.eagerMaxBytes = parseUnsigned(kWhat, kv, 0, uint64_t{1} << 40);
-    } else if (k == "max_message_bytes") {
-      c.maxMessageBytes = parseUnsigned(kWhat, kv, 0, kMaxMessageBytes);
-    } else if (k == "loss_recovery") {
-      c.lossRecovery = parseChoice(kWhat, kv, lossRecoveryNames());
-    } else if (k == "congestion") {
-      c.congestion = parseChoice(kWhat, kv, congestionControlNames());
-    } else if (k == "initial_cwnd_packets") {
-      c.initialCwndPackets = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, kMaxCount));
-    } else if (k == "min_cwnd_packets") {
-      c.minCwndPackets = static_cast<uint32_t>(parseUnsigned(kWhat, kv, 1, kMaxCount));
-    } else {
-      throwUnknownKey(kWhat, kv, udpConfigKeys());
-    }
-  }
+  constexpr uint64_t kTiB = uint64_t{1} << 40;
+  static const config::Schema<UdpConfig> schema(
+      std::string(kWhat),
+      {
+          member(bytes("mtu_payload", kMinMtuPayload, kMaxDatagramBytes,
+                       "largest datagram, our header included; a group's default is its "
+                       "interface's MTU - 28 (1472 on Ethernet, 8972 jumbo, 65507 loopback)"),
+                 &UdpConfig::mtuPayload),
+          member(integer("rto_min_us", 1, kMaxUs, "RTO floor (RTO = srtt + 4 rttvar + max ack delay, doubled per expiry)"),
+                 &UdpConfig::rtoMinUs),
+          member(integer("rto_max_us", 1, kMaxUs, "RTO ceiling"),
+                 &UdpConfig::rtoMaxUs),
+          member(integer("initial_rtt_us", 1, kMaxUs, "RTT assumed before the first sample"),
+                 &UdpConfig::initialRttUs),
+          member(integer("max_rto_expiries", 1, 1000,
+                         "a peer is failed after this many consecutive timeouts and "
+                         "peer_timeout_us without anything new acknowledged"),
+                 &UdpConfig::maxRtoExpiries),
+          member(integer("ack_every", 1, 1024, "acknowledge every this many packets (out-of-order packets, PINGs and "
+                         "a message's last packet at once)"),
+                 &UdpConfig::ackEvery),
+          member(integer("max_ack_delay_us", 0, 1'000'000,
+                         "longest an acknowledgement is held back"),
+                 &UdpConfig::maxAckDelayUs),
+          member(integer("reorder_threshold", 1, kMaxCount,
+                         "later packets acknowledged before a packet counts as lost"),
+                 &UdpConfig::reorderThreshold),
+          member(bytes("send_window_bytes", kMinMtuPayload, kTiB,
+                       "most bytes in flight per peer; loss detection needs "
+                       "reorder_threshold packets after a lost one, so keep many datagrams"),
+                 &UdpConfig::sendWindowBytes),
+          member(bytes("unexpected_bytes", 4 * kMessageChargeBytes, kTiB,
+                       "the receiver's per-peer budget (credit) for messages that arrive "
+                       "before their receive; both ends must agree"),
+                 &UdpConfig::unexpectedBytes),
+          member(bytes("eager_max_bytes", 0, kTiB,
+                       "largest message sent eagerly; larger ones by rendezvous"),
+                 &UdpConfig::eagerMaxBytes),
+          member(bytes("max_message_bytes", 0, kMaxMessageBytes, "longest message accepted"),
+                 &UdpConfig::maxMessageBytes),
+          member(choice("loss_recovery", lossRecoveryNames(), "selective_repeat (resend what was lost; the receiver keeps "
+                        "out-of-order data) or go_back_n (the receiver drops what follows a "
+                        "gap; the sender resends from the lost packet on)"),
+                 &UdpConfig::lossRecovery),
+          member(choice("congestion", congestionControlNames(), "none (a fixed window) or aimd (a Reno-style window in "
+                        "packets)"),
+                 &UdpConfig::congestion),
+          member(integer("initial_cwnd_packets", 1, kMaxCount,
+                         "aimd: window at start and its slow-start origin"),
+                 &UdpConfig::initialCwndPackets),
+          member(integer("min_cwnd_packets", 1, kMaxCount,
+                         "aimd: floor after losses and timeouts"),
+                 &UdpConfig::minCwndPackets),
+          member(integer("keepalive_us", 0, kMaxUs,
+                         "silence before a PING while a receive waits on the peer (0: off)"),
+                 &UdpConfig::keepaliveUs),
+          member(integer("peer_timeout_us", 0, kMaxUs,
+                         "least time without anything new acknowledged before a peer is "
+                         "failed (0: the timeout count alone)"),
+                 &UdpConfig::peerTimeoutUs),
+          member(integer("tail_probes", 0, 16, "PINGs sent when ACKs stop with packets in flight, before the RTO "
+                         "(0: off)"),
+                 &UdpConfig::tailProbes),
+      });
+  return schema;
+}
+
+std::vector<std::string> udpConfigKeys() { return udpConfigSchema().keys(); }
+
+UdpConfig parseUdpConfig(std::string_view text, UdpConfig base) {
+  UdpConfig c = udpConfigSchema().parse(text, std::move(base));
   validate(c);
   return c;
 }
@@ -118,25 +138,6 @@ void validate(const UdpConfig& c) {
   }
 }
 
-std::string describe(const UdpConfig& c) {
-  return "mtu_payload=" + std::to_string(c.mtuPayload) +
-         ",rto_min_us=" + std::to_string(c.rtoMinUs) +
-         ",rto_max_us=" + std::to_string(c.rtoMaxUs) +
-         ",initial_rtt_us=" + std::to_string(c.initialRttUs) +
-         ",max_rto_expiries=" + std::to_string(c.maxRtoExpiries) +
-         ",ack_every=" + std::to_string(c.ackEvery) +
-         ",max_ack_delay_us=" + std::to_string(c.maxAckDelayUs) +
-         ",reorder_threshold=" + std::to_string(c.reorderThreshold) +
-         ",send_window_bytes=" + std::to_string(c.sendWindowBytes) +
-         ",unexpected_bytes=" + std::to_string(c.unexpectedBytes) +
-         ",eager_max_bytes=" + std::to_string(c.eagerMaxBytes) +
-         ",max_message_bytes=" + std::to_string(c.maxMessageBytes) +
-         ",loss_recovery=" + c.lossRecovery + ",congestion=" + c.congestion +
-         ",initial_cwnd_packets=" + std::to_string(c.initialCwndPackets) +
-         ",min_cwnd_packets=" + std::to_string(c.minCwndPackets) +
-         ",keepalive_us=" + std::to_string(c.keepaliveUs) +
-         ",peer_timeout_us=" + std::to_string(c.peerTimeoutUs) +
-         ",tail_probes=" + std::to_string(c.tailProbes);
-}
+std::string describe(const UdpConfig& c) { return udpConfigSchema().describe(c); }
 
 }  // namespace ucxb::udp

@@ -9,9 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include "transports/config/schema.h"
 #include "transports/udp/udp_types.h"
 
 namespace ucxb::udp {
+
+// Configuration errors are the shared kind (transports/config/key_values.h).
+using config::ConfigError;
+using config::joinNames;
 
 struct UdpConfig {
   // Largest datagram sent (UDP payload bytes, our header included). 1472 = 1500-byte Ethernet
@@ -77,10 +82,12 @@ struct UdpConfig {
   uint32_t minCwndPackets = 2;       // aimd: floor after losses and timeouts
 };
 
+// Every knob above, declared once: name, range, help (defaults: the initializers above).
+const config::Schema<UdpConfig>& udpConfigSchema();
 // The keys parseUdpConfig() accepts.
-const std::vector<std::string>& udpConfigKeys();
+std::vector<std::string> udpConfigKeys();
 
-// Applies "key=value,..." on top of `base`. Throws ConfigError (key_values.h) naming the key,
+// Applies "key=value,..." on top of `base`. Throws ConfigError (transports/config/) naming the key,
 // the value and what is allowed, for an unknown key, a bad value, or an inconsistent
 // combination (see validate()).
 UdpConfig parseUdpConfig(std::string_view text, UdpConfig base = {});

@@ -1,4 +1,5 @@
-// ProcessGroupUCX: the c10d::Backend named "ucx". It validates and stages tensors on the
+// TransportBackend: the c10d::Backend registered as "ucx" and as "udp", one class over either
+// transport. It validates and stages tensors on the
 // caller's thread, queues each op to the group's ProgressEngine, and runs the op there through
 // the algorithms in csrc/collectives (see progress_engine.h for the execution model).
 #pragma once
@@ -15,20 +16,21 @@
 #include <string>
 #include <vector>
 
+#include "csrc/backend_options.h"
 #include "csrc/collectives/comm.h"
 #include "csrc/engine/progress_engine.h"
 #include "csrc/tensor_checks.hpp"
-#include "csrc/work_ucx.hpp"
+#include "csrc/transport_work.hpp"
 
 namespace ucxb {
 
-class ProcessGroupUCX : public c10d::Backend {
+class TransportBackend : public c10d::Backend {
  public:
-  // options: the validated knobs from the Python config (progress_mode, spin_us).
-  ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+  // options: every knob by name, as text (backend_options.h); a bad one is a ValueError.
+  TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout, std::string groupId,
                   std::vector<int64_t> globalRanks, const std::map<std::string, std::string>& options);
-  ~ProcessGroupUCX() override;
+  ~TransportBackend() override;
 
   // "ucx" or "udp": the transport this group runs on.
   const std::string getBackendName() const override { return backendName_; }
@@ -106,7 +108,7 @@ class ProcessGroupUCX : public c10d::Backend {
 
   Checker checker(const char* op) const { return Checker{op, getRank(), getSize(), backendName_}; }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
-  c10::intrusive_ptr<WorkUCX> makeWork(const char* op, c10d::OpType type,
+  c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
                                        std::vector<at::Tensor> outputs, std::string tensors,
                                        std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
@@ -131,6 +133,7 @@ class ProcessGroupUCX : public c10d::Backend {
                                                    std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::Store> store_;
+  const BackendOptions options_;
   const std::string backendName_;
   std::atomic<std::chrono::milliseconds> timeout_;
   const std::string groupId_;
@@ -144,16 +147,13 @@ class ProcessGroupUCX : public c10d::Backend {
   std::atomic<uint64_t> collectiveSeq_{0};
   std::atomic<uint64_t> p2pSeq_{0};
   // The Work whose task the progress thread is running (for timeout messages).
-  std::shared_ptr<std::atomic<const WorkUCX*>> running_;
+  std::shared_ptr<std::atomic<const TransportWork*>> running_;
   // Ops may also be issued from Future callbacks on the progress thread.
   std::mutex coalesceMu_;
   bool coalescing_ = false;
   bool sharedMemory_ = false;
-  std::vector<c10::intrusive_ptr<WorkUCX>> coalesced_;
+  std::vector<c10::intrusive_ptr<TransportWork>> coalesced_;
 };
 
-EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options);
-// algo_<op> and chunk_bytes; throws c10::ValueError on a bad value.
-algo::Tuning parseTuning(const std::map<std::string, std::string>& options);
 
 }  // namespace ucxb

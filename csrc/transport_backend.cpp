@@ -1,11 +1,8 @@
 // Construction, queuing, point-to-point, barrier and coalescing. Collectives live in
 // collective_ops.cpp.
-#include "csrc/process_group_ucx.hpp"
+#include "csrc/transport_backend.hpp"
 
 #include <ATen/core/grad_mode.h>
-
-#include <cerrno>
-#include <cstdlib>
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
@@ -17,73 +14,32 @@ namespace ucxb {
 
 namespace {
 
-// A base-10 integer option of at least `minimum`; anything else is a ValueError naming it.
-long long parseIntOption(const std::string& key, const std::string& value, long long minimum) {
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno == ERANGE || parsed < minimum) {
-    throw c10::ValueError({__func__, __FILE__, __LINE__},
-                          "ucx: " + key + " must be an integer >= " + std::to_string(minimum) +
-                              ", got '" + value + "'");
+BackendOptions parseOptionsOrThrow(const std::map<std::string, std::string>& options) {
+  try {
+    return parseBackendOptions(options);
+  } catch (const config::ConfigError& e) {
+    const auto it = options.find("transport");
+    throwBadOption(it == options.end() ? "ucxbackend" : it->second, e.what());
   }
-  return parsed;
 }
 
 }  // namespace
 
-EngineConfig parseEngineConfig(const std::map<std::string, std::string>& options) {
-  EngineConfig config;
-  for (const auto& [key, value] : options) {
-    if (key == "progress_mode") {
-      if (value == "sleep") {
-        config.mode = ProgressMode::kSleep;
-      } else if (value == "poll") {
-        config.mode = ProgressMode::kPoll;
-      } else {
-        throw c10::ValueError({__func__, __FILE__, __LINE__},
-                              "ucx: progress_mode must be 'sleep' or 'poll', got '" + value + "'");
-      }
-    } else if (key == "spin_us") {
-      config.spin = std::chrono::microseconds(parseIntOption(key, value, 0));
-    }
-    // Other keys belong to the Python layer (e.g. log_level) or to parseTuning.
-  }
-  return config;
-}
-
-algo::Tuning parseTuning(const std::map<std::string, std::string>& options) {
-  algo::Tuning tuning;
-  for (size_t i = 0; i < algo::kOpCount; ++i) {
-    const auto op = static_cast<algo::Op>(i);
-    const auto it = options.find(std::string("algo_") + algo::opName(op));
-    if (it == options.end()) continue;
-    try {
-      tuning.forced[i] = algo::parseAlgorithm(op, it->second);
-    } catch (const std::invalid_argument& e) {
-      throw c10::ValueError({__func__, __FILE__, __LINE__}, std::string("ucx: ") + e.what());
-    }
-  }
-  if (const auto it = options.find("chunk_bytes"); it != options.end()) {
-    tuning.chunkBytes = static_cast<size_t>(parseIntOption(it->first, it->second, 1));
-  }
-  return tuning;
-}
-
-ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                  std::chrono::milliseconds timeout, std::string groupId,
                                  std::vector<int64_t> globalRanks,
                                  const std::map<std::string, std::string>& options)
     : c10d::Backend(rank, size),
       store_(store),
-      backendName_(transportName(options)),
+      options_(parseOptionsOrThrow(options)),
+      backendName_(options_.transport),
       timeout_(timeout),
       groupId_(std::move(groupId)),
       groupHash_(tag::groupHash(groupId_.c_str())),
       globalRanks_(std::move(globalRanks)),
-      engineConfig_(parseEngineConfig(options)),
-      tuning_(parseTuning(options)),
-      running_(std::make_shared<std::atomic<const WorkUCX*>>(nullptr)) {
+      engineConfig_(options_.engine()),
+      tuning_(options_.tuning()),
+      running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)) {
   if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
@@ -91,39 +47,39 @@ ProcessGroupUCX::ProcessGroupUCX(const c10::intrusive_ptr<c10d::Store>& store, i
   std::unique_ptr<StagingArea> staging;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
-    transport = makeTransport(options, rank, size, exchange);
+    transport = makeTransport(options_, rank, size, exchange);
     const auto addresses = exchange.exchange(transport->localAddress());
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
     }
     exchange.allConnected();
-    staging = setUpStaging(options, rank, size, tuning_.chunkBytes, exchange);
+    staging = setUpStaging(options_, rank, size, tuning_.chunkBytes, exchange);
+  } catch (const config::ConfigError& e) {
+    throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {
-    throw c10::DistBackendError({__func__, __FILE__, __LINE__},
-                                backendName_ + ": setting up group '" + groupId_ + "' on rank " +
-                                    std::to_string(rank) + " failed: " + e.what());
+    throwSetupFailed(backendName_, groupId_, rank, e.what());
   }
   sharedMemory_ = staging != nullptr;
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
 }
 
-ProcessGroupUCX::~ProcessGroupUCX() { shutdown(); }
+TransportBackend::~TransportBackend() { shutdown(); }
 
-TrafficSnapshot ProcessGroupUCX::traffic() const {
+TrafficSnapshot TransportBackend::traffic() const {
   return engine_ ? engine_->traffic() : TrafficSnapshot{};
 }
 
-void ProcessGroupUCX::shutdown() {
+void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
 }
 
-std::chrono::milliseconds ProcessGroupUCX::timeoutFor(std::chrono::milliseconds requested) const {
+std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds requested) const {
   return requested == c10d::kUnsetTimeout ? timeout_.load() : requested;
 }
 
-c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpType type,
+c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10d::OpType type,
                                                       std::vector<at::Tensor> outputs,
                                                       std::string tensors,
                                                       std::chrono::milliseconds timeout) {
@@ -131,7 +87,7 @@ c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpTy
                    type == c10d::OpType::RECVANYSOURCE;
   OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
                 backendName_};
-  auto work = c10::make_intrusive<WorkUCX>(std::move(ctx), type, std::move(outputs), timeout);
+  auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout);
   work->setSpin(engineConfig_.spin);
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
@@ -147,7 +103,7 @@ c10::intrusive_ptr<WorkUCX> ProcessGroupUCX::makeWork(const char* op, c10d::OpTy
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::OpType type,
                                                         std::vector<at::Tensor> outputs,
                                                         std::string tensors,
                                                         std::chrono::milliseconds timeout,
@@ -179,14 +135,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueue(const char* op, c10d::Op
   task.abandon = [work](const std::string& why) {
     work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
   };
-  task.keepAlive = std::make_shared<c10::intrusive_ptr<WorkUCX>>(work);
+  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
   engine_->post(std::move(task));
   return work;
 }
 
 // --- point-to-point ---------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::enqueueP2P(const char* op, c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d::OpType type,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
   auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_.load());
@@ -261,7 +217,7 @@ uint64_t checkedUserTag(const Checker& c, int tag) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::send(std::vector<at::Tensor>& tensors, int dstRank,
+c10::intrusive_ptr<c10d::Work> TransportBackend::send(std::vector<at::Tensor>& tensors, int dstRank,
                                                      int tag) {
   const auto c = checker("send");
   c.single(tensors);
@@ -271,7 +227,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::send(std::vector<at::Tensor>& te
   return enqueueP2P("send", c10d::OpType::SEND, tensors[0], dstRank, t, tag::kFullMask);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recv(std::vector<at::Tensor>& tensors, int srcRank,
+c10::intrusive_ptr<c10d::Work> TransportBackend::recv(std::vector<at::Tensor>& tensors, int srcRank,
                                                      int tag) {
   const auto c = checker("recv");
   c.single(tensors);
@@ -281,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recv(std::vector<at::Tensor>& te
   return enqueueP2P("recv", c10d::OpType::RECV, tensors[0], srcRank, t, tag::kFullMask);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recvAnysource(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                               int tag) {
   const auto c = checker("recvAnysource");
   c.single(tensors);
@@ -293,13 +249,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::recvAnysource(std::vector<at::Te
 
 // --- barrier and coalescing --------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> TransportBackend::barrier(const c10d::BarrierOptions& opts) {
   // Ops run in issue order, so the barrier also waits for every collective issued before it.
   return enqueue("barrier", c10d::OpType::BARRIER, {}, "", timeoutFor(opts.timeout),
                  [](Comm& comm) { algo::barrier(comm); });
 }
 
-void ProcessGroupUCX::startCoalescing() {
+void TransportBackend::startCoalescing() {
   std::lock_guard<std::mutex> lock(coalesceMu_);
   if (coalescing_) {
     throwInvalid("startCoalescing", getRank(), "a coalescing block is already open", backendName_);
@@ -308,8 +264,8 @@ void ProcessGroupUCX::startCoalescing() {
   coalesced_.clear();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
-  std::vector<c10::intrusive_ptr<WorkUCX>> members;
+c10::intrusive_ptr<c10d::Work> TransportBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<TransportWork>> members;
   {
     std::lock_guard<std::mutex> lock(coalesceMu_);
     if (!coalescing_) {
@@ -324,7 +280,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupUCX::endCoalescing() {
   }
   OpContext ctx{"coalesced", getRank(), getSize(), 0, std::to_string(members.size()) + " ops",
                 backendName_};
-  auto group = c10::make_intrusive<WorkUCX>(ctx, c10d::OpType::COALESCED, outputs, timeout_.load());
+  auto group = c10::make_intrusive<TransportWork>(ctx, c10d::OpType::COALESCED, outputs, timeout_.load());
   if (members.empty()) {
     group->finishOk();
     return group;

@@ -1,11 +1,11 @@
-#include "csrc/work_ucx.hpp"
+#include "csrc/transport_work.hpp"
 
 #include <ATen/core/ivalue.h>
 #include <sched.h>
 
 namespace ucxb {
 
-WorkUCX::WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
+TransportWork::TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                  std::chrono::milliseconds timeout)
     : c10d::Work(ctx.rank, type),
       ctx_(std::move(ctx)),
@@ -14,7 +14,7 @@ WorkUCX::WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outpu
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {}
 
-bool WorkUCX::wait(std::chrono::milliseconds timeout) {
+bool TransportWork::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
   if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {
     const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(
@@ -42,7 +42,7 @@ bool WorkUCX::wait(std::chrono::milliseconds timeout) {
 // Future callbacks run inside markCompleted/setError, on the progress thread, often within a
 // UCX callback: an exception thrown by one must not unwind through UCX or end the thread. The
 // op's own outcome is already recorded by then.
-void WorkUCX::finishOk() {
+void TransportWork::finishOk() {
   try {
     future_->markCompleted(c10::IValue(outputs_));
   } catch (...) {
@@ -51,7 +51,7 @@ void WorkUCX::finishOk() {
   done_.store(true, std::memory_order_release);
 }
 
-void WorkUCX::finishError(std::exception_ptr error) {
+void TransportWork::finishError(std::exception_ptr error) {
   try {
     future_->setError(error);
   } catch (...) {

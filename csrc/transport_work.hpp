@@ -16,9 +16,9 @@
 
 namespace ucxb {
 
-class WorkUCX : public c10d::Work {
+class TransportWork : public c10d::Work {
  public:
-  WorkUCX(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
+  TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
           std::chrono::milliseconds timeout);
   // Tells a timed-out wait() what the op is stuck on.
   void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }

@@ -1,0 +1,158 @@
+#include "csrc/backend_options.h"
+
+#include "transports/udp/faults.h"
+#include "transports/udp/udp_config.h"
+
+namespace ucxb {
+namespace {
+
+constexpr uint64_t kSpinUsMax = (uint64_t{1} << 31) - 1;  // fits any int parser
+constexpr uint64_t kChunkBytesMax = uint64_t{1} << 40;
+
+// A "key=value,..." knob checked against `schema` now, so a typo fails where it is written;
+// returns the list with blanks removed and each value in its canonical spelling.
+template <typename T>
+config::TextCheck keyValuesOf(const config::Schema<T>& schema,
+                              void (*validate)(const T&) = nullptr) {
+  return [&schema, validate](const std::string& value) {
+    std::string out;
+    T parsed{};
+    for (const auto& kv : config::splitKeyValues(value, schema.what())) {
+      const std::string canonical = schema.normalizeValue(kv.key, kv.value);
+      schema.set(parsed, kv.key, canonical);
+      out += (out.empty() ? "" : ",") + kv.key + "=" + canonical;
+    }
+    if (validate != nullptr) validate(parsed);
+    return out;
+  };
+}
+
+template <typename T>
+std::string keyValuesAllowed(const config::Schema<T>& schema) {
+  return "'key=value,...' with keys " + config::joinNames(schema.keys());
+}
+
+config::Field<BackendOptions> algorithmField(size_t i) {
+  const auto op = static_cast<algo::Op>(i);
+  const std::string name = std::string("algo_") + algo::opName(op);
+  return {config::choice(name, algo::namesFor(op),
+                         "force the " + std::string(algo::opName(op)) +
+                             " algorithm; 'auto' chooses by message size and group size "
+                             "(docs/algorithms.md)"),
+          {},
+          [i](BackendOptions& o, const std::string& v) { o.algorithms[i] = v; },
+          [i](const BackendOptions& o) { return o.algorithms[i]; }};
+}
+
+std::vector<config::Field<BackendOptions>> fields() {
+  using config::choice;
+  using config::member;
+  using O = BackendOptions;
+  auto internal = [](config::FieldInfo info) {
+    info.internal = true;
+    return info;
+  };
+  std::vector<config::Field<O>> f = {
+      member(internal(choice("transport", {"ucx", "udp"}, "the transport under the group")),
+             &O::transport),
+      member(internal(config::text("udp_host", "a numeric IPv4 address",
+                                   "udp: the address this rank binds")),
+             &O::udpHost),
+      member(internal(config::text("ucx_net_devices", "UCX_NET_DEVICES' syntax",
+                                   "ucx: the devices for the group's UCX context, picked by "
+                                   "ifname; '' keeps UCX's choice")),
+             &O::ucxNetDevices),
+      member(choice("progress_mode", {"sleep", "poll"},
+                    "sleep: the progress thread blocks on the transport's wake-up fd when idle "
+                    "and after spinning briefly (spin_us) during an op; poll: busy-poll, "
+                    "lowest latency, burns a core per rank"),
+             &O::progressMode),
+      member(config::integer("spin_us", 0, kSpinUsMax,
+                             "microseconds to poll (yielding the core between polls) before "
+                             "sleeping: the progress thread while an op waits and after its "
+                             "last op, the caller in Work.wait()"),
+             &O::spinUs),
+      member(choice("log_level", {"DEBUG", "INFO", "WARNING", "ERROR"},
+                    "level of the 'ucxbackend' logger (standard Python logging)"),
+             &O::logLevel),
+      member(config::bytes("chunk_bytes", 1, kChunkBytesMax,
+                           "largest piece of a message reduced or pipelined at once; extra "
+                           "memory per op is at most two chunks (docs/algorithms.md)"),
+             &O::chunkBytes),
+  };
+  for (size_t i = 0; i < algo::kOpCount; ++i) f.push_back(algorithmField(i));
+  const auto& udpSchema = udp::udpConfigSchema();
+  const auto& faultSchema = udp::faultConfigSchema();
+  std::vector<config::Field<O>> rest = {
+      member(choice("shared_memory", {"auto", "off"},
+                    "ucx backend only: with 'auto', a group whose ranks all run on one host "
+                    "(same boot, mount and network namespace) moves large all_reduce, "
+                    "all_gather, broadcast and all_to_all messages through shared-memory "
+                    "slots, one copy less per byte than through UCX; off when UCX_TLS leaves "
+                    "out shared memory"),
+             &O::sharedMemory),
+      member(choice("staging_stores", {"cached", "streaming"},
+                    "ucx backend, shared-memory staging only: how a rank writes the slots its "
+                    "peer reads; 'streaming' uses non-temporal stores that go around its "
+                    "cache, for hosts where handing freshly written cache lines to another "
+                    "core is slow (when scripts/cross_core_copy.cpp runs faster with "
+                    "'streaming')"),
+             &O::stagingStores),
+      member(config::text("ifname",
+                          "'' (automatic) or interface names: 'eth0', 'eth,ib' (prefixes), "
+                          "'=eth0' (exact), '^docker,lo' (exclude)",
+                          "network interface(s) for traffic between hosts, for both backends "
+                          "(like NCCL_SOCKET_IFNAME): udp binds the first one's address; ucx "
+                          "uses those interfaces plus their RDMA ports (UCX_NET_DEVICES), "
+                          "unless UCX_NET_DEVICES is set. Automatic: the interface that routes "
+                          "to the rendezvous host, never loopback for a remote one"),
+             &O::ifname),
+      member(config::text("udp_config", keyValuesAllowed(udpSchema),
+                          "udp backend only: the reliability layer's settings, e.g. "
+                          "'loss_recovery=go_back_n,congestion=aimd' (mtu_payload defaults to "
+                          "the interface MTU); docs/configuration.md lists every key"),
+             &O::udpConfig, keyValuesOf(udpSchema, &udp::validate)),
+      member(config::text("udp_faults", keyValuesAllowed(faultSchema),
+                          "udp backend only: seeded fault injection on received datagrams, "
+                          "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'"),
+             &O::udpFaults, keyValuesOf(faultSchema)),
+  };
+  f.insert(f.end(), rest.begin(), rest.end());
+  return f;
+}
+
+}  // namespace
+
+EngineConfig BackendOptions::engine() const {
+  EngineConfig config;
+  config.mode = progressMode == "poll" ? ProgressMode::kPoll : ProgressMode::kSleep;
+  config.spin = std::chrono::microseconds(spinUs);
+  return config;
+}
+
+algo::Tuning BackendOptions::tuning() const {
+  algo::Tuning tuning;
+  for (size_t i = 0; i < algo::kOpCount; ++i) {
+    tuning.forced[i] = algo::parseAlgorithm(static_cast<algo::Op>(i), algorithms[i]);
+  }
+  tuning.chunkBytes = static_cast<size_t>(chunkBytes);
+  return tuning;
+}
+
+SlotStores BackendOptions::slotStores() const {
+  return stagingStores == "streaming" ? SlotStores::kStreaming : SlotStores::kCached;
+}
+
+const config::Schema<BackendOptions>& backendOptionsSchema() {
+  static const config::Schema<BackendOptions> schema("ucxbackend option", fields());
+  return schema;
+}
+
+BackendOptions parseBackendOptions(const std::map<std::string, std::string>& options) {
+  BackendOptions parsed;
+  const auto& schema = backendOptionsSchema();
+  for (const auto& [key, value] : options) schema.set(parsed, key, value);
+  return parsed;
+}
+
+}  // namespace ucxb

@@ -1,0 +1,50 @@
+// Every knob of a ucx or udp process group, declared once in backendOptionsSchema(): name,
+// kind, range or choices, help, and the member below it fills (whose initializer is the
+// default). Python reads the schema from _C (ucxbackend/config.py builds its knobs from it),
+// so adding a knob is one Field here plus the code that uses it. Torch-free.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "csrc/collectives/selection.h"
+#include "csrc/engine/progress_engine.h"
+#include "csrc/engine/staging_area.h"
+#include "transports/config/schema.h"
+
+namespace ucxb {
+
+struct BackendOptions {
+  // Set by the Python layer for the group, not by users (FieldInfo::internal).
+  std::string transport = "ucx";     // "ucx" or "udp": the registered backend's name
+  std::string udpHost = "127.0.0.1";  // udp: the numeric address to bind
+  std::string ucxNetDevices;          // ucx: UCX_NET_DEVICES for the group's context
+
+  std::string progressMode = "sleep";
+  uint64_t spinUs = 250;
+  std::string logLevel = "WARNING";  // read by the Python layer only (the logging module)
+  uint64_t chunkBytes = uint64_t{4} << 20;
+  std::array<std::string, algo::kOpCount> algorithms = {"auto", "auto", "auto",
+                                                        "auto", "auto", "auto"};
+  std::string sharedMemory = "auto";
+  std::string stagingStores = "cached";
+  std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
+  std::string udpConfig;
+  std::string udpFaults;
+
+  // What the engine, the algorithms and staging take from these.
+  EngineConfig engine() const;
+  algo::Tuning tuning() const;
+  bool stagingWanted() const { return sharedMemory == "auto"; }
+  SlotStores slotStores() const;
+};
+
+const config::Schema<BackendOptions>& backendOptionsSchema();
+
+// The options of one group from the name -> text map Python hands over. Throws
+// config::ConfigError naming the knob, the value and what is allowed (an unknown name too).
+BackendOptions parseBackendOptions(const std::map<std::string, std::string>& options);
+
+}  // namespace ucxb
