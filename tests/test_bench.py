@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import io
 import json
 import os
@@ -26,7 +27,19 @@ import pytest
 import torch
 
 import ucxbackend
-from ucxbackend import bench, cli
+from ucxbackend import cli
+from ucxbackend.bench import cases as bench_cases
+from ucxbackend.bench import common as bench_common
+from ucxbackend.bench import launcher as bench_launcher
+from ucxbackend.bench import mpi as bench_mpi
+from ucxbackend.bench import options as bench_options
+from ucxbackend.bench import plot as bench_plot
+from ucxbackend.bench import progress as bench_progress
+from ucxbackend.bench import report as bench_report
+from ucxbackend.bench import runner as bench_runner
+from ucxbackend.bench import sizes as bench_sizes
+from ucxbackend.bench import timing as bench_timing
+from ucxbackend.bench import udp as bench_udp
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ("-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1")
@@ -73,8 +86,8 @@ def parse_args(*argv: str) -> argparse.Namespace:
     return cli.build_parser().parse_args(["bench", *argv])
 
 
-def options(*argv: str) -> bench.BenchOptions:
-    return bench.BenchOptions.from_args(parse_args(*argv))
+def options(*argv: str) -> bench_options.BenchOptions:
+    return bench_options.BenchOptions.from_args(parse_args(*argv))
 
 
 # --------------------------------------------------------------------------- table parsing
@@ -86,7 +99,7 @@ def parse_tables(stdout: str) -> dict[str, dict[str, Any]]:
     current: dict[str, Any] | None = None
     for line in stdout.splitlines():
         m = re.fullmatch(r"# (\w+)", line)
-        if m and m.group(1) in bench.COLLECTIVES:
+        if m and m.group(1) in bench_common.COLLECTIVES:
             current = tables.setdefault(m.group(1), {"head": [], "rows": [], "footer": []})
             continue
         if current is None:
@@ -125,17 +138,17 @@ def cell(table: dict[str, Any], row: Sequence[str], backend: str, what: str) -> 
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert bench.parse_size(text) == expected
+    assert bench_sizes.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "12X", "1.5M", "-8", "M", "8KB", "0x10"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="invalid size"):
-        bench.parse_size(text)
+        bench_sizes.parse_size(text)
 
 
 def test_format_size() -> None:
-    assert [bench.format_size(n) for n in (8, 1024, 1536, 16 << 20, 3 << 30)] == [
+    assert [bench_sizes.format_size(n) for n in (8, 1024, 1536, 16 << 20, 3 << 30)] == [
         "8",
         "1K",
         "1536",
@@ -145,54 +158,62 @@ def test_format_size() -> None:
 
 
 def test_size_sweep() -> None:
-    sweep = bench.size_sweep(8, 64 << 20, 2)  # nccl-tests' defaults: -b 8 -e 64M -f 2
+    sweep = bench_sizes.size_sweep(8, 64 << 20, 2)  # nccl-tests' defaults: -b 8 -e 64M -f 2
     assert len(sweep) == 24
     assert sweep[0] == 8 and sweep[-1] == 64 << 20
     assert sweep == [8 << k for k in range(24)]
-    assert bench.size_sweep(8, 64 << 10, 8) == [8, 64, 512, 4096, 32768]
-    assert bench.size_sweep(100, 100, 2) == [100]
-    assert bench.size_sweep(3, 100, 4) == [3, 12, 48]
+    assert bench_sizes.size_sweep(8, 64 << 10, 8) == [8, 64, 512, 4096, 32768]
+    assert bench_sizes.size_sweep(100, 100, 2) == [100]
+    assert bench_sizes.size_sweep(3, 100, 4) == [3, 12, 48]
     for bad in ((0, 8, 2), (16, 8, 2), (8, 64, 1)):
         with pytest.raises(ValueError):
-            bench.size_sweep(*bad)
+            bench_sizes.size_sweep(*bad)
 
 
 def test_layouts_follow_nccl_tests() -> None:
     # all_reduce: the tensor; count = elements
-    assert bench.layout_for("all_reduce", 1000, 4, 3) == bench.Layout("all_reduce", 1000, 250)
-    assert bench.layout_for("all_reduce", 10, 4, 2) == bench.Layout("all_reduce", 8, 2)
-    assert bench.layout_for("sendrecv", 1, 8, 2) == bench.Layout("sendrecv", 8, 1)  # >= 1 elt
+    assert bench_sizes.layout_for("all_reduce", 1000, 4, 3) == bench_sizes.Layout(
+        "all_reduce", 1000, 250
+    )
+    assert bench_sizes.layout_for("all_reduce", 10, 4, 2) == bench_sizes.Layout("all_reduce", 8, 2)
+    assert bench_sizes.layout_for("sendrecv", 1, 8, 2) == bench_sizes.Layout(
+        "sendrecv", 8, 1
+    )  # >= 1 elt
     # total-buffer collectives: size = whole buffer, rounded to whole per-rank chunks;
     # count = per rank (all_gather, reduce_scatter) or per peer (all_to_all)
     for coll in ("all_gather", "reduce_scatter", "all_to_all"):
-        assert bench.layout_for(coll, 1000, 4, 3) == bench.Layout(coll, 996, 83)
-        assert bench.layout_for(coll, 8, 4, 3) == bench.Layout(coll, 12, 1)
-    assert bench.layout_for("barrier", 1 << 20, 4, 2) == bench.Layout("barrier", 0, 0)
+        assert bench_sizes.layout_for(coll, 1000, 4, 3) == bench_sizes.Layout(coll, 996, 83)
+        assert bench_sizes.layout_for(coll, 8, 4, 3) == bench_sizes.Layout(coll, 12, 1)
+    assert bench_sizes.layout_for("barrier", 1 << 20, 4, 2) == bench_sizes.Layout("barrier", 0, 0)
     # sizes that round onto an earlier one are measured once
-    sizes = bench.size_sweep(8, 64, 2)  # 8, 16, 32, 64
-    assert [lay.nbytes for lay in bench.layouts_for("all_gather", sizes, 4, 3)] == [12, 24, 60]
-    assert bench.layouts_for("barrier", sizes, 4, 3) == [bench.Layout("barrier", 0, 0)]
+    sizes = bench_sizes.size_sweep(8, 64, 2)  # 8, 16, 32, 64
+    assert [lay.nbytes for lay in bench_sizes.layouts_for("all_gather", sizes, 4, 3)] == [
+        12,
+        24,
+        60,
+    ]
+    assert bench_sizes.layouts_for("barrier", sizes, 4, 3) == [bench_sizes.Layout("barrier", 0, 0)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16])
 def test_bus_factors_are_nccl_tests(n: int) -> None:
     # PERFORMANCE.md of nccl-tests
-    assert bench.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert bench_sizes.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
     for coll in ("reduce_scatter", "all_gather", "all_to_all"):
-        assert bench.bus_factor(coll, n) == pytest.approx((n - 1) / n)
+        assert bench_sizes.bus_factor(coll, n) == pytest.approx((n - 1) / n)
     for coll in ("broadcast", "reduce", "sendrecv"):
-        assert bench.bus_factor(coll, n) == 1.0
-    assert bench.bus_factor("barrier", n) == 0.0
+        assert bench_sizes.bus_factor(coll, n) == 1.0
+    assert bench_sizes.bus_factor("barrier", n) == 0.0
     with pytest.raises(ValueError):
-        bench.bus_factor("gather", n)
+        bench_sizes.bus_factor("gather", n)
 
 
 def test_bandwidths() -> None:
-    algbw, busbw = bench.bandwidths("all_reduce", 1_000_000_000, 0.5, 4)
+    algbw, busbw = bench_sizes.bandwidths("all_reduce", 1_000_000_000, 0.5, 4)
     assert algbw == pytest.approx(2.0)  # GB/s = 1e9 bytes / s, size / time
     assert busbw == pytest.approx(2.0 * 2 * 3 / 4)
-    assert bench.bandwidths("all_gather", 3_000, 1e-6, 3) == pytest.approx((3.0, 2.0))
-    assert bench.bandwidths("barrier", 0, 1e-5, 2) == (0.0, 0.0)
+    assert bench_sizes.bandwidths("all_gather", 3_000, 1e-6, 3) == pytest.approx((3.0, 2.0))
+    assert bench_sizes.bandwidths("barrier", 0, 1e-5, 2) == (0.0, 0.0)
 
 
 # --------------------------------------------------------------------------- options
@@ -215,7 +236,7 @@ def test_collectives_positional() -> None:
         "all_gather",
         "barrier",
     )
-    assert options("all").collectives == bench.COLLECTIVES
+    assert options("all").collectives == bench_common.COLLECTIVES
     assert options("alltoall", "allreduce", "all_reduce").collectives == (
         "all_to_all",
         "all_reduce",
@@ -264,7 +285,7 @@ def test_options_round_trip() -> None:
     assert opts.columns(False) == ("gloo", "ucx")
     assert opts.json == os.path.abspath("out.json")
     assert opts.rounds == 3
-    again = bench.BenchOptions.from_args(parse_args(*opts.to_argv()))
+    again = bench_options.BenchOptions.from_args(parse_args(*opts.to_argv()))
     assert again == opts
 
 
@@ -302,53 +323,56 @@ def test_bad_options_are_argparse_errors(
     ],
 )
 def test_bad_option_values(argv: tuple[str, ...], message: str) -> None:
-    with pytest.raises(bench.UsageError, match=message):
+    with pytest.raises(bench_common.UsageError, match=message):
         options(*argv)
 
 
 def test_environment_validation(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(bench.UsageError, match=r"unknown backend 'nope'; known: .*gloo"):
-        bench.validate_environment(options("--backends", "ucx,nope"), 2)
-    with pytest.raises(bench.UsageError, match="--root 2 is not a rank"):
-        bench.validate_environment(options("-r", "2"), 2)
+    with pytest.raises(bench_common.UsageError, match=r"unknown backend 'nope'; known: .*gloo"):
+        bench_options.validate_environment(options("--backends", "ucx,nope"), 2)
+    with pytest.raises(bench_common.UsageError, match="--root 2 is not a rank"):
+        bench_options.validate_environment(options("-r", "2"), 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(bench.UsageError, match="CUDA is not available"):
-        bench.validate_environment(options("--device", "cuda"), 2)
-    with pytest.raises(bench.UsageError, match="not found"):
-        bench.validate_environment(options("--json", "/nonexistent/dir/r.json"), 2)
+    with pytest.raises(bench_common.UsageError, match="CUDA is not available"):
+        bench_options.validate_environment(options("--device", "cuda"), 2)
+    with pytest.raises(bench_common.UsageError, match="not found"):
+        bench_options.validate_environment(options("--json", "/nonexistent/dir/r.json"), 2)
     monkeypatch.setattr(ucxbackend, "_C", None)
-    with pytest.raises(bench.UsageError, match="make build"):
-        bench.validate_environment(options(), 2)
+    with pytest.raises(bench_common.UsageError, match="make build"):
+        bench_options.validate_environment(options(), 2)
 
 
 def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = bench.importlib.util.find_spec
+    real = bench_options.importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
         return None if name == "matplotlib" else real(name, *args)
 
-    monkeypatch.setattr(bench.importlib.util, "find_spec", find_spec)
-    with pytest.raises(bench.UsageError, match="pip install matplotlib"):
-        bench.validate_environment(options("--backends", "gloo", "--plot", "x.png"), 2)
+    monkeypatch.setattr(bench_options.importlib.util, "find_spec", find_spec)
+    with pytest.raises(bench_common.UsageError, match="pip install matplotlib"):
+        bench_options.validate_environment(options("--backends", "gloo", "--plot", "x.png"), 2)
 
 
 def test_child_env() -> None:
-    env = bench.child_env({"PATH": "/bin", "PYTHONPATH": "/x"}, 1, 3, 12345)
+    env = bench_launcher.child_env({"PATH": "/bin", "PYTHONPATH": "/x"}, 1, 3, 12345)
     assert env["RANK"] == env["LOCAL_RANK"] == "1"
     assert env["WORLD_SIZE"] == "3" and env["MASTER_PORT"] == "12345"
     assert env["MASTER_ADDR"] == "127.0.0.1"
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["PYTHONPATH"].endswith(os.pathsep + "/x")
-    assert bench.child_env({"OMP_NUM_THREADS": "4"}, 0, 2, 1)["OMP_NUM_THREADS"] == "4"
+    # first the directory this ucxbackend was imported from, so that the ranks import it too
+    root = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert Path(root, "ucxbackend", "__init__.py").samefile(ucxbackend.__file__)
+    assert bench_launcher.child_env({"OMP_NUM_THREADS": "4"}, 0, 2, 1)["OMP_NUM_THREADS"] == "4"
 
 
 def test_supervise_kills_the_rest_after_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_FAIL_GRACE_S", 0.5)
+    monkeypatch.setattr(bench_launcher, "_FAIL_GRACE_S", 0.5)
     fail = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     err = io.StringIO()
     start = time.monotonic()
-    assert bench.supervise([fail, hang], 30.0, err) == bench.EXIT_FAILED
+    assert bench_launcher.supervise([fail, hang], 30.0, err) == bench_common.EXIT_FAILED
     assert time.monotonic() - start < 10
     assert hang.returncode is not None
     assert "rank 0 exited with status 3" in err.getvalue()
@@ -358,10 +382,10 @@ def test_supervise_kills_the_rest_after_a_failure(monkeypatch: pytest.MonkeyPatc
 def test_supervise_deadline_and_wrong_results() -> None:
     hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     err = io.StringIO()
-    assert bench.supervise([hang], 0.5, err) == bench.EXIT_FAILED
+    assert bench_launcher.supervise([hang], 0.5, err) == bench_common.EXIT_FAILED
     assert "timed out after 0.5s; killed ranks [0]" in err.getvalue()
     codes = [subprocess.Popen([sys.executable, "-c", f"raise SystemExit({c})"]) for c in (0, 1)]
-    assert bench.supervise(codes, 30.0, io.StringIO()) == bench.EXIT_WRONG
+    assert bench_launcher.supervise(codes, 30.0, io.StringIO()) == bench_common.EXIT_WRONG
 
 
 # --------------------------------------------------------------------------- check data
@@ -385,33 +409,39 @@ def _reduce_in_dtype(op: str, parts: Sequence[torch.Tensor]) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "half", "float", "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
 def test_patterns_reduce_exactly_in_every_order(dtype: str, op: str) -> None:
-    tdtype = bench._TORCH_DTYPES[dtype]
+    tdtype = bench_common.TORCH_DTYPES[dtype]
     for world in (2, 3, 8):
-        parts = [bench.input_values(op, tdtype, r, world, 0, 600).to(tdtype) for r in range(world)]
-        expected = bench.reduce_values(
-            op, [bench.input_values(op, tdtype, r, world, 0, 600) for r in range(world)], world
+        parts = [
+            bench_cases.input_values(op, tdtype, r, world, 0, 600).to(tdtype) for r in range(world)
+        ]
+        expected = bench_cases.reduce_values(
+            op,
+            [bench_cases.input_values(op, tdtype, r, world, 0, 600) for r in range(world)],
+            world,
         ).to(tdtype)
         for order in (parts, parts[::-1], parts[1:] + parts[:1]):
             got = _reduce_in_dtype(op, order)
-            assert bench.count_wrong(got, expected, op) == 0, (dtype, op, world)
+            assert bench_cases.count_wrong(got, expected, op) == 0, (dtype, op, world)
         # no wrap-around: the exact result fits the dtype
-        exact = bench.reduce_values(
-            op, [bench.input_values(op, tdtype, r, world, 0, 600) for r in range(world)], world
+        exact = bench_cases.reduce_values(
+            op,
+            [bench_cases.input_values(op, tdtype, r, world, 0, 600) for r in range(world)],
+            world,
         )
         assert torch.equal(exact.to(torch.float64), expected.to(torch.float64))
 
 
 def test_patterns_differ_between_ranks_and_positions() -> None:
-    a = bench.input_values("data", torch.float32, 0, 4, 0, 64)
-    b = bench.input_values("data", torch.float32, 1, 4, 0, 64)
+    a = bench_cases.input_values("data", torch.float32, 0, 4, 0, 64)
+    b = bench_cases.input_values("data", torch.float32, 1, 4, 0, 64)
     assert not torch.equal(a, b)
     assert len(set(a.tolist())) > 50
-    prod = bench.input_values("prod", torch.int8, 0, 4, 0, 30)
+    prod = bench_cases.input_values("prod", torch.int8, 0, 4, 0, 30)
     assert set(prod.tolist()) <= {-2, -1, 1, 2} and {1, 2} <= set(prod.tolist())
-    assert set(bench.input_values("prod", torch.uint8, 2, 4, 0, 30).tolist()) == {1, 2}
-    assert bench.sum_modulus(torch.int8, 8) == 16  # 8 * 15 = 120 < 127
-    assert bench.sum_modulus(torch.bfloat16, 8) == 32  # 8 * 31 = 248 < 256
-    assert bench.sum_modulus(torch.float32, 8) == 101
+    assert set(bench_cases.input_values("prod", torch.uint8, 2, 4, 0, 30).tolist()) == {1, 2}
+    assert bench_cases.sum_modulus(torch.int8, 8) == 16  # 8 * 15 = 120 < 127
+    assert bench_cases.sum_modulus(torch.bfloat16, 8) == 32  # 8 * 31 = 248 < 256
+    assert bench_cases.sum_modulus(torch.float32, 8) == 101
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -419,8 +449,11 @@ def test_case_data_simulated(world: int) -> None:
     """Carry out each collective on the inputs by hand; it must equal the expected output."""
     dtype, op, root = torch.int32, "sum", world - 1
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
-        layout = bench.layout_for(coll, 40, 4, world)
-        data = [bench.make_case_data(coll, layout, dtype, op, r, world, root) for r in range(world)]
+        layout = bench_sizes.layout_for(coll, 40, 4, world)
+        data = [
+            bench_cases.make_case_data(coll, layout, dtype, op, r, world, root)
+            for r in range(world)
+        ]
         sends = [d.send for d in data]
         c = layout.count
         for r, d in enumerate(data):
@@ -435,17 +468,17 @@ def test_case_data_simulated(world: int) -> None:
                 got = sends[root]
             else:
                 got = torch.cat([s[r * c : (r + 1) * c] for s in sends])
-            assert bench.count_wrong(got, d.expected, op) == 0, (coll, r)
+            assert bench_cases.count_wrong(got, d.expected, op) == 0, (coll, r)
     reduce = [
-        bench.make_case_data(
-            "reduce", bench.layout_for("reduce", 40, 4, world), dtype, op, r, world, root
+        bench_cases.make_case_data(
+            "reduce", bench_sizes.layout_for("reduce", 40, 4, world), dtype, op, r, world, root
         )
         for r in range(world)
     ]
     assert [d.expected is not None for d in reduce] == [r == root for r in range(world)]
     sr = [
-        bench.make_case_data(
-            "sendrecv", bench.layout_for("sendrecv", 40, 4, world), dtype, op, r, world, 0
+        bench_cases.make_case_data(
+            "sendrecv", bench_sizes.layout_for("sendrecv", 40, 4, world), dtype, op, r, world, 0
         )
         for r in range(world)
     ]
@@ -457,48 +490,50 @@ def test_case_data_simulated(world: int) -> None:
 def test_count_wrong() -> None:
     exp = torch.arange(10, dtype=torch.float32)
     out = exp.clone()
-    assert bench.count_wrong(out, exp, "sum") == 0
-    out[3] = bench.poison_value(torch.float32)  # NaN
+    assert bench_cases.count_wrong(out, exp, "sum") == 0
+    out[3] = bench_cases.poison_value(torch.float32)  # NaN
     out[4] += 1
-    assert bench.count_wrong(out, exp, "sum") == 2
-    assert bench.count_wrong(exp + 1e-8, exp, "avg") == 0
-    assert bench.count_wrong(out, exp, "avg") == 2
+    assert bench_cases.count_wrong(out, exp, "sum") == 2
+    assert bench_cases.count_wrong(exp + 1e-8, exp, "avg") == 0
+    assert bench_cases.count_wrong(out, exp, "avg") == 2
     ints = torch.arange(5, dtype=torch.uint8)
     assert (
-        bench.count_wrong(
-            torch.full((5,), bench.poison_value(torch.uint8), dtype=torch.uint8), ints, "max"
+        bench_cases.count_wrong(
+            torch.full((5,), bench_cases.poison_value(torch.uint8), dtype=torch.uint8), ints, "max"
         )
         == 5
     )
-    with pytest.raises(bench.BenchError, match="elements"):
-        bench.count_wrong(exp[:3], exp, "sum")
+    with pytest.raises(bench_common.BenchError, match="elements"):
+        bench_cases.count_wrong(exp[:3], exp, "sum")
 
 
 # --------------------------------------------------------------------------- table and JSON
 
 
-def _m(us: float | None, wrong: int | None = 0, error: str | None = None) -> bench.Measurement:
+def _m(
+    us: float | None, wrong: int | None = 0, error: str | None = None
+) -> bench_timing.Measurement:
     if us is None:
-        return bench.Measurement(False, error)
-    return bench.Measurement(
+        return bench_timing.Measurement(False, error)
+    return bench_timing.Measurement(
         True, None, {"mean": us, "median": us, "min": us / 2, "max": us * 2}, wrong
     )
 
 
-def _rows() -> list[bench.Row]:
+def _rows() -> list[bench_report.Row]:
     opts = options()
-    r1 = bench.row_for(bench.Layout("all_reduce", 8, 2), opts)
+    r1 = bench_report.row_for(bench_sizes.Layout("all_reduce", 8, 2), opts)
     r1.results.update(ucx=_m(10.0), gloo=_m(100.0))
-    r2 = bench.row_for(bench.Layout("all_reduce", 1 << 20, 1 << 18), opts)
+    r2 = bench_report.row_for(bench_sizes.Layout("all_reduce", 1 << 20, 1 << 18), opts)
     r2.results.update(ucx=_m(500.0, wrong=3), gloo=_m(None, error="RuntimeError: nope"))
     return [r1, r2]
 
 
 def test_table_formatting() -> None:
     rows, cols = _rows(), ("ucx", "gloo")
-    header = bench.format_header("all_reduce", cols, True, "mean")
-    lines = [*header, *(bench.format_row(r, cols, True, "mean", 2) for r in rows)]
-    lines += bench.format_footer(rows, cols, True, "mean", 2)
+    header = bench_report.format_header("all_reduce", cols, True, "mean")
+    lines = [*header, *(bench_report.format_row(r, cols, True, "mean", 2) for r in rows)]
+    lines += bench_report.format_footer(rows, cols, True, "mean", 2)
     text = "\n".join(lines)
     tables = parse_tables(text)
     table = tables["all_reduce"]
@@ -522,14 +557,14 @@ def test_table_formatting() -> None:
     assert "# #wrong (all columns) : 3 FAILED" in text
     assert "# n/a gloo: RuntimeError: nope" in text
     # --stat min: the min time is used; no #wrong column with -c 0
-    row_min = bench.format_row(rows[0], cols, False, "min", 2).split()
+    row_min = bench_report.format_row(rows[0], cols, False, "min", 2).split()
     assert row_min[5] == "5.00" and len(row_min) == 5 + 3 * 2 + 1
 
 
 def test_json_report_schema() -> None:
     opts = options("--backends", "ucx,gloo,mpi")
     rows = _rows()
-    report = bench.build_report(
+    report = bench_report.build_report(
         opts=opts,
         world=2,
         rows_by_collective={"all_reduce": rows},
@@ -574,7 +609,7 @@ def test_json_report_schema() -> None:
 
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    report = bench.build_report(
+    report = bench_report.build_report(
         opts=options("all_reduce,barrier"),
         world=2,
         rows_by_collective={"all_reduce": _rows(), "barrier": []},
@@ -584,7 +619,7 @@ def test_plot(tmp_path: Path) -> None:
         mpi={},
     )
     path = tmp_path / "bw.png"
-    bench.write_plot(report, str(path))
+    bench_plot.write_plot(report, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -595,7 +630,7 @@ class _Tty(io.StringIO):
 
 def test_progress() -> None:
     tty = _Tty()
-    p = bench.Progress(tty, enabled=True, verbose=False)
+    p = bench_progress.Progress(tty, enabled=True, verbose=False)
     p.update("all_reduce ucx 16M (1/4)")
     p.update("all_reduce gloo 16M (2/4)")
     p.clear()
@@ -603,22 +638,22 @@ def test_progress() -> None:
     assert tty.getvalue().endswith("\r")
     assert "\n" not in tty.getvalue()
     piped = io.StringIO()
-    bench.Progress(piped, enabled=True, verbose=False).update("x")
+    bench_progress.Progress(piped, enabled=True, verbose=False).update("x")
     assert piped.getvalue() == ""  # logs stay clean
-    bench.Progress(piped, enabled=True, verbose=True).update("x")
+    bench_progress.Progress(piped, enabled=True, verbose=True).update("x")
     assert piped.getvalue() == "[bench] x\n"
     quiet = _Tty()
-    bench.Progress(quiet, enabled=False, verbose=True).update("x")  # ranks other than 0
+    bench_progress.Progress(quiet, enabled=False, verbose=True).update("x")  # ranks other than 0
     assert quiet.getvalue() == ""
 
 
 def test_mpi_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
-    assert "mpirun not found" in (bench.mpi_skip_reason() or "")
+    monkeypatch.setattr(bench_mpi.shutil, "which", lambda name: None)
+    assert "mpirun not found" in (bench_mpi.mpi_skip_reason() or "")
     opts = options("--backends", "ucx,mpi")
-    outcome = bench.run_mpi_reference(opts, 2, [bench.Layout("all_reduce", 8, 2)], 10)
+    outcome = bench_mpi.run_mpi_reference(opts, 2, [bench_sizes.Layout("all_reduce", 8, 2)], 10)
     assert outcome.status == "skipped" and "mpirun" in (outcome.reason or "")
-    cmd = bench.mpi_command(opts, 3, [8, 64], "/tmp/x.json")
+    cmd = bench_mpi.mpi_command(opts, 3, [8, 64], "/tmp/x.json")
     assert cmd[:8] == [
         "mpirun",
         "--allow-run-as-root",
@@ -629,7 +664,9 @@ def test_mpi_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
         "btl",
         "self,vader",
     ]
-    assert "ucxbackend.bench_mpi" in cmd and "--sizes=8,64" in cmd
+    # mpirun starts the package's worker: python -m ucxbackend.bench.mpi_worker
+    assert cmd[cmd.index("-m") + 1] == "ucxbackend.bench.mpi_worker" and "--sizes=8,64" in cmd
+    assert importlib.util.find_spec("ucxbackend.bench.mpi_worker") is not None
 
 
 def test_cli_lists_bench(capsys: pytest.CaptureFixture[str]) -> None:
@@ -690,7 +727,7 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
             t = rec["time_us"]
             assert t["min"] <= t["mean"] <= t["max"]
             assert t["min"] <= t["median"] <= t["max"]
-            assert bench._fmt_time(t["mean"]) == cell(table, row, backend, "time")
+            assert bench_report._fmt_time(t["mean"]) == cell(table, row, backend, "time")
             assert f"{rec['busbw']:.2f}" == cell(table, row, backend, "busbw")
             assert f"{rec['algbw']:.2f}" == cell(table, row, backend, "algbw")
             assert rec["wrong"] == 0
@@ -698,7 +735,7 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
 
 @needs_native
 def test_other_collectives() -> None:
-    others = [c for c in bench.COLLECTIVES if c != "all_reduce"]
+    others = [c for c in bench_common.COLLECTIVES if c != "all_reduce"]
     # in 3 rounds: the backends take turns, each round re-warmed, results still checked
     proc = run_bench(",".join(others), *TINY, "--rounds", "3", "--verbose")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -782,7 +819,7 @@ def _corrupted_small_all_reduce(out_json: Path, *extra: str) -> subprocess.Compl
     """all_reduce at 8, 64 and 512 bytes, 2 iterations, with the ucx outputs corrupted."""
     args = ["-b", "8", "-e", "512", "-f", "8", "-n", "2", "-w", "0", *extra]
     return run_bench(
-        "all_reduce", *args, "--json", str(out_json), env=_env(**{bench.CORRUPT_ENV: "ucx"})
+        "all_reduce", *args, "--json", str(out_json), env=_env(**{bench_common.CORRUPT_ENV: "ucx"})
     )
 
 
@@ -852,7 +889,8 @@ def test_timeout_kills_the_run() -> None:
 
 @needs_native
 @pytest.mark.skipif(
-    bench.mpi_skip_reason() is not None, reason=f"mpi column unavailable: {bench.mpi_skip_reason()}"
+    bench_mpi.mpi_skip_reason() is not None,
+    reason=f"mpi column unavailable: {bench_mpi.mpi_skip_reason()}",
 )
 def test_mpi_column(tmp_path: Path) -> None:
     out_json = tmp_path / "r.json"
@@ -916,10 +954,10 @@ def test_under_torchrun(tmp_path: Path) -> None:
 
 
 def test_round_lengths() -> None:
-    assert bench.round_lengths(20, 1) == [20]
-    assert bench.round_lengths(20, 4) == [5, 5, 5, 5]
-    assert bench.round_lengths(7, 3) == [3, 2, 2]
-    assert bench.round_lengths(3, 3) == [1, 1, 1]
+    assert bench_timing.round_lengths(20, 1) == [20]
+    assert bench_timing.round_lengths(20, 4) == [5, 5, 5, 5]
+    assert bench_timing.round_lengths(7, 3) == [3, 2, 2]
+    assert bench_timing.round_lengths(3, 3) == [1, 1, 1]
 
 
 def test_backends_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -930,25 +968,27 @@ def test_backends_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch) -> 
     def prepare(ctx: Any, backend: str, layout: Any, data: Any) -> Any:
         calls.append(("prepare", backend, 0, False))
         if backend == "broken":
-            return bench.Measurement(False, "unsupported here")
-        return bench.Timed(backend, None, lambda: None, 0, udp=False)
+            return bench_timing.Measurement(False, "unsupported here")
+        return bench_timing.Timed(backend, None, lambda: None, 0, udp=False)
 
-    def time_round(ctx: Any, timed: bench.Timed, iters: int, rewarm: bool) -> None:
+    def time_round(ctx: Any, timed: bench_timing.Timed, iters: int, rewarm: bool) -> None:
         calls.append(("round", timed.backend, iters, rewarm))
         timed.times += [1e-6 * len(calls)] * iters
 
-    def finish(ctx: Any, timed: bench.Timed) -> bench.Measurement:
+    def finish(ctx: Any, timed: bench_timing.Timed) -> bench_timing.Measurement:
         calls.append(("finish", timed.backend, len(timed.times), False))
-        return bench.Measurement(True, None, {"mean": 1.0, "median": 1.0, "min": 1.0, "max": 1.0})
+        return bench_timing.Measurement(
+            True, None, {"mean": 1.0, "median": 1.0, "min": 1.0, "max": 1.0}
+        )
 
-    monkeypatch.setattr(bench, "prepare", prepare)
-    monkeypatch.setattr(bench, "time_round", time_round)
-    monkeypatch.setattr(bench, "finish", finish)
+    monkeypatch.setattr(bench_runner, "prepare", prepare)
+    monkeypatch.setattr(bench_runner, "time_round", time_round)
+    monkeypatch.setattr(bench_runner, "finish", finish)
     opts = options("all_reduce", "-b", "1K", "-e", "1K", "-n", "7", "--rounds", "3")
     opts = dataclasses.replace(opts, backends=("ucx", "broken", "gloo"))
     ctx = types.SimpleNamespace(opts=opts, rank=1, world=2, device=torch.device("cpu"))
-    mpi = bench.MpiOutcome("not requested")
-    sweep = bench._Sweep(ctx, io.StringIO(), io.StringIO(), mpi)  # type: ignore[arg-type]
+    mpi = bench_mpi.MpiOutcome("not requested")
+    sweep = bench_runner._Sweep(ctx, io.StringIO(), io.StringIO(), mpi)  # type: ignore[arg-type]
     row = sweep.size(sweep.layouts["all_reduce"][0])
     assert calls == [
         ("prepare", "ucx", 0, False),
@@ -968,8 +1008,8 @@ def test_backends_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_time_stats() -> None:
-    assert bench.time_stats([3.0, 1.0, 2.0]) == (2.0, 2.0, 1.0, 3.0)
-    assert bench.time_stats([4.0, 1.0, 2.0, 100.0]) == (26.75, 3.0, 1.0, 100.0)
+    assert bench_timing.time_stats([3.0, 1.0, 2.0]) == (2.0, 2.0, 1.0, 3.0)
+    assert bench_timing.time_stats([4.0, 1.0, 2.0, 100.0]) == (26.75, 3.0, 1.0, 100.0)
 
 
 # --------------------------------------------------------------------------- udp variants
@@ -1001,14 +1041,16 @@ def test_time_stats() -> None:
     ],
 )
 def test_udp_variant_parse(text: str, label: str, config: str, faults: str) -> None:
-    v = bench.parse_udp_variant(text)
+    v = bench_udp.parse_udp_variant(text)
     assert (v.label, v.udp_config, v.udp_faults) == (label, config, faults)
     assert v.pg_options() == {"udp_config": config, "udp_faults": faults}
-    assert bench.parse_udp_variant(v.spec()) == v  # what the ranks we start are given
+    assert bench_udp.parse_udp_variant(v.spec()) == v  # what the ranks we start are given
 
 
 def test_udp_variants_list_and_seed() -> None:
-    got = bench.parse_udp_variants("lossless:;sr1:drop=0.01; ;gbn:drop=0.01,loss_recovery=gbn", 7)
+    got = bench_udp.parse_udp_variants(
+        "lossless:;sr1:drop=0.01; ;gbn:drop=0.01,loss_recovery=gbn", 7
+    )
     assert [v.label for v in got] == ["lossless", "sr1", "gbn"]
     assert got[1].udp_faults == "drop=0.01,seed=7"  # --udp-seed, the same for every variant
     assert got[2].udp_faults == "drop=0.01,seed=7"
@@ -1038,7 +1080,7 @@ def test_udp_variants_list_and_seed() -> None:
 )
 def test_udp_variant_parse_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        bench.parse_udp_variants(text)
+        bench_udp.parse_udp_variants(text)
 
 
 @needs_native
@@ -1052,7 +1094,7 @@ def test_udp_variant_parse_rejects(text: str, message: str) -> None:
 )
 def test_udp_variant_values_checked_by_the_native_parser(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        bench.parse_udp_variant(text)
+        bench_udp.parse_udp_variant(text)
 
 
 def test_udp_policies_match_the_transport() -> None:
@@ -1060,10 +1102,10 @@ def test_udp_policies_match_the_transport() -> None:
     assert not set(ucxbackend.config.UDP_CONFIG_KEYS) & set(ucxbackend.config.UDP_FAULT_KEYS)
     source = (REPO / "transports" / "udp" / "loss_recovery.cpp").read_text()
     # the short names (sr, gbn) refer to policies the registry has
-    assert set(bench.UDP_POLICIES) <= set(re.findall(r'\{"(\w+)", \[\]', source))
+    assert set(bench_udp.UDP_POLICIES) <= set(re.findall(r'\{"(\w+)", \[\]', source))
     if ucxbackend.is_available():
         default = ucxbackend._C.udp.describe_config("")
-        assert f"loss_recovery={bench.DEFAULT_UDP_POLICY}" in default
+        assert f"loss_recovery={bench_udp.DEFAULT_UDP_POLICY}" in default
 
 
 def test_udp_variant_options() -> None:
@@ -1085,7 +1127,7 @@ def test_udp_variant_options() -> None:
     assert opts.variant_labels == labels
     assert opts.columns(True) == (*labels, "ucx", "mpi", "gloo")  # the first is the reference
     assert opts.columns(False) == (*labels, "ucx", "gloo")
-    assert bench.ratio_columns(opts.columns(False))[0] == "lossless/gbn5"
+    assert bench_report.ratio_columns(opts.columns(False))[0] == "lossless/gbn5"
     assert opts.measured() == (*labels, "ucx", "gloo")
     assert opts.udp_columns() == frozenset(labels)
     sweep = {v.label: v for v in opts.udp_variants}
@@ -1094,7 +1136,7 @@ def test_udp_variant_options() -> None:
         "udp_faults": "drop=0.1,seed=3",
     }
     assert sweep["gbn5"].udp_faults == "drop=0.05,seed=3"
-    again = bench.BenchOptions.from_args(parse_args(*opts.to_argv()))
+    again = bench_options.BenchOptions.from_args(parse_args(*opts.to_argv()))
     assert again == opts
     assert opts.describe()["udp_variants"][0] == {
         "label": "lossless",
@@ -1106,7 +1148,7 @@ def test_udp_variant_options() -> None:
     only = options("--udp-drop", "0,1%")
     assert only.columns(True) == ("udp:sr@0%", "udp:sr@1%") and only.backends == ()
     assert [v.udp_faults for v in only.udp_variants] == ["", "drop=0.01,seed=1"]
-    assert bench.BenchOptions.from_args(parse_args(*only.to_argv())) == only
+    assert bench_options.BenchOptions.from_args(parse_args(*only.to_argv())) == only
     assert options("--udp-policy", "gbn").variant_labels == ("udp:gbn@0%",)
     assert options("--backends", "udp,gloo").udp_columns() == frozenset({"udp"})
     assert options().udp_columns() == frozenset()
@@ -1132,7 +1174,7 @@ def test_udp_common_settings() -> None:
     }
     # the ranks we start get the variants as resolved, without --udp-common
     assert not any(a.startswith("--udp-common") for a in opts.to_argv())
-    assert bench.BenchOptions.from_args(parse_args(*opts.to_argv())) == opts
+    assert bench_options.BenchOptions.from_args(parse_args(*opts.to_argv())) == opts
     dup = options("--udp-variant", "lossless:", "--udp-common", "dup=0.5%", "--udp-seed", "4")
     assert dup.udp_variants[0].udp_faults == "dup=0.005,seed=4"
 
@@ -1153,13 +1195,13 @@ def test_udp_common_settings() -> None:
     ],
 )
 def test_bad_udp_variant_options(argv: tuple[str, ...], message: str) -> None:
-    with pytest.raises(bench.UsageError, match=re.escape(message)):
+    with pytest.raises(bench_common.UsageError, match=re.escape(message)):
         options(*argv)
 
 
-def _udp_m(us: float, retrans: float, dropped: float, srtt: float) -> bench.Measurement:
+def _udp_m(us: float, retrans: float, dropped: float, srtt: float) -> bench_timing.Measurement:
     m = _m(us)
-    per_op = dict.fromkeys(bench.UDP_COUNTERS, 0.0)
+    per_op = dict.fromkeys(bench_udp.UDP_COUNTERS, 0.0)
     per_op.update(retransmitted_packets=retrans, declared_lost=retrans, faults_dropped=dropped)
     m.transport = {"iters": 5, "per_op": per_op, "rtt_smoothed_us": srtt, "rtt_min_us": 10.0}
     return m
@@ -1167,7 +1209,7 @@ def _udp_m(us: float, retrans: float, dropped: float, srtt: float) -> bench.Meas
 
 def test_transport_block() -> None:
     opts = options("--udp-variant", "lossless:;udp:gbn@10%:drop=0.1,loss_recovery=gbn")
-    row = bench.row_for(bench.Layout("all_reduce", 1 << 20, 1 << 18), opts)
+    row = bench_report.row_for(bench_sizes.Layout("all_reduce", 1 << 20, 1 << 18), opts)
     row.results.update(
         {
             "lossless": _udp_m(100.0, 0.0, 0.0, 50.0),
@@ -1176,7 +1218,7 @@ def test_transport_block() -> None:
         }
     )
     cols = ("lossless", "udp:gbn@10%", "gloo")
-    block = bench.format_transport_block("all_reduce", [row], cols)
+    block = bench_report.format_transport_block("all_reduce", [row], cols)
     assert all(line.startswith("#") for line in block)  # data lines stay the main table's
     assert block[0].startswith("# udp transport statistics (all_reduce): per op")
     assert block[1].split()[1:] == [
@@ -1201,13 +1243,15 @@ def test_transport_block() -> None:
         "123",
     ]
     assert len(block) == 5 and block[-1] == "#"  # no gloo line
-    assert bench.format_transport_block("all_reduce", [row], ("gloo",)) == []
+    assert bench_report.format_transport_block("all_reduce", [row], ("gloo",)) == []
     # long labels widen the ratio columns; header and rows still line up
-    header = bench.format_header("all_reduce", cols, True, "mean")
-    line = bench.format_row(row, cols, True, "mean", 2)
+    header = bench_report.format_header("all_reduce", cols, True, "mean")
+    line = bench_report.format_row(row, cols, True, "mean", 2)
     assert len(header[2]) == len(line)
     assert line.split()[-2:] == ["4.00", "2.00"]  # lossless/udp:gbn@10%, lossless/gloo
-    (rec,) = [r for r in bench.row_records([row], "mean", 2) if r["backend"] == "udp:gbn@10%"]
+    (rec,) = [
+        r for r in bench_report.row_records([row], "mean", 2) if r["backend"] == "udp:gbn@10%"
+    ]
     assert rec["transport"]["per_op"]["retransmitted_packets"] == 12.4
 
 
@@ -1280,7 +1324,7 @@ def test_udp_variants_lossless_vs_lossy(tmp_path: Path) -> None:
             assert rec["transport"] is None
             continue
         st = rec["transport"]
-        assert st["iters"] == 6 and set(st["per_op"]) == set(bench.UDP_COUNTERS)
+        assert st["iters"] == 6 and set(st["per_op"]) == set(bench_udp.UDP_COUNTERS)
         assert st["rtt_smoothed_us"] > 0 and st["per_op"]["data_packets_sent"] > 0
         for key, value in st["per_op"].items():
             totals.setdefault(col, {}).setdefault(key, 0.0)
