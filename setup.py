@@ -76,7 +76,7 @@ def main() -> None:
     )
     setup(
         name="ucxbackend",
-        packages=["ucxbackend"],
+        packages=["ucxbackend", "ucxbackend.bench"],
         package_data={"ucxbackend": ["py.typed"]},
         ext_modules=[ext],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -46,7 +46,7 @@ void throwInvalid(const std::string& op, int rank, const std::string& problem,
 void throwBadOption(const std::string& backend, const std::string& problem) {
   throw c10::ValueError(
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      backend + ": " + problem);
+      backend.empty() ? problem : backend + ": " + problem);
 }
 
 void throwSetupFailed(const std::string& backend, const std::string& groupId, int rank,

@@ -27,7 +27,8 @@ std::exception_ptr toDistError(const OpContext& ctx, std::exception_ptr cause);
 [[noreturn]] void throwInvalid(const std::string& op, int rank, const std::string& problem,
                                const std::string& backend = "ucx");
 
-// A knob with a bad value (a config::ConfigError's text): c10::ValueError.
+// A knob with a bad value (a config::ConfigError's text): c10::ValueError, prefixed with the
+// backend's name when the value belongs to a group ("" for a bare check from Python).
 [[noreturn]] void throwBadOption(const std::string& backend, const std::string& problem);
 
 // Creating a group failed (transport set-up, address exchange): c10::DistBackendError.

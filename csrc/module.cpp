@@ -69,7 +69,7 @@ auto configCall(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const ucxb::config::ConfigError& e) {
-    ucxb::throwBadOption("ucxbackend", e.what());
+    ucxb::throwBadOption("", e.what());  // the text names what it parsed
   }
 }
 
@@ -225,9 +225,9 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& text) {
         const auto bytes = ucxb::config::parseSize(text);
         if (!bytes) {
-          ucxb::throwBadOption("ucxbackend", "'" + text +
-                                                 "' is not a size (digits with an optional "
-                                                 "K/M/G/T unit, 1024^n, e.g. 4M or 4MiB)");
+          ucxb::throwBadOption("", "'" + text +
+                                       "' is not a size (digits with an optional K/M/G/T "
+                                       "unit, 1024^n, e.g. 4M or 4MiB)");
         }
         return *bytes;
       },

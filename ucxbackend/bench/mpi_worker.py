@@ -1,8 +1,8 @@
-"""The ``mpi`` reference column of ``python -m ucxbackend bench``: mpi4py ``Allreduce``.
+"""The program behind the ``mpi`` column of ``python -m ucxbackend bench``: mpi4py ``Allreduce``.
 
-Started by rank 0 of the bench as
+Started by rank 0 of the bench (:func:`.mpi.run_mpi_reference`, which builds the command) as
 ``mpirun --allow-run-as-root --oversubscribe -n N --mca btl self,vader python -m
-ucxbackend.bench_mpi --sizes=... --out=FILE``; not meant to be run by hand. It times in-place
+ucxbackend.bench.mpi_worker --sizes=... --out=FILE``; not meant to be run by hand. It times in-place
 ``Allreduce`` (``MPI.IN_PLACE``, as torch's all_reduce is in place) exactly as the bench times
 a torch backend: one checked iteration, warm-up, barrier, ``iters`` timed iterations, the
 per-rank mean/median/min/max per iteration reduced across ranks with MAX. Rank 0 writes the
@@ -25,7 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ucxbackend import bench
+from .cases import count_wrong, make_case_data, poison_value
+from .common import CORRUPT_ENV, MPI, OPS, TORCH_DTYPES
+from .mpi import WORKER_MODULE
+from .sizes import layout_for
+from .timing import time_stats
 
 _NUMPY_DTYPES: dict[torch.dtype, Any] = {
     torch.int8: np.int8,
@@ -40,12 +44,12 @@ _NUMPY_DTYPES: dict[torch.dtype, Any] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ucxbackend.bench_mpi", description=__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {WORKER_MODULE}", description=__doc__)
     p.add_argument("--sizes", required=True, help="comma-separated byte counts")
     p.add_argument("--iters", type=int, required=True)
     p.add_argument("--warmup_iters", type=int, required=True)
     p.add_argument("--datatype", required=True)
-    p.add_argument("--op", required=True, choices=bench.OPS)
+    p.add_argument("--op", required=True, choices=OPS)
     p.add_argument("--check", type=int, choices=(0, 1), default=1)
     p.add_argument("--out", required=True)
     return p
@@ -60,15 +64,15 @@ def _unsupported_reason(dtype: torch.dtype, op: str) -> str | None:
 
 
 def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict[str, Any]:
-    dtype = bench._TORCH_DTYPES[args.datatype]
+    dtype = TORCH_DTYPES[args.datatype]
     rank, world = comm.Get_rank(), comm.Get_size()
     elsize = torch.empty((), dtype=dtype).element_size()
-    layout = bench.layout_for("all_reduce", nbytes, elsize, world)
+    layout = layout_for("all_reduce", nbytes, elsize, world)
     record: dict[str, Any] = {"bytes": layout.nbytes, "count": layout.count}
     reason = _unsupported_reason(dtype, args.op)
     if reason is not None:
         return {**record, "supported": False, "error": reason, "time_us": None, "wrong": None}
-    data = bench.make_case_data(
+    data = make_case_data(
         "all_reduce", layout, dtype, args.op, rank, world, 0, with_expected=bool(args.check)
     )
     assert data.send is not None
@@ -77,10 +81,10 @@ def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict
     comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
     wrong = None
     if args.check:
-        if os.environ.get(bench.CORRUPT_ENV) == bench.MPI and rank == 0:
-            buf[0] = bench.poison_value(dtype)
+        if os.environ.get(CORRUPT_ENV) == MPI and rank == 0:
+            buf[0] = poison_value(dtype)
         assert data.expected is not None
-        local = bench.count_wrong(torch.from_numpy(buf), data.expected, args.op)
+        local = count_wrong(torch.from_numpy(buf), data.expected, args.op)
         wrong = int(comm.allreduce(local, op=mpi.SUM))
     buf[:] = 0
     for _ in range(args.warmup_iters):
@@ -91,7 +95,7 @@ def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict
         start = time.perf_counter()
         comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
         times.append(time.perf_counter() - start)
-    local_stats = np.array(bench.time_stats(times), dtype=np.float64)
+    local_stats = np.array(time_stats(times), dtype=np.float64)
     stats = np.empty_like(local_stats)
     comm.Allreduce(local_stats, stats, op=mpi.MAX)
     keys = ("mean", "median", "min", "max")

@@ -1,0 +1,149 @@
+"""The launcher: without torchrun, ``python -m ucxbackend bench`` starts ``--nproc`` ranks on
+this host itself and supervises them.
+
+Call order (:func:`launch`): the environment checked, a free port picked
+(:func:`free_port`), each rank started as ``python -m ucxbackend bench`` with the options
+(:meth:`.options.BenchOptions.to_argv`) and torchrun's environment (:func:`child_env`,
+which also hands down the user's command line, read back by :func:`recorded_command` for
+the report); then :func:`supervise` waits, kills every rank past the deadline or once one
+failed, and turns the ranks' exit statuses into the bench's. :func:`under_launcher` tells a
+rank from the command the user typed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final, TextIO
+
+from .common import ARGV_ENV, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WRONG, BenchError
+from .options import BenchOptions, validate_environment
+
+logger = logging.getLogger(__name__)
+
+# After one rank fails, how long the others get to exit on their own before they are killed.
+_FAIL_GRACE_S: Final = 10.0
+
+
+def recorded_command() -> list[str]:
+    raw = os.environ.get(ARGV_ENV)
+    if raw:
+        try:
+            return [str(x) for x in json.loads(raw)]
+        except ValueError:
+            pass
+    return invocation()
+
+
+def invocation() -> list[str]:
+    argv = list(sys.argv)
+    if argv and os.path.basename(argv[0]) == "__main__.py":
+        return ["python", "-m", "ucxbackend", *argv[1:]]
+    return argv
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(base: Mapping[str, str], rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment of rank ``rank`` as torchrun would set it, plus OMP_NUM_THREADS=1
+    unless set, and the path this ucxbackend was imported from."""
+    env = dict(base)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding ucxbackend/
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = root if not old else f"{root}{os.pathsep}{old}"
+    env.setdefault(ARGV_ENV, json.dumps(invocation()))
+    return env
+
+
+def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def supervise(procs: Sequence[subprocess.Popen[bytes]], timeout: float, err: TextIO) -> int:
+    """Wait for the ranks; kill them all past the deadline, or when one failed and the others
+    have not exited ``_FAIL_GRACE_S`` later. Returns the bench's exit status."""
+    deadline = time.monotonic() + timeout
+    grace_end = math.inf  # set once a rank has failed
+    timed_out = False
+    try:
+        while True:
+            codes = [p.poll() for p in procs]  # every one: poll() also reaps
+            if None not in codes:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if now >= grace_end:
+                break
+            if grace_end == math.inf and any(c not in (None, EXIT_OK, EXIT_WRONG) for c in codes):
+                grace_end = now + _FAIL_GRACE_S
+            time.sleep(0.05)
+    finally:
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]
+        _kill_all(procs)
+    if timed_out:
+        err.write(f"bench: error: timed out after {timeout:g}s; killed ranks {alive}\n")
+        return EXIT_FAILED
+    codes = [p.returncode for p in procs]
+    if all(c == EXIT_OK for c in codes):
+        return EXIT_OK
+    if all(c in (EXIT_OK, EXIT_WRONG) for c in codes):
+        return EXIT_WRONG
+    if all(c == EXIT_USAGE for c in codes):
+        return EXIT_USAGE
+    for rank, code in enumerate(codes):
+        if code not in (EXIT_OK, EXIT_WRONG):
+            what = "was killed" if rank in alive else f"exited with status {code}"
+            err.write(f"bench: error: rank {rank} {what}\n")
+    return EXIT_FAILED
+
+
+def launch(opts: BenchOptions, err: TextIO) -> int:
+    """Start ``--nproc`` ranks on this host (a free port picked now) and supervise them."""
+    world = opts.nproc or 2
+    validate_environment(opts, world)
+    port = free_port()
+    cmd = [sys.executable, "-m", "ucxbackend", "bench", *opts.to_argv()]
+    logger.info("starting %d ranks: %s", world, " ".join(cmd))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world):
+            procs.append(subprocess.Popen(cmd, env=child_env(os.environ, rank, world, port)))
+    except OSError as exc:
+        _kill_all(procs)
+        raise BenchError(f"could not start rank {len(procs)}: {exc}") from exc
+    # The ranks stop themselves at --timeout; the margin lets them say so first.
+    return supervise(procs, opts.timeout + 5.0, err)
+
+
+def under_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """Whether rank and world size come from the environment (torchrun or our own launch)."""
+    env = os.environ if env is None else env
+    return "RANK" in env

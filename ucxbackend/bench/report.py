@@ -1,0 +1,300 @@
+"""The report: nccl-tests' table on stdout and the ``--json`` document.
+
+Call order, per run: :func:`header_lines` (versions, options, ranks); per collective:
+:func:`format_header`, then :func:`format_row` as each size is measured (a :class:`Row`
+from :func:`row_for`), then :func:`format_footer` (average busbw, ``#wrong``, why cells are
+n/a) and :func:`format_transport_block` (udp columns); at the end :func:`build_report`
+(the JSON document, ``schema`` ``ucxbackend-bench/1``, also what :mod:`.plot` draws).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .common import REDUCING, ROOTED
+from .mpi import MpiOutcome
+from .options import BenchOptions
+from .sizes import Layout, bandwidths
+from .timing import Measurement
+
+
+@dataclass
+class Row:
+    """One size of one collective: a measurement per backend column."""
+
+    layout: Layout
+    dtype: str
+    op: str  # "none" for collectives that do not reduce
+    root: int  # -1 for collectives without a root
+    results: dict[str, Measurement] = field(default_factory=dict)
+
+    @property
+    def collective(self) -> str:
+        return self.layout.collective
+
+
+def row_for(layout: Layout, opts: BenchOptions) -> Row:
+    collective = layout.collective
+    return Row(
+        layout,
+        opts.datatype,
+        opts.op if collective in REDUCING else "none",
+        opts.root if collective in ROOTED else -1,
+    )
+
+
+_FIXED = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}"
+_BLOCK = "  {:>9}  {:>7}  {:>7}"
+_WRONG = "  {:>6}"
+
+
+def _block_width(check: bool) -> int:
+    return len(_BLOCK.format("", "", "")) + (len(_WRONG.format("")) if check else 0)
+
+
+def ratio_columns(columns: Sequence[str]) -> list[str]:
+    return [f"{columns[0]}/{other}" for other in columns[1:]]
+
+
+def format_header(collective: str, columns: Sequence[str], check: bool, stat: str) -> list[str]:
+    """nccl-tests' three header lines, with one block of columns per backend."""
+    width = _block_width(check)
+    fixed = len(_FIXED.format(*[""] * 5))
+    names = "#" + " " * (fixed - 1) + "".join(c.center(width) for c in columns)
+    head = "#" + _FIXED.format("size", "count", "type", "redop", "root")[1:]
+    unit = "#" + _FIXED.format("(B)", "(elements)", "", "", "")[1:]
+    for _ in columns:
+        head += _BLOCK.format("time", "algbw", "busbw") + (_WRONG.format("#wrong") if check else "")
+        unit += _BLOCK.format(f"({stat} us)" if stat != "mean" else "(us)", "(GB/s)", "(GB/s)")
+        unit += _WRONG.format("") if check else ""
+    for ratio in ratio_columns(columns):
+        head += _ratio_cell(ratio, ratio)
+        unit += _ratio_cell(ratio, "busbw")
+    return [f"# {collective}", names.rstrip(), head, unit.rstrip()]
+
+
+def _ratio_cell(name: str, text: str) -> str:
+    """A ratio column's cell: 12 wide, wider for a long ``first/other`` name (labels)."""
+    return f"  {text:>{max(12, len(name))}}"
+
+
+def _fmt_time(us: float) -> str:
+    return f"{us:.2f}" if us < 1e5 else f"{us:.0f}"
+
+
+def ratio(first: Measurement, other: Measurement, stat: str) -> float | None:
+    """first's busbw over other's, i.e. other's time over first's (same size)."""
+    a, b = first.time(stat), other.time(stat)
+    if a is None or b is None or a <= 0:
+        return None
+    return b / a
+
+
+def format_row(row: Row, columns: Sequence[str], check: bool, stat: str, world: int) -> str:
+    layout = row.layout
+    line = _FIXED.format(layout.nbytes, layout.count, row.dtype, row.op, row.root)
+    for name in columns:
+        m = row.results.get(name)
+        t = None if m is None else m.time(stat)
+        if m is None or t is None:
+            line += _BLOCK.format("n/a", "n/a", "n/a") + (_WRONG.format("n/a") if check else "")
+            continue
+        algbw, busbw = bandwidths(layout.collective, layout.nbytes, t / 1e6, world)
+        line += _BLOCK.format(_fmt_time(t), f"{algbw:.2f}", f"{busbw:.2f}")
+        if check:
+            line += _WRONG.format("n/a" if m.wrong is None else m.wrong)
+    first = row.results.get(columns[0])
+    for name, other_name in zip(ratio_columns(columns), columns[1:], strict=True):
+        other = row.results.get(other_name)
+        r = None if first is None or other is None else ratio(first, other, stat)
+        line += _ratio_cell(name, "n/a" if r is None else f"{r:.2f}")
+    return line
+
+
+def _transport(row: Row, column: str) -> dict[str, Any] | None:
+    m = row.results.get(column)
+    return None if m is None else m.transport
+
+
+# The transport statistics block: (heading, UDP_COUNTERS key or gauge, format).
+_UDP_BLOCK: Final = (
+    ("retrans/op", "retransmitted_packets", "{:.2f}"),
+    ("lost/op", "declared_lost", "{:.2f}"),
+    ("rto/op", "rto_expiries", "{:.2f}"),
+    ("drops/op", "faults_dropped", "{:.2f}"),
+    ("data/op", "data_packets_sent", "{:.1f}"),
+    ("srtt(us)", "rtt_smoothed_us", "{:.0f}"),
+)
+
+
+def format_transport_block(
+    collective: str, rows: Sequence[Row], columns: Sequence[str]
+) -> list[str]:
+    """The ``# udp transport statistics`` block: one line per size and udp column, every
+    line a comment (the data lines of the file stay those of the main table). Empty when no
+    column has statistics."""
+    cols = [c for c in columns if any(_transport(row, c) for row in rows)]
+    if not cols:
+        return []
+    width = max(8, *(len(c) for c in cols))
+    fmt = "#{:>11}  {:<" + str(width) + "}" + "".join("  {:>10}" for _ in _UDP_BLOCK)
+    lines = [
+        f"# udp transport statistics ({collective}): per op over the timed iterations, summed "
+        "over ranks (drops: injected; data: data packets, resends included); srtt: max over ranks",
+        fmt.format("size", "column", *(h for h, _, _ in _UDP_BLOCK)),
+    ]
+    for row in rows:
+        for col in cols:
+            st = _transport(row, col)
+            if st is None:
+                cells = ["n/a"] * len(_UDP_BLOCK)
+            else:
+                cells = [
+                    f.format(st["per_op"][key] if key in st["per_op"] else st[key])
+                    for _, key, f in _UDP_BLOCK
+                ]
+            lines.append(fmt.format(row.layout.nbytes, col, *cells))
+    return [*lines, "#"]
+
+
+def avg_busbw(rows: Sequence[Row], backend: str, stat: str, world: int) -> float | None:
+    """nccl-tests' "Avg bus bandwidth": the mean busbw over the sizes measured."""
+    values = []
+    for row in rows:
+        m = row.results.get(backend)
+        t = None if m is None else m.time(stat)
+        if t is not None and row.layout.nbytes:
+            values.append(bandwidths(row.collective, row.layout.nbytes, t / 1e6, world)[1])
+    return sum(values) / len(values) if values else None
+
+
+def total_wrong(rows: Iterable[Row]) -> int:
+    return sum(m.wrong or 0 for row in rows for m in row.results.values())
+
+
+def format_footer(
+    rows: Sequence[Row], columns: Sequence[str], check: bool, stat: str, world: int
+) -> list[str]:
+    parts = []
+    for name in columns:
+        bw = avg_busbw(rows, name, stat, world)
+        parts.append(f"{name} {'n/a' if bw is None else f'{bw:.4g}'}")
+    lines = [f"# Avg bus bandwidth    : {'  '.join(parts)}"]
+    if check:
+        wrong = total_wrong(rows)
+        lines.append(f"# #wrong (all columns) : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    reasons: dict[str, str] = {}  # the first reason per backend (they name tensor sizes)
+    for row in rows:
+        for name, m in row.results.items():
+            if not m.supported and m.error:
+                reasons.setdefault(name, m.error)
+    lines += [f"# n/a {name}: {error}" for name, error in reasons.items()]
+    return [*lines, "#"]
+
+
+def row_records(rows: Sequence[Row], stat: str, world: int) -> list[dict[str, Any]]:
+    """The JSON records of ``rows``: one per collective, backend and size."""
+    records = []
+    for row in rows:
+        for backend, m in row.results.items():
+            t = m.time(stat)
+            algbw, busbw = (
+                bandwidths(row.collective, row.layout.nbytes, t / 1e6, world)
+                if t is not None
+                else (None, None)
+            )
+            records.append(
+                {
+                    "collective": row.collective,
+                    "backend": backend,
+                    "bytes": row.layout.nbytes,
+                    "count": row.layout.count,
+                    "dtype": row.dtype,
+                    "op": row.op,
+                    "root": row.root,
+                    "supported": m.supported,
+                    "error": m.error,
+                    "time_us": m.time_us,
+                    "algbw": algbw,
+                    "busbw": busbw,
+                    "wrong": m.wrong,
+                    "transport": m.transport,
+                }
+            )
+    return records
+
+
+def build_report(
+    *,
+    opts: BenchOptions,
+    world: int,
+    rows_by_collective: Mapping[str, Sequence[Row]],
+    columns: Sequence[str],
+    versions: Mapping[str, Any],
+    command: Sequence[str],
+    mpi: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``--json`` document."""
+    summary = [
+        {"collective": coll, "backend": name, "avg_busbw": avg_busbw(rows, name, opts.stat, world)}
+        for coll, rows in rows_by_collective.items()
+        for name in columns
+    ]
+    all_rows = [row for rows in rows_by_collective.values() for row in rows]
+    wrong = total_wrong(all_rows)
+    return {
+        "schema": "ucxbackend-bench/1",
+        "command": list(command),
+        "world_size": world,
+        "device": opts.device,
+        "stat": opts.stat,
+        "units": {"time_us": "microseconds", "algbw": "GB/s (1e9 B/s)", "busbw": "GB/s (1e9 B/s)"},
+        "versions": dict(versions),
+        "options": opts.describe(),
+        "columns": list(columns),
+        "udp_variants": [v.describe() for v in opts.udp_variants],
+        "mpi": dict(mpi),
+        "results": row_records(all_rows, opts.stat, world),
+        "summary": summary,
+        "wrong_total": wrong if opts.check else None,
+        "ok": wrong == 0,
+    }
+
+
+def header_lines(
+    opts: BenchOptions,
+    world: int,
+    versions: Mapping[str, Any],
+    ranks: Sequence[Mapping[str, Any]],
+    mpi: MpiOutcome,
+) -> list[str]:
+    lines = [
+        f"# ucxbackend bench {versions['ucxbackend']}: torch {versions['torch']}, "
+        f"UCX {versions['ucx']}, Python {versions['python']}",
+        f"# nRanks {world} device {opts.device} minBytes {opts.minbytes} maxBytes "
+        f"{opts.maxbytes} step: {opts.stepfactor}(factor) warmup iters: {opts.warmup_iters} "
+        f"iters: {opts.iters} rounds: {opts.rounds} validation: {int(opts.check)} "
+        f"stat: {opts.stat}",
+        f"# backends: {', '.join(opts.measured())} (new_group over all ranks, sizes "
+        "interleaved; time: per iteration, max over ranks)",
+    ]
+    lines += [
+        f"# udp variant {v.label}: udp_config={v.udp_config!r} udp_faults={v.udp_faults!r}"
+        for v in opts.udp_variants
+    ]
+    if mpi.status == "ok":
+        lines.append(
+            f"# mpi: {mpi.library} via mpi4py {mpi.mpi4py} (all_reduce only, {world} ranks "
+            "on rank 0's host, measured before the torch sweep)"
+        )
+    elif mpi.status != "not requested":
+        lines.append(f"# mpi column {mpi.status}: {mpi.reason}")
+    lines.append("#")
+    lines += [
+        f"#  Rank {r['rank']:>2} Pid {r['pid']:>7} on {r['host']} device {r['device']}"
+        for r in ranks
+    ]
+    lines.append("#")
+    return lines

@@ -1,0 +1,306 @@
+"""One rank of a bench job, under torchrun or under :mod:`.launcher`: the measurement loop.
+
+Call order (:func:`run_rank`): rank, world and local rank from the environment; the
+environment checked (:func:`.options.validate_environment`); the ``--timeout`` watchdog
+started; a Gloo default group (the control group) and one ``new_group`` per column (the udp
+variants, then ``--backends``); rank 0 runs the mpi reference (:mod:`.mpi`) while the others
+wait; then for every collective and size, each column is prepared, timed round by round in
+turn with the others and finished (:mod:`.timing`); rank 0 prints the table as it goes
+(:mod:`.report`) and writes ``--json`` / ``--plot`` at the end. :func:`run_rank_reporting`
+turns failures into the bench's exit statuses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any, Final, TextIO
+
+import torch
+import torch.distributed as dist
+
+from .cases import make_case_data
+from .common import (
+    ARGV_ENV,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    LAUNCH_ENV,
+    MPI,
+    BenchError,
+    UsageError,
+)
+from .launcher import recorded_command
+from .mpi import MpiOutcome, run_mpi_reference
+from .options import BenchOptions, validate_environment
+from .plot import write_plot
+from .progress import Progress
+from .report import (
+    Row,
+    build_report,
+    format_footer,
+    format_header,
+    format_row,
+    format_transport_block,
+    header_lines,
+    row_for,
+)
+from .sizes import Layout, format_size, layouts_for
+from .timing import (
+    Measurement,
+    RankContext,
+    Timed,
+    finish,
+    prepare,
+    round_lengths,
+    time_round,
+)
+from .udp import UDP
+
+logger = logging.getLogger(__name__)
+# Every module's logger is a child of the package's: init_logging() configures that one.
+_PACKAGE_LOGGER: Final = logging.getLogger(__name__.rpartition(".")[0])
+
+
+def _versions(mpi: MpiOutcome) -> dict[str, Any]:
+    import ucxbackend
+
+    native = ucxbackend._C
+    ucx_version = None
+    if native is not None:
+        try:
+            ucx_version = native.ucx_version()
+        except Exception as exc:
+            logger.debug("ucx_version() failed: %s", exc)
+    return {
+        "ucxbackend": ucxbackend.__version__,
+        "torch": torch.__version__,
+        "ucx": ucx_version,
+        "python": platform.python_version(),
+        "mpi": mpi.library,
+        "mpi4py": mpi.mpi4py,
+    }
+
+
+def init_logging(who: str, verbose: bool) -> None:
+    """Log messages of every bench module on stderr as ``[bench WHO] LEVEL: ...`` (INFO with
+    --verbose); nothing when logging is configured already."""
+    if _PACKAGE_LOGGER.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"[bench {who}] %(levelname)s: %(message)s"))
+    _PACKAGE_LOGGER.addHandler(handler)
+    _PACKAGE_LOGGER.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _rank_env() -> tuple[int, int, int]:
+    env = os.environ
+    missing = [k for k in LAUNCH_ENV if k not in env]
+    if missing:
+        raise UsageError(f"RANK is set but {', '.join(missing)} are not (launch with torchrun)")
+    try:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
+    except ValueError as exc:
+        raise UsageError(f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {exc}") from None
+
+
+def _device(opts: BenchOptions, local_rank: int) -> tuple[torch.device, Callable[[], None]]:
+    if opts.device == "cpu":
+        return torch.device("cpu"), lambda: None
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UsageError(f"local rank {local_rank} has no GPU (this host has {count})")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device, lambda: torch.cuda.synchronize(device)
+
+
+def _start_watchdog(timeout: float, rank: int, err: TextIO) -> threading.Timer:
+    def expire() -> None:
+        err.write(f"bench: rank {rank}: timed out after {timeout:g}s (--timeout); exiting\n")
+        err.flush()
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+class _Sweep:
+    """The measurement loop of one rank; rank 0 prints."""
+
+    def __init__(self, ctx: RankContext, out: TextIO, err: TextIO, mpi: MpiOutcome) -> None:
+        self.ctx = ctx
+        self.out = out
+        self.mpi = mpi
+        self.lead = ctx.rank == 0
+        self.columns = ctx.opts.columns(mpi.status == "ok")
+        self.progress = Progress(err, enabled=self.lead, verbose=ctx.opts.verbose)
+        elsize, sizes = ctx.opts.elsize, ctx.opts.sizes()
+        self.layouts = {c: layouts_for(c, sizes, elsize, ctx.world) for c in ctx.opts.collectives}
+        self.steps = sum(len(v) for v in self.layouts.values()) * len(ctx.opts.measured())
+        self.step = 0
+
+    def emit(self, lines: Iterable[str]) -> None:
+        if self.lead:
+            self.progress.clear()
+            for line in lines:
+                self.out.write(line + "\n")
+            self.out.flush()
+
+    def run(self) -> dict[str, list[Row]]:
+        return {coll: self.collective(coll) for coll in self.ctx.opts.collectives}
+
+    def collective(self, coll: str) -> list[Row]:
+        opts = self.ctx.opts
+        self.emit(format_header(coll, self.columns, opts.check, opts.stat))
+        rows = [self.size(layout) for layout in self.layouts[coll]]
+        self.emit(format_footer(rows, self.columns, opts.check, opts.stat, self.ctx.world))
+        self.emit(format_transport_block(coll, rows, self.columns))
+        return rows
+
+    def size(self, layout: Layout) -> Row:
+        ctx, opts = self.ctx, self.ctx.opts
+        data = make_case_data(
+            layout.collective,
+            layout,
+            opts.dtype,
+            opts.op,
+            ctx.rank,
+            ctx.world,
+            opts.root,
+            with_expected=opts.check,
+        )
+        row = row_for(layout, opts)
+        size = format_size(layout.nbytes) if layout.collective != "barrier" else "-"
+        timed: list[Timed] = []
+        for backend in self.columns:
+            if backend == MPI:
+                row.results[MPI] = self.mpi_result(layout)
+                continue
+            self.step += 1
+            self.progress.update(f"{layout.collective} {backend} {size} ({self.step}/{self.steps})")
+            ready = prepare(ctx, backend, layout, data)
+            if isinstance(ready, Measurement):
+                row.results[backend] = ready
+            else:
+                timed.append(ready)
+        # Backends take turns round by round, so that a machine that slows down for a while
+        # (a busy host; docs/performance.md) slows every column alike and the ratios hold.
+        for n in round_lengths(opts.iters, opts.rounds):
+            for t in timed:
+                time_round(ctx, t, n, rewarm=opts.rounds > 1)
+        for t in timed:
+            row.results[t.backend] = finish(ctx, t)
+        self.emit([format_row(row, self.columns, opts.check, opts.stat, ctx.world)])
+        return row
+
+    def mpi_result(self, layout: Layout) -> Measurement:
+        if layout.collective != "all_reduce":
+            return Measurement(False, None)
+        return self.mpi.rows.get(layout.nbytes, Measurement(False, "not measured by mpi"))
+
+
+def _gather_rank_info(ctx: RankContext) -> list[dict[str, Any]]:
+    mine = {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()}
+    mine["device"] = str(ctx.device)
+    infos: list[Any] = [None] * ctx.world
+    dist.all_gather_object(infos, mine, group=ctx.ctrl)
+    return [dict(i) for i in infos]
+
+
+def _mpi_phase(ctx: RankContext, err: TextIO) -> MpiOutcome:
+    """Rank 0 runs the mpi reference while the others wait on the control group."""
+    opts = ctx.opts
+    outcome = MpiOutcome("not requested")
+    if opts.mpi and ctx.rank == 0:
+        if "all_reduce" not in opts.collectives:
+            outcome = MpiOutcome("skipped", "the mpi reference measures all_reduce only")
+        else:
+            Progress(err, enabled=True, verbose=opts.verbose).update(
+                f"mpi all_reduce reference (mpirun -n {ctx.world})"
+            )
+            layouts = layouts_for("all_reduce", opts.sizes(), opts.elsize, ctx.world)
+            outcome = run_mpi_reference(opts, ctx.world, layouts, opts.timeout)
+    dist.barrier(group=ctx.ctrl)
+    return outcome
+
+
+def _finish(ctx: RankContext, report: dict[str, Any]) -> None:
+    opts = ctx.opts
+    if ctx.rank != 0:
+        return
+    if opts.json:
+        with open(opts.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    if opts.plot:
+        write_plot(report, opts.plot)
+
+
+def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
+    """The bench on one rank of a job launched by torchrun (or by :func:`.launcher.launch`)."""
+    rank, world, local_rank = _rank_env()
+    init_logging(f"rank {rank}", opts.verbose)
+    if opts.nproc is not None and opts.nproc != world and ARGV_ENV not in os.environ:
+        logger.warning("--nproc %d ignored: the launcher started %d ranks", opts.nproc, world)
+    validate_environment(opts, world)  # importing this module registered "ucx"
+    _start_watchdog(opts.timeout, rank, err)
+    device, sync = _device(opts, local_rank)
+    timeout = timedelta(seconds=opts.timeout)
+    dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+    try:
+        groups = {
+            v.label: dist.new_group(backend=UDP, timeout=timeout, pg_options=v.pg_options())
+            for v in opts.udp_variants
+        }
+        groups.update(
+            {name: dist.new_group(backend=name, timeout=timeout) for name in opts.backends}
+        )
+        world_group = dist.group.WORLD
+        assert world_group is not None  # init_process_group above made it
+        ctx = RankContext(opts, rank, world, device, world_group, groups, sync, opts.udp_columns())
+        ranks = _gather_rank_info(ctx)
+        mpi = _mpi_phase(ctx, err)
+        sweep = _Sweep(ctx, out, err, mpi)
+        versions = _versions(mpi)
+        sweep.emit(header_lines(opts, world, versions, ranks, mpi))
+        rows = sweep.run()
+        report = build_report(
+            opts=opts,
+            world=world,
+            rows_by_collective=rows,
+            columns=sweep.columns,
+            versions=versions,
+            command=recorded_command(),
+            mpi=mpi.describe(),
+        )
+        _finish(ctx, report)
+        dist.barrier(group=ctx.ctrl)
+    finally:
+        dist.destroy_process_group()
+    return EXIT_OK if report["ok"] else EXIT_WRONG
+
+
+def run_rank_reporting(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
+    rank = os.environ.get("RANK", "?")
+    try:
+        return run_rank(opts, out, err)
+    except UsageError as exc:
+        if rank == "0":
+            err.write(f"bench: error: {exc}\n")
+        return EXIT_USAGE
+    except BenchError as exc:
+        err.write(f"bench: rank {rank}: error: {exc}\n")
+        return EXIT_FAILED
+    except Exception:
+        logger.exception("bench: rank %s failed", rank)
+        return EXIT_FAILED
