@@ -257,11 +257,20 @@ def test_bad_algorithm_name(op: str) -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("bad", ["0", "-1", "-24", "abc", "", "1.5", "4M", "24 "])
+@pytest.mark.parametrize("bad", ["0", "-1", "-24", "abc", "", "1.5", "4X", "4 M B"])
 def test_bad_chunk_bytes_native(bad: str) -> None:
-    # The native side takes plain decimal integers: the Python layer turns "4M" into one.
+    # The native side parses sizes with the same grammar as the Python layer (one parser).
     with pytest.raises(ValueError, match="chunk_bytes"):
         _algos().choose("allreduce", 1, 2, {"chunk_bytes": bad})
+
+
+@needs_native
+def test_chunk_bytes_native_takes_the_one_size_grammar() -> None:
+    # every spelling of 4 MiB is accepted, as the Python layer accepts it, and chooses alike
+    for same in ("4194304", "4M", "4 MiB", " 4mb "):
+        assert _algos().choose("allreduce", 8 << 20, 2, {"chunk_bytes": same}) == _algos().choose(
+            "allreduce", 8 << 20, 2, {}
+        )
 
 
 @pytest.mark.parametrize("bad", [0, -1, "0", "abc", "", "1.5", True])
