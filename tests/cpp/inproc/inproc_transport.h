@@ -1,0 +1,71 @@
+// An in-memory Transport for the ranks of one group running on threads of one process, so the
+// collective algorithms can be tested without UCX, sockets or the backend's engine. Test-only
+// (tests/cpp, not transports/): setup.py compiles every transports/**/*.cpp into the
+// extension, and the backend has no use for a transport that cannot leave the process.
+//
+// It keeps transport.h's contract: each rank's InprocTransport and its requests belong to
+// that rank's thread, and requests complete only inside that thread's progress(). The ranks
+// share a Fabric, whose one mutex guards every inbox.
+//
+// A message moves like a UCX rendezvous: send() queues a descriptor of the sender's buffer
+// in the receiver's inbox; the receiver's progress() matches it to the first posted receive
+// whose tag agrees on the mask's bits (FIFO among matching messages, as UCX's tag matching),
+// copies straight out of the sender's buffer, and only then lets the send complete. So a
+// sender that reuses its buffer before its send completes corrupts what the peer receives,
+// as it would over UCX. A message longer than the receive fails the receive (truncated) and
+// completes the send. cancel() withdraws a message no receive has taken yet; abortPeer()
+// cuts the link both ways and fails every outstanding request with that peer.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace ucxb::inproc {
+
+// One posted send: a view of the sender's buffer, in the receiver's inbox until taken.
+struct Message {
+  enum class State { kQueued, kTaken, kDelivered, kWithdrawn };
+  int source = -1;
+  int destination = -1;
+  Tag tag = 0;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  State state = State::kQueued;  // guarded by Fabric::mu
+};
+
+// What the ranks of one group share. Outlives every transport made from it.
+class Fabric {
+ public:
+  explicit Fabric(int size);
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // Rank `rank`'s transport; one per rank, used by one thread at a time.
+  std::unique_ptr<Transport> transport(int rank);
+
+ private:
+  friend class InprocTransport;
+  struct Rank {
+    std::deque<std::shared_ptr<Message>> inbox;  // arrival order
+    int eventFd = -1;                            // readable after notify()
+    uint64_t events = 0;                         // notify() count, for arm()
+    std::vector<std::string> cut;                // cut[peer]: why the link is gone ("" = up)
+  };
+  // Wakes `rank`: something in its inbox or one of its sends changed. Caller holds mu.
+  void notify(int rank);
+
+  std::mutex mu;
+  std::condition_variable delivered;  // a taken message was delivered
+  std::vector<Rank> ranks_;
+};
+
+}  // namespace ucxb::inproc
