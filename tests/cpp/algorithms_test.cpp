@@ -1,8 +1,9 @@
 // Every collective algorithm of csrc/collectives, run on threads of this one process over the
 // in-memory transport (tests/cpp/inproc/), at world sizes 1-5 and 8, with and without the
 // shared-memory staging slots, for uneven sizes (0 elements, 1, not divisible by the world,
-// many chunks of a tiny chunk size, 64 KiB+ messages that take the staged paths) and every
-// dtype x reduce op the kernels have. Each result is compared byte for byte with a reference
+// many chunks of a tiny chunk size, 64 KiB+ messages that take the staged paths, messages
+// of more one-byte chunks than an op has tag steps) and every dtype x reduce op the kernels
+// have. Each result is compared byte for byte with a reference
 // computed here (tests/cpp/algorithms/elements.h); memory an op must not write (inputs, the
 // bytes around every buffer) is checked too. One group per op x algorithm; built and run by
 // tests/test_algorithms_inproc.py (`algorithms_test --list`, `algorithms_test GROUP`).
@@ -39,9 +40,16 @@ constexpr size_t kSmallChunk = 40;
 // The large cases: 64 KiB+ messages (the staged thresholds) in 4 KiB chunks.
 constexpr size_t kLargeChunk = 4096;
 constexpr size_t kLargeBytes = 70000;
+// One-byte chunks: 12289 elements need more chunks than most algorithms have tag steps for
+// (kStepSpace over their phases), so they must enlarge the chunk (chunkElems) and still agree.
+constexpr size_t kOneByteChunk = 1;
+constexpr size_t kStepSpaceCount = 12289;
+// Just over the chain broadcast's 2^15 steps of one byte.
+constexpr size_t kStepSpaceBytes = (size_t{1} << 15) + 13;
 
 const int kWorldSizes[] = {1, 2, 3, 4, 5, 8};
 const int kLargeWorldSizes[] = {2, 3, 5};
+const int kStepSpaceWorldSizes[] = {4, 5};
 
 const DType kAllDTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64,
                             DType::kInt8,    DType::kUInt8,    DType::kInt16,   DType::kInt32,
@@ -57,6 +65,7 @@ struct WorldShape {
   bool staged;
   size_t chunkBytes;
   bool large() const { return chunkBytes == kLargeChunk; }
+  bool stepSpace() const { return chunkBytes == kOneByteChunk; }
   std::string label() const {
     return "n=" + std::to_string(size) + (staged ? " staged" : "") +
            " chunk=" + std::to_string(chunkBytes);
@@ -73,6 +82,7 @@ std::vector<WorldShape> worldShapes() {
     shapes.push_back({n, false, kLargeChunk});
     shapes.push_back({n, true, kLargeChunk});
   }
+  for (int n : kStepSpaceWorldSizes) shapes.push_back({n, false, kOneByteChunk});
   return shapes;
 }
 
@@ -128,6 +138,7 @@ struct ReduceCase {
 
 std::vector<ReduceCase> reduceCases(const WorldShape& shape) {
   std::vector<ReduceCase> cases;
+  if (shape.stepSpace()) return {{DType::kInt32, ReduceKind::kSum, kStepSpaceCount}};
   if (shape.large()) {
     cases.push_back({DType::kInt32, ReduceKind::kSum, kLargeBytes / 4 + 3});
     cases.push_back({DType::kFloat64, ReduceKind::kMax, kLargeBytes / 8 + 1});
@@ -147,8 +158,11 @@ std::vector<ReduceCase> reduceCases(const WorldShape& shape) {
   return cases;
 }
 
-// Roots to try: the first, the last and one in the middle.
-std::vector<int> roots(int n) {
+// Roots to try: the first, the last and one in the middle (only the last for the long
+// messages of the step-space worlds).
+std::vector<int> roots(const WorldShape& shape) {
+  const int n = shape.size;
+  if (shape.stepSpace()) return {n - 1};
   std::vector<int> r = {0, n - 1, n / 2};
   std::sort(r.begin(), r.end());
   r.erase(std::unique(r.begin(), r.end()), r.end());
@@ -156,6 +170,7 @@ std::vector<int> roots(int n) {
 }
 
 std::vector<size_t> byteSizes(const WorldShape& shape) {
+  if (shape.stepSpace()) return {kStepSpaceBytes};
   if (shape.large()) return {kLargeBytes};
   return smallCounts(shape.size);
 }
@@ -192,7 +207,8 @@ void reduceScatterWith(Algorithm a) {
     for (const ReduceCase& k : reduceCases(shape)) {
       ++salt;
       // k.count elements per block: the whole input is n blocks.
-      const size_t blockCount = shape.large() ? k.count / static_cast<size_t>(shape.size) : k.count;
+      const size_t blockCount =
+          shape.large() || shape.stepSpace() ? k.count / static_cast<size_t>(shape.size) : k.count;
       run(caseLabel(k.dtype, k.op, blockCount) + " per block", [&, k, salt, blockCount](Comm& c) {
         const int n = c.size();
         const size_t esz = elementSize(k.dtype);
@@ -222,8 +238,9 @@ void reduceWith(Algorithm a) {
   sweep(Op::kReduce, a, [](ThreadWorld& world, const WorldShape& shape, const auto& run) {
     uint32_t salt = 0;
     for (const ReduceCase& k : reduceCases(shape)) {
-      for (int root : roots(shape.size)) {
+      for (int root : roots(shape)) {
         for (bool inPlace : {false, true}) {
+          if (inPlace && shape.stepSpace()) continue;
           ++salt;
           const std::string label = caseLabel(k.dtype, k.op, k.count) + " root=" +
                                     std::to_string(root) + (inPlace ? " in place" : "");
@@ -248,7 +265,7 @@ void reduceWith(Algorithm a) {
           });
         }
       }
-      if (shape.large()) break;  // one large case is enough for rooted ops
+      if (shape.large() || shape.stepSpace()) break;  // one long case is enough here
     }
   });
 }
@@ -262,7 +279,7 @@ void broadcastWith(Algorithm a) {
   sweep(Op::kBroadcast, a, [](ThreadWorld&, const WorldShape& shape, const auto& run) {
     uint32_t salt = 0;
     for (size_t bytes : byteSizes(shape)) {
-      for (int root : roots(shape.size)) {
+      for (int root : roots(shape)) {
         ++salt;
         run("bytes=" + std::to_string(bytes) + " root=" + std::to_string(root),
             [&, bytes, root, salt](Comm& c) {
@@ -287,6 +304,7 @@ void allgatherWith(Algorithm a) {
     for (size_t bytes : byteSizes(shape)) {
       // In place: rank r's input is already outs[r] (all_gather_into_tensor's usual layout).
       for (bool inPlace : {false, true}) {
+        if (inPlace && shape.stepSpace()) continue;
         ++salt;
         run("bytes=" + std::to_string(bytes) + (inPlace ? " in place" : ""),
             [&, bytes, inPlace, salt](Comm& c) {
@@ -324,7 +342,7 @@ void testGather() {
                                             const auto& run) {
     uint32_t salt = 0;
     for (size_t bytes : byteSizes(shape)) {
-      for (int root : roots(shape.size)) {
+      for (int root : roots(shape)) {
         ++salt;
         run("bytes=" + std::to_string(bytes) + " root=" + std::to_string(root),
             [&, bytes, root, salt](Comm& c) {
@@ -357,7 +375,7 @@ void testScatter() {
                                             const auto& run) {
     uint32_t salt = 0;
     for (size_t bytes : byteSizes(shape)) {
-      for (int root : roots(shape.size)) {
+      for (int root : roots(shape)) {
         ++salt;
         run("bytes=" + std::to_string(bytes) + " root=" + std::to_string(root),
             [&, bytes, root, salt](Comm& c) {
@@ -445,7 +463,7 @@ void testAlltoallLinear() { alltoallWith(Algorithm::kLinear); }
 void testBarrier() {
   sweep(Op::kAllreduce, Algorithm::kAuto, [](ThreadWorld&, const WorldShape& shape,
                                             const auto& run) {
-    if (shape.large()) return;
+    if (shape.large() || shape.stepSpace()) return;
     std::atomic<int> arrived{0};
     for (int round = 0; round < 3 * shape.size; ++round) {
       run("round " + std::to_string(round), [&, round](Comm& c) -> std::string {
