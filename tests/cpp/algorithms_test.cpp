@@ -37,6 +37,9 @@ using inproc::WorldOptions;
 // Not a multiple of any element size above 8, so chunks (and staged pieces, which the chunk
 // size caps) split messages unevenly.
 constexpr size_t kSmallChunk = 40;
+// One element per chunk for every element size from 2 bytes up (and 3-element int8 chunks).
+constexpr size_t kOddChunk = 3;
+const int kOddChunkWorldSizes[] = {3};
 // The large cases: 64 KiB+ messages (the staged thresholds) in 4 KiB chunks.
 constexpr size_t kLargeChunk = 4096;
 constexpr size_t kLargeBytes = 70000;
@@ -82,6 +85,7 @@ std::vector<WorldShape> worldShapes() {
     shapes.push_back({n, false, kLargeChunk});
     shapes.push_back({n, true, kLargeChunk});
   }
+  for (int n : kOddChunkWorldSizes) shapes.push_back({n, false, kOddChunk});
   for (int n : kStepSpaceWorldSizes) shapes.push_back({n, false, kOneByteChunk});
   return shapes;
 }

@@ -94,7 +94,7 @@ void Fabric::notify(int rank) {
 
 InprocTransport::~InprocTransport() {
   // Peers may still be copying out of this rank's buffers, or about to: none may after this.
-  std::unique_lock<std::mutex> lock(fabric_.mu);
+  std::unique_lock<std::mutex> lock(fabric_.mu_);
   for (auto& s : sends_) withdrawOrAwait(*s->message, lock);
   for (int p = 0; p < size(); ++p) {
     if (p == rank_) continue;
@@ -105,7 +105,7 @@ InprocTransport::~InprocTransport() {
 
 RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes, MemoryType) {
   auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr);
-  std::lock_guard<std::mutex> lock(fabric_.mu);
+  std::lock_guard<std::mutex> lock(fabric_.mu_);
   if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
     r->failWith(why);
     return r;
@@ -127,7 +127,7 @@ RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t
   auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
                                            static_cast<uint8_t*>(data));
   if (peer >= 0) {
-    std::lock_guard<std::mutex> lock(fabric_.mu);
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
     if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
       r->failWith(why);
       return r;
@@ -139,7 +139,7 @@ RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t
 
 bool InprocTransport::progress() {
   {
-    std::lock_guard<std::mutex> lock(fabric_.mu);
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
     seenEvents_ = fabric_.ranks_[rank_].events;
   }
   const bool received = matchReceives();
@@ -162,7 +162,7 @@ bool InprocTransport::matchReceives() {
     std::shared_ptr<Message> m;
     std::string cut;
     {
-      std::lock_guard<std::mutex> lock(fabric_.mu);
+      std::lock_guard<std::mutex> lock(fabric_.mu_);
       auto& rank = fabric_.ranks_[rank_];
       if (r->peer() >= 0) cut = rank.cut[r->peer()];
       auto it = std::find_if(rank.inbox.begin(), rank.inbox.end(), [&](const auto& msg) {
@@ -187,10 +187,10 @@ bool InprocTransport::matchReceives() {
     const size_t n = std::min(m->bytes, r->postedBytes());
     if (n > 0) std::memcpy(r->into, m->data, n);
     {
-      std::lock_guard<std::mutex> lock(fabric_.mu);
+      std::lock_guard<std::mutex> lock(fabric_.mu_);
       m->state = Message::State::kDelivered;
       fabric_.notify(m->source);
-      fabric_.delivered.notify_all();
+      fabric_.delivered_.notify_all();
     }
     if (m->bytes > r->postedBytes()) {
       r->failWith("message truncated: " + std::to_string(m->bytes) + " bytes from rank " +
@@ -212,7 +212,7 @@ bool InprocTransport::settleSends() {
   std::vector<std::pair<InprocRequestPtr, std::string>> failed;
   std::vector<InprocRequestPtr> done;
   {
-    std::unique_lock<std::mutex> lock(fabric_.mu);
+    std::unique_lock<std::mutex> lock(fabric_.mu_);
     for (auto& s : sends_) {
       Message& m = *s->message;
       const std::string cut = fabric_.ranks_[rank_].cut[s->peer()];
@@ -246,25 +246,25 @@ void InprocTransport::withdrawOrAwait(Message& message, std::unique_lock<std::mu
     return;
   }
   // Taken: the receiver is copying out of the buffer right now and marks it delivered next.
-  fabric_.delivered.wait(lock, [&] { return message.state != Message::State::kTaken; });
+  fabric_.delivered_.wait(lock, [&] { return message.state != Message::State::kTaken; });
 }
 
 bool InprocTransport::arm() {
   uint64_t count;
   (void)!read(eventFd(), &count, sizeof(count));
-  std::lock_guard<std::mutex> lock(fabric_.mu);
+  std::lock_guard<std::mutex> lock(fabric_.mu_);
   // A notify() after the last progress() may have been drained above: progress again.
   return fabric_.ranks_[rank_].events == seenEvents_;
 }
 
 std::string InprocTransport::peerError(int peer) const {
-  std::lock_guard<std::mutex> lock(fabric_.mu);
+  std::lock_guard<std::mutex> lock(fabric_.mu_);
   return fabric_.ranks_[rank_].cut[peer];
 }
 
 void InprocTransport::abortPeer(int peer, const std::string& why) {
   {
-    std::lock_guard<std::mutex> lock(fabric_.mu);
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
     auto& mine = fabric_.ranks_[rank_];
     if (mine.cut[peer].empty()) mine.cut[peer] = why;
     auto& theirs = fabric_.ranks_[peer];

@@ -37,7 +37,7 @@ struct Message {
   Tag tag = 0;
   const uint8_t* data = nullptr;
   size_t bytes = 0;
-  State state = State::kQueued;  // guarded by Fabric::mu
+  State state = State::kQueued;  // guarded by Fabric::mu_
 };
 
 // What the ranks of one group share. Outlives every transport made from it.
@@ -60,11 +60,11 @@ class Fabric {
     uint64_t events = 0;                         // notify() count, for arm()
     std::vector<std::string> cut;                // cut[peer]: why the link is gone ("" = up)
   };
-  // Wakes `rank`: something in its inbox or one of its sends changed. Caller holds mu.
+  // Wakes `rank`: something in its inbox or one of its sends changed. Caller holds mu_.
   void notify(int rank);
 
-  std::mutex mu;
-  std::condition_variable delivered;  // a taken message was delivered
+  std::mutex mu_;
+  std::condition_variable delivered_;  // a taken message was delivered
   std::vector<Rank> ranks_;
 };
 

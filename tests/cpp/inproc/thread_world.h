@@ -38,7 +38,6 @@ class ThreadWorld {
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
   int size() const { return options_.size; }
-  algo::Tuning& tuning() { return options_.tuning; }
   // Runs `job` on every rank as one op; returns what the ranks reported, "rank r: ..." per
   // line (an exception counts as a report), "" when every rank was content.
   std::string run(const Job& job);
