@@ -52,7 +52,7 @@ class InprocTransport : public Transport {
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes, MemoryType mem) override;
   bool progress() override;
   bool arm() override;
-  int eventFd() const override { return fabric_.ranks_[rank_].eventFd; }
+  int eventFd() const override { return fabric_.ranks_[rank_].wake.fd(); }
   std::string peerError(int peer) const override;
   void abortPeer(int peer, const std::string& why) override;
 
@@ -70,16 +70,26 @@ class InprocTransport : public Transport {
   uint64_t seenEvents_ = 0;                 // Fabric::Rank::events at the last progress()
 };
 
-Fabric::Fabric(int size) : ranks_(size) {
-  for (auto& r : ranks_) {
-    r.eventFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (r.eventFd < 0) throw TransportError("inproc: eventfd failed");
-    r.cut.assign(size, "");
-  }
+EventFd::EventFd() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (fd_ < 0) throw TransportError("inproc: eventfd failed");
 }
 
-Fabric::~Fabric() {
-  for (auto& r : ranks_) close(r.eventFd);
+EventFd::~EventFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void EventFd::signal() const {
+  const uint64_t one = 1;
+  (void)!write(fd_, &one, sizeof(one));
+}
+
+void EventFd::drain() const {
+  uint64_t count;
+  (void)!read(fd_, &count, sizeof(count));
+}
+
+Fabric::Fabric(int size) : ranks_(size) {
+  for (auto& r : ranks_) r.cut.assign(size, "");
 }
 
 std::unique_ptr<Transport> Fabric::transport(int rank) {
@@ -88,8 +98,7 @@ std::unique_ptr<Transport> Fabric::transport(int rank) {
 
 void Fabric::notify(int rank) {
   ++ranks_[rank].events;
-  const uint64_t one = 1;
-  (void)!write(ranks_[rank].eventFd, &one, sizeof(one));
+  ranks_[rank].wake.signal();
 }
 
 InprocTransport::~InprocTransport() {
@@ -250,8 +259,7 @@ void InprocTransport::withdrawOrAwait(Message& message, std::unique_lock<std::mu
 }
 
 bool InprocTransport::arm() {
-  uint64_t count;
-  (void)!read(eventFd(), &count, sizeof(count));
+  fabric_.ranks_[rank_].wake.drain();
   std::lock_guard<std::mutex> lock(fabric_.mu_);
   // A notify() after the last progress() may have been drained above: progress again.
   return fabric_.ranks_[rank_].events == seenEvents_;

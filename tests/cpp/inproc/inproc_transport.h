@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transports/transport.h"
@@ -40,11 +41,25 @@ struct Message {
   State state = State::kQueued;  // guarded by Fabric::mu_
 };
 
+// An eventfd, closed with its owner.
+class EventFd {
+ public:
+  EventFd();  // throws TransportError
+  ~EventFd();
+  EventFd(EventFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  EventFd& operator=(EventFd&&) = delete;
+  int fd() const { return fd_; }
+  void signal() const;
+  void drain() const;
+
+ private:
+  int fd_;
+};
+
 // What the ranks of one group share. Outlives every transport made from it.
 class Fabric {
  public:
   explicit Fabric(int size);
-  ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
@@ -56,7 +71,7 @@ class Fabric {
   friend class InprocTransport;
   struct Rank {
     std::deque<std::shared_ptr<Message>> inbox;  // arrival order
-    int eventFd = -1;                            // readable after notify()
+    EventFd wake;                                // readable after notify()
     uint64_t events = 0;                         // notify() count, for arm()
     std::vector<std::string> cut;                // cut[peer]: why the link is gone ("" = up)
   };
