@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
+#include <unordered_map>
 #include <utility>
 
 namespace ucxb::inproc {
@@ -14,9 +16,15 @@ namespace {
 // Requests complete only from InprocTransport (on the owner thread); cancel() only asks.
 class InprocRequest : public Request {
  public:
-  InprocRequest(bool isSend, int peer, size_t bytes, Tag tag, Tag mask, uint8_t* into)
-      : Request(isSend, peer, bytes), tag(tag), mask(mask), into(into) {}
-  void cancel() override { cancelRequested = true; }
+  InprocRequest(bool isSend, int peer, size_t bytes, Tag tag, Tag mask, uint8_t* into,
+                std::shared_ptr<bool> cancelAsked)
+      : Request(isSend, peer, bytes), tag(tag), mask(mask), into(into),
+        cancelAsked_(std::move(cancelAsked)) {}
+  // Owner thread, like everything else: the transport's next progress() acts on it.
+  void cancel() override {
+    cancelRequested = true;
+    *cancelAsked_ = true;
+  }
   void succeed(size_t bytes, Tag senderTag) { complete(bytes, senderTag); }
   void failWith(std::string why) { fail(std::move(why)); }
 
@@ -25,6 +33,11 @@ class InprocRequest : public Request {
   uint8_t* const into;          // receives only
   std::shared_ptr<Message> message;  // sends only
   bool cancelRequested = false;
+  size_t received = 0;  // receives: the message's length and tag, once matched
+  Tag senderTag = 0;
+
+ private:
+  std::shared_ptr<bool> cancelAsked_;  // the transport's "some request was cancelled"
 };
 
 using InprocRequestPtr = std::shared_ptr<InprocRequest>;
@@ -57,17 +70,26 @@ class InprocTransport : public Transport {
   void abortPeer(int peer, const std::string& why) override;
 
  private:
+  using Outcome = std::pair<InprocRequestPtr, std::string>;  // "" = done, else why it failed
+
   bool matchReceives();
-  bool settleSends();
+  bool completeDelivered(const std::vector<std::shared_ptr<Message>>& delivered);
+  // Fails cancelled requests and those of cut links. Every pending request is looked at, so
+  // only when a cancel or a cut happened since the last call.
+  bool settleCancelledAndCut();
   // Takes `message` back from the peer's inbox, or waits until the peer is done copying out
   // of it. Caller holds the lock; returns with it held.
   void withdrawOrAwait(Message& message, std::unique_lock<std::mutex>& lock);
+  // Outside the lock: a completion callback may post requests.
+  static void finish(std::vector<Outcome>& outcomes);
 
   Fabric& fabric_;
   const int rank_;
-  std::vector<InprocRequestPtr> receives_;  // posted, in posting order
-  std::vector<InprocRequestPtr> sends_;     // not yet completed
-  uint64_t seenEvents_ = 0;                 // Fabric::Rank::events at the last progress()
+  std::list<InprocRequestPtr> receives_;  // posted, in posting order
+  std::unordered_map<const Message*, InprocRequestPtr> sends_;  // not yet completed
+  std::shared_ptr<bool> cancelAsked_ = std::make_shared<bool>(false);  // by any request
+  uint64_t seenEvents_ = 0;  // Fabric::Rank::events at the last progress()
+  uint64_t seenCuts_ = 0;    // Fabric::Rank::cuts at the last settleCancelledAndCut()
 };
 
 EventFd::EventFd() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -104,16 +126,17 @@ void Fabric::notify(int rank) {
 InprocTransport::~InprocTransport() {
   // Peers may still be copying out of this rank's buffers, or about to: none may after this.
   std::unique_lock<std::mutex> lock(fabric_.mu_);
-  for (auto& s : sends_) withdrawOrAwait(*s->message, lock);
+  for (auto& [message, s] : sends_) withdrawOrAwait(*s->message, lock);
   for (int p = 0; p < size(); ++p) {
     if (p == rank_) continue;
     fabric_.ranks_[p].cut[rank_] = "rank " + std::to_string(rank_) + " closed its transport";
+    ++fabric_.ranks_[p].cuts;
     fabric_.notify(p);
   }
 }
 
 RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes, MemoryType) {
-  auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr);
+  auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr, cancelAsked_);
   std::lock_guard<std::mutex> lock(fabric_.mu_);
   if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
     r->failWith(why);
@@ -127,14 +150,14 @@ RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t byt
   r->message->bytes = bytes;
   fabric_.ranks_[peer].inbox.push_back(r->message);
   fabric_.notify(peer);
-  sends_.push_back(r);
+  sends_.emplace(r->message.get(), r);
   return r;
 }
 
 RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                                  MemoryType) {
   auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
-                                           static_cast<uint8_t*>(data));
+                                           static_cast<uint8_t*>(data), cancelAsked_);
   if (peer >= 0) {
     std::lock_guard<std::mutex> lock(fabric_.mu_);
     if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
@@ -147,103 +170,132 @@ RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t
 }
 
 bool InprocTransport::progress() {
+  std::vector<std::shared_ptr<Message>> delivered;
+  bool cutsChanged;
   {
     std::lock_guard<std::mutex> lock(fabric_.mu_);
-    seenEvents_ = fabric_.ranks_[rank_].events;
+    auto& mine = fabric_.ranks_[rank_];
+    seenEvents_ = mine.events;
+    cutsChanged = mine.cuts != seenCuts_;
+    delivered.swap(mine.delivered);
   }
-  const bool received = matchReceives();
-  const bool sent = settleSends();
-  return received || sent;
+  bool any = false;
+  if (*cancelAsked_ || cutsChanged) any = settleCancelledAndCut();
+  any = matchReceives() || any;
+  return completeDelivered(delivered) || any;
 }
 
 bool InprocTransport::matchReceives() {
-  bool any = false;
-  // Completion callbacks may post receives: they land in the emptied receives_.
-  std::vector<InprocRequestPtr> posted;
-  posted.swap(receives_);
-  std::vector<InprocRequestPtr> still;
-  for (auto& r : posted) {
-    if (r->cancelRequested) {
-      r->failWith("receive cancelled");
-      any = true;
-      continue;
-    }
-    std::shared_ptr<Message> m;
-    std::string cut;
-    {
-      std::lock_guard<std::mutex> lock(fabric_.mu_);
-      auto& rank = fabric_.ranks_[rank_];
-      if (r->peer() >= 0) cut = rank.cut[r->peer()];
-      auto it = std::find_if(rank.inbox.begin(), rank.inbox.end(), [&](const auto& msg) {
-        return (msg->tag & r->mask) == (r->tag & r->mask);
+  std::vector<std::pair<InprocRequestPtr, std::shared_ptr<Message>>> matched;
+  {
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
+    auto& inbox = fabric_.ranks_[rank_].inbox;
+    for (auto it = inbox.begin(); it != inbox.end() && !receives_.empty();) {
+      const Message& m = **it;
+      auto r = std::find_if(receives_.begin(), receives_.end(), [&](const auto& rq) {
+        return !rq->cancelRequested && (m.tag & rq->mask) == (rq->tag & rq->mask);
       });
-      if (cut.empty() && it != rank.inbox.end()) {
-        m = *it;
-        rank.inbox.erase(it);
-        m->state = Message::State::kTaken;
+      if (r == receives_.end()) {
+        ++it;  // unexpected: it waits for a matching receive
+        continue;
       }
+      (*it)->state = Message::State::kTaken;
+      matched.emplace_back(std::move(*r), std::move(*it));
+      receives_.erase(r);
+      it = inbox.erase(it);
     }
-    if (!cut.empty()) {
-      r->failWith(cut);  // outside the lock: callbacks may post requests
-      any = true;
-      continue;
-    }
-    if (m == nullptr) {
-      still.push_back(r);
-      continue;
-    }
-    // The sender's buffer stays valid until its send completes, which waits for kDelivered.
+  }
+  if (matched.empty()) return false;
+  // The senders' buffers stay valid until their sends complete, which waits for kDelivered.
+  for (auto& [r, m] : matched) {
     const size_t n = std::min(m->bytes, r->postedBytes());
     if (n > 0) std::memcpy(r->into, m->data, n);
-    {
-      std::lock_guard<std::mutex> lock(fabric_.mu_);
-      m->state = Message::State::kDelivered;
-      fabric_.notify(m->source);
-      fabric_.delivered_.notify_all();
-    }
-    if (m->bytes > r->postedBytes()) {
-      r->failWith("message truncated: " + std::to_string(m->bytes) + " bytes from rank " +
-                  std::to_string(m->source) + " into a receive of " +
-                  std::to_string(r->postedBytes()));
-    } else {
-      r->succeed(m->bytes, m->tag);
-    }
-    any = true;
   }
-  // Receives posted by callbacks come after the ones still waiting.
-  still.insert(still.end(), receives_.begin(), receives_.end());
-  receives_ = std::move(still);
-  return any;
+  {
+    std::lock_guard<std::mutex> lock(fabric_.mu_);
+    for (auto& [r, m] : matched) {
+      m->state = Message::State::kDelivered;
+      fabric_.ranks_[m->source].delivered.push_back(m);
+      fabric_.notify(m->source);
+    }
+  }
+  fabric_.delivered_.notify_all();
+  std::vector<Outcome> outcomes;
+  for (auto& [r, m] : matched) {
+    if (m->bytes > r->postedBytes()) {
+      outcomes.emplace_back(r, "message truncated: " + std::to_string(m->bytes) +
+                                   " bytes from rank " + std::to_string(m->source) +
+                                   " into a receive of " + std::to_string(r->postedBytes()));
+    } else {
+      r->received = m->bytes;
+      r->senderTag = m->tag;
+      outcomes.emplace_back(r, "");
+    }
+  }
+  finish(outcomes);
+  return true;
 }
 
-bool InprocTransport::settleSends() {
-  std::vector<InprocRequestPtr> still;
-  std::vector<std::pair<InprocRequestPtr, std::string>> failed;
-  std::vector<InprocRequestPtr> done;
+bool InprocTransport::completeDelivered(const std::vector<std::shared_ptr<Message>>& delivered) {
+  std::vector<Outcome> outcomes;
+  for (const auto& m : delivered) {
+    auto it = sends_.find(m.get());
+    if (it == sends_.end()) continue;  // already settled (its link was cut meanwhile)
+    outcomes.emplace_back(std::move(it->second), "");
+    sends_.erase(it);
+  }
+  finish(outcomes);
+  return !outcomes.empty();
+}
+
+bool InprocTransport::settleCancelledAndCut() {
+  std::vector<Outcome> outcomes;
   {
     std::unique_lock<std::mutex> lock(fabric_.mu_);
-    for (auto& s : sends_) {
+    *cancelAsked_ = false;
+    auto& mine = fabric_.ranks_[rank_];
+    seenCuts_ = mine.cuts;
+    for (auto it = receives_.begin(); it != receives_.end();) {
+      const auto& r = *it;
+      std::string why = r->cancelRequested ? "receive cancelled"
+                                           : (r->peer() >= 0 ? mine.cut[r->peer()] : "");
+      if (why.empty()) {
+        ++it;
+        continue;
+      }
+      outcomes.emplace_back(r, std::move(why));
+      it = receives_.erase(it);
+    }
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      const auto& s = it->second;
       Message& m = *s->message;
-      const std::string cut = fabric_.ranks_[rank_].cut[s->peer()];
+      const std::string cut = mine.cut[s->peer()];
       // A cut link must leave no request pointing into a buffer; a cancel only withdraws
       // what no receive has taken yet (a taken message completes, as with UCX).
-      if (!cut.empty() || (s->cancelRequested && m.state == Message::State::kQueued)) {
-        withdrawOrAwait(m, lock);
+      if (cut.empty() && !(s->cancelRequested && m.state == Message::State::kQueued)) {
+        ++it;
+        continue;
       }
-      if (m.state == Message::State::kDelivered) {
-        done.push_back(s);
-      } else if (m.state == Message::State::kWithdrawn) {
-        failed.emplace_back(s, cut.empty() ? "send cancelled" : cut);
-      } else {
-        still.push_back(s);
-      }
+      withdrawOrAwait(m, lock);
+      const bool withdrawn = m.state == Message::State::kWithdrawn;
+      outcomes.emplace_back(s, withdrawn ? (cut.empty() ? "send cancelled" : cut) : "");
+      it = sends_.erase(it);
     }
   }
-  sends_ = std::move(still);
-  // Callbacks run outside the lock and may post more sends (appended to sends_).
-  for (auto& s : done) s->succeed(s->postedBytes(), s->tag);
-  for (auto& [s, why] : failed) s->failWith(why);
-  return !done.empty() || !failed.empty();
+  finish(outcomes);
+  return !outcomes.empty();
+}
+
+void InprocTransport::finish(std::vector<Outcome>& outcomes) {
+  for (auto& [r, why] : outcomes) {
+    if (!why.empty()) {
+      r->failWith(std::move(why));
+    } else if (r->isSend()) {
+      r->succeed(r->postedBytes(), r->tag);
+    } else {
+      r->succeed(r->received, r->senderTag);
+    }
+  }
 }
 
 void InprocTransport::withdrawOrAwait(Message& message, std::unique_lock<std::mutex>& lock) {
@@ -274,17 +326,19 @@ void InprocTransport::abortPeer(int peer, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(fabric_.mu_);
     auto& mine = fabric_.ranks_[rank_];
-    if (mine.cut[peer].empty()) mine.cut[peer] = why;
+    if (mine.cut[peer].empty()) {
+      mine.cut[peer] = why;
+      ++mine.cuts;
+    }
     auto& theirs = fabric_.ranks_[peer];
     if (theirs.cut[rank_].empty()) {
       theirs.cut[rank_] = "rank " + std::to_string(rank_) + " closed its connection: " + why;
+      ++theirs.cuts;
     }
     fabric_.notify(peer);
-    fabric_.notify(rank_);
   }
   // Everything outstanding with `peer` completes now, as the contract asks.
-  matchReceives();
-  settleSends();
+  settleCancelledAndCut();
 }
 
 }  // namespace ucxb::inproc

@@ -8,9 +8,10 @@
 // share a Fabric, whose one mutex guards every inbox.
 //
 // A message moves like a UCX rendezvous: send() queues a descriptor of the sender's buffer
-// in the receiver's inbox; the receiver's progress() matches it to the first posted receive
-// whose tag agrees on the mask's bits (FIFO among matching messages, as UCX's tag matching),
-// copies straight out of the sender's buffer, and only then lets the send complete. So a
+// in the receiver's inbox; the receiver's progress() matches each message, in arrival order,
+// to the earliest posted receive whose tag agrees on the receive's mask bits (FIFO, as UCX's
+// tag matching), copies straight out of the sender's buffer, and only then hands the message
+// back to the sender, whose next progress() completes the send. So a
 // sender that reuses its buffer before its send completes corrupts what the peer receives,
 // as it would over UCX. A message longer than the receive fails the receive (truncated) and
 // completes the send. cancel() withdraws a message no receive has taken yet; abortPeer()
@@ -71,9 +72,12 @@ class Fabric {
   friend class InprocTransport;
   struct Rank {
     std::deque<std::shared_ptr<Message>> inbox;  // arrival order
-    EventFd wake;                                // readable after notify()
-    uint64_t events = 0;                         // notify() count, for arm()
-    std::vector<std::string> cut;                // cut[peer]: why the link is gone ("" = up)
+    // This rank's sends whose receiver has copied them out, for its next progress().
+    std::vector<std::shared_ptr<Message>> delivered;
+    EventFd wake;                  // readable after notify()
+    uint64_t events = 0;           // notify() count, for arm()
+    std::vector<std::string> cut;  // cut[peer]: why the link is gone ("" = up)
+    uint64_t cuts = 0;             // changes of `cut`, so progress() rescans only then
   };
   // Wakes `rank`: something in its inbox or one of its sends changed. Caller holds mu_.
   void notify(int rank);
