@@ -8,6 +8,7 @@ op x algorithm, so a failure names the algorithm. Reproduce one with
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -80,6 +81,12 @@ def test_under_thread_sanitizer() -> None:
         groups=["collectives", "shm", "inproc"],
         flags=["-O1", "-g", "-Werror", "-pthread", "-fsanitize=thread", "-DUCXB_NO_NARROW_CLONES"],
     )
-    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ALGORITHMS_TEST_TIMEOUT_S": "60"},
+    )
     assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     assert "ThreadSanitizer" not in result.stderr, result.stderr[-8000:]
