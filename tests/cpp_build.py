@@ -54,6 +54,8 @@ SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
     "shm": lambda: ["transports/shm/shared_segment.cpp", "csrc/engine/streaming_copy.cpp"],
     # The in-memory transport and its thread driver (tests/cpp/inproc/).
     "inproc": lambda: _glob("tests/cpp/inproc"),
+    # algorithms_test's groups and the worlds they run in (tests/cpp/algorithms/).
+    "algorithm_checks": lambda: _glob("tests/cpp/algorithms"),
     # The UDP transport: its sans-IO core, and that with the socket loop.
     "udp_sans_io": lambda: _glob("transports/udp", lambda p: p.name not in _UDP_SOCKET_LOOP),
     "udp": lambda: _glob("transports/udp"),

@@ -45,7 +45,7 @@ def algorithms_test() -> Path:
     return cpp_build.build(
         "algorithms_test",
         PROGRAM,
-        groups=["collectives", "shm", "inproc"],
+        groups=["algorithm_checks", "collectives", "shm", "inproc"],
         flags=["-O1", "-Werror", "-pthread"],
     )
 
@@ -78,7 +78,7 @@ def test_under_thread_sanitizer() -> None:
     binary = cpp_build.build(
         "algorithms_test_tsan",
         PROGRAM,
-        groups=["collectives", "shm", "inproc"],
+        groups=["algorithm_checks", "collectives", "shm", "inproc"],
         flags=["-O1", "-g", "-Werror", "-pthread", "-fsanitize=thread", "-DUCXB_NO_NARROW_CLONES"],
     )
     result = subprocess.run(
