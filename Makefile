@@ -73,4 +73,5 @@ lint:
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
 	rm -f ucxbackend/_C*.so
+	rm -rf tests/cpp/build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -120,7 +120,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     try {
-      Comm comm(*engine, group, work->context().seq, Clock::now() + timeout, tuning);
+      Comm comm(engine->transport(), *engine, group, work->context().seq,
+                Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {
       // Finish before clearing `running`: a caller whose own wait() deadline falls while the

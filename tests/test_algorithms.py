@@ -1,4 +1,12 @@
-"""Every collective algorithm (csrc/collectives/selection.h) checked against numpy.
+"""Every collective algorithm (csrc/collectives/selection.h) through torch, against numpy.
+
+The algorithms themselves are checked in one process by tests/cpp/algorithms_test.cpp
+(tests/test_algorithms_inproc.py): every op x algorithm at world sizes 1-5 and 8, chunk sizes
+that split messages unevenly or overflow the tag steps, staged and not, every dtype x reduce
+op. What stays here is the layer a user goes through: ``pg_options`` and ``UCXBACKEND_*``
+selecting algorithms and chunk sizes, every torch call of every op (tensor and list forms,
+even, uneven and in-place all_to_all, inputs left unmodified), the dtype and reduce-op
+dispatch, and the automatic choice around every threshold.
 
 Unit tests (no processes) pin the automatic choice on both sides of every threshold, the
 precedence of a forced algorithm and the validation of ``algo_<op>`` / ``chunk_bytes``.
@@ -10,19 +18,14 @@ each result with a reference computed by numpy from the inputs, which every rank
 for any rank.  Results are compared exactly (int64 over the full 64-bit range; float32 holds
 small integers for reductions, so every order of summation gives the same bits).
 
-Chunk sizes: ``TINY_CHUNK`` (20 bytes) splits messages into many uneven pieces: 2 int64 or 5
-float32 elements per reduction chunk, and pieces that cut int64 elements apart where chunks
-count bytes (broadcast); ``ODD_CHUNK`` (3 bytes) gives one element per reduction chunk and
-3-byte broadcast pieces; the default (4 MB) sends every message here whole.  The counts
-(0, 1, 7, 389) give empty and single-element messages, blocks smaller than the world, and
-blocks that neither the world size nor the chunk divides.  ``LONG_COUNT`` with 3-byte chunks
-needs more chunks than an op has tag steps for in recursive doubling, Rabenseifner, both
-reduce_scatters, the binomial reduce and the chain broadcast, which then enlarge the chunk.
+``TINY_CHUNK`` (20 bytes) cuts messages into uneven pieces, so the chunk size demonstrably
+reaches the algorithms.  The counts (0, 1, 7, 389) give empty and single-element messages,
+blocks smaller than the world, and blocks that neither the world size nor the chunk divides.
 
-Quick (unmarked): the unit tests, world sizes 2 and 3 with every chunk size, "auto" around
-every threshold at world sizes 2 and 3, and the ``UCXBACKEND_*`` environment path.  Slow:
-world sizes 1, 4 and 5 (4 and 5 also with ``LONG_COUNT``), and "auto" around the thresholds
-at world sizes 4 and 5.  Together they are the whole matrix.
+Quick (unmarked): the unit tests, the forced matrix at world size 3, "auto" around every
+threshold at world sizes 2 and 3, and the ``UCXBACKEND_*`` environment path.  Slow: the
+forced matrix at world size 1 (two counts), and "auto" around the thresholds at world sizes 4
+and 5.
 
 Under ``UCXB_TEST_BACKEND=gloo`` the same matrix runs on plain Gloo groups (no algorithm
 choice there): a check of the references themselves.  Calls Gloo rejects are skipped with a
@@ -59,7 +62,6 @@ FORCED: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_CHUNK = cfg.Config().chunk_bytes
 TINY_CHUNK = 20
-ODD_CHUNK = 3  # 1 element per reduction chunk; broadcast pieces of 3 bytes
 COUNTS = (0, 1, 7, 389)
 REDUCTIONS = (
     ("int64", "SUM"),
@@ -94,19 +96,15 @@ THRESHOLD_OPS = {
     "alltoall_linear_max": "alltoall",
 }
 
-# With 1-element chunks this needs more chunks than most algorithms have tag steps for, so
-# they raise the chunk size to fit (chunkElems in csrc/collectives/building_blocks.cpp).
-LONG_COUNT = 12_289
 Part = tuple[int, tuple[int, ...]]  # (chunk_bytes, counts)
-COMMON: tuple[Part, ...] = ((ODD_CHUNK, COUNTS), (TINY_CHUNK, COUNTS), (DEFAULT_CHUNK, COUNTS))
-LONG: tuple[Part, ...] = ((ODD_CHUNK, (LONG_COUNT,)),)
-# Which spawn runs what: world size -> (parts of the forced matrix, "auto" at thresholds?)
+# Which spawn runs what: world size -> (parts of the forced matrix, "auto" at thresholds?).
+# Chunking and world sizes are the C++ test's; one world runs every torch call per algorithm.
 PLANS: dict[int, tuple[tuple[Part, ...], bool]] = {
-    1: (COMMON, False),
-    2: (COMMON, True),
-    3: (COMMON, True),
-    4: (COMMON + LONG, True),
-    5: (COMMON + LONG, True),
+    1: (((TINY_CHUNK, (0, 7)),), False),
+    2: ((), True),
+    3: (((TINY_CHUNK, COUNTS),), True),
+    4: ((), True),
+    5: ((), True),
 }
 QUICK_WORLDS = (2, 3)
 WORLD_TIMEOUT = 300.0
@@ -790,7 +788,7 @@ def _assert_clean(results: list[Any], part: str) -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("ws", [_world_param(ws) for ws in PLANS])
+@pytest.mark.parametrize("ws", [_world_param(ws) for ws, (parts, _) in PLANS.items() if parts])
 def test_every_algorithm_matches_numpy(ws: int) -> None:
     _assert_clean(_world_results(ws), "forced")
 

@@ -5,29 +5,21 @@ clones off (the x86-64 baseline loops)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
+import cpp_build
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("variant", ["shipped", "baseline"])
-def test_narrow_float_kernels_match_reference(tmp_path: Path, variant: str) -> None:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ not found")
-    exe = tmp_path / f"reduce_kernels_test_{variant}"
+def test_narrow_float_kernels_match_reference(variant: str) -> None:
     flags = ["-DUCXB_NO_NARROW_CLONES"] if variant == "baseline" else []
-    subprocess.run(
-        [compiler, "-std=c++20", "-O3", "-Wall", "-Wextra", "-Werror", "-I.", *flags,
-         "csrc/collectives/reduce_kernels.cpp", "tests/cpp/reduce_kernels_test.cpp",
-         "-o", exe],
-        cwd=REPO,
-        check=True,
-        timeout=300,
+    exe = cpp_build.build(
+        f"reduce_kernels_test_{variant}",
+        "tests/cpp/reduce_kernels_test.cpp",
+        groups=["reduce_kernels"],
+        flags=["-O3", "-Werror", *flags],
     )
     run = subprocess.run([exe], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "OK", run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "reduce_kernels_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout

@@ -17,13 +17,13 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import shutil
 import subprocess
 import time
 import zlib
 from pathlib import Path
 from typing import Any
 
+import cpp_build
 import numpy as np
 import pytest
 import torch
@@ -259,26 +259,13 @@ def test_ucx_tls_rule(tls: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("unit", ["shared_segment_test", "staging_area_test"])
-def test_torch_free_unit(tmp_path: Path, unit: str) -> None:
+def test_torch_free_unit(unit: str) -> None:
     """The segment class, the slot layout and the slots' streaming stores on their own
     (tests/cpp/<unit>.cpp)."""
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ not found")
-    exe = tmp_path / unit
-    sources = [
-        "transports/shm/shared_segment.cpp",
-        "csrc/engine/streaming_copy.cpp",
-        f"tests/cpp/{unit}.cpp",
-    ]
-    subprocess.run(
-        [compiler, "-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-I.", *sources, "-o", exe],
-        cwd=REPO,
-        check=True,
-        timeout=300,
-    )
+    exe = cpp_build.build(unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=["-O1", "-Werror"])
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.strip() == "OK", run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{unit}: " in run.stdout and " 0 failed" in run.stdout, run.stdout
 
 
 # ------------------------------------------------------------- the 64 KiB staging floor

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import cpp_build
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,35 +47,16 @@ GROUPS = [
     "soak",
 ]
 
-COMPILE_TIMEOUT_S = 300  # one g++ -O1 run: ~15 s on an idle core, more on a busy machine
 RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
 
 
-def _sources(program: str) -> list[str]:
-    core = sorted(
-        p.relative_to(REPO).as_posix()
-        for d in ("transports/config", "transports/udp")
-        for p in (REPO / d).glob("*.cpp")
-    )
-    sim = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests/udp_sim").glob("*.cpp"))
-    return [*core, *sim, program]
-
-
 def _compile(out: Path, extra_flags: list[str], program: str = TEST_PROGRAM) -> Path:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ is not installed: the UDP core tests compile a C++ program")
-    cmd = [compiler, "-std=c++20", "-O1", "-Wall", "-Wextra", "-I.", *extra_flags]
-    cmd += _sources(program)
-    cmd += ["-o", str(out)]
-    try:
-        result = subprocess.run(
-            cmd, cwd=REPO, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"compiling the UDP core test took over {COMPILE_TIMEOUT_S} s")
-    if result.returncode != 0:
-        pytest.fail(f"compiling the UDP core test failed:\n{' '.join(cmd)}\n{result.stderr}")
+    """`program` with the UDP core and the simulator, built by tests/cpp_build.py (cached
+    across sessions) and copied to `out`."""
+    built = cpp_build.build(
+        out.name, program, groups=["udp", "udp_sim"], flags=["-O1", *extra_flags]
+    )
+    shutil.copy2(built, out)
     return out
 
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cpp_build
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,72 +38,38 @@ ENV = {
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
 
-COMPILE_TIMEOUT_S = 300  # per translation unit; about 15 s for the largest on an idle core
 DONE = re.compile(
     r"udp_fuzz: done: (?P<runs>\d+) runs in (?P<secs>[\d.]+) s \((?P<rate>\d+) exec/s\), "
     r"seed (?P<seed>\d+), corpus (?P<corpus>\d+), edges (?P<edges>\d+)"
 )
 
 
-# The socket loop around the core: never called by the target, so not worth compiling here.
-NOT_SANS_IO = {"udp_socket.cpp", "udp_transport.cpp"}
-
-
-def _compiler() -> str:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("g++ is not installed: the UDP fuzz tests compile a C++ program")
-    return compiler
-
-
-def _run_tool(cmd: list[str]) -> None:
-    try:
-        result = subprocess.run(
-            cmd, cwd=REPO, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"took over {COMPILE_TIMEOUT_S} s: {' '.join(cmd)}")
-    if result.returncode != 0:
-        pytest.fail(f"failed:\n{' '.join(cmd)}\n{result.stderr}")
-
-
 @pytest.fixture(scope="module")
-def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def binaries() -> dict[str, Path]:
     """``udp_fuzz`` and ``udp_fuzz_planted`` (the same with a bug planted in the target: one
-    byte written past a receive buffer), compiled once for this module. Every translation unit
-    goes to one pool, the two targets (the slowest, about 13 s each) first, so that on two
-    cores the whole build takes about 20 s."""
-    compiler = _compiler()
-    out = tmp_path_factory.mktemp("udp_fuzz")
-    core = sorted(
-        p.relative_to(REPO).as_posix()
-        for d in ("transports/config", "transports/udp")
-        for p in (REPO / d).glob("*.cpp")
-        if p.name not in NOT_SANS_IO
-    )
-    units = {
-        "target.o": (TARGET, COVERAGE),
-        "target_planted.o": (TARGET, [*COVERAGE, "-DUDP_FUZZ_PLANTED_OVERFLOW"]),
-        "driver.o": (DRIVER, []),
-        **{f"core_{Path(c).stem}.o": (c, COVERAGE) for c in core},
+    byte written past a receive buffer), built by tests/cpp_build.py with the sans-IO core
+    (the socket loop is never called by the target). Every unit but the driver carries the
+    coverage instrumentation; the two programs share every object but the target's."""
+
+    def build(name: str, target_flags: list[str]) -> Path:
+        def unit_flags(source: str) -> list[str]:
+            if source == DRIVER:
+                return []
+            return [*COVERAGE, *target_flags] if source == TARGET else COVERAGE
+
+        return cpp_build.build(
+            name,
+            TARGET,
+            groups=["udp_sans_io"],
+            flags=COMMON,
+            extra_sources=[DRIVER],
+            unit_flags=unit_flags,
+        )
+
+    return {
+        "udp_fuzz": build("udp_fuzz", []),
+        "udp_fuzz_planted": build("udp_fuzz_planted", ["-DUDP_FUZZ_PLANTED_OVERFLOW"]),
     }
-    commands = [
-        [compiler, *COMMON, *extra, "-c", source, "-o", str(out / name)]
-        for name, (source, extra) in units.items()
-    ]
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        list(pool.map(_run_tool, commands))
-    # An archive: the linker takes only the members the target needs.
-    archive = out / "libudp_core.a"
-    _run_tool(["ar", "rcs", str(archive), *(str(out / n) for n in units if n.startswith("core_"))])
-    binaries = {"udp_fuzz": "target.o", "udp_fuzz_planted": "target_planted.o"}
-    links = [
-        [compiler, *COMMON, str(out / obj), str(out / "driver.o"), str(archive), "-o", str(out / b)]
-        for b, obj in binaries.items()
-    ]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(_run_tool, links))
-    return {b: out / b for b in binaries}
 
 
 @pytest.fixture(scope="module")

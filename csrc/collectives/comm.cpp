@@ -29,7 +29,7 @@ RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
 }
 
 void Comm::wait(const std::vector<RequestPtr>& requests) {
-  engine_.waitAll(requests, deadline_);
+  driver_.waitAll(requests, deadline_);
   for (const auto& r : requests) {
     if (!r->isSend() && r->receivedBytes() != r->postedBytes()) {
       throw OpFailed("expected " + std::to_string(r->postedBytes()) + " bytes from rank " +

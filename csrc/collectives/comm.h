@@ -1,6 +1,9 @@
 // What an algorithm sees of one op on one group: its rank, the group size, and tagged
 // send/recv to peers. The tag is built from (group, op sequence number, step, source) here, so
-// algorithms only number their steps. Torch-free and UCX-free.
+// algorithms only number their steps. The transport and the driver that waits on its requests
+// are interfaces (transport.h, op_driver.h): the backend passes its ProgressEngine and the
+// engine's transport, the algorithm tests an in-memory transport on threads. Torch-free and
+// UCX-free.
 #pragma once
 
 #include <cstddef>
@@ -8,15 +11,17 @@
 #include <vector>
 
 #include "csrc/collectives/selection.h"
-#include "csrc/engine/progress_engine.h"
+#include "csrc/collectives/op_driver.h"
+#include "transports/transport.h"
 
 namespace ucxb {
 
 class Comm {
  public:
-  Comm(ProgressEngine& engine, uint32_t groupHash, uint64_t seq, Clock::time_point deadline,
-       const algo::Tuning& tuning)
-      : engine_(engine), transport_(engine.transport()), group_(groupHash), seq_(seq),
+  // `driver` waits on the requests of `transport`; both, and `tuning`, outlive the Comm.
+  Comm(Transport& transport, OpDriver& driver, uint32_t groupHash, uint64_t seq,
+       Clock::time_point deadline, const algo::Tuning& tuning)
+      : driver_(driver), transport_(transport), group_(groupHash), seq_(seq),
         deadline_(deadline), tuning_(tuning) {}
 
   int rank() const { return transport_.rank(); }
@@ -29,14 +34,14 @@ class Comm {
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);
-  void abandon(const std::vector<RequestPtr>& requests) { engine_.abandon(requests); }
+  void abandon(const std::vector<RequestPtr>& requests) { driver_.abandon(requests); }
   // The group's reusable scratch buffer (at least `bytes`); one user at a time.
-  uint8_t* scratch(size_t bytes) { return engine_.scratch(bytes); }
+  uint8_t* scratch(size_t bytes) { return driver_.scratch(bytes); }
   // The group's shared-memory slots; null unless every rank runs on this host.
-  StagingArea* staging() const { return engine_.staging(); }
+  StagingArea* staging() const { return driver_.staging(); }
 
  private:
-  ProgressEngine& engine_;
+  OpDriver& driver_;
   Transport& transport_;
   const uint32_t group_;
   const uint64_t seq_;

@@ -28,31 +28,18 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/collectives/op_driver.h"
 #include "csrc/engine/staging_area.h"
 #include "csrc/engine/traffic_stats.h"
 #include "transports/transport.h"
 
 namespace ucxb {
 
-using Clock = std::chrono::steady_clock;
-
 enum class ProgressMode { kSleep, kPoll };
 
 struct EngineConfig {
   ProgressMode mode = ProgressMode::kSleep;
   std::chrono::microseconds spin{250};
-};
-
-// A wait passed its deadline. what() lists the requests still outstanding and their peers.
-class OpTimeout : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A request failed (peer gone, truncated message, size mismatch, ...).
-class OpFailed : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
 };
 
 struct Task {
@@ -63,7 +50,7 @@ struct Task {
   std::shared_ptr<void> keepAlive;                // buffers the task's requests touch
 };
 
-class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
+class ProgressEngine : public OpDriver, public std::enable_shared_from_this<ProgressEngine> {
  public:
   // Starts the progress thread. The thread holds a reference to its engine, so the engine
   // (and its transport) is destroyed only after the thread has left it, even when the last
@@ -93,14 +80,14 @@ class ProgressEngine : public std::enable_shared_from_this<ProgressEngine> {
   Transport& transport() { return *transport_; }
   // Drives progress until every request has completed. Throws OpFailed on the first failed
   // request and OpTimeout at the deadline; either way the rest are cancelled first.
-  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline);
+  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override;
   // Gives up on requests outside a waitAll (see waitAll for what that entails).
-  void abandon(const std::vector<RequestPtr>& requests) { abandonPending(requests); }
+  void abandon(const std::vector<RequestPtr>& requests) override { abandonPending(requests); }
   // A buffer of at least `bytes`, reused by every op of the group (grow-only, so its size is
   // the largest chunk any algorithm asked for). It outlives every request that points into it.
-  uint8_t* scratch(size_t bytes);
+  uint8_t* scratch(size_t bytes) override;
   // Null unless every rank of the group runs on this host (and shared memory is enabled).
-  StagingArea* staging() const { return staging_.get(); }
+  StagingArea* staging() const override { return staging_.get(); }
 
  private:
   void threadMain();

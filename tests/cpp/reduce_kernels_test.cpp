@@ -3,15 +3,18 @@
 // cover zeros, subnormals, the rounding boundaries, the largest finite values, infinities
 // and NaNs, plus pseudo-random ones. Results must be bit-identical, except that when both
 // operands are NaN either NaN may come out (the vector units pick the payload by operand
-// order). Prints OK or the first mismatches. Built twice by tests/test_reduce_kernels.py:
+// order). Uses tests/cpp/check.h (one check per kernel and operand; the first mismatches are
+// printed). Built twice by tests/test_reduce_kernels.py:
 // as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "csrc/collectives/reduce_kernels.h"
+#include "tests/cpp/check.h"
 
 namespace {
 
@@ -99,45 +102,58 @@ std::vector<uint16_t> operands() {
   return v;
 }
 
-}  // namespace
-
-int main() {
+// Every accumulator value of `dt` against every operand, for each of the four ops.
+void checkNarrowFloat(ucxb::DType dt) {
   using ucxb::DType;
   using ucxb::ReduceKind;
   const std::vector<uint16_t> bs = operands();
-  int failures = 0;
-  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
-    const bool half = dt == DType::kFloat16;
-    auto toF = half ? refHalfToFloat : refBf16ToFloat;
-    auto fromF = half ? refFloatToHalf : refFloatToBf16;
-    auto isNan = [&](uint16_t v) { return std::isnan(toF(v)); };
-    for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kProduct, ReduceKind::kMin,
-                          ReduceKind::kMax}) {
-      const ucxb::ReduceFn fn = ucxb::findReduce(dt, op);
-      std::vector<uint16_t> acc(65536);
-      std::vector<uint16_t> in(65536);
-      for (uint16_t b : bs) {
-        for (uint32_t a = 0; a < 65536; ++a) {
-          acc[a] = static_cast<uint16_t>(a);
-          in[a] = b;
-        }
-        // Odd offsets and lengths too: the vector loop's head and tail.
-        fn(acc.data() + 1, in.data() + 1, 65536 - 2);
-        fn(acc.data(), in.data(), 1);
-        fn(acc.data() + 65535, in.data() + 65535, 1);
-        for (uint32_t a = 0; a < 65536; ++a) {
-          const auto ai = static_cast<uint16_t>(a);
-          const uint16_t want = fromF(refOp(op, toF(ai), toF(b)));
-          const uint16_t got = acc[a];
-          const bool ok = got == want || (isNan(ai) && isNan(b) && isNan(got));
-          if (!ok && failures++ < 10) {
-            std::printf("%s %s: %04x op %04x = %04x, want %04x\n", ucxb::dtypeName(dt),
-                        ucxb::reduceName(op), a, b, got, want);
-          }
+  int printed = 0;
+  const bool half = dt == DType::kFloat16;
+  auto toF = half ? refHalfToFloat : refBf16ToFloat;
+  auto fromF = half ? refFloatToHalf : refFloatToBf16;
+  auto isNan = [&](uint16_t v) { return std::isnan(toF(v)); };
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kProduct, ReduceKind::kMin,
+                        ReduceKind::kMax}) {
+    const ucxb::ReduceFn fn = ucxb::findReduce(dt, op);
+    std::vector<uint16_t> acc(65536);
+    std::vector<uint16_t> in(65536);
+    for (uint16_t b : bs) {
+      for (uint32_t a = 0; a < 65536; ++a) {
+        acc[a] = static_cast<uint16_t>(a);
+        in[a] = b;
+      }
+      // Odd offsets and lengths too: the vector loop's head and tail.
+      fn(acc.data() + 1, in.data() + 1, 65536 - 2);
+      fn(acc.data(), in.data(), 1);
+      fn(acc.data() + 65535, in.data() + 65535, 1);
+      int wrong = 0;
+      for (uint32_t a = 0; a < 65536; ++a) {
+        const auto ai = static_cast<uint16_t>(a);
+        const uint16_t want = fromF(refOp(op, toF(ai), toF(b)));
+        const uint16_t got = acc[a];
+        const bool ok = got == want || (isNan(ai) && isNan(b) && isNan(got));
+        if (!ok && wrong++ == 0 && printed++ < 10) {
+          std::printf("%s %s: %04x op %04x = %04x, want %04x\n", ucxb::dtypeName(dt),
+                      ucxb::reduceName(op), a, b, got, want);
         }
       }
+      char what[64];
+      std::snprintf(what, sizeof(what), "%s %s, operand %04x", ucxb::dtypeName(dt),
+                    ucxb::reduceName(op), b);
+      CHECK_MSG(wrong == 0, std::string(what) + ": " + std::to_string(wrong) + " wrong");
     }
   }
-  if (failures == 0) std::printf("OK\n");
-  return failures == 0 ? 0 : 1;
+}
+
+void testFloat16() { checkNarrowFloat(ucxb::DType::kFloat16); }
+void testBFloat16() { checkNarrowFloat(ucxb::DType::kBFloat16); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const ucxb::check::Group groups[] = {
+      {"float16", testFloat16, true},
+      {"bfloat16", testBFloat16, true},
+  };
+  return ucxb::check::runGroups("reduce_kernels_test", groups, argc, argv);
 }

@@ -1,7 +1,7 @@
 // csrc/engine/staging_area.h on its own: where slots start, how messages are cut into
 // pieces, and the streaming stores (csrc/engine/streaming_copy.h) a rank may fill its slots
-// with. Built and run by tests/test_shared_memory.py; prints "OK" and exits 0, else names
-// the first failed check and exits 1.
+// with. Built and run by tests/test_shared_memory.py (tests/cpp/check.h: exits 0 when every
+// check passed).
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 
 #include "csrc/engine/staging_area.h"
 #include "csrc/engine/streaming_copy.h"
+#include "tests/cpp/check.h"
 
 using ucxb::PieceSize;
 using ucxb::SlotStores;
@@ -21,15 +22,6 @@ using ucxb::StagingLayout;
 using ucxb::shm::SharedSegment;
 
 namespace {
-
-int failures = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what.c_str());
-    ++failures;
-  }
-}
 
 StagingArea areaWithSlots(size_t slotBytes, SlotStores stores = SlotStores::kCached) {
   StagingLayout layout;
@@ -58,16 +50,15 @@ void checkStreamingCopy(size_t n, size_t srcOffset, size_t dstOffset) {
     const bool inside = i >= dstOffset && i < dstOffset + n;
     ok = dst[i] == (inside ? src[i - dstOffset + srcOffset] : kGuard);
   }
-  expect(ok, "streamingCopy of " + std::to_string(n) + " bytes, source offset " +
+  CHECK_MSG(ok, "streamingCopy of " + std::to_string(n) + " bytes, source offset " +
                  std::to_string(srcOffset) + ", destination offset " +
                  std::to_string(dstOffset));
 }
 
-}  // namespace
+constexpr size_t KiB = 1024;
+constexpr size_t MiB = 1024 * KiB;
 
-int main() {
-  constexpr size_t KiB = 1024;
-  constexpr size_t MiB = 1024 * KiB;
+void testSlots() {
   // chunk_bytes can make a slot any size: every slot must still start on a cache line, or
   // the reductions would read misaligned int64/double elements out of it.
   for (size_t slotBytes : {size_t{16}, size_t{20}, size_t{40}, size_t{1000}, 256 * KiB, MiB}) {
@@ -75,11 +66,11 @@ int main() {
     for (size_t k = 0; k < 2 * area.slots(); ++k) {
       const auto own = reinterpret_cast<uintptr_t>(area.ownSlot(k));
       const auto peer = reinterpret_cast<uintptr_t>(area.peerSlot(1, k));
-      expect(own % 64 == 0 && peer % 64 == 0,
+      CHECK_MSG(own % 64 == 0 && peer % 64 == 0,
              "slot " + std::to_string(k) + " of " + std::to_string(slotBytes) + "-byte slots is "
              "64-byte aligned");
       if (k > 0) {
-        expect(area.ownSlot(k) - area.ownSlot(k - 1) >= static_cast<ptrdiff_t>(slotBytes) ||
+        CHECK_MSG(area.ownSlot(k) - area.ownSlot(k - 1) >= static_cast<ptrdiff_t>(slotBytes) ||
                    k % area.slots() == 0,
                "slots of " + std::to_string(slotBytes) + " bytes do not overlap");
       }
@@ -88,29 +79,31 @@ int main() {
 
   const StagingArea full = areaWithSlots(MiB);
   // Both ways at once: never more than 256 KiB, whatever the message.
-  expect(full.pieceBytes(1, PieceSize::kCacheSized, 64 * MiB) == 256 * KiB,
+  CHECK_MSG(full.pieceBytes(1, PieceSize::kCacheSized, 64 * MiB) == 256 * KiB,
          "cache-sized pieces of a large message are 256 KiB");
-  expect(full.pieceBytes(4, PieceSize::kCacheSized, 100) == 256 * KiB,
+  CHECK_MSG(full.pieceBytes(4, PieceSize::kCacheSized, 100) == 256 * KiB,
          "cache-sized pieces do not depend on the message");
   // One way: a sixteenth of the message, between 256 KiB and the slot.
-  expect(full.pieceBytes(1, PieceSize::kScaledToMessage, MiB) == 256 * KiB,
+  CHECK_MSG(full.pieceBytes(1, PieceSize::kScaledToMessage, MiB) == 256 * KiB,
          "a 1 MiB one-way message still travels in four pieces");
-  expect(full.pieceBytes(1, PieceSize::kScaledToMessage, 8 * MiB) == 512 * KiB,
+  CHECK_MSG(full.pieceBytes(1, PieceSize::kScaledToMessage, 8 * MiB) == 512 * KiB,
          "an 8 MiB one-way message travels in sixteen pieces");
-  expect(full.pieceBytes(1, PieceSize::kScaledToMessage, 64 * MiB) == MiB,
+  CHECK_MSG(full.pieceBytes(1, PieceSize::kScaledToMessage, 64 * MiB) == MiB,
          "a 64 MiB one-way message uses whole slots");
-  expect(full.pieceBytes(8, PieceSize::kScaledToMessage, 8 * MiB + 8) % 8 == 0,
+  CHECK_MSG(full.pieceBytes(8, PieceSize::kScaledToMessage, 8 * MiB + 8) % 8 == 0,
          "pieces hold whole elements");
   const StagingArea tiny = areaWithSlots(40);
-  expect(tiny.pieceBytes(8, PieceSize::kScaledToMessage, 64 * MiB) == 40 &&
+  CHECK_MSG(tiny.pieceBytes(8, PieceSize::kScaledToMessage, 64 * MiB) == 40 &&
              tiny.pieceBytes(16, PieceSize::kCacheSized, 64 * MiB) == 32,
          "chunk_bytes caps the piece, rounded down to whole elements");
 
   StagingArea retired = areaWithSlots(64);
-  expect(retired.retiredBecause().empty(), "a new area is usable");
+  CHECK_MSG(retired.retiredBecause().empty(), "a new area is usable");
   retired.retire("rank 0 stopped");
-  expect(retired.retiredBecause() == "rank 0 stopped", "retire records why");
+  CHECK_MSG(retired.retiredBecause() == "rank 0 stopped", "retire records why");
+}
 
+void testStreamingCopy() {
   // Streaming stores: every length around the 16- and 64-byte steps, at every alignment of
   // source and destination (the head before an aligned store, the 64- and 16-byte loops and
   // the tail), and a slot-sized copy that ends mid-vector.
@@ -122,19 +115,31 @@ int main() {
     }
   }
   checkStreamingCopy(MiB + 13, 3, 5);
+}
 
+void testStreamingSlots() {
+  const StagingArea full = areaWithSlots(MiB);
   // A streaming area's slot, read through the peer's mapping of the same segment.
   const StagingArea streaming = areaWithSlots(1000, SlotStores::kStreaming);
-  expect(streaming.stores() == SlotStores::kStreaming && full.stores() == SlotStores::kCached,
+  CHECK_MSG(streaming.stores() == SlotStores::kStreaming && full.stores() == SlotStores::kCached,
          "an area keeps the stores it was made with (cached by default)");
   std::vector<uint8_t> piece(1000);
   for (size_t i = 0; i < piece.size(); ++i) piece[i] = patternAt(i + 3);
   for (size_t k = 0; k < streaming.slots(); ++k) {
     streaming.fillOwnSlot(k, piece.data() + k, piece.size() - k);
-    expect(std::memcmp(streaming.peerSlot(1, k), piece.data() + k, piece.size() - k) == 0,
+    CHECK_MSG(std::memcmp(streaming.peerSlot(1, k), piece.data() + k, piece.size() - k) == 0,
            "streaming slot " + std::to_string(k) + " reads back through the peer's mapping");
   }
 
-  if (failures == 0) std::printf("OK\n");
-  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const ucxb::check::Group groups[] = {
+      {"slots", testSlots, true},
+      {"streaming_copy", testStreamingCopy, true},
+      {"streaming_slots", testStreamingSlots, true},
+  };
+  return ucxb::check::runGroups("staging_area_test", groups, argc, argv);
 }

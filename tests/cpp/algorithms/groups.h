@@ -1,0 +1,26 @@
+// The groups of tests/cpp/algorithms_test.cpp, one per op x algorithm (reducing_groups.cpp:
+// the ops that reduce; moving_groups.cpp: those that only move bytes, and the barrier).
+#pragma once
+
+namespace ucxb::algotest {
+
+void testAllreduceRing();
+void testAllreduceRecursiveDoubling();
+void testAllreduceRabenseifner();
+void testReduceScatterRing();
+void testReduceScatterRecursiveHalving();
+void testReduceBinomial();
+void testReduceChain();
+
+void testBroadcastBinomial();
+void testBroadcastChain();
+void testAllgatherRing();
+void testAllgatherBruck();
+void testAllgatherLinear();
+void testGather();
+void testScatter();
+void testAlltoallPairwise();
+void testAlltoallLinear();
+void testBarrier();
+
+}  // namespace ucxb::algotest

@@ -1,0 +1,90 @@
+// An in-memory Transport for the ranks of one group running on threads of one process, so the
+// collective algorithms can be tested without UCX, sockets or the backend's engine. Test-only
+// (tests/cpp, not transports/): setup.py compiles every transports/**/*.cpp into the
+// extension, and the backend has no use for a transport that cannot leave the process.
+//
+// It keeps transport.h's contract: each rank's InprocTransport and its requests belong to
+// that rank's thread, and requests complete only inside that thread's progress(). The ranks
+// share a Fabric, whose one mutex guards every inbox.
+//
+// A message moves like a UCX rendezvous: send() queues a descriptor of the sender's buffer
+// in the receiver's inbox; the receiver's progress() matches each message, in arrival order,
+// to the earliest posted receive whose tag agrees on the receive's mask bits (FIFO, as UCX's
+// tag matching), copies straight out of the sender's buffer, and only then hands the message
+// back to the sender, whose next progress() completes the send. So a
+// sender that reuses its buffer before its send completes corrupts what the peer receives,
+// as it would over UCX. A message longer than the receive fails the receive (truncated) and
+// completes the send. cancel() withdraws a message no receive has taken yet; abortPeer()
+// cuts the link both ways and fails every outstanding request with that peer.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace ucxb::inproc {
+
+// One posted send: a view of the sender's buffer, in the receiver's inbox until taken.
+struct Message {
+  enum class State { kQueued, kTaken, kDelivered, kWithdrawn };
+  int source = -1;
+  int destination = -1;
+  Tag tag = 0;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  State state = State::kQueued;  // guarded by Fabric::mu_
+};
+
+// An eventfd, closed with its owner.
+class EventFd {
+ public:
+  EventFd();  // throws TransportError
+  ~EventFd();
+  EventFd(EventFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  EventFd& operator=(EventFd&&) = delete;
+  int fd() const { return fd_; }
+  void signal() const;
+  void drain() const;
+
+ private:
+  int fd_;
+};
+
+// What the ranks of one group share. Outlives every transport made from it.
+class Fabric {
+ public:
+  explicit Fabric(int size);
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // Rank `rank`'s transport; one per rank, used by one thread at a time.
+  std::unique_ptr<Transport> transport(int rank);
+
+ private:
+  friend class InprocTransport;
+  struct Rank {
+    std::deque<std::shared_ptr<Message>> inbox;  // arrival order
+    // This rank's sends whose receiver has copied them out, for its next progress().
+    std::vector<std::shared_ptr<Message>> delivered;
+    EventFd wake;                  // readable after notify()
+    uint64_t events = 0;           // notify() count, for arm()
+    std::vector<std::string> cut;  // cut[peer]: why the link is gone ("" = up)
+    uint64_t cuts = 0;             // changes of `cut`, so progress() rescans only then
+  };
+  // Wakes `rank`: something in its inbox or one of its sends changed. Caller holds mu_.
+  void notify(int rank);
+
+  std::mutex mu_;
+  std::condition_variable delivered_;  // a taken message was delivered
+  std::vector<Rank> ranks_;
+};
+
+}  // namespace ucxb::inproc

@@ -1,0 +1,30 @@
+// The OpDriver of one rank in the algorithm tests: waits on its transport's requests on the
+// rank's own thread, sleeping on the transport's event fd between events (no busy polling),
+// and lends the op a scratch buffer and, optionally, staging slots. It stands in for the
+// backend's ProgressEngine, whose thread and task queue the algorithms do not need.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "csrc/collectives/op_driver.h"
+
+namespace ucxb::inproc {
+
+class ThreadDriver : public OpDriver {
+ public:
+  ThreadDriver(Transport& transport, std::unique_ptr<StagingArea> staging)
+      : transport_(transport), staging_(std::move(staging)) {}
+
+  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override;
+  void abandon(const std::vector<RequestPtr>& requests) override;
+  uint8_t* scratch(size_t bytes) override;
+  StagingArea* staging() const override { return staging_.get(); }
+
+ private:
+  Transport& transport_;
+  std::unique_ptr<StagingArea> staging_;
+  std::vector<uint8_t> scratch_;  // grow-only, like the engine's pool
+};
+
+}  // namespace ucxb::inproc

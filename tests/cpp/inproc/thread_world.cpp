@@ -1,0 +1,116 @@
+#include "tests/cpp/inproc/thread_world.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "tests/cpp/inproc/thread_driver.h"
+
+namespace ucxb::inproc {
+
+namespace {
+
+// Every rank's slots, as setUpStaging (csrc/staging_setup.cpp) lays them out: the group's
+// chunk bytes cap the slot size. All ranks live in this process, so each opens its peers'
+// segments by name, as a peer process would.
+std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) {
+  StagingLayout layout;
+  layout.slotBytes =
+      std::clamp(chunkBytes, StagingLayout::kMinSlotBytes, StagingLayout::kMaxSlotBytes);
+  static int worlds = 0;
+  const std::string prefix = "/ucxb-algotest-" + std::to_string(getpid()) + "-" +
+                             std::to_string(worlds++) + "-r";
+  std::vector<shm::SharedSegment> own;
+  for (int r = 0; r < n; ++r) {
+    own.push_back(shm::SharedSegment::create(prefix + std::to_string(r), layout.segmentBytes()));
+  }
+  std::vector<std::vector<shm::SharedSegment>> peers(n);
+  for (int r = 0; r < n; ++r) {
+    peers[r].resize(n);
+    for (int p = 0; p < n; ++p) {
+      if (p != r) peers[r][p] = shm::SharedSegment::open(prefix + std::to_string(p),
+                                                         layout.segmentBytes());
+    }
+  }
+  std::vector<std::unique_ptr<StagingArea>> areas;
+  for (int r = 0; r < n; ++r) {
+    own[r].unlink();  // every mapping exists: leave nothing in /dev/shm
+    areas.push_back(std::make_unique<StagingArea>(layout, std::move(own[r]), std::move(peers[r])));
+  }
+  return areas;
+}
+
+}  // namespace
+
+ThreadWorld::ThreadWorld(WorldOptions options)
+    : options_(options), fabric_(options.size), reports_(options.size) {
+  std::vector<std::unique_ptr<StagingArea>> staging(options_.size);
+  if (options_.staged && options_.size > 1) {
+    staging = makeStaging(options_.size, options_.tuning.chunkBytes);
+  }
+  for (int r = 0; r < options_.size; ++r) {
+    threads_.emplace_back(&ThreadWorld::rankMain, this, r, std::move(staging[r]));
+  }
+}
+
+ThreadWorld::~ThreadWorld() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::string ThreadWorld::run(const Job& job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &job;
+  ++jobNumber_;
+  finished_ = 0;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return finished_ == options_.size; });
+  job_ = nullptr;
+  std::string all;
+  for (int r = 0; r < options_.size; ++r) {
+    if (!reports_[r].empty()) all += "rank " + std::to_string(r) + ": " + reports_[r] + "\n";
+    reports_[r].clear();
+  }
+  return all;
+}
+
+void ThreadWorld::rankMain(int rank, std::unique_ptr<StagingArea> staging) {
+  // Made and destroyed on this thread: the transport's one owner.
+  std::unique_ptr<Transport> transport = fabric_.transport(rank);
+  ThreadDriver driver(*transport, std::move(staging));
+  constexpr uint32_t kGroupHash = 0x2a;
+  uint64_t done = 0;
+  for (;;) {
+    const Job* job = nullptr;
+    uint64_t number = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return stopping_ || jobNumber_ > done; });
+      if (stopping_) break;
+      job = job_;
+      number = jobNumber_;
+    }
+    std::string report;
+    try {
+      Comm comm(*transport, driver, kGroupHash, number, Clock::now() + options_.opTimeout,
+                options_.tuning);
+      report = (*job)(comm);
+    } catch (const std::exception& e) {
+      report = std::string("threw: ") + e.what();
+    }
+    done = number;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reports_[rank] = std::move(report);
+      ++finished_;
+    }
+    changed_.notify_all();
+  }
+}
+
+}  // namespace ucxb::inproc

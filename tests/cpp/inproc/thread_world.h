@@ -1,0 +1,60 @@
+// A group of ranks on threads of this process, for the algorithm tests: one Fabric, and per
+// rank a thread that owns its InprocTransport and ThreadDriver for the world's lifetime (so
+// each transport is only ever used by one thread, as transport.h requires). run() hands every
+// rank the same job, each with a Comm for the next op number, and waits for all of them.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "csrc/collectives/comm.h"
+#include "tests/cpp/inproc/inproc_transport.h"
+
+namespace ucxb::inproc {
+
+struct WorldOptions {
+  int size = 1;
+  // Give every rank shared-memory slots (as when all ranks share a host), sized from the
+  // tuning's chunk bytes as the backend sizes them.
+  bool staged = false;
+  algo::Tuning tuning;
+  std::chrono::milliseconds opTimeout{10000};
+};
+
+class ThreadWorld {
+ public:
+  // A job runs on every rank's thread; it returns "" or says what went wrong on that rank.
+  using Job = std::function<std::string(Comm& comm)>;
+
+  explicit ThreadWorld(WorldOptions options);
+  ~ThreadWorld();
+  ThreadWorld(const ThreadWorld&) = delete;
+  ThreadWorld& operator=(const ThreadWorld&) = delete;
+
+  int size() const { return options_.size; }
+  // Runs `job` on every rank as one op; returns what the ranks reported, "rank r: ..." per
+  // line (an exception counts as a report), "" when every rank was content.
+  std::string run(const Job& job);
+
+ private:
+  void rankMain(int rank, std::unique_ptr<StagingArea> staging);
+
+  WorldOptions options_;
+  Fabric fabric_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  const Job* job_ = nullptr;   // guarded by mu_
+  uint64_t jobNumber_ = 0;     // guarded by mu_: the op number of job_
+  int finished_ = 0;           // guarded by mu_: ranks done with jobNumber_
+  bool stopping_ = false;      // guarded by mu_
+  std::vector<std::string> reports_;  // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ucxb::inproc

@@ -1,0 +1,193 @@
+"""The one way the Python tests compile the C++ test programs under tests/cpp (and the UDP
+simulator and fuzzer): a program is its own source plus named groups of the project's sources
+(SOURCE_GROUPS), never a hand-written list of files.
+
+Each translation unit is compiled once into tests/cpp/build/obj/, keyed by a hash of its text,
+its flags and every header of the project, so a later session (or another test file asking for
+the same unit with the same flags) reuses it; groups go into a static archive, so a program
+links only the members it uses. The program itself lands in tests/cpp/build/<name>, rebuilt
+only when one of its objects or its link flags changed.
+
+    exe = cpp_build.build("algorithms_test", "tests/cpp/algorithms_test.cpp",
+                          groups=["collectives", "shm", "inproc"], flags=["-O1", "-Werror"])
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "tests" / "cpp" / "build"  # ignored by git (build/) and docker (.dockerignore)
+
+# Flags of every unit; callers add the optimisation level, -Werror, sanitizers, defines.
+BASE_FLAGS = ["-std=c++20", "-Wall", "-Wextra", "-I."]
+COMPILE_TIMEOUT_S = 300  # one translation unit, on a busy two-core machine
+# Parallel compiles: the machines these tests run on have two cores shared with other work.
+JOBS = max(1, min(2, os.cpu_count() or 1))
+
+# The socket loop around the UDP core (not sans-IO): the fuzzer leaves it out.
+_UDP_SOCKET_LOOP = {"udp_socket.cpp", "udp_transport.cpp"}
+
+
+def _glob(folder: str, keep: Callable[[Path], bool] = lambda p: True) -> list[str]:
+    return sorted(p.relative_to(REPO).as_posix() for p in (REPO / folder).glob("*.cpp") if keep(p))
+
+
+# Named groups of sources a test program may link with. Globs, so a file added to a folder
+# joins its group without an edit here.
+SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
+    # The reduction kernels alone (torch-free).
+    "reduce_kernels": lambda: ["csrc/collectives/reduce_kernels.cpp"],
+    # Every collective algorithm, Comm and the kernels (torch-free, UCX-free).
+    "collectives": lambda: _glob("csrc/collectives"),
+    # Shared-memory segments and the staging slots' streaming stores.
+    "shm": lambda: ["transports/shm/shared_segment.cpp", "csrc/engine/streaming_copy.cpp"],
+    # The in-memory transport and its thread driver (tests/cpp/inproc/).
+    "inproc": lambda: _glob("tests/cpp/inproc"),
+    # algorithms_test's groups and the worlds they run in (tests/cpp/algorithms/).
+    "algorithm_checks": lambda: _glob("tests/cpp/algorithms"),
+    # The UDP transport: its sans-IO core, and that with the socket loop; both with the
+    # settings schema they are declared in (transports/config/).
+    "udp_sans_io": lambda: [
+        *_glob("transports/config"),
+        *_glob("transports/udp", lambda p: p.name not in _UDP_SOCKET_LOOP),
+    ],
+    "udp": lambda: [*_glob("transports/config"), *_glob("transports/udp")],
+    # The deterministic network simulator the UDP core tests run in.
+    "udp_sim": lambda: _glob("tests/udp_sim"),
+}
+
+
+def sources(groups: Sequence[str]) -> list[str]:
+    """The groups' sources, repo-relative, each once, in group order."""
+    seen: dict[str, None] = {}
+    for g in groups:
+        if g not in SOURCE_GROUPS:
+            raise ValueError(f"unknown source group {g!r}; known: {sorted(SOURCE_GROUPS)}")
+        seen.update(dict.fromkeys(SOURCE_GROUPS[g]()))
+    return list(seen)
+
+
+@functools.cache
+def _compiler() -> str:
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ is not installed: this test compiles a C++ program")
+    return compiler
+
+
+@functools.cache
+def _compiler_identity() -> str:
+    """Part of every object's key: another compiler gives other objects."""
+    version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout
+    return _compiler() + " " + (version.splitlines() or [""])[0]
+
+
+@functools.cache
+def _headers_digest() -> str:
+    """Every header a unit may include. Hashing them all (a few hundred KB) is cheaper than
+    asking the compiler for each unit's dependencies, and errs on the side of recompiling."""
+    h = hashlib.sha256()
+    for folder in ("csrc", "transports", "tests/cpp", "tests/udp_sim", "tests/fuzz"):
+        for p in sorted((REPO / folder).rglob("*")):
+            if p.suffix in (".h", ".hpp") and "build" not in p.relative_to(REPO).parts:
+                h.update(p.relative_to(REPO).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _run(cmd: list[str], what: str) -> None:
+    try:
+        result = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} took over {COMPILE_TIMEOUT_S} s:\n{' '.join(cmd)}")
+    if result.returncode != 0:
+        pytest.fail(f"{what} failed:\n{' '.join(cmd)}\n{result.stderr}")
+
+
+def _replace_atomically(build: Callable[[Path], None], target: Path) -> None:
+    """Builds into a temporary file beside `target`, then renames it: a concurrent test run
+    sees the old file or the new one, never half of one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        build(Path(tmp))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _object(source: str, flags: list[str]) -> Path:
+    key = hashlib.sha256(
+        "\0".join([_compiler_identity(), *flags, source, _headers_digest()]).encode()
+        + (REPO / source).read_bytes()
+    ).hexdigest()[:20]
+    obj = BUILD / "obj" / f"{Path(source).stem}-{key}.o"
+    if not obj.exists():
+        _replace_atomically(
+            lambda out: _run(
+                [_compiler(), *flags, "-c", source, "-o", str(out)], f"compiling {source}"
+            ),
+            obj,
+        )
+    return obj
+
+
+def _archive(objects: list[Path], out: Path) -> None:
+    out.unlink()  # ar wants to create the file itself
+    _run(["ar", "rcs", str(out), *map(str, objects)], f"archiving {out.name}")
+
+
+def build(
+    name: str,
+    main: str,
+    groups: Sequence[str] = (),
+    flags: Sequence[str] = (),
+    *,
+    extra_sources: Sequence[str] = (),
+    unit_flags: Callable[[str], Sequence[str]] = lambda source: (),
+) -> Path:
+    """tests/cpp/build/<name>: `main` (and `extra_sources`) linked with the sources of
+    `groups`, every unit compiled with BASE_FLAGS + `flags` + unit_flags(source) and linked
+    with BASE_FLAGS + `flags`. Compiled at most once per change of what goes into it."""
+    common = [*BASE_FLAGS, *flags]
+    own = [main, *extra_sources]
+    library = [s for s in sources(groups) if s not in own]
+
+    def compile_all(units: list[str]) -> list[Path]:
+        with ThreadPoolExecutor(max_workers=JOBS) as pool:
+            return list(pool.map(lambda s: _object(s, [*common, *unit_flags(s)]), units))
+
+    own_objects = compile_all(own)
+    library_objects = compile_all(library)
+    key = hashlib.sha256(
+        "\0".join(
+            [*common, *(o.name for o in own_objects), "|", *(o.name for o in library_objects)]
+        ).encode()
+    ).hexdigest()[:20]
+    archive = BUILD / "obj" / f"lib{name}-{key}.a"
+    if library_objects and not archive.exists():
+        _replace_atomically(lambda out: _archive(library_objects, out), archive)
+    exe = BUILD / name
+    stamp = BUILD / f"{name}.key"
+    if exe.exists() and stamp.exists() and stamp.read_text() == key:
+        return exe
+    link = [*map(str, own_objects), *([str(archive)] if library_objects else [])]
+    _replace_atomically(
+        lambda out: _run([_compiler(), *common, *link, "-o", str(out)], f"linking {name}"), exe
+    )
+    stamp.write_text(key)
+    return exe
