@@ -24,6 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "tests/fuzz/udp_fuzz_target.cpp"
+ENDPOINT_MODE = "tests/fuzz/endpoint_fuzz.cpp"  # the target's endpoint-level mode
 DRIVER = "tests/fuzz/standalone_driver.cpp"
 
 SANITIZE = [
@@ -84,6 +85,7 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     units = {
         "target.o": (TARGET, COVERAGE),
         "target_planted.o": (TARGET, [*COVERAGE, "-DUDP_FUZZ_PLANTED_OVERFLOW"]),
+        "endpoint_mode.o": (ENDPOINT_MODE, COVERAGE),
         "driver.o": (DRIVER, []),
         **{f"core_{Path(c).stem}.o": (c, COVERAGE) for c in core},
     }
@@ -98,7 +100,8 @@ def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _run_tool(["ar", "rcs", str(archive), *(str(out / n) for n in units if n.startswith("core_"))])
     binaries = {"udp_fuzz": "target.o", "udp_fuzz_planted": "target_planted.o"}
     links = [
-        [compiler, *COMMON, str(out / obj), str(out / "driver.o"), str(archive), "-o", str(out / b)]
+        [compiler, *COMMON, str(out / obj), str(out / "endpoint_mode.o"), str(out / "driver.o"),
+         str(archive), "-o", str(out / b)]
         for b, obj in binaries.items()
     ]
     with ThreadPoolExecutor(max_workers=2) as pool:
