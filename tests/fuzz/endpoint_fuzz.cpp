@@ -219,7 +219,8 @@ class EndpointHarness {
   // Where an attacker's datagram claims to come from.
   SocketAddress sourceFor(uint8_t selector, uint8_t port) const {
     if (selector % 4 < 3) return addresses_[selector % 4];
-    return SocketAddress::parse("10.0." + std::to_string(selector % 7) + "." + std::to_string(port), 7000 + (selector & 1));
+    const std::string host = "10.0." + std::to_string(selector % 7) + "." + std::to_string(port);
+    return SocketAddress::parse(host, static_cast<uint16_t>(7000 + (selector & 1)));
   }
 
   // Whether a datagram would pass the checks an off-path attacker cannot: this session's

@@ -56,7 +56,8 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     id.localRank = static_cast<uint16_t>(rank_);
     id.peerRank = static_cast<uint16_t>(p);
     id.sessionToken = options_.sessionToken;
-    peers_[static_cast<size_t>(p)].connection = std::make_unique<PeerConnection>(options_.config, id);
+    peers_[static_cast<size_t>(p)].connection =
+        std::make_unique<PeerConnection>(options_.config, id);
   }
   if (options_.faults.any()) {
     FaultConfig perRank = options_.faults;
@@ -188,7 +189,8 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
       if (copy.extraDelayUs == 0) {
         deliver(peer, copy.bytes, now);
       } else {
-        delayed_.push(Delayed{now + copy.extraDelayUs, delayedOrder_++, peer, std::move(copy.bytes)});
+        delayed_.push(
+            Delayed{now + copy.extraDelayUs, delayedOrder_++, peer, std::move(copy.bytes)});
       }
     }
   }
@@ -325,7 +327,8 @@ bool Endpoint::matchAnySource() {
       if (!peer.connected || !peer.error.empty()) continue;
       anyAlive = true;
       if (!peer.connection->hasMatchable(r.tag_, r.mask_)) continue;
-      const ReceiveId id = peer.connection->postReceive(r.tag_, r.mask_, r.buffer_, r.postedBytes());
+      const ReceiveId id =
+          peer.connection->postReceive(r.tag_, r.mask_, r.buffer_, r.postedBytes());
       r.boundPeer_ = p;
       r.coreId_ = id;
       peer.receives.emplace(id, *it);
@@ -429,6 +432,8 @@ bool Endpoint::lingerDone(TimeUs now) {
   return allIdle() && now - l.lastHeard >= l.quiet;
 }
 
-Stats Endpoint::peerStats(int peer) const { return peers_.at(static_cast<size_t>(peer)).connection->stats(); }
+Stats Endpoint::peerStats(int peer) const {
+  return peers_.at(static_cast<size_t>(peer)).connection->stats();
+}
 
 }  // namespace ucxb::udp

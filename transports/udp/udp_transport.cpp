@@ -259,7 +259,9 @@ bool UdpTransport::arm() {
 
 std::vector<Counters> UdpTransport::peerCounters() const {
   std::vector<Counters> out(static_cast<size_t>(size()));
-  for (int p = 0; p < size(); ++p) out[static_cast<size_t>(p)] = statCounters(endpoint_.peerStats(p));
+  for (int p = 0; p < size(); ++p) {
+    out[static_cast<size_t>(p)] = statCounters(endpoint_.peerStats(p));
+  }
   return out;
 }
 
