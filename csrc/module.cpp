@@ -261,7 +261,7 @@ PYBIND11_MODULE(_C, m) {
         // What the kernel grants a udp group's socket: without root (SO_RCVBUFFORCE) it caps
         // the request at net.core.rmem_max / wmem_max.
         const ucxb::udp::UdpSocket socket(ucxb::udp::SocketAddress::parse(host, 0),
-                                          ucxb::udp::UdpTransportOptions{}.socketBufferBytes);
+                                          ucxb::udp::kDefaultSocketBufferBytes);
         return std::make_pair(socket.receiveBufferBytes(), socket.sendBufferBytes());
       },
       py::arg("host") = "127.0.0.1",

@@ -142,6 +142,42 @@ def test_sanitizers(tmp_path: Path) -> None:
     _assert_passed(result, "(all groups, sanitizers)")
 
 
+# ------------------------------------------------------------- the sans-IO endpoint, simulated
+
+ENDPOINT_TEST_PROGRAM = "tests/cpp/udp_endpoint_test.cpp"
+# Its groups (checked against its --list below): several Endpoints on one simulated network.
+ENDPOINT_GROUPS = [
+    "routing",
+    "any_source",
+    "cancellation",
+    "peer_failure",
+    "linger",
+    "transmit_turns",
+    "faults",
+]
+
+
+@pytest.fixture(scope="module")
+def udp_endpoint_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("udp_endpoint") / "udp_endpoint_test"
+    return _compile(out, [], program=ENDPOINT_TEST_PROGRAM)
+
+
+def test_endpoint_groups_are_all_listed(udp_endpoint_test: Path) -> None:
+    result = _run(udp_endpoint_test, ["--list"])
+    _assert_passed(result, "--list")
+    assert result.stdout.split() == ENDPOINT_GROUPS
+
+
+@pytest.mark.parametrize("group", ENDPOINT_GROUPS)
+def test_endpoint_scenario(udp_endpoint_test: Path, group: str) -> None:
+    """transports/udp/endpoint.h (routing by address, any-source receives, cancellation, peer
+    failure, linger) with three or four ranks in tests/udp_sim/endpoint_network.h."""
+    result = _run(udp_endpoint_test, [group])
+    _assert_passed(result, group)
+    assert f"[{group}] ok" in result.stdout
+
+
 # ------------------------------------------------------------------ the socket loop, for real
 
 

@@ -23,6 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "tests/fuzz/udp_fuzz_target.cpp"
+ENDPOINT_MODE = "tests/fuzz/endpoint_fuzz.cpp"  # the target's endpoint-level mode
 DRIVER = "tests/fuzz/standalone_driver.cpp"
 
 SANITIZE = [
@@ -62,7 +63,7 @@ def binaries() -> dict[str, Path]:
             TARGET,
             groups=["udp_sans_io"],
             flags=COMMON,
-            extra_sources=[DRIVER],
+            extra_sources=[ENDPOINT_MODE, DRIVER],
             unit_flags=unit_flags,
         )
 

@@ -1,7 +1,7 @@
 // Fuzz target for the UDP transport's sans-IO core (transports/udp/): libFuzzer's entry point,
 // also driven by tests/fuzz/standalone_driver.cpp where no libFuzzer exists (g++ builds).
 //
-// Every input is used twice:
+// Every input is used three times:
 //   1. as one datagram, for the wire format alone: whatever decodes must re-encode to the same
 //      bytes and satisfy the decoder's promises, and a resealed copy (checksum recomputed) must
 //      fail only for reasons other than the checksum;
@@ -9,9 +9,11 @@
 //      guarded buffers, send, deliver, reorder, duplicate or drop honest datagrams, deliver
 //      mutated, crafted or raw ones (resealed, so that they get past the CRC and reach the
 //      deeper checks), advance time, fire timers, fail a side. After every step the harness
-//      checks the invariants below and abort()s with a message on the first violation.
+//      checks the invariants below and abort()s with a message on the first violation;
+//   3. as a script for one Endpoint, two honest peers and an attacker sending from any address
+//      (endpoint_fuzz.cpp, with its own invariants).
 //
-// Invariants checked:
+// Invariants checked (parts 1 and 2):
 //   - every datagram handed to onDatagram is accepted or dropped, counted under exactly one
 //     DropReason, and the reason is the one the datagram deserves whenever it can be known
 //     without the connection's state (closed, undecodable, wrong token, wrong peer);
@@ -36,7 +38,7 @@
 //   clang (libFuzzer), checked with Debian's clang 14:
 //     clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 //       -I. $(ls transports/udp/*.cpp | grep -v -e udp_socket -e udp_transport) \
-//       tests/fuzz/udp_fuzz_target.cpp -o udp_fuzz_libfuzzer
+//       tests/fuzz/udp_fuzz_target.cpp tests/fuzz/endpoint_fuzz.cpp -o udp_fuzz_libfuzzer
 //     udp_fuzz -dump_seeds=corpus && ./udp_fuzz_libfuzzer -max_total_time=600 corpus
 //
 // Script layout: three config bytes (see configFrom), then operations of one opcode byte
@@ -44,6 +46,8 @@
 // early just ends the script: every byte string is a valid input.
 
 #include "tests/fuzz/udp_fuzz_target.h"
+
+#include "tests/fuzz/endpoint_fuzz.h"
 
 #include <algorithm>
 #include <array>
@@ -1213,5 +1217,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ucxb::udp::UdpConfig config = configFrom(script);
   Harness harness(config);
   harness.run(script);
+  fuzzEndpoint(std::span<const uint8_t>(data, size));
   return 0;
 }

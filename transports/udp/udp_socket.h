@@ -1,6 +1,6 @@
-// The datagram socket under the UDP transport: RAII for the fd, batched send and receive
+// The datagram socket under the UDP transport: RAII for the fd and batched send and receive
 // (sendmmsg/recvmmsg: one system call for many datagrams, since per-datagram syscalls are
-// what limits UDP throughput), and the socket address as a value.
+// what limits UDP throughput).
 //
 // Everything here reports failures as TransportError with the failing call and errno text;
 // "would block" is not a failure (the calls return how many datagrams went through).
@@ -15,32 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "transports/udp/socket_address.h"
+
 namespace ucxb::udp {
-
-// An IPv4 or IPv6 address and port.
-struct SocketAddress {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-
-  // "1.2.3.4" or "::1" (numeric only: name resolution belongs to the caller) and a port.
-  static SocketAddress parse(const std::string& host, uint16_t port);
-  int family() const { return storage.ss_family; }
-  uint16_t port() const;
-  std::string host() const;
-  std::string toString() const;  // "1.2.3.4:5678" or "[::1]:5678"
-  bool operator==(const SocketAddress& other) const;
-
-  // The compact form carried in the transport's address blob: family (1 byte), port (2),
-  // address (4 or 16), all in network order.
-  void appendTo(std::vector<uint8_t>& out) const;
-  // Reads what appendTo wrote at `in[offset]`, advancing offset. Throws TransportError.
-  static SocketAddress readFrom(std::span<const uint8_t> in, size_t& offset);
-};
-
-// A hash usable for an unordered_map keyed by address.
-struct SocketAddressHash {
-  size_t operator()(const SocketAddress& a) const;
-};
 
 // One datagram of a batch: the bytes and, for receives, who sent them. With segmentSize set
 // it is a train of datagrams of that size (the last may be shorter) in one buffer: sent with

@@ -1,0 +1,488 @@
+// The sans-IO udp Endpoint (transports/udp/endpoint.h) driven by the simulator: three or four
+// ranks on one simulated network (tests/udp_sim/endpoint_network.h), in virtual time, for the
+// multi-peer logic that used to be reachable only over real sockets: routing by address,
+// any-source receives, cancellation, peer failure, abortPeer, close and linger, and the
+// endpoint's own fault injection. Deterministic: a failure reproduces with
+// ``./udp_endpoint_test GROUP`` (see ``--list``). Built by tests/test_udp_core.py.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/cpp/check.h"
+#include "tests/udp_sim/endpoint_network.h"
+
+using namespace ucxb;
+using namespace ucxb::udp;
+using ucxb::udp::sim::EndpointNetwork;
+
+namespace {
+
+constexpr DurationUs kSecond = 1'000'000;
+constexpr uint8_t kCanary = 0xC3;
+constexpr size_t kCanaryBytes = 8;
+
+EndpointOptions smallOptions() {
+  EndpointOptions o;
+  o.sessionToken = 0xE17D;
+  o.config.mtuPayload = 1200;  // several fragments for a few-KB message
+  o.lingerQuietUs = 22'000;  // not a multiple of the 5 ms ACK repeat: the deadline must be its own
+  return o;
+}
+
+// Byte i of the message that `from` sends with `tag`: a wrong source, tag or offset shows.
+uint8_t patternByte(int from, Tag tag, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(from) << 56) ^ (tag * 0x9e3779b97f4a7c15ull) ^ (i * 31);
+  x ^= x >> 29;
+  return static_cast<uint8_t>(x * 0xbf58476d1ce4e5b9ull >> 56);
+}
+
+std::vector<uint8_t> message(int from, Tag tag, size_t bytes) {
+  std::vector<uint8_t> m(bytes);
+  for (size_t i = 0; i < bytes; ++i) m[i] = patternByte(from, tag, i);
+  return m;
+}
+
+// A receive buffer with canaries behind it.
+struct Inbox {
+  explicit Inbox(size_t bytes) : data(bytes + kCanaryBytes, 0) {
+    for (size_t i = bytes; i < data.size(); ++i) data[i] = kCanary;
+  }
+  size_t capacity() const { return data.size() - kCanaryBytes; }
+  bool canariesIntact() const {
+    for (size_t i = capacity(); i < data.size(); ++i) {
+      if (data[i] != kCanary) return false;
+    }
+    return true;
+  }
+  bool untouched() const {
+    for (size_t i = 0; i < capacity(); ++i) {
+      if (data[i] != 0) return false;
+    }
+    return canariesIntact();
+  }
+  bool holds(int from, Tag tag, size_t bytes) const {
+    for (size_t i = 0; i < bytes; ++i) {
+      if (data[i] != patternByte(from, tag, i)) return false;
+    }
+    return canariesIntact();
+  }
+  std::vector<uint8_t> data;
+};
+
+bool allDone(const std::vector<RequestPtr>& requests) {
+  for (const auto& r : requests) {
+    if (r->pending()) return false;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------ routing
+
+void testRouting() {
+  EndpointNetwork net(3, smallOptions());
+  const std::vector<size_t> sizes = {0, 1, 1000, 5000, 100'000};
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<RequestPtr> requests;
+  struct Expect {
+    int from, to;
+    Tag tag;
+    size_t bytes;
+    Inbox* inbox;
+    RequestPtr receive;
+  };
+  std::vector<Expect> expects;
+  for (int from = 0; from < 3; ++from) {
+    for (int to = 0; to < 3; ++to) {
+      for (size_t s = 0; s < sizes.size(); ++s) {
+        const Tag tag = static_cast<Tag>(from * 100 + to * 10 + s);
+        outs.push_back(message(from, tag, sizes[s]));
+        inboxes.push_back(std::make_unique<Inbox>(sizes[s]));
+        Inbox* inbox = inboxes.back().get();
+        auto r = net.endpoint(to)->recv(from, tag, ~Tag{0}, inbox->data.data(), inbox->capacity());
+        auto s1 = net.endpoint(from)->send(to, tag, outs.back().data(), sizes[s]);
+        requests.push_back(r);
+        requests.push_back(s1);
+        expects.push_back({from, to, tag, sizes[s], inbox, r});
+      }
+    }
+  }
+  CHECK(net.runUntil([&] { return allDone(requests); }, 10 * kSecond));
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+  for (const auto& e : expects) {
+    CHECK_EQ(e.receive->receivedBytes(), e.bytes);
+    CHECK_EQ(e.receive->senderTag(), e.tag);
+    CHECK_MSG(e.inbox->holds(e.from, e.tag, e.bytes),
+              "rank " + std::to_string(e.to) + " from " + std::to_string(e.from));
+  }
+
+  // A datagram from an address no rank has is counted and dropped, whatever it carries: even
+  // a copy of an honest datagram.
+  Inbox stray(100);
+  auto waiting = net.endpoint(0)->recv(1, 7777, ~Tag{0}, stray.data.data(), stray.capacity());
+  const uint64_t before = net.endpoint(0)->unknownSourceDrops();
+  const SocketAddress stranger = SocketAddress::parse("10.0.0.99", 7000);
+  const SocketAddress wrongPort = SocketAddress::parse("10.0.0.2", 7001);
+  net.inject(stranger, 0, std::vector<uint8_t>(60, 1));
+  net.inject(wrongPort, 0, std::vector<uint8_t>(60, 2));
+  net.runUntil([] { return false; }, 1000);
+  CHECK_EQ(net.endpoint(0)->unknownSourceDrops(), before + 2);
+  CHECK(waiting->pending());
+  CHECK(stray.untouched());
+  waiting->cancel();
+  net.runUntil([&] { return !waiting->pending(); }, 1000);
+
+  // Bad calls are errors at once.
+  Endpoint& e0 = *net.endpoint(0);
+  CHECK_THROWS(e0.send(3, 1, nullptr, 0), TransportError, "outside the group of 3");
+  CHECK_THROWS(e0.recv(-2, 1, 0, nullptr, 0), TransportError, "outside the group of 3");
+  CHECK_THROWS(e0.connect(1, net.address(2)), TransportError, "ranks 2 and 1 both claim 10.0.0.3:7000");
+  Endpoint unconnected(0, 2, smallOptions());
+  CHECK_THROWS(unconnected.send(1, 1, nullptr, 0), TransportError, "before connecting to it");
+}
+
+// --------------------------------------------------------------------------- any source
+
+void testAnySource() {
+  EndpointNetwork net(4, smallOptions());
+  Endpoint& root = *net.endpoint(0);
+  // Tags carry the source in their high bits; any-source receives match the low byte only.
+  const auto tagOf = [](int from, Tag low) { return (static_cast<Tag>(from) << 8) | low; };
+  const Tag lowMask = 0xff;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<RequestPtr> receives;
+  for (int i = 0; i < 3; ++i) {
+    inboxes.push_back(std::make_unique<Inbox>(3000));
+    receives.push_back(root.recv(kAnySource, 5, lowMask, inboxes.back()->data.data(), 3000));
+  }
+  // Posting binds nothing yet and completes nothing.
+  for (const auto& r : receives) CHECK(r->pending());
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<RequestPtr> sends;
+  for (int from = 1; from <= 3; ++from) {
+    outs.push_back(message(from, tagOf(from, 5), 1000u * static_cast<size_t>(from)));
+    sends.push_back(net.endpoint(from)->send(0, tagOf(from, 5), outs.back().data(), outs.back().size()));
+  }
+  CHECK(net.runUntil([&] { return allDone(receives) && allDone(sends); }, 5 * kSecond));
+  std::vector<bool> seen(4, false);
+  for (size_t i = 0; i < receives.size(); ++i) {
+    const auto& r = receives[i];
+    CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    CHECK_EQ(r->peer(), kAnySource);
+    const int from = static_cast<int>(r->senderTag() >> 8);
+    CHECK(from >= 1 && from <= 3);
+    if (from < 1 || from > 3) continue;
+    CHECK(!seen[static_cast<size_t>(from)]);
+    seen[static_cast<size_t>(from)] = true;
+    CHECK_EQ(r->receivedBytes(), 1000u * static_cast<size_t>(from));
+    CHECK(inboxes[i]->holds(from, r->senderTag(), r->receivedBytes()));
+  }
+
+  // A message that arrived before any receive (unexpected) binds the any-source receive posted
+  // later, in the next completeRequests().
+  auto late = message(2, tagOf(2, 9), 700);
+  auto lateSend = net.endpoint(2)->send(0, tagOf(2, 9), late.data(), late.size());
+  CHECK(net.runUntil([&] { return !lateSend->pending(); }, kSecond));
+  Inbox lateInbox(700);
+  auto lateReceive = root.recv(kAnySource, 9, lowMask, lateInbox.data.data(), lateInbox.capacity());
+  CHECK(net.runUntil([&] { return !lateReceive->pending(); }, kSecond));
+  CHECK_MSG(lateReceive->state() == RequestState::kDone, lateReceive->error());
+  CHECK(lateInbox.holds(2, tagOf(2, 9), 700));
+
+  // An any-source receive too short for the message fails with the truncation message.
+  auto big = message(3, tagOf(3, 11), 2000);
+  Inbox small(100);
+  auto shortReceive = root.recv(kAnySource, 11, lowMask, small.data.data(), small.capacity());
+  auto bigSend = net.endpoint(3)->send(0, tagOf(3, 11), big.data(), big.size());
+  CHECK(net.runUntil([&] { return !shortReceive->pending(); }, kSecond));
+  CHECK(shortReceive->failed());
+  CHECK_MSG(check::contains(shortReceive->error(), "message of 2000 bytes from rank 3 is longer "
+                                                   "than the 100 bytes posted"),
+            shortReceive->error());
+  CHECK(small.canariesIntact());
+}
+
+// ------------------------------------------------------------------------- cancellation
+
+void testCancellation() {
+  EndpointNetwork net(3, smallOptions());
+  Endpoint& e0 = *net.endpoint(0);
+  // An unbound any-source receive: cancel() completes it only in the next completeRequests().
+  Inbox anyInbox(64);
+  auto any = e0.recv(kAnySource, 40, ~Tag{0}, anyInbox.data.data(), anyInbox.capacity());
+  any->cancel();
+  CHECK(any->pending());
+  CHECK(e0.nextTimeout().has_value() && *e0.nextTimeout() <= net.nowUs());  // due at once
+  any->cancel();  // twice is harmless
+  CHECK(e0.completeRequests());
+  CHECK(any->failed());
+  CHECK_EQ(any->error(), std::string("the receive from any rank was cancelled"));
+
+  // A receive bound to rank 1, cancelled before the message comes: the message goes to the
+  // next matching receive, never into the cancelled buffer.
+  Inbox cancelledInbox(500), nextInbox(500);
+  auto cancelled = e0.recv(1, 41, ~Tag{0}, cancelledInbox.data.data(), cancelledInbox.capacity());
+  cancelled->cancel();
+  CHECK(cancelled->pending());
+  e0.completeRequests();
+  CHECK(cancelled->failed());
+  CHECK_EQ(cancelled->error(), std::string("the receive from rank 1 was cancelled"));
+  auto out = message(1, 41, 500);
+  auto send = net.endpoint(1)->send(0, 41, out.data(), out.size());
+  CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+  auto next = e0.recv(1, 41, ~Tag{0}, nextInbox.data.data(), nextInbox.capacity());
+  CHECK(net.runUntil([&] { return !next->pending(); }, kSecond));
+  CHECK_MSG(next->state() == RequestState::kDone, next->error());
+  CHECK(nextInbox.holds(1, 41, 500));
+  CHECK(cancelledInbox.untouched());
+
+  // A send cannot be withdrawn: cancel() leaves it to complete normally.
+  Inbox inbox2(300);
+  auto out2 = message(0, 42, 300);
+  auto send2 = e0.send(2, 42, out2.data(), out2.size());
+  send2->cancel();
+  auto receive2 = net.endpoint(2)->recv(0, 42, ~Tag{0}, inbox2.data.data(), inbox2.capacity());
+  CHECK(net.runUntil([&] { return !send2->pending() && !receive2->pending(); }, kSecond));
+  CHECK_MSG(send2->state() == RequestState::kDone, send2->error());
+  CHECK(inbox2.holds(0, 42, 300));
+
+  // Cancelling a receive that has already completed changes nothing.
+  next->cancel();
+  e0.completeRequests();
+  CHECK(next->state() == RequestState::kDone);
+}
+
+// ------------------------------------------------------------------------- peer failure
+
+void testPeerFailure() {
+  EndpointOptions options = smallOptions();
+  EndpointNetwork net(3, options);
+  Endpoint& e0 = *net.endpoint(0);
+  // Rank 2 vanishes with a send and a receive of rank 0's outstanding.
+  auto out = message(0, 50, 4000);
+  Inbox fromTwo(100), anyInbox(100);
+  auto sendToTwo = e0.send(2, 50, out.data(), out.size());
+  auto receiveFromTwo = e0.recv(2, 51, ~Tag{0}, fromTwo.data.data(), fromTwo.capacity());
+  auto anyReceive = e0.recv(kAnySource, 52, ~Tag{0}, anyInbox.data.data(), anyInbox.capacity());
+  net.destroy(2);
+  const TimeUs start = net.nowUs();
+  CHECK(net.runUntil([&] { return !sendToTwo->pending() && !receiveFromTwo->pending(); },
+                     60 * kSecond));
+  CHECK(sendToTwo->failed());
+  CHECK(receiveFromTwo->failed());
+  CHECK_MSG(check::contains(sendToTwo->error(), "udp: connection to rank 2 failed: "),
+            sendToTwo->error());
+  CHECK_EQ(receiveFromTwo->error(), sendToTwo->error());
+  CHECK_EQ(e0.peerError(2), sendToTwo->error());
+  CHECK(e0.peerError(1).empty());
+  // Found by the retransmission timeouts, not at once and not never.
+  CHECK(net.nowUs() - start > 100'000);
+  const auto failure = e0.pollPeerFailure();
+  CHECK(failure.has_value());
+  if (failure) {
+    CHECK_EQ(failure->peer, 2);
+    CHECK_EQ(failure->error, e0.peerError(2));
+  }
+  CHECK(!e0.pollPeerFailure().has_value());  // once each
+  CHECK(fromTwo.untouched());
+
+  // The any-source receive is still waiting, and rank 1 can still satisfy it.
+  CHECK(anyReceive->pending());
+  auto fromOne = message(1, 52, 80);
+  auto sendFromOne = net.endpoint(1)->send(0, 52, fromOne.data(), fromOne.size());
+  CHECK(net.runUntil([&] { return !anyReceive->pending(); }, kSecond));
+  CHECK_MSG(anyReceive->state() == RequestState::kDone, anyReceive->error());
+  CHECK(anyInbox.holds(1, 52, 80));
+
+  // New requests to the failed rank fail at once, with the same message.
+  auto late = e0.send(2, 53, out.data(), 10);
+  CHECK(late->failed());
+  CHECK_EQ(late->error(), e0.peerError(2));
+
+  // abortPeer fails the requests to and from a live rank inside the call.
+  Inbox fromOneInbox(100);
+  auto pendingFromOne = e0.recv(1, 54, ~Tag{0}, fromOneInbox.data.data(), fromOneInbox.capacity());
+  auto pendingToOne = e0.send(1, 55, out.data(), out.size());
+  e0.abortPeer(1, "gave up on rank 1");
+  CHECK(pendingFromOne->failed());
+  CHECK(pendingToOne->failed());
+  CHECK_EQ(pendingFromOne->error(), std::string("gave up on rank 1"));
+  CHECK_EQ(e0.peerError(1), std::string("gave up on rank 1"));
+  e0.abortPeer(7, "outside the group: ignored");
+
+  // With every connection failed (itself included) an any-source receive cannot complete.
+  e0.abortPeer(0, "gave up on myself");
+  Inbox lastInbox(10);
+  auto hopeless = e0.recv(kAnySource, 56, ~Tag{0}, lastInbox.data.data(), lastInbox.capacity());
+  CHECK(hopeless->failed());
+  CHECK_EQ(hopeless->error(), std::string("udp: receive from any rank failed: every connection has failed"));
+}
+
+// -------------------------------------------------------------------------------- linger
+
+void testLinger() {
+  EndpointOptions options = smallOptions();
+  // Requests pending at close fail inside close(), with the closing message.
+  {
+    EndpointNetwork net(3, options);
+    Inbox inbox(100);
+    auto pending = net.endpoint(0)->recv(1, 60, ~Tag{0}, inbox.data.data(), inbox.capacity());
+    net.close(0);
+    CHECK(pending->failed());
+    CHECK_EQ(pending->error(), std::string("the udp transport was closed with the request pending"));
+    CHECK_EQ(net.endpoint(0)->peerError(1), pending->error());
+    CHECK(net.endpoint(0)->peerError(2).empty());  // no request with rank 2: no reason to cut it
+    // An idle group lingers for the quiet time, no longer.
+    const TimeUs closedAt = net.nowUs();
+    CHECK(net.runUntil([&] { return net.gone(0); }, kSecond));
+    const DurationUs lingered = net.lingerEndedUs(0) - closedAt;
+    CHECK_EQ(lingered, options.lingerQuietUs);
+  }
+  // Rank 0 has received a message but every ACK to rank 1 was lost; rank 0 closes. While it
+  // lingers it repeats its ACK, so rank 1's send completes once the path heals, and rank 0
+  // stays as long as rank 1 is still retransmitting.
+  {
+    EndpointNetwork net(3, options);
+    Inbox inbox(3000);
+    auto out = message(1, 61, 3000);
+    auto receive = net.endpoint(0)->recv(1, 61, ~Tag{0}, inbox.data.data(), inbox.capacity());
+    net.setLinkUp(0, 1, false);
+    auto send = net.endpoint(1)->send(0, 61, out.data(), out.size());
+    CHECK(net.runUntil([&] { return !receive->pending(); }, kSecond));
+    CHECK_MSG(receive->state() == RequestState::kDone, receive->error());
+    CHECK(inbox.holds(1, 61, 3000));
+    CHECK(send->pending());
+    net.close(0);
+    // Long enough for rank 1's retransmission timer to back off well beyond the ACK repeat.
+    CHECK(net.runUntil([] { return false; }, 300'000) == false);
+    CHECK(!net.gone(0));  // rank 1 is still retransmitting: rank 0 stays
+    net.setLinkUp(0, 1, true);
+    const TimeUs healedAt = net.nowUs();
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK_MSG(send->state() == RequestState::kDone, send->error());
+    // The repeated ACK gets there within one repeat interval (5 ms) and a one-way delay, long
+    // before rank 1's backed-off timer would have asked again.
+    const DurationUs healedIn = net.nowUs() - healedAt;
+    CHECK_MSG(healedIn <= 5'000 + 100, std::to_string(healedIn));
+    CHECK(!net.gone(0));
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
+    // Bounded by linger_max however the peers behave.
+    CHECK(net.lingerEndedUs(0) > 0);
+  }
+  // linger_max bounds the linger even while a peer keeps the endpoint busy.
+  {
+    EndpointOptions bounded = options;
+    bounded.lingerMaxUs = 30'000;
+    bounded.lingerQuietUs = 1'000'000;
+    EndpointNetwork net(2, bounded);
+    const TimeUs closedAt = net.nowUs();
+    net.close(0);
+    CHECK(net.runUntil([&] { return net.gone(0); }, kSecond));
+    CHECK_EQ(net.lingerEndedUs(0) - closedAt, bounded.lingerMaxUs);
+  }
+  // The destructor fails what is still pending, an any-source receive too.
+  {
+    Inbox inbox(10);
+    RequestPtr orphan;
+    {
+      EndpointNetwork net(2, options);
+      orphan = net.endpoint(0)->recv(kAnySource, 62, ~Tag{0}, inbox.data.data(), inbox.capacity());
+    }
+    CHECK(orphan->failed());
+    CHECK_EQ(orphan->error(), std::string("the udp transport was closed with the request pending"));
+    orphan->cancel();  // after the endpoint is gone: nothing happens
+  }
+}
+
+// ------------------------------------------------------------------------ transmit turns
+
+void testTransmitTurns() {
+  // Two peers with far more to send than one turn allows: pollTransmit alternates between
+  // them in turns of kPeerBurst datagrams, so that neither backlog starves the other.
+  EndpointOptions options = smallOptions();
+  options.config.initialCwndPackets = 1000;
+  Endpoint e(0, 3, options);
+  for (int p = 0; p < 3; ++p) e.connect(p, SocketAddress::parse("10.0.1." + std::to_string(p + 1), 9));
+  std::vector<uint8_t> eager(60'000, 7);  // under eager_max_bytes: all of it goes out at once
+  for (Tag t = 0; t < 4; ++t) {
+    e.send(1, t, eager.data(), eager.size());
+    e.send(2, t, eager.data(), eager.size());
+  }
+  std::vector<uint8_t> out(options.config.mtuPayload);
+  std::vector<int> runs;  // lengths of runs of datagrams to one peer
+  SocketAddress to, last;
+  size_t total = 0;
+  while (const size_t n = e.pollTransmit(1, out, to)) {
+    CHECK(n <= out.size());
+    if (total == 0 || !(to == last)) runs.push_back(0);
+    ++runs.back();
+    last = to;
+    ++total;
+  }
+  // Full turns while both have plenty; a shorter one only where a peer runs dry.
+  CHECK(runs.size() >= 4);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    CHECK(runs[i] <= static_cast<int>(Endpoint::kPeerBurst));
+    if (i < 4) CHECK_EQ(runs[i], static_cast<int>(Endpoint::kPeerBurst));
+  }
+  CHECK(total > 2 * Endpoint::kPeerBurst);
+  // Nothing more until something changes.
+  CHECK_EQ(e.pollTransmit(1, out, to), size_t{0});
+}
+
+// -------------------------------------------------------------------------------- faults
+
+void testFaults() {
+  EndpointOptions options = smallOptions();
+  options.faults = parseFaultConfig("drop=0.05,dup=0.02,reorder=0.05,delay=0.02,corrupt=0.01,seed=11");
+  EndpointNetwork net(3, options);
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<RequestPtr> requests;
+  struct Expect {
+    int from;
+    Tag tag;
+    size_t bytes;
+    Inbox* inbox;
+  };
+  std::vector<Expect> expects;
+  for (int from = 0; from < 3; ++from) {
+    for (int to = 0; to < 3; ++to) {
+      if (from == to) continue;
+      for (size_t bytes : {size_t{10}, size_t{4000}, size_t{60'000}}) {
+        const Tag tag = static_cast<Tag>(from * 1'000'000 + to * 1000 + bytes);
+        outs.push_back(message(from, tag, bytes));
+        inboxes.push_back(std::make_unique<Inbox>(bytes));
+        requests.push_back(net.endpoint(to)->recv(kAnySource, tag, ~Tag{0},
+                                                  inboxes.back()->data.data(), bytes));
+        requests.push_back(net.endpoint(from)->send(to, tag, outs.back().data(), bytes));
+        expects.push_back({from, tag, bytes, inboxes.back().get()});
+      }
+    }
+  }
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+  for (const auto& e : expects) CHECK(e.inbox->holds(e.from, e.tag, e.bytes));
+  for (int n = 0; n < 3; ++n) {
+    const FaultInjector* f = net.endpoint(n)->faults();
+    CHECK(f != nullptr);
+    if (f == nullptr) continue;
+    CHECK(f->counters().dropped > 0);
+    CHECK(f->counters().delayed + f->counters().reordered > 0);
+  }
+}
+
+const check::Group kGroups[] = {
+    {"routing", testRouting, true},
+    {"any_source", testAnySource, true},
+    {"cancellation", testCancellation, true},
+    {"peer_failure", testPeerFailure, true},
+    {"linger", testLinger, true},
+    {"transmit_turns", testTransmitTurns, true},
+    {"faults", testFaults, true},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return check::runGroups("udp_endpoint_test", kGroups, argc, argv); }

@@ -1,0 +1,135 @@
+#include "tests/udp_sim/endpoint_network.h"
+
+#include <algorithm>
+
+namespace ucxb::udp::sim {
+namespace {
+
+// Rounds at one instant without time advancing, beyond which an endpoint must be asking for
+// a timeout it never clears: a bug worth stopping for rather than spinning.
+constexpr uint64_t kMaxRoundsWithoutProgress = 100'000;
+
+}  // namespace
+
+EndpointNetwork::EndpointNetwork(int nodes, const EndpointOptions& options,
+                                 DurationUs oneWayDelayUs)
+    : nodes_(static_cast<size_t>(nodes)),
+      links_(static_cast<size_t>(nodes * nodes)),
+      delayUs_(oneWayDelayUs),
+      buffer_(options.config.mtuPayload) {
+  for (int n = 0; n < nodes; ++n) {
+    Node& node = nodes_[static_cast<size_t>(n)];
+    node.address = SocketAddress::parse("10.0.0." + std::to_string(n + 1), 7000);
+    node.endpoint = std::make_unique<Endpoint>(n, nodes, options);
+  }
+  for (auto& node : nodes_) {
+    for (int p = 0; p < nodes; ++p) node.endpoint->connect(p, address(p));
+  }
+}
+
+void EndpointNetwork::setLinkUp(int from, int to, bool up) { link(from, to).up = up; }
+
+void EndpointNetwork::setFaults(int from, int to, const FaultConfig& faults) {
+  link(from, to).faults = std::make_unique<FaultInjector>(faults);
+}
+
+void EndpointNetwork::inject(const SocketAddress& from, int to, std::vector<uint8_t> bytes,
+                             DurationUs delayUs) {
+  arrivals_.push(Arrival{nowUs_ + delayUs, sequence_++, from, to, std::move(bytes)});
+}
+
+void EndpointNetwork::close(int node) {
+  if (Endpoint* e = endpoint(node)) e->close(nowUs_);
+}
+
+void EndpointNetwork::destroy(int node) { nodes_[static_cast<size_t>(node)].endpoint.reset(); }
+
+int EndpointNetwork::nodeAt(const SocketAddress& address) const {
+  for (int n = 0; n < nodes(); ++n) {
+    if (nodes_[static_cast<size_t>(n)].address == address) return n;
+  }
+  return -1;
+}
+
+std::optional<TimeUs> EndpointNetwork::nextEventUs() const {
+  std::optional<TimeUs> next;
+  if (!arrivals_.empty()) next = arrivals_.top().timeUs;
+  for (const auto& node : nodes_) {
+    if (!node.endpoint) continue;
+    if (const auto t = node.endpoint->nextTimeout(); t && (!next || *t < *next)) next = *t;
+  }
+  return next;
+}
+
+void EndpointNetwork::round() {
+  while (!arrivals_.empty() && arrivals_.top().timeUs <= nowUs_) {
+    Arrival a = arrivals_.top();
+    arrivals_.pop();
+    if (Endpoint* e = endpoint(a.to)) {
+      e->handleDatagram(nowUs_, a.from, a.bytes);
+    } else {
+      ++undeliverable_;
+    }
+  }
+  for (int n = 0; n < nodes(); ++n) {
+    Endpoint* e = endpoint(n);
+    if (e == nullptr) continue;
+    e->handleTimeout(nowUs_);
+    SocketAddress to;
+    while (const size_t length = e->pollTransmit(nowUs_, buffer_, to)) {
+      const int dest = nodeAt(to);
+      if (dest < 0) {
+        ++undeliverable_;
+        continue;
+      }
+      Link& l = link(n, dest);
+      if (!l.up) continue;
+      const std::span<const uint8_t> bytes(buffer_.data(), length);
+      deliveries_.clear();
+      if (l.faults) {
+        l.faults->apply(bytes, deliveries_);
+      } else {
+        deliveries_.push_back({std::vector<uint8_t>(bytes.begin(), bytes.end()), 0});
+      }
+      for (auto& d : deliveries_) {
+        arrivals_.push(Arrival{nowUs_ + delayUs_ + d.extraDelayUs, sequence_++, address(n), dest,
+                               std::move(d.bytes)});
+      }
+    }
+    e->completeRequests();
+    if (e->closing() && e->lingerDone(nowUs_)) {
+      nodes_[static_cast<size_t>(n)].lingerEndedUs = nowUs_;
+      destroy(n);
+    }
+  }
+}
+
+bool EndpointNetwork::runUntil(const std::function<bool()>& done, DurationUs maxUs) {
+  const TimeUs limit = nowUs_ + maxUs;
+  stuck_.clear();
+  round();  // what the caller just posted goes out now
+  TimeUs lastUs = nowUs_;
+  uint64_t roundsHere = 0;
+  while (!done()) {
+    const auto next = nextEventUs();
+    if (!next) {
+      stuck_ = "nothing left to happen";
+      return false;
+    }
+    if (*next > limit) {
+      stuck_ = "simulated time limit reached";
+      return false;
+    }
+    nowUs_ = std::max(nowUs_, *next);
+    round();
+    roundsHere = nowUs_ == lastUs ? roundsHere + 1 : 0;
+    lastUs = nowUs_;
+    if (roundsHere > kMaxRoundsWithoutProgress) {
+      stuck_ = "time stopped advancing (a timer that is never cleared)";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace ucxb::udp::sim

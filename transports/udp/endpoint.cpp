@@ -1,0 +1,439 @@
+#include "transports/udp/endpoint.h"
+
+#include <algorithm>
+
+namespace ucxb::udp {
+namespace {
+
+// While lingering our last ACK to a peer may have been lost, and its timer may have backed
+// off: the ACK is repeated this often (cheap, and at 30% loss the chance that every copy is
+// lost is nil), rather than counting on answering its retransmission.
+constexpr DurationUs kAckRepeatUs = 5000;
+
+const char* const kClosing = "the udp transport was closed with the request pending";
+
+std::string peerLabel(int peer) {
+  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
+std::string cancelledMessage(int peer) {
+  return "the receive from " + peerLabel(peer) + " was cancelled";
+}
+
+}  // namespace
+
+class Endpoint::EndpointRequest final : public Request {
+ public:
+  EndpointRequest(Endpoint* owner, bool isSend, int peer, size_t bytes)
+      : Request(isSend, peer, bytes), owner_(owner) {}
+
+  // Pending requests never outlive their endpoint (its destructor fails them), so owner_ is
+  // valid whenever pending() holds.
+  void cancel() override {
+    if (owner_ != nullptr && pending()) owner_->cancelRequest(*this);
+  }
+
+ private:
+  friend class Endpoint;
+  void completeNow(size_t bytes, Tag tag) { complete(bytes, tag); }
+  void failNow(std::string why) { fail(std::move(why)); }
+
+  Endpoint* owner_;
+  // Receives: what was posted, kept for any-source matching and for cancellation.
+  Tag tag_ = 0;
+  Tag mask_ = 0;
+  void* buffer_ = nullptr;
+  int boundPeer_ = -1;   // the connection holding it (-1: an any-source receive not yet bound)
+  uint64_t coreId_ = 0;  // its MessageId or ReceiveId there
+  bool cancelling_ = false;
+};
+
+Endpoint::Endpoint(int rank, int size, EndpointOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)), peers_(static_cast<size_t>(size)) {
+  validate(options_.config);
+  for (int p = 0; p < size_; ++p) {
+    PeerIdentity id;
+    id.localRank = static_cast<uint16_t>(rank_);
+    id.peerRank = static_cast<uint16_t>(p);
+    id.sessionToken = options_.sessionToken;
+    peers_[static_cast<size_t>(p)].connection =
+        std::make_unique<PeerConnection>(options_.config, id);
+  }
+  if (options_.faults.any()) {
+    FaultConfig perRank = options_.faults;
+    // Same seed on every rank would drop the same datagram numbers in both directions.
+    perRank.seed = options_.faults.seed * 1000003u + static_cast<uint64_t>(rank_);
+    faults_ = std::make_unique<FaultInjector>(perRank);
+  }
+}
+
+Endpoint::~Endpoint() {
+  for (auto& peer : peers_) {
+    for (auto& [id, r] : peer.sends) r->failNow(kClosing);
+    for (auto& [id, r] : peer.receives) r->failNow(kClosing);
+    peer.sends.clear();
+    peer.receives.clear();
+  }
+  for (auto& r : anySource_) r->failNow(kClosing);
+  for (auto& r : cancelled_) r->failNow("cancelled");
+}
+
+void Endpoint::connect(int peer, const SocketAddress& address) {
+  if (peer < 0 || peer >= size_) {
+    throw TransportError("udp: connect to rank " + std::to_string(peer) + " outside the group of " +
+                             std::to_string(size_),
+                         peer);
+  }
+  auto [it, inserted] = peerByAddress_.emplace(address, peer);
+  if (!inserted && it->second != peer) {
+    throw TransportError("udp: ranks " + std::to_string(it->second) + " and " +
+                             std::to_string(peer) + " both claim " + address.toString(),
+                         peer);
+  }
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  p.address = address;
+  p.connected = true;
+}
+
+Endpoint::Peer& Endpoint::peerAt(int peer, const char* what) {
+  if (peer < 0 || peer >= size_) {
+    throw TransportError(std::string("udp: ") + what + " with rank " + std::to_string(peer) +
+                             " outside the group of " + std::to_string(size_),
+                         peer);
+  }
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.connected) {
+    throw TransportError(std::string("udp: ") + what + " with rank " + std::to_string(peer) +
+                             " before connecting to it",
+                         peer);
+  }
+  return p;
+}
+
+RequestPtr Endpoint::send(int peer, Tag tag, const void* data, size_t bytes) {
+  Peer& p = peerAt(peer, "send");
+  auto req = std::make_shared<EndpointRequest>(this, true, peer, bytes);
+  if (!p.error.empty()) {
+    req->failNow(p.error);
+    return req;
+  }
+  const MessageId id = p.connection->send(tag, data, bytes);
+  req->boundPeer_ = peer;
+  req->coreId_ = id;
+  p.sends.emplace(id, req);
+  return req;
+}
+
+RequestPtr Endpoint::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes) {
+  auto req = std::make_shared<EndpointRequest>(this, false, peer, bytes);
+  req->tag_ = tag;
+  req->mask_ = mask;
+  req->buffer_ = data;
+  if (peer == kAnySource) {
+    anySource_.push_back(req);
+    matchAnySource();
+    return req;
+  }
+  Peer& p = peerAt(peer, "receive");
+  if (!p.error.empty()) {
+    req->failNow(p.error);
+    return req;
+  }
+  const ReceiveId id = p.connection->postReceive(tag, mask, data, bytes);
+  req->boundPeer_ = peer;
+  req->coreId_ = id;
+  p.receives.emplace(id, req);
+  return req;
+}
+
+void Endpoint::cancelRequest(EndpointRequest& r) {
+  // A send cannot be withdrawn once queued (the peer may hold part of it); the owner that
+  // gives up on one calls abortPeer, which fails it.
+  if (r.isSend() || r.cancelling_) return;
+  if (r.boundPeer_ < 0) {
+    for (auto it = anySource_.begin(); it != anySource_.end(); ++it) {
+      if (it->get() == &r) {
+        r.cancelling_ = true;
+        cancelled_.push_back(*it);
+        anySource_.erase(it);
+        return;
+      }
+    }
+    return;
+  }
+  Peer& p = peers_[static_cast<size_t>(r.boundPeer_)];
+  // Its kReceiveCancelled event completes it in a later completeRequests().
+  if (p.connection->cancelReceive(r.coreId_)) r.cancelling_ = true;
+}
+
+bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
+                              std::span<const uint8_t> bytes, size_t segmentSize) {
+  const auto it = peerByAddress_.find(from);
+  if (it == peerByAddress_.end()) {
+    ++unknownSource_;
+    return false;
+  }
+  const int peer = it->second;
+  // A train is cut back into the datagrams it was sent as; anything else (an empty datagram
+  // too, which the core then counts as truncated) is one piece.
+  const size_t step = segmentSize != 0 ? segmentSize : std::max<size_t>(bytes.size(), 1);
+  for (size_t offset = 0; offset == 0 || offset < bytes.size(); offset += step) {
+    const auto piece = bytes.subspan(offset, std::min(step, bytes.size() - offset));
+    if (!faults_) {
+      deliver(peer, piece, now);
+      continue;
+    }
+    faultOut_.clear();
+    faults_->apply(piece, faultOut_);
+    for (auto& copy : faultOut_) {
+      if (copy.extraDelayUs == 0) {
+        deliver(peer, copy.bytes, now);
+      } else {
+        delayed_.push(
+            Delayed{now + copy.extraDelayUs, delayedOrder_++, peer, std::move(copy.bytes)});
+      }
+    }
+  }
+  return true;
+}
+
+void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
+  peers_[static_cast<size_t>(peer)].connection->onDatagram(bytes, now);
+}
+
+bool Endpoint::handleTimeout(TimeUs now) {
+  bool delivered = false;
+  while (!delayed_.empty() && delayed_.top().dueUs <= now) {
+    // top() is const, but the element is popped right after: moving its bytes out is safe.
+    Delayed d = std::move(const_cast<Delayed&>(delayed_.top()));
+    delayed_.pop();
+    deliver(d.peer, d.bytes, now);
+    delivered = true;
+  }
+  if (linger_ && (!linger_->lastAckRepeat || now - *linger_->lastAckRepeat >= kAckRepeatUs)) {
+    for (auto& peer : peers_) {
+      if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
+    }
+    linger_->lastAckRepeat = now;
+  }
+  for (auto& peer : peers_) {
+    if (!peer.connected) continue;
+    const auto t = peer.connection->nextTimeout();
+    if (t && *t <= now) peer.connection->onTimeout(now);
+  }
+  return delivered;
+}
+
+size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to) {
+  // Ends after every peer in a row had nothing; a peer that used up its burst is passed over
+  // without counting, so it gets another turn when the others are done.
+  for (int emptyInARow = 0; emptyInARow < size_;) {
+    Peer& peer = peers_[static_cast<size_t>(transmitTurn_)];
+    if (turnBurst_ < kPeerBurst) {
+      if (peer.connected) {
+        if (const size_t n = peer.connection->pollTransmit(now, out)) {
+          ++turnBurst_;
+          to = peer.address;
+          return n;
+        }
+      }
+      ++emptyInARow;
+    }
+    transmitTurn_ = (transmitTurn_ + 1) % size_;
+    turnBurst_ = 0;
+  }
+  return 0;
+}
+
+bool Endpoint::completeRequests() {
+  bool active = completeCancelled();
+  active = handleEvents() || active;
+  if (!anySource_.empty()) active = matchAnySource() || active;
+  return active;
+}
+
+bool Endpoint::completeCancelled() {
+  if (cancelled_.empty()) return false;
+  auto done = std::move(cancelled_);
+  cancelled_.clear();
+  for (auto& r : done) r->failNow(cancelledMessage(r->peer()));
+  return true;
+}
+
+bool Endpoint::handleEvents() {
+  bool active = false;
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    while (auto e = peer.connection->pollEvent()) {
+      active = true;
+      switch (e->kind) {
+        case EventKind::kPeerFailed:
+          if (peer.error.empty()) {
+            peer.error = "udp: connection to rank " + std::to_string(p) + " failed: " + e->error;
+          }
+          failures_.push_back(PeerFailure{p, peer.error});
+          break;
+        case EventKind::kSendCompleted:
+        case EventKind::kSendFailed: {
+          auto it = peer.sends.find(e->id);
+          if (it == peer.sends.end()) break;
+          auto r = std::move(it->second);
+          peer.sends.erase(it);
+          if (e->kind == EventKind::kSendCompleted) {
+            r->completeNow(e->bytes, e->tag);
+          } else {
+            r->failNow(peer.error.empty() ? "udp: send to rank " + std::to_string(p) +
+                                                " failed: " + e->error
+                                          : peer.error);
+          }
+          break;
+        }
+        case EventKind::kMessageReceived:
+        case EventKind::kReceiveFailed:
+        case EventKind::kReceiveCancelled: {
+          auto it = peer.receives.find(e->id);
+          if (it == peer.receives.end()) break;
+          auto r = std::move(it->second);
+          peer.receives.erase(it);
+          if (e->kind == EventKind::kMessageReceived && e->truncated) {
+            r->failNow("udp: message of " + std::to_string(e->bytes) + " bytes from rank " +
+                       std::to_string(p) + " is longer than the " +
+                       std::to_string(r->postedBytes()) + " bytes posted to receive it");
+          } else if (e->kind == EventKind::kMessageReceived) {
+            r->completeNow(e->bytes, e->tag);
+          } else if (e->kind == EventKind::kReceiveCancelled) {
+            r->failNow(cancelledMessage(r->peer()));
+          } else {
+            r->failNow(peer.error.empty() ? "udp: receive from rank " + std::to_string(p) +
+                                                " failed: " + e->error
+                                          : peer.error);
+          }
+          break;
+        }
+      }
+    }
+  }
+  return active;
+}
+
+bool Endpoint::matchAnySource() {
+  bool active = false;
+  for (auto it = anySource_.begin(); it != anySource_.end();) {
+    EndpointRequest& r = **it;
+    bool bound = false;
+    bool anyAlive = false;
+    for (int p = 0; p < size_ && !bound; ++p) {
+      Peer& peer = peers_[static_cast<size_t>(p)];
+      if (!peer.connected || !peer.error.empty()) continue;
+      anyAlive = true;
+      if (!peer.connection->hasMatchable(r.tag_, r.mask_)) continue;
+      const ReceiveId id =
+          peer.connection->postReceive(r.tag_, r.mask_, r.buffer_, r.postedBytes());
+      r.boundPeer_ = p;
+      r.coreId_ = id;
+      peer.receives.emplace(id, *it);
+      bound = true;
+    }
+    if (bound) {
+      it = anySource_.erase(it);
+      active = true;
+    } else if (!anyAlive) {
+      (*it)->failNow("udp: receive from any rank failed: every connection has failed");
+      it = anySource_.erase(it);
+      active = true;
+    } else {
+      ++it;
+    }
+  }
+  return active;
+}
+
+void Endpoint::failPeer(int peer, const std::string& why) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.error.empty()) p.error = why;
+  p.connection->fail(why);
+}
+
+void Endpoint::abortPeer(int peer, const std::string& why) {
+  if (peer < 0 || peer >= size_) return;
+  failPeer(peer, why);
+  handleEvents();  // the requests complete now: their buffers may go right after
+}
+
+std::string Endpoint::peerError(int peer) const {
+  if (peer < 0 || peer >= size_) return {};
+  return peers_[static_cast<size_t>(peer)].error;
+}
+
+std::optional<PeerFailure> Endpoint::pollPeerFailure() {
+  if (failures_.empty()) return std::nullopt;
+  PeerFailure f = std::move(failures_.front());
+  failures_.pop_front();
+  return f;
+}
+
+std::optional<TimeUs> Endpoint::nextTimeout() const {
+  // A cancelled any-source receive completes in the next round: due at once.
+  if (!cancelled_.empty()) return TimeUs{0};
+  std::optional<TimeUs> next;
+  const auto consider = [&next](TimeUs t) {
+    if (!next || t < *next) next = t;
+  };
+  for (const auto& peer : peers_) {
+    if (!peer.connected) continue;
+    if (const auto t = peer.connection->nextTimeout()) consider(*t);
+  }
+  if (!delayed_.empty()) consider(delayed_.top().dueUs);
+  if (linger_) {
+    consider(linger_->lastAckRepeat ? *linger_->lastAckRepeat + kAckRepeatUs : 0);
+    consider(linger_->start + options_.lingerMaxUs);
+    if (allIdle()) consider(linger_->lastHeard + linger_->quiet);
+  }
+  return next;
+}
+
+void Endpoint::close(TimeUs now) {
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    if (!peer.sends.empty() || !peer.receives.empty()) failPeer(p, kClosing);
+  }
+  handleEvents();
+  linger_ = Linger{now, now, std::nullopt, options_.lingerQuietUs, heard()};
+}
+
+Endpoint::Heard Endpoint::heard() const {
+  Heard h;
+  for (const auto& peer : peers_) {
+    const Stats s = peer.connection->stats();
+    h.heard += s.datagramsReceived - s.ackPacketsReceived;
+    h.duplicates += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
+  }
+  return h;
+}
+
+bool Endpoint::allIdle() const {
+  for (const auto& peer : peers_) {
+    if (peer.connected && !peer.connection->failed() && !peer.connection->idle()) return false;
+  }
+  return true;
+}
+
+bool Endpoint::lingerDone(TimeUs now) {
+  if (!linger_) return false;
+  Linger& l = *linger_;
+  const Heard h = heard();
+  if (h.heard != l.seen.heard) l.lastHeard = now;
+  // Once a peer has retransmitted something we already had (our ACK was lost), or something
+  // go-back-N made us discard, its timer may back off up to rto_max: stay until it has been
+  // quiet that long.
+  if (h.duplicates != l.seen.duplicates) l.quiet = std::max(l.quiet, options_.config.rtoMaxUs);
+  l.seen = h;
+  if (now - l.start >= options_.lingerMaxUs) return true;
+  return allIdle() && now - l.lastHeard >= l.quiet;
+}
+
+Stats Endpoint::peerStats(int peer) const {
+  return peers_.at(static_cast<size_t>(peer)).connection->stats();
+}
+
+}  // namespace ucxb::udp

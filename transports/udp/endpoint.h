@@ -1,0 +1,198 @@
+// Endpoint: one rank's end of the UDP transport without the I/O. It owns a PeerConnection per
+// rank of the group and everything between them and the user: routing datagrams by source
+// address, the requests handed out by send()/recv(), any-source receives, cancellation, fault
+// injection and the linger after close. Like PeerConnection (reliability.h), and like
+// quinn-proto's Endpoint one level above its Connection, it never reads a clock, touches a
+// socket or sleeps: datagrams (with their source) and the time go in; datagrams (with their
+// destination), the next deadline and completions come out. UdpTransport (udp_transport.h)
+// drives it from an epoll loop; the simulator (tests/udp_sim/endpoint_network.h) and the fuzzer
+// drive it with virtual time.
+//
+// Call order, all on one thread (the Transport threading contract):
+//   1. connect(peer, address) for every rank, before posting anything to it;
+//   2. the user's calls, at any time: send(), recv() (from one rank or kAnySource),
+//      Request::cancel(), abortPeer();
+//   3. each round of driving, with `now` from one monotonic clock:
+//        handleDatagram(now, from, bytes) for every datagram that arrived;
+//        handleTimeout(now) (it does only what is due; calling it early is harmless);
+//        pollTransmit(now, buffer, to) until it returns 0, sending each datagram to `to`;
+//        completeRequests(): requests complete here (Request::state(), onComplete callbacks),
+//          and failed peers show in peerError() and pollPeerFailure();
+//   4. sleep until nextTimeout() or the next datagram, whichever comes first;
+//   closing: close(now), then keep driving rounds (3 and 4) until lingerDone(now) says the
+//   peers have been answered long enough; the destructor fails whatever is still pending.
+//
+// A request completes only inside completeRequests(), never inside the call that posted or
+// cancelled it, so a completion callback never runs under the caller's feet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transports/transport.h"
+#include "transports/udp/faults.h"
+#include "transports/udp/reliability.h"
+#include "transports/udp/socket_address.h"
+#include "transports/udp/udp_config.h"
+
+namespace ucxb::udp {
+
+struct EndpointOptions {
+  UdpConfig config;
+  FaultConfig faults;  // applied to every datagram this rank receives
+  uint64_t sessionToken = 0;  // the same on every rank of the group instance
+  // After the group is closed, keep answering the peers (acknowledging their retransmissions)
+  // until nothing has arrived for this long (for rto_max_us once a peer has retransmitted
+  // during the linger: our ACK was lost and its timer may be backing off), so that a peer
+  // whose last ACK from us was lost still completes its send (TCP's TIME-WAIT, in short).
+  // Bounded by lingerMaxUs.
+  DurationUs lingerQuietUs = 100'000;
+  DurationUs lingerMaxUs = 5'000'000;
+};
+
+// A peer given up on: its connection failed (timeouts, abortPeer, close) for `error`.
+struct PeerFailure {
+  int peer = 0;
+  std::string error;
+};
+
+class Endpoint {
+ public:
+  Endpoint(int rank, int size, EndpointOptions options);
+  // Fails every request still pending (the user's buffers are about to go).
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const EndpointOptions& options() const { return options_; }
+
+  // Datagrams from `address` belong to `peer` from now on. Throws TransportError for a rank
+  // outside the group or an address another rank already has.
+  void connect(int peer, const SocketAddress& address);
+
+  // The Transport calls (transport.h), host memory only. Throw TransportError for a rank
+  // outside the group or not connected yet; to a failed peer they return a failed request.
+  RequestPtr send(int peer, Tag tag, const void* data, size_t bytes);
+  RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes);
+  // Fails the connection and, right away, every request to or from `peer` (their buffers may
+  // go as soon as this returns).
+  void abortPeer(int peer, const std::string& why);
+  std::string peerError(int peer) const;  // empty while the peer is healthy
+  // The next peer failure not yet polled, once each.
+  std::optional<PeerFailure> pollPeerFailure();
+
+  // One datagram from `from`, or with segmentSize set a train of datagrams of that size cut
+  // back apart (UDP GRO). Datagrams from an address no peer has are counted and dropped;
+  // returns whether `from` was a peer's.
+  bool handleDatagram(TimeUs now, const SocketAddress& from, std::span<const uint8_t> bytes,
+                      size_t segmentSize = 0);
+  // Delivers the datagrams fault injection held back, fires the connections' due timers and,
+  // while lingering, repeats the ACKs. Returns whether a held-back datagram was delivered.
+  bool handleTimeout(TimeUs now);
+  // Writes the next datagram to send into `out` (at least mtu_payload bytes), sets `to`, and
+  // returns its length; 0 when nothing may be sent now. Peers take turns, up to kPeerBurst
+  // datagrams each, so that no peer's backlog starves the others; consecutive datagrams to one
+  // peer come out together (a GSO train).
+  size_t pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to);
+  static constexpr size_t kPeerBurst = 64;
+  // Turns the connections' events into request completions and peer failures, and binds
+  // any-source receives to the first peer holding a matching message. Returns whether
+  // anything happened.
+  bool completeRequests();
+  // When handleTimeout() (or completeRequests(), for a cancelled receive) must next run:
+  // possibly already past; nullopt for nothing scheduled.
+  std::optional<TimeUs> nextTimeout() const;
+
+  // Closes the group: connections with requests still pending are cut off (their buffers are
+  // about to go), then the linger starts.
+  void close(TimeUs now);
+  bool closing() const { return linger_.has_value(); }
+  // Call after each round of driving while closing: notes what arrived since the last call;
+  // true once the peers have had long enough to hear our last ACKs.
+  bool lingerDone(TimeUs now);
+
+  // Counters.
+  Stats peerStats(int peer) const;
+  uint64_t unknownSourceDrops() const { return unknownSource_; }
+  const FaultInjector* faults() const { return faults_.get(); }
+
+ private:
+  class EndpointRequest;
+  using EndpointRequestPtr = std::shared_ptr<EndpointRequest>;
+
+  struct Peer {
+    std::unique_ptr<PeerConnection> connection;
+    SocketAddress address;
+    bool connected = false;
+    std::string error;  // why the connection failed (empty while healthy)
+    std::unordered_map<MessageId, EndpointRequestPtr> sends;
+    std::unordered_map<ReceiveId, EndpointRequestPtr> receives;
+  };
+
+  // A datagram held back by fault injection until `dueUs`.
+  struct Delayed {
+    TimeUs dueUs;
+    uint64_t order;  // FIFO among equal due times
+    int peer;
+    std::vector<uint8_t> bytes;
+    bool operator>(const Delayed& o) const {
+      return dueUs != o.dueUs ? dueUs > o.dueUs : order > o.order;
+    }
+  };
+
+  // What the linger watches: what a peer still waiting on us sends (anything but ACKs: two
+  // lingering peers repeat their ACKs to each other, and that alone must not keep either of
+  // them here), and duplicates (our ACK was lost).
+  struct Heard {
+    uint64_t heard = 0, duplicates = 0;
+  };
+  struct Linger {
+    TimeUs start = 0;
+    TimeUs lastHeard = 0;
+    std::optional<TimeUs> lastAckRepeat;
+    DurationUs quiet = 0;
+    Heard seen;
+  };
+
+  Peer& peerAt(int peer, const char* what);
+  void deliver(int peer, std::span<const uint8_t> bytes, TimeUs now);
+  void cancelRequest(EndpointRequest& request);
+  void failPeer(int peer, const std::string& why);
+  bool handleEvents();
+  bool matchAnySource();
+  bool completeCancelled();
+  Heard heard() const;
+  bool allIdle() const;
+
+  const int rank_;
+  const int size_;
+  const EndpointOptions options_;
+  std::vector<Peer> peers_;
+  std::unordered_map<SocketAddress, int, SocketAddressHash> peerByAddress_;
+  std::unique_ptr<FaultInjector> faults_;
+  std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;
+  uint64_t delayedOrder_ = 0;
+  std::vector<FaultInjector::Delivery> faultOut_;
+  // Any-source receives not yet bound to a peer, in post order.
+  std::deque<EndpointRequestPtr> anySource_;
+  // Requests whose cancellation completes in the next completeRequests().
+  std::vector<EndpointRequestPtr> cancelled_;
+  std::deque<PeerFailure> failures_;
+  uint64_t unknownSource_ = 0;
+  // pollTransmit's turn: whose it is and how many datagrams that peer has had in it.
+  int transmitTurn_ = 0;
+  size_t turnBurst_ = 0;
+  std::optional<Linger> linger_;
+};
+
+}  // namespace ucxb::udp
