@@ -66,15 +66,7 @@
 #include "transports/udp/reliability.h"
 #include "transports/udp/wire_format.h"
 
-#if defined(__has_include)
-#if __has_include(<sanitizer/asan_interface.h>)
-#include <sanitizer/asan_interface.h>
-#endif
-#endif
-#ifndef ASAN_POISON_MEMORY_REGION
-#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
-#endif
+#include "tests/fuzz/asan_poison.h"
 
 namespace ucxb::udp::fuzz {
 namespace {
