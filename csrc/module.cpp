@@ -257,15 +257,17 @@ PYBIND11_MODULE(_C, m) {
 
   udp.def(
       "socket_buffers",
-      [](const std::string& host) {
+      [](const std::string& host, const std::string& udpConfig) {
         // What the kernel grants a udp group's socket: without root (SO_RCVBUFFORCE) it caps
         // the request at net.core.rmem_max / wmem_max.
+        const auto config = configCall([&] { return ucxb::udp::parseUdpConfig(udpConfig); });
         const ucxb::udp::UdpSocket socket(ucxb::udp::SocketAddress::parse(host, 0),
-                                          ucxb::udp::kDefaultSocketBufferBytes);
+                                          static_cast<int>(config.socketBufferBytes));
         return std::make_pair(socket.receiveBufferBytes(), socket.sendBufferBytes());
       },
-      py::arg("host") = "127.0.0.1",
-      "(receive, send) buffer bytes the kernel gives a udp group's socket bound to `host`.");
+      py::arg("host") = "127.0.0.1", py::arg("udp_config") = "",
+      "(receive, send) buffer bytes the kernel gives a socket of a udp group with `udp_config` "
+      "bound to `host`.");
 
   auto tags = m.def_submodule("tags", "The 64-bit tag layout (transports/tag.h), for tests.");
   tags.def("collective", &ucxb::tag::collective, py::arg("group"), py::arg("seq"),

@@ -594,12 +594,13 @@ def test_algorithm_names_match_native() -> None:
 def test_small_udp_socket_buffer_is_named_with_its_fix() -> None:
     from ucxbackend import _transport_options as t
 
-    assert t.socket_buffer_warning(16 << 20, 1 << 20, 3) is None  # as root: 16 MiB granted
-    assert t.socket_buffer_warning(425984, 1 << 20, 0) is None  # one rank: no peers
-    message = t.socket_buffer_warning(425984, 1 << 20, 3)  # net.core.rmem_max's usual cap
+    asked = 8 << 20
+    assert t.socket_buffer_warning(16 << 20, asked, 1 << 20, 3) is None  # as root: granted
+    assert t.socket_buffer_warning(425984, asked, 1 << 20, 0) is None  # one rank: no peers
+    message = t.socket_buffer_warning(425984, asked, 1 << 20, 3)  # rmem_max's usual cap
     assert message is not None
     for part in ("425984-byte receive buffer", "3145728 bytes", "send_window_bytes=1048576",
-                 f"net.core.rmem_max={t.SOCKET_BUFFER_BYTES}"):
+                 f"net.core.rmem_max={asked}", f"socket_buffer_bytes={asked}"):
         assert part in message, message
 
 
@@ -608,7 +609,7 @@ class _FakeUdp:
         self.receive = receive
         self.hosts: list[str] = []
 
-    def socket_buffers(self, host: str) -> tuple[int, int]:
+    def socket_buffers(self, host: str, udp_config: str) -> tuple[int, int]:
         self.hosts.append(host)
         return self.receive, self.receive
 
@@ -617,7 +618,10 @@ class _FakeUdp:
         for kv in text.split(","):
             if kv.startswith("send_window_bytes="):
                 window = int(kv.split("=", 1)[1])
-        return f"mtu_payload=65507,send_window_bytes={window},unexpected_bytes=1048576"
+        return (
+            f"mtu_payload=65507,send_window_bytes={window},unexpected_bytes=1048576,"
+            "socket_buffer_bytes=8388608"
+        )
 
 
 @pytest.mark.parametrize(
@@ -648,11 +652,18 @@ def test_udp_group_warns_when_the_kernel_caps_its_buffer(
 
 
 def test_native_socket_buffers_match_what_the_group_asks_for() -> None:
-    from ucxbackend import _transport_options as t
-
     if ucxbackend._C is None:
         pytest.skip("native extension not built")
-    receive, send = ucxbackend._C.udp.socket_buffers("127.0.0.1")
+    udp = ucxbackend._C.udp
+    default = int(dict(kv.split("=") for kv in udp.describe_config("").split(","))[
+        "socket_buffer_bytes"])
+    assert default == 8 << 20
+    receive, send = udp.socket_buffers("127.0.0.1")
     assert receive > 0 and send > 0
+    small, _ = udp.socket_buffers("127.0.0.1", "socket_buffer_bytes=256K")
     if os.geteuid() == 0:  # SO_RCVBUFFORCE: the kernel grants (and doubles) the request
-        assert receive >= t.SOCKET_BUFFER_BYTES and send >= t.SOCKET_BUFFER_BYTES
+        assert receive >= default and send >= default
+        # the udp_config key reaches the socket: 256 KiB asked, 512 KiB granted
+        assert (256 << 10) <= small < default, small
+    with pytest.raises(ValueError, match=r"socket_buffer_bytes='1K' is invalid"):
+        udp.socket_buffers("127.0.0.1", "socket_buffer_bytes=1K")

@@ -174,14 +174,16 @@ def _warn_small_udp_buffer(native: dict[str, str], size: int) -> None:
     """Logs a warning when the kernel caps a udp group's receive buffer below its window."""
     assert _C is not None
     try:
-        receive, _ = _C.udp.socket_buffers(native.get("udp_host", "127.0.0.1"))
-        described = _C.udp.describe_config(native.get("udp_config", ""))
+        udp_config = native.get("udp_config", "")
+        receive, _ = _C.udp.socket_buffers(native.get("udp_host", "127.0.0.1"), udp_config)
+        described = _C.udp.describe_config(udp_config)
         knobs = dict(kv.split("=", 1) for kv in described.split(","))
         window = int(knobs["send_window_bytes"])
+        requested = int(knobs["socket_buffer_bytes"])
     except (RuntimeError, ValueError, KeyError) as exc:  # the group itself will say more
         logger.debug("udp: could not check the socket buffer: %s", exc)
         return
-    message = _transport_options.socket_buffer_warning(receive, window, size - 1)
+    message = _transport_options.socket_buffer_warning(receive, requested, window, size - 1)
     if message is not None:
         logger.warning(message)
 

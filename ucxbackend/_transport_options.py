@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 MAX_UDP_PAYLOAD = 65507  # the largest datagram IPv4 can carry
 IPV4_UDP_HEADERS = 28  # IPv4 (20) + UDP (8)
 MIN_MTU_PAYLOAD = 256  # the core's floor (transports/udp/udp_config.cpp)
-SOCKET_BUFFER_BYTES = 8 << 20  # what a udp group asks for (transports/udp/udp_transport.h)
 
 
 def rendezvous_host(store: Any) -> str | None:
@@ -67,11 +66,14 @@ def native_options(config: Config, store: Any) -> dict[str, str]:
     }
 
 
-def socket_buffer_warning(receive_buffer: int, send_window: int, peers: int) -> str | None:
+def socket_buffer_warning(
+    receive_buffer: int, requested: int, send_window: int, peers: int
+) -> str | None:
     """Why a udp socket's receive buffer is too small for what its peers may send, or None.
 
     Each peer may have ``send_window`` bytes in flight towards this rank at once; a burst that
     does not fit the kernel's buffer is dropped there and sent again after a loss timeout.
+    ``requested`` is the group's ``socket_buffer_bytes``.
     """
     need = send_window * peers
     if peers < 1 or receive_buffer >= need:
@@ -80,8 +82,8 @@ def socket_buffer_warning(receive_buffer: int, send_window: int, peers: int) -> 
         f"udp: the kernel gave this rank's socket a {receive_buffer}-byte receive buffer, less "
         f"than the {need} bytes its {peers} peer(s) may have in flight "
         f"(send_window_bytes={send_window}): bursts will be dropped and resent. Run as root "
-        f"(the backend then forces {SOCKET_BUFFER_BYTES} bytes), raise the cap "
-        f"(sysctl -w net.core.rmem_max={SOCKET_BUFFER_BYTES}) or lower send_window_bytes "
+        f"(the backend then forces socket_buffer_bytes={requested}), raise the cap "
+        f"(sysctl -w net.core.rmem_max={requested}) or lower send_window_bytes "
         "in udp_config"
     )
 

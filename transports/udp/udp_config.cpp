@@ -61,6 +61,10 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                  &UdpConfig::eagerMaxBytes),
           member(bytes("max_message_bytes", 0, kMaxMessageBytes, "longest message accepted"),
                  &UdpConfig::maxMessageBytes),
+          member(bytes("socket_buffer_bytes", uint64_t{64} << 10, uint64_t{1} << 30,
+                       "kernel receive and send buffer of the socket (forced as root, else "
+                       "capped at net.core.rmem_max); must hold every peer's send window"),
+                 &UdpConfig::socketBufferBytes),
           member(choice("loss_recovery", lossRecoveryNames(), "selective_repeat (resend what was lost; the receiver keeps "
                         "out-of-order data) or go_back_n (the receiver drops what follows a "
                         "gap; the sender resends from the lost packet on)"),

@@ -75,6 +75,10 @@ struct UdpConfig {
   uint64_t eagerMaxBytes = uint64_t{64} << 10;
   // Longest message accepted, sent or received.
   uint64_t maxMessageBytes = uint64_t{1} << 40;
+  // Kernel receive and send buffer the socket asks for (forced as root; otherwise the kernel
+  // caps it at net.core.rmem_max / wmem_max). A burst from every peer must fit, or the kernel
+  // drops it and the sender waits out a loss timeout.
+  uint64_t socketBufferBytes = uint64_t{8} << 20;
 
   std::string lossRecovery = "selective_repeat";  // see lossRecoveryNames()
   std::string congestion = "none";                // see congestionControlNames()

@@ -36,7 +36,8 @@ TimeUs UdpTransport::nowUs() {
 
 UdpTransport::UdpTransport(int rank, int size, UdpTransportOptions options)
     : endpoint_(rank, size, options),
-      socket_(SocketAddress::parse(options.bindHost, 0), options.socketBufferBytes) {
+      socket_(SocketAddress::parse(options.bindHost, 0),
+              static_cast<int>(options.config.socketBufferBytes)) {
   epollFd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
   if (epollFd_.get() < 0) throwErrno("epoll_create1()");
   timerFd_ = UniqueFd(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));

@@ -27,12 +27,8 @@
 
 namespace ucxb::udp {
 
-// Kernel send/receive buffer a udp socket asks for unless told otherwise.
-constexpr int kDefaultSocketBufferBytes = 8 << 20;
-
 struct UdpTransportOptions : EndpointOptions {
   std::string bindHost = "127.0.0.1";  // numeric IPv4/IPv6 address of the chosen interface
-  int socketBufferBytes = kDefaultSocketBufferBytes;
 };
 
 class UdpTransport final : public Transport {
