@@ -286,11 +286,12 @@ def test_ucx_tls_rule(tmp_path: Path) -> None:
     [
         ("shared_segment_test", []),
         ("staging_area_test", []),
+        ("staged_path_test", ["csrc/collectives/staged_path.cpp"]),
     ],
 )
 def test_torch_free_unit(tmp_path: Path, unit: str, sources: list[str]) -> None:
-    """The segment class, the slot layout and the slots' streaming stores on their own
-    (tests/cpp/<unit>.cpp)."""
+    """The segment class, the slot layout and the slots' streaming stores, and the per-message
+    staging decision, on their own (tests/cpp/<unit>.cpp)."""
     exe = _compile(
         tmp_path / unit,
         [

@@ -5,9 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "csrc/collectives/selection.h"
+#include "csrc/collectives/staged_path.h"
 #include "csrc/engine/progress_engine.h"
 
 namespace ucxb {
@@ -34,6 +36,12 @@ class Comm {
   uint8_t* scratch(size_t bytes) { return engine_.scratch(bytes); }
   // The group's shared-memory slots; null unless every rank runs on this host.
   StagingArea* staging() const { return engine_.staging(); }
+  // Whether a message goes through those slots, and how: asked once per exchange (see
+  // staged_path.h, which also explains the layer).
+  std::optional<StagedPlan> staged(StagedTraffic traffic, size_t bytes, size_t elementSize,
+                                   StepBudget budget) const {
+    return planStaged(staging(), traffic, bytes, elementSize, budget);
+  }
 
  private:
   ProgressEngine& engine_;
