@@ -41,12 +41,17 @@ struct Offer {
 
 }  // namespace
 
-std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, int rank, int size,
-                                          size_t chunkBytes, AddressExchange& exchange) {
-  const bool wanted = options.stagingWanted();
-  const SlotStores stores = options.slotStores();
-  // The udp transport exists to put every byte on the wire: it never stages.
-  if (options.transport != "ucx" || size < 2) return nullptr;
+std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options,
+                                          const Transport& transport, size_t chunkBytes,
+                                          AddressExchange& exchange) {
+  const int rank = transport.rank();
+  const int size = transport.size();
+  if (size < 2) return nullptr;
+  // This rank's own say: its options ask for staging and its transport permits it (udp never
+  // does; ucx not under a UCX_TLS without shared memory). A rank that declines still takes
+  // part in both rounds, with an empty offer: UCX_TLS is per process, and a peer whose
+  // environment differs must get an answer, not wait for one.
+  const bool wanted = options.stagingWanted() && transport.permitsSharedMemory();
 
   StagingLayout layout;
   layout.slotBytes =
@@ -98,7 +103,8 @@ std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, int ran
   for (const auto& r : results) {
     if (r.empty() || r[0] != 1) return nullptr;
   }
-  return std::make_unique<StagingArea>(layout, std::move(mine), std::move(peers), stores);
+  return std::make_unique<StagingArea>(layout, std::move(mine), std::move(peers),
+                                       options.slotStores());
 }
 
 }  // namespace ucxb

@@ -53,7 +53,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       transport->connect(p, addresses[p]);
     }
     exchange.allConnected();
-    staging = setUpStaging(options_, rank, size, tuning_.chunkBytes, exchange);
+    staging = setUpStaging(options_, *transport, tuning_.chunkBytes, exchange);
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {

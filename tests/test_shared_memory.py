@@ -32,7 +32,6 @@ from conftest import skip_unless_ucx
 from dist_harness import run_world, timed_failure
 
 import ucxbackend
-from ucxbackend import _transport_options
 
 REPO = Path(__file__).resolve().parent.parent
 # int64 / float32 elements: blocks of ~1.2 MB (several 256 KiB pieces, the last one ragged).
@@ -147,9 +146,12 @@ def _staged_and_sum(rank: int, ws: int) -> tuple[bool, list[str]]:
     return ucxbackend.shared_memory(), _check_group(rank, ws, None, COUNT, "world")
 
 
-def test_ucx_tls_without_shared_memory_turns_staging_off() -> None:
+@pytest.mark.parametrize("tls", ["tcp,self", "^sm"])
+def test_ucx_tls_without_shared_memory_turns_staging_off(tls: str) -> None:
+    """Answered by the ucx transport itself (Transport::permitsSharedMemory), from the UCX_TLS
+    its UCX context was created with; the Python layer passes UCX_TLS on untouched."""
     skip_unless_ucx("UCX_TLS steers the ucx backend")
-    results = run_world(_staged_and_sum, 2, env={"UCX_TLS": "tcp,self"}, timeout=180)
+    results = run_world(_staged_and_sum, 2, env={"UCX_TLS": tls}, timeout=180)
     assert results == [(False, [])] * 2, results
 
 
@@ -235,34 +237,54 @@ def test_staged_block_never_matches_a_whole_message() -> None:
         assert elapsed < pg_timeout + 10, (rank, res)
 
 
+# UCX_TLS values and whether the ucx transport then permits staging (UcxTransport::
+# permitsSharedMemory, from transports/ucx/shared_memory_tls.cpp; shared_memory "off" turns
+# staging off whatever UCX_TLS says, checked on real groups above).
+TLS_RULE = [
+    ("", True),
+    ("all", True),
+    ("tcp", False),
+    ("tcp,self", False),
+    ("sm,tcp", True),
+    ("posix,self", True),
+    ("^sm", False),
+    ("^posix", False),
+    ("^cma", True),
+    ("cma,tcp", False),
+    ("^ib", True),
+]
+
+
+def test_ucx_tls_rule() -> None:
+    probe = cpp_build.build(
+        "shared_memory_tls_probe",
+        "tests/cpp/shared_memory_tls_probe.cpp",
+        flags=["-O1", "-Werror"],
+        extra_sources=["transports/ucx/shared_memory_tls.cpp"],
+    )
+    run = subprocess.run(
+        [probe, *(tls for tls, _ in TLS_RULE)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    answers = [line == "1" for line in run.stdout.split()]
+    assert answers == [allowed for _, allowed in TLS_RULE], (TLS_RULE, run.stdout)
+
+
 @pytest.mark.parametrize(
-    ("tls", "expected"),
+    ("unit", "sources"),
     [
-        ("", "auto"),
-        ("all", "auto"),
-        ("tcp", "off"),
-        ("tcp,self", "off"),
-        ("sm,tcp", "auto"),
-        ("posix,self", "auto"),
-        ("^sm", "off"),
-        ("^posix", "off"),
-        ("^cma", "auto"),
-        ("cma,tcp", "off"),
-        ("^ib", "auto"),
+        ("shared_segment_test", []),
+        ("staging_area_test", []),
+        ("staged_path_test", ["csrc/collectives/staged_path.cpp"]),
     ],
 )
-def test_ucx_tls_rule(tls: str, expected: str) -> None:
-    config = ucxbackend.Config()
-    assert _transport_options.shared_memory(config, {"UCX_TLS": tls}) == expected
-    off = ucxbackend.Config(shared_memory="off")
-    assert _transport_options.shared_memory(off, {"UCX_TLS": tls}) == "off"
-
-
-@pytest.mark.parametrize("unit", ["shared_segment_test", "staging_area_test"])
-def test_torch_free_unit(unit: str) -> None:
-    """The segment class, the slot layout and the slots' streaming stores on their own
-    (tests/cpp/<unit>.cpp)."""
-    exe = cpp_build.build(unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=["-O1", "-Werror"])
+def test_torch_free_unit(unit: str, sources: list[str]) -> None:
+    """The segment class, the slot layout and the slots' streaming stores, and the per-message
+    staging decision, on their own (tests/cpp/<unit>.cpp)."""
+    exe = cpp_build.build(
+        unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=["-O1", "-Werror"],
+        extra_sources=sources,
+    )
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{unit}: " in run.stdout and " 0 failed" in run.stdout, run.stdout

@@ -146,6 +146,11 @@ class Transport {
   // the transport could not cancel, so that no request outlives the buffers it points into.
   virtual void abortPeer(int peer, const std::string& why) = 0;
 
+  // Whether the backend may move bytes between ranks of one host through shared memory of its
+  // own (csrc/staging_setup.cpp) instead of through this transport: a medium the transport
+  // itself would use there. No by default: udp exists to put every byte on the wire.
+  virtual bool permitsSharedMemory() const { return false; }
+
   // Traffic counters per peer (index = peer rank) and for the transport as a whole; empty for
   // a transport that keeps none. Owner thread only, like everything else here.
   virtual std::vector<Counters> peerCounters() const { return {}; }

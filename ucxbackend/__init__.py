@@ -147,7 +147,6 @@ def _create_backend(
         # The group's own UCX context takes the devices; the process environment is left alone.
         devices = _transport_options.ucx_environment(config, dist_backend_opts.store)
         native["ucx_net_devices"] = devices.get("UCX_NET_DEVICES", "")
-        native["shared_memory"] = _transport_options.shared_memory(config, os.environ)
     logger.debug(
         "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
         transport,

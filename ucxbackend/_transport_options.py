@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from . import netif
@@ -91,31 +90,3 @@ def socket_buffer_warning(
 def ucx_environment(config: Config, store: Any) -> dict[str, str]:
     """``UCX_NET_DEVICES`` for a ucx group (``{}`` when UCX should keep every device)."""
     return netif.ucx_net_devices_env(config.ifname or None, rendezvous_host(store), os.environ)
-
-
-# UCX_TLS names of UCX's shared-memory (mm) transports; "all" includes them too.
-_UCX_SHM_TLS = frozenset({"sm", "shm", "mm", "posix", "sysv"})
-
-
-def shared_memory(config: Config, env: Mapping[str, str]) -> str:
-    """The ``shared_memory`` value a ucx group hands to the native side.
-
-    ``config.shared_memory``, except that a ``UCX_TLS`` that leaves out UCX's shared-memory
-    transports (``UCX_TLS=tcp`` to measure TCP on one host, ``^sm``) turns staging off too:
-    the user asked for the bytes to travel another way.
-    """
-    wanted = str(config.shared_memory)
-    if wanted == "off":
-        return "off"
-    tls = env.get("UCX_TLS", "").strip()
-    if not tls:
-        return wanted
-    names = {n.strip().lower() for n in tls.lstrip("^").split(",") if n.strip()}
-    if tls.startswith("^"):
-        allowed = not names & _UCX_SHM_TLS
-    else:
-        allowed = "all" in names or bool(names & _UCX_SHM_TLS)
-    if not allowed:
-        logger.info("shared-memory staging off: UCX_TLS=%s leaves out shared memory", tls)
-        return "off"
-    return wanted

@@ -18,20 +18,18 @@ uint32_t ringReduceScatterInPlace(Comm& c, uint8_t* data, const Blocks& b, const
   const int n = c.size();
   const int r = c.rank();
   const size_t esz = red.elementSize;
-  // Through shared memory when the group has it and both ring phases fit the step space.
-  if (const StagingArea* st = c.staging();
-      st != nullptr &&
-      2 * static_cast<size_t>(n - 1) *
-              stagedSteps(*st, b.largest * esz, esz, PieceSize::kCacheSized) <=
-          kStepSpace) {
-    const auto perStep =
-        static_cast<uint32_t>(stagedSteps(*st, b.largest * esz, esz, PieceSize::kCacheSized));
+  // Through shared memory when the group has it and both ring phases (this one and the
+  // all-gather that follows) fit the step space.
+  if (const auto plan = c.staged(StagedTraffic::kRing, b.largest * esz, esz,
+                                 {.exchanges = 2 * static_cast<size_t>(n - 1),
+                                  .steps = kStepSpace})) {
+    const uint32_t perStep = plan->stepsPerExchange;
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s - 1, n);
       const int recvBlock = mod(r - s - 2, n);
       stagedExchange(c, mod(r + 1, n), data + b.offset[sendBlock] * esz, b.count[sendBlock] * esz,
                      mod(r - 1, n), data + b.offset[recvBlock] * esz, b.count[recvBlock] * esz,
-                     static_cast<uint32_t>(s) * perStep, &red, PieceSize::kCacheSized);
+                     static_cast<uint32_t>(s) * perStep, &red, plan->pieces);
     }
     return static_cast<uint32_t>(n - 1) * perStep;
   }

@@ -3,6 +3,7 @@
 // way); in both, blocks from kStagedMessageMin go through the group's shared-memory slots
 // when it has them. Barrier: dissemination.
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "csrc/collectives/building_blocks.h"
@@ -14,13 +15,12 @@ using namespace detail;
 
 namespace {
 
-// Whether a message of `bytes` travels through the group's shared-memory slots. Sender and
-// receiver both know the length of the message between them, so they decide alike, even for
-// an uneven all_to_all whose ranks chose different algorithms (each chooses by its own
-// largest block).
-bool stagedMessage(const Comm& c, size_t bytes) {
-  return c.staging() != nullptr && bytes >= kStagedMessageMin &&
-         stagedSteps(*c.staging(), bytes, 1, PieceSize::kCacheSized) <= kStepSpace;
+// How a message of `bytes` travels through the group's shared-memory slots, if it does.
+// Sender and receiver both know the length of the message between them, so they decide
+// alike, even for an uneven all_to_all whose ranks chose different algorithms (each chooses
+// by its own largest block).
+std::optional<StagedPlan> stagedMessage(const Comm& c, size_t bytes) {
+  return c.staged(StagedTraffic::kPair, bytes, 1, {.exchanges = 1, .steps = kStepSpace});
 }
 
 // The op's per-peer blocks (index = peer rank).
@@ -52,13 +52,13 @@ void exchangeStaged(Comm& c, const Buffers& b, int i, std::vector<RequestPtr>& r
   const int n = c.size();
   const int to = mod(c.rank() + i, n);
   const int from = mod(c.rank() - i, n);
-  const bool out = stagedMessage(c, b.sendBytes[to]);
-  const bool in = stagedMessage(c, b.recvBytes[from]);
+  const auto out = stagedMessage(c, b.sendBytes[to]);
+  const auto in = stagedMessage(c, b.recvBytes[from]);
   if (!out && !in) return;
   try {
     stagedExchange(c, out ? to : -1, static_cast<const uint8_t*>(b.sends[to]), b.sendBytes[to],
                    in ? from : -1, static_cast<uint8_t*>(b.recvs[from]), b.recvBytes[from], 0,
-                   nullptr, PieceSize::kCacheSized);
+                   nullptr, (out ? out : in)->pieces);
   } catch (...) {
     c.abandon(reqs);
     throw;

@@ -117,20 +117,17 @@ void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vect
                    uint32_t firstStep) {
   const int n = c.size();
   const int r = c.rank();
-  const StagingArea* st = c.staging();
   const size_t largest = *std::max_element(bytes.begin(), bytes.end());
-  if (st != nullptr &&
-      firstStep + static_cast<size_t>(n - 1) *
-                          stagedSteps(*st, largest, 1, PieceSize::kCacheSized) <=
-          kStepSpace) {
-    const auto perStep =
-        static_cast<uint32_t>(stagedSteps(*st, largest, 1, PieceSize::kCacheSized));
+  const StepBudget budget{.exchanges = static_cast<size_t>(n - 1),
+                          .steps = kStepSpace - std::min<size_t>(firstStep, kStepSpace)};
+  if (const auto plan = c.staged(StagedTraffic::kRing, largest, 1, budget)) {
+    const uint32_t perStep = plan->stepsPerExchange;
     for (int s = 0; s < n - 1; ++s) {
       const int sendBlock = mod(r - s, n);
       const int recvBlock = mod(r - s - 1, n);
       stagedExchange(c, mod(r + 1, n), blocks[sendBlock], bytes[sendBlock], mod(r - 1, n),
                      blocks[recvBlock], bytes[recvBlock], firstStep + s * perStep, nullptr,
-                     PieceSize::kCacheSized);
+                     plan->pieces);
     }
     return;
   }

@@ -91,8 +91,8 @@ namespace ucxb::algo::detail {
 
 // Ring all-gather over n blocks of `data` (block b at offset[b], count[b] elements): rank r
 // starts with block r final; step s forwards block r-s and receives block r-s-1 in place.
-// Uses n-1 steps from firstStep, or (n-1) * stagedSteps(largest block) through the group's
-// shared-memory slots when it has them and they fit below kStepSpace.
+// Uses n-1 steps from firstStep, or n-1 staged exchanges' steps (staged_path.h) through the
+// group's shared-memory slots when it has them and they fit below kStepSpace.
 void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vector<size_t>& bytes,
                    uint32_t firstStep);
 

@@ -19,22 +19,18 @@ namespace {
 void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   const int n = c.size();
   const int vr = mod(c.rank() - root, n);
-  const StagingArea* st = c.staging();
   uint32_t levels = 0;  // of the tree: ceil(log2 n)
   while ((size_t{1} << levels) < static_cast<size_t>(n)) ++levels;
-  const size_t stagedPerLevel =
-      st != nullptr ? stagedSteps(*st, bytes, 1, PieceSize::kScaledToMessage) : 0;
-  const bool staged =
-      st != nullptr && bytes >= kStagedMessageMin && levels * stagedPerLevel <= kStepSpace;
-  const auto perLevel = static_cast<uint32_t>(stagedPerLevel);
+  const auto plan =
+      c.staged(StagedTraffic::kOneWay, bytes, 1, {.exchanges = levels, .steps = kStepSpace});
   int mask = 1;
   uint32_t level = 0;
   while (mask < n) {
     if (vr & mask) {
       const int parent = mod(vr - mask + root, n);
-      if (staged) {
-        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * perLevel, nullptr,
-                       PieceSize::kScaledToMessage);
+      if (plan) {
+        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * plan->stepsPerExchange,
+                       nullptr, plan->pieces);
       } else {
         c.wait({c.recv(parent, kWholeMessage + level, data, bytes)});
       }
@@ -48,9 +44,9 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     --level;
     if (vr + mask >= n) continue;
     const int child = mod(vr + mask + root, n);
-    if (staged) {
-      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * perLevel, nullptr,
-                     PieceSize::kScaledToMessage);
+    if (plan) {
+      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * plan->stepsPerExchange,
+                     nullptr, plan->pieces);
     } else {
       sends.push_back(c.send(child, kWholeMessage + level, data, bytes));
     }

@@ -21,11 +21,6 @@ uint32_t creditStep(uint32_t first, size_t k) { return noticeStep(first, k) + 1;
 
 }  // namespace
 
-size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize,
-                   PieceSize pieces) {
-  return 2 * chunksOf(bytes, staging.pieceBytes(elementSize, pieces, bytes));
-}
-
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces) {
   StagingArea& st = *c.staging();

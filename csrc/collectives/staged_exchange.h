@@ -1,5 +1,7 @@
 // The send-while-receive exchange of exchangeReduce, through the group's shared-memory slots
-// (engine/staging_area.h) instead of the transport's data path. Internal to csrc/collectives.
+// (engine/staging_area.h) instead of the transport's data path; whether a message takes it
+// is planStaged's answer (staged_path.h, which explains the layer). Internal to
+// csrc/collectives.
 //
 // Piece k of a message (StagingArea::pieceBytes long, the last one shorter) travels as: the
 // sender copies it into its own slot k % slots, then
@@ -17,19 +19,13 @@
 
 namespace ucxb::algo::detail {
 
-// Tag steps a message of `bytes` takes on the staged path; `elementSize` and `pieces` as for
-// the exchange (element size 1 when it only copies). For PieceSize::kCacheSized this also
-// bounds every shorter message; kScaledToMessage pieces grow with the message, so a slightly
-// shorter one may take a piece more: pass each message's own length.
-size_t stagedSteps(const StagingArea& staging, size_t bytes, size_t elementSize,
-                   PieceSize pieces);
-
 // Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
 // folded into it with `red`, or copied when `red` is null. Either direction may be absent
-// (peer -1). Uses the larger of the two directions' stagedSteps from firstStep. A sender and
-// receiver that disagree on the length fail with OpFailed naming both lengths. An exchange
-// that fails while `to` may still read this rank's slots retires them (StagingArea::retire):
-// every later staged exchange of the group fails with that reason.
+// (peer -1). `pieces` and the steps it uses from firstStep are those of planStaged's plan
+// for the longer direction (staged_path.h). A sender and receiver that disagree on the
+// length fail with OpFailed naming both lengths. An exchange that fails while `to` may still
+// read this rank's slots retires them (StagingArea::retire): every later staged exchange of
+// the group fails with that reason.
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces);
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "transports/ucx/shared_memory_tls.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -26,9 +27,11 @@ void apply(ucp_config_t* config, const UcxDefault& d) {
   }
 }
 
-ucp_context_h createContext(const std::string& netDevices) {
+std::shared_ptr<Context> createContext(const std::string& netDevices) {
   ucp_config_t* raw = nullptr;
   check(ucp_config_read(nullptr, nullptr, &raw), "ucp_config_read");
+  const char* tls = std::getenv("UCX_TLS");  // what ucp_config_read just took it from
+  const bool sharedMemory = tlsIncludesSharedMemory(tls != nullptr ? tls : "");
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw);
   for (const UcxDefault& d : ucxDefaults()) apply(config.get(), d);
   if (!netDevices.empty()) {
@@ -45,7 +48,7 @@ ucp_context_h createContext(const std::string& netDevices) {
 
   ucp_context_h ctx = nullptr;
   check(ucp_init(&params, config.get(), &ctx), "ucp_init");
-  return ctx;
+  return std::make_shared<Context>(ctx, sharedMemory);
 }
 
 }  // namespace
@@ -92,7 +95,7 @@ std::shared_ptr<Context> Context::shared(const std::string& netDevices) {
   auto& slot = live[netDevices];
   auto ctx = slot.lock();
   if (!ctx) {
-    ctx = std::make_shared<Context>(createContext(netDevices));
+    ctx = createContext(netDevices);
     slot = ctx;
   }
   return ctx;

@@ -35,15 +35,20 @@ class Context {
   // choice), creating it on first use (thread-safe).
   static std::shared_ptr<Context> shared(const std::string& netDevices);
 
-  explicit Context(ucp_context_h handle) : handle_(handle) {}
+  Context(ucp_context_h handle, bool sharedMemory) : handle_(handle), sharedMemory_(sharedMemory) {}
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   ucp_context_h handle() const { return handle_; }
+  // Whether the UCX_TLS this context was created with leaves UCX's shared-memory transports
+  // in (shared_memory_tls.h): read with the rest of UCX's configuration, so the answer is
+  // the one UCX itself acts on.
+  bool sharedMemory() const { return sharedMemory_; }
 
  private:
   ucp_context_h handle_;
+  bool sharedMemory_;
 };
 
 }  // namespace ucxb::ucx

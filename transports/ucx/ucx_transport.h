@@ -39,6 +39,8 @@ class UcxTransport final : public Transport {
   int eventFd() const override { return eventFd_; }
   std::string peerError(int peer) const override;
   void abortPeer(int peer, const std::string& why) override;
+  // Unless UCX_TLS leaves out UCX's own shared-memory transports.
+  bool permitsSharedMemory() const override { return context_->sharedMemory(); }
 
  private:
   class UcxRequest;
