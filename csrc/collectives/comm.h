@@ -12,13 +12,9 @@
 #include <vector>
 
 #include "csrc/collectives/selection.h"
-<<<<<<< HEAD
 #include "csrc/collectives/op_driver.h"
-#include "transports/transport.h"
-=======
 #include "csrc/collectives/staged_path.h"
-#include "csrc/engine/progress_engine.h"
->>>>>>> staging
+#include "transports/transport.h"
 
 namespace ucxb {
 
@@ -44,17 +40,13 @@ class Comm {
   // The group's reusable scratch buffer (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return driver_.scratch(bytes); }
   // The group's shared-memory slots; null unless every rank runs on this host.
-<<<<<<< HEAD
   StagingArea* staging() const { return driver_.staging(); }
-=======
-  StagingArea* staging() const { return engine_.staging(); }
   // Whether a message goes through those slots, and how: asked once per exchange (see
   // staged_path.h, which also explains the layer).
   std::optional<StagedPlan> staged(StagedTraffic traffic, size_t bytes, size_t elementSize,
                                    StepBudget budget) const {
     return planStaged(staging(), traffic, bytes, elementSize, budget);
   }
->>>>>>> staging
 
  private:
   OpDriver& driver_;
