@@ -230,7 +230,7 @@ def test_ucx_group_options_for_a_spec_matching_nothing_list_this_hosts_interface
         monkeypatch.delenv(var, raising=False)
     config = get_config({"ifname": "nosuchif"}, env={})
     with pytest.raises(ValueError) as info:
-        _transport_options.ucx_environment(config, None)
+        _transport_options.ucx_net_devices(config, None)
     msg = str(info.value)
     assert "UCXBACKEND_IFNAME='nosuchif' matches no usable interface" in msg
     ifaces = netif.list_interfaces()

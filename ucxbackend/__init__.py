@@ -145,8 +145,9 @@ def _create_backend(
         _warn_small_udp_buffer(native, size)
     else:
         # The group's own UCX context takes the devices; the process environment is left alone.
-        devices = _transport_options.ucx_environment(config, dist_backend_opts.store)
-        native["ucx_net_devices"] = devices.get("UCX_NET_DEVICES", "")
+        native["ucx_net_devices"] = _transport_options.ucx_net_devices(
+            config, dist_backend_opts.store
+        )
     logger.debug(
         "creating %s process group %r: rank %d/%d, global ranks %s, timeout %s, options %s",
         transport,

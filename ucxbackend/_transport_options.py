@@ -87,6 +87,8 @@ def socket_buffer_warning(
     )
 
 
-def ucx_environment(config: Config, store: Any) -> dict[str, str]:
-    """``UCX_NET_DEVICES`` for a ucx group (``{}`` when UCX should keep every device)."""
-    return netif.ucx_net_devices_env(config.ifname or None, rendezvous_host(store), os.environ)
+def ucx_net_devices(config: Config, store: Any) -> str:
+    """The devices for a ucx group's UCX context, in ``UCX_NET_DEVICES``' syntax ("" when UCX
+    should keep every device, or when the user set ``UCX_NET_DEVICES`` and UCX reads it)."""
+    chosen = netif.ucx_net_devices_env(config.ifname or None, rendezvous_host(store), os.environ)
+    return chosen.get("UCX_NET_DEVICES", "")
