@@ -1,9 +1,16 @@
 """Multi-process harness for the torch.distributed tests.
 
-``run_world(fn, world_size)`` starts ``world_size`` fresh processes (spawn
-context), initialises a process group in each, calls ``fn(rank, world_size,
-*args)`` and returns the per-rank results in rank order.  ``fn`` must be a
-module-level function and its result must be picklable.
+``run_world(fn, world_size)`` starts ``world_size`` fresh processes,
+initialises a process group in each, calls ``fn(rank, world_size, *args)`` and
+returns the per-rank results in rank order.  ``fn`` must be a module-level
+function and its result must be picklable.
+
+The ranks are forked from a fork server that has imported torch, numpy and
+ucxbackend once (``PRELOAD``): importing torch costs a rank ~2 s of CPU, and the
+suite starts well over a thousand ranks on two cores.  A rank whose environment
+differs from the server's in a variable read at import time (``IMPORT_TIME_ENV``,
+e.g. ``TORCH_DISTRIBUTED_DEBUG`` or ``UCX_*``) is spawned from scratch instead,
+so that it sees the variable exactly as a real job would.
 
 The parent never waits forever: past ``timeout`` every child still alive is
 SIGKILLed and ``TimeoutError`` names the ranks that had not reported.  When a
@@ -32,6 +39,42 @@ BACKEND: str = os.environ.get("UCXB_TEST_BACKEND", "ucx")
 FAIL_GRACE = 10.0
 # How long a dead child's report may still be in flight in the queue.
 _DEATH_GRACE = 2.0
+
+# What ranks import; the fork server imports it once for all of them. Functional collectives
+# and FSDP pull in torch._dynamo (~2 s of CPU a rank, lazily, at the first such call).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch.distributed.fsdp",
+    "numpy",
+    "ucxbackend",
+)
+# Variables that torch, UCX (global options, read when libucs loads) or ucxbackend (the log
+# level) read when they are imported: a rank that needs other values than the fork server had
+# must import them itself.
+IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "UCX_", "UCXBACKEND_LOG_LEVEL", "OMP_", "MKL_", "KMP_")
+
+_forkserver_env: dict[str, str] | None = None  # the import-time variables the server started with
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    # OMP_NUM_THREADS is left out: every rank applies it with torch.set_num_threads().
+    return {
+        k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k != "OMP_NUM_THREADS"
+    }
+
+
+def _context_for(env: dict[str, str]) -> Any:
+    """The fork server when ``env`` agrees with it on every import-time variable, else spawn."""
+    global _forkserver_env
+    if _forkserver_env is None:
+        # The server starts on the first Process.start() and keeps the environment of then.
+        mp.set_forkserver_preload(list(PRELOAD))
+        _forkserver_env = _import_time_env(dict(os.environ))
+    if _import_time_env(env) == _forkserver_env:
+        return mp.get_context("forkserver")
+    return mp.get_context("spawn")
 
 
 def timed_failure(call: Callable[[], object]) -> tuple[float, str | None]:
@@ -66,11 +109,13 @@ def _child(
     results: Any,
 ) -> None:
     try:
-        os.environ["OMP_NUM_THREADS"] = "1"
+        # The whole environment, not an update: a forked rank starts with the fork server's.
+        os.environ.clear()
         os.environ.update(env)
+        os.environ["OMP_NUM_THREADS"] = "1"
         os.environ["MASTER_ADDR"] = "127.0.0.1"
-        # fn is imported only now, so that the environment above is in place
-        # before its module (and torch) is imported.
+        # fn is imported only now, so that in a spawned rank the environment above is in
+        # place before its module (and torch) is imported.
         fn = getattr(importlib.import_module(fn_ref[0]), fn_ref[1])
         import torch
         import torch.distributed as dist
@@ -126,10 +171,8 @@ def run_world(
     fn_ref = (fn.__module__, fn.__qualname__)
     backend = backend or BACKEND
     expect_fail = expect_fail_ranks or set()
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="ucxb_test_") as tmp:
-        env = dict(env or {})
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         if init == "file":
             init_method = "file://" + os.path.join(tmp, "store")
         elif init == "tcp":
@@ -141,6 +184,8 @@ def run_world(
         else:
             raise ValueError(f"unknown init {init!r}")
 
+        ctx = _context_for(env)
+        results = ctx.Queue()
         procs = [
             ctx.Process(
                 target=_child,
@@ -179,10 +224,11 @@ def run_world(
                         if r not in expect_fail:
                             deadline = min(deadline, now + FAIL_GRACE)
         finally:
-            for p in procs:
+            started = [p for p in procs if p.pid is not None]  # start() may have failed
+            for p in started:
                 if p.is_alive():
                     p.kill()
-            for p in procs:
+            for p in started:
                 p.join()
             results.close()
 

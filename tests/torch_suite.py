@@ -213,7 +213,11 @@ class TorchSuiteTest(
 
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        # Forked, not spawned as test_distributed_spawn.py does: a spawned rank re-imports
+        # torch and its whole distributed test suite (~5 s of CPU), twice per test. This
+        # process has imported them and created no process group, thread pool or UCX
+        # context, so a fork starts each rank from a clean state.
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
 
 # --------------------------------------------------------------------------------------
