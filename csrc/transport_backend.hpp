@@ -45,6 +45,12 @@ class TransportBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
   void abort() override { shutdown(); }
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the group in torch's ProcessGroupWrapper, which puts
+  // this number into every collective's fingerprint and checks that all ranks agree on it
+  // (and on the op, shapes and dtypes) before the op runs. Every rank numbers its collectives
+  // from 0 at creation, in issue order, so there is nothing to agree on first (as with Gloo).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return collectiveSeq_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
