@@ -4,6 +4,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cstdlib>
+
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/staging_setup.hpp"
@@ -23,6 +25,33 @@ BackendOptions parseOptionsOrThrow(const std::map<std::string, std::string>& opt
   }
 }
 
+// Test-only hooks (docs/testing.md#test-only-hooks), read once per group at creation.
+const char* testHook(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// UCXBACKEND_TEST_SEQ_BITS=n: only the low n bits of the collective sequence number go into
+// tags, so the field wraps after 2^n ops instead of 2^20 (a wrap within a test's reach).
+uint64_t tagSeqMask(const std::string& backend) {
+  const char* v = testHook("UCXBACKEND_TEST_SEQ_BITS");
+  if (v == nullptr) return tag::kSeqMask;
+  char* end = nullptr;
+  const unsigned long bits = std::strtoul(v, &end, 10);
+  if (*end != '\0' || bits < 1 || bits > static_cast<unsigned long>(tag::kSeqBits)) {
+    throwBadOption(backend, "UCXBACKEND_TEST_SEQ_BITS (a test-only hook) must be 1.." +
+                                std::to_string(tag::kSeqBits) + ", got '" + v + "'");
+  }
+  return (uint64_t{1} << bits) - 1;
+}
+
+// UCXBACKEND_TEST_FAULT_INJECTION=1: the group's transport is wrapped so that a test can make
+// it throw (injectTransportFault).
+std::shared_ptr<FaultSwitch> faultSwitch() {
+  const char* v = testHook("UCXBACKEND_TEST_FAULT_INJECTION");
+  return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -39,7 +68,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       globalRanks_(std::move(globalRanks)),
       engineConfig_(options_.engine()),
       tuning_(options_.tuning()),
-      running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)) {
+      running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)),
+      tagSeqMask_(tagSeqMask(backendName_)),
+      faults_(faultSwitch()) {
   if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
@@ -48,6 +79,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
     transport = makeTransport(options_, rank, size, exchange);
+    if (faults_) {
+      transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
+    }
     const auto addresses = exchange.exchange(transport->localAddress());
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
@@ -73,6 +107,22 @@ void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
+}
+
+void TransportBackend::injectTransportFault(const std::string& where) {
+  if (!faults_) {
+    throwInvalid("inject_transport_fault", getRank(),
+                 "the group was created without UCXBACKEND_TEST_FAULT_INJECTION=1", backendName_);
+  }
+  if (where != "progress" && where != "arm") {
+    throwInvalid("inject_transport_fault", getRank(),
+                 "where must be 'progress' or 'arm', got '" + where + "'", backendName_);
+  }
+  faults_->arm(where == "progress" ? FaultSwitch::Where::kProgress : FaultSwitch::Where::kArm);
+  // Wake the idle thread: after this no-op it goes back to progress() and arm().
+  Task wake;
+  wake.run = [] {};
+  engine_->post(std::move(wake));
 }
 
 std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds requested) const {
@@ -115,12 +165,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
-              body = std::move(body), timeout, tuning = tuning_]() {
+              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_]() {
     running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     try {
-      Comm comm(engine->transport(), *engine, group, work->context().seq,
+      Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask,
                 Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {

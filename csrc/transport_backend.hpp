@@ -21,6 +21,7 @@
 #include "csrc/engine/progress_engine.h"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
+#include "transports/fault_injection.h"
 
 namespace ucxb {
 
@@ -107,6 +108,10 @@ class TransportBackend : public c10d::Backend {
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }
   const EngineConfig& engineConfig() const { return engineConfig_; }
+  // Test-only (UCXBACKEND_TEST_FAULT_INJECTION=1 at creation, else ValueError): the group's
+  // transport throws from its next progress() ("progress") or arm() ("arm"), and the
+  // progress thread is woken to make that call. Any thread.
+  void injectTransportFault(const std::string& where);
 
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
@@ -154,6 +159,12 @@ class TransportBackend : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   // The Work whose task the progress thread is running (for timeout messages).
   std::shared_ptr<std::atomic<const TransportWork*>> running_;
+  // Test-only hooks, read from the environment at creation (docs/testing.md): the bits of
+  // the collective sequence number that go into tags (UCXBACKEND_TEST_SEQ_BITS narrows the
+  // field, so that it wraps within a test), and the switch of the fault-injecting transport
+  // (null unless UCXBACKEND_TEST_FAULT_INJECTION=1).
+  const uint64_t tagSeqMask_;
+  std::shared_ptr<FaultSwitch> faults_;
   // Ops may also be issued from Future callbacks on the progress thread.
   std::mutex coalesceMu_;
   bool coalescing_ = false;
