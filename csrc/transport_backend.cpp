@@ -125,6 +125,13 @@ void TransportBackend::injectTransportFault(const std::string& where) {
   engine_->post(std::move(wake));
 }
 
+bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& work) {
+  if (!engine.failed()) return false;
+  work.finishError(
+      toDistError(work.context(), std::make_exception_ptr(GroupFailed(engine.failure()))));
+  return true;
+}
+
 std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds requested) const {
   return requested == c10d::kUnsetTimeout ? timeout_.load() : requested;
 }
@@ -159,6 +166,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::chrono::milliseconds timeout,
                                                         Body body) {
   auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
+  if (refuseIfFailed(*work)) return work;
   Task task;
   task.op = op;
   task.seq = work->context().seq;
@@ -166,6 +174,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
               body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_]() {
+    if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
@@ -174,9 +183,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                 Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {
-      // Finish before clearing `running`: a caller whose own wait() deadline falls while the
-      // op is failing must still find what it waits for in the probe, not an idle engine.
-      work->finishError(toDistError(work->context(), std::current_exception()));
+      // Whatever failed, this rank's part of the op is incomplete, and a peer's message for it
+      // may still arrive: the group refuses every later op (recorded before the Work fails, so
+      // that the caller's next op already finds the group failed). Finish before clearing
+      // `running`: a caller whose own wait() deadline falls while the op is failing must still
+      // find what it waits for in the probe, not an idle engine.
+      const auto error = toDistError(work->context(), std::current_exception());
+      engine->fail(messageOf(error));
+      work->finishError(error);
       running->store(nullptr);
       return;
     }
@@ -197,12 +211,16 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
   auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_.load());
+  if (refuseIfFailed(*work)) return work;
   const bool isSend = type == c10d::OpType::SEND;
   // The posted request, seen only on the progress thread: a caller whose wait() times out
-  // withdraws it, so that a retried recv is not robbed by the abandoned one.
+  // withdraws it, so that a retried recv is not robbed by the abandoned one. A withdrawn
+  // request that then fails (cancelled) does not fail the group: nothing of it is left.
   auto posted = std::make_shared<std::weak_ptr<Request>>();
+  auto withdrawn = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<ProgressEngine> weakEngine = engine_;
-  work->setOnWaitTimeout([weakEngine, posted]() {
+  work->setOnWaitTimeout([weakEngine, posted, withdrawn]() {
+    withdrawn->store(true);
     if (auto engine = weakEngine.lock()) {
       Task cancel;
       cancel.run = [posted]() {
@@ -212,19 +230,30 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     }
   });
   Task task;
-  task.run = [this, work, tensor, peer, tag, mask, isSend, posted]() {
+  // The engine outlives its thread, on which this task and the request's callback run.
+  task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
+              withdrawn]() {
+    if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       const size_t bytes = staged.nbytes();
-      Transport& t = engine_->transport();
+      Transport& t = engine->transport();
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes);
       *posted = req;
       // Runs on this thread during a later progress(); it owns `staged` until then.
-      req->onComplete([work, tensor, staged](Request& r) {
+      req->onComplete([engine, work, tensor, staged, withdrawn](Request& r) {
+        // A failed request (peer gone, transport error) fails the group, unless the caller
+        // withdrew it or the group is shutting down; a size mismatch does not (the message
+        // was delivered whole, and nothing of it is left behind).
+        bool groupFailure = false;
         try {
           if (r.failed()) {
+            if (engine->failed()) {
+              throw GroupFailed(engine->failure());  // it failed with its group
+            }
+            groupFailure = !withdrawn->load() && !engine->stopping();
             throw OpFailed(r.error());
           }
           if (!r.isSend()) {
@@ -241,13 +270,18 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
             }
           }
         } catch (...) {
-          work->finishError(toDistError(work->context(), std::current_exception()));
+          const auto error = toDistError(work->context(), std::current_exception());
+          if (groupFailure) engine->fail(messageOf(error));
+          work->finishError(error);
           return;
         }
         work->finishOk();
       });
     } catch (...) {
-      work->finishError(toDistError(work->context(), std::current_exception()));
+      // Posting failed (the transport threw): the group is failed.
+      const auto error = toDistError(work->context(), std::current_exception());
+      engine->fail(messageOf(error));
+      work->finishError(error);
     }
   };
   task.abandon = [work](const std::string& why) {

@@ -117,6 +117,11 @@ class TransportBackend : public c10d::Backend {
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
 
+  // If the group has failed (ProgressEngine::fail), fails `work` with GroupFailed naming the
+  // first failure and returns true: on the caller's thread when the op is issued, and on the
+  // progress thread when it comes to run. Any thread.
+  static bool refuseIfFailed(ProgressEngine& engine, TransportWork& work);
+  bool refuseIfFailed(TransportWork& work) const { return refuseIfFailed(*engine_, work); }
   Checker checker(const char* op) const { return Checker{op, getRank(), getSize(), backendName_}; }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
