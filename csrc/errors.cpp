@@ -36,6 +36,18 @@ std::exception_ptr toDistError(const OpContext& ctx, std::exception_ptr cause) {
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, what));
 }
 
+std::string messageOf(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
 void throwInvalid(const std::string& op, int rank, const std::string& problem,
                   const std::string& backend) {
   throw c10::ValueError(

@@ -23,6 +23,10 @@ struct OpContext {
 // Wraps any exception from the transport, engine or algorithm as c10::DistBackendError.
 std::exception_ptr toDistError(const OpContext& ctx, std::exception_ptr cause);
 
+// The text of an error from toDistError (a c10 error's message without its backtrace): what a
+// group records as its first failure.
+std::string messageOf(std::exception_ptr error);
+
 // Bad arguments from the caller: c10::ValueError (Python ValueError).
 [[noreturn]] void throwInvalid(const std::string& op, int rank, const std::string& problem,
                                const std::string& backend = "ucx");

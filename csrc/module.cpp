@@ -144,6 +144,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend"),
       "Whether the group stages large ring ops through shared memory (all ranks on one host).");
 
+  m.def(
+      "_inject_transport_fault",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& where) {
+        asGroup(backend, "_inject_transport_fault")->injectTransportFault(where);
+      },
+      py::arg("backend"), py::arg("where") = "progress",
+      "Test-only: the group's transport throws from its next progress() or arm() (the group "
+      "must have been created with UCXBACKEND_TEST_FAULT_INJECTION=1).");
+
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());

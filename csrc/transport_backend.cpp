@@ -4,6 +4,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cstdlib>
+
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/staging_setup.hpp"
@@ -23,6 +25,33 @@ BackendOptions parseOptionsOrThrow(const std::map<std::string, std::string>& opt
   }
 }
 
+// Test-only hooks (docs/testing.md#test-only-hooks), read once per group at creation.
+const char* testHook(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// UCXBACKEND_TEST_SEQ_BITS=n: only the low n bits of the collective sequence number go into
+// tags, so the field wraps after 2^n ops instead of 2^20 (a wrap within a test's reach).
+uint64_t tagSeqMask(const std::string& backend) {
+  const char* v = testHook("UCXBACKEND_TEST_SEQ_BITS");
+  if (v == nullptr) return tag::kSeqMask;
+  char* end = nullptr;
+  const unsigned long bits = std::strtoul(v, &end, 10);
+  if (*end != '\0' || bits < 1 || bits > static_cast<unsigned long>(tag::kSeqBits)) {
+    throwBadOption(backend, "UCXBACKEND_TEST_SEQ_BITS (a test-only hook) must be 1.." +
+                                std::to_string(tag::kSeqBits) + ", got '" + v + "'");
+  }
+  return (uint64_t{1} << bits) - 1;
+}
+
+// UCXBACKEND_TEST_FAULT_INJECTION=1: the group's transport is wrapped so that a test can make
+// it throw (injectTransportFault).
+std::shared_ptr<FaultSwitch> faultSwitch() {
+  const char* v = testHook("UCXBACKEND_TEST_FAULT_INJECTION");
+  return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -39,7 +68,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       globalRanks_(std::move(globalRanks)),
       engineConfig_(options_.engine()),
       tuning_(options_.tuning()),
-      running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)) {
+      running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)),
+      tagSeqMask_(tagSeqMask(backendName_)),
+      faults_(faultSwitch()) {
   if (static_cast<uint64_t>(size) > tag::kMaxRanks) {
     throwInvalid("init", rank, "groups are limited to " + std::to_string(tag::kMaxRanks) + " ranks");
   }
@@ -48,6 +79,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
     transport = makeTransport(options_, rank, size, exchange);
+    if (faults_) {
+      transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
+    }
     const auto addresses = exchange.exchange(transport->localAddress());
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
@@ -73,6 +107,29 @@ void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
+}
+
+void TransportBackend::injectTransportFault(const std::string& where) {
+  if (!faults_) {
+    throwInvalid("inject_transport_fault", getRank(),
+                 "the group was created without UCXBACKEND_TEST_FAULT_INJECTION=1", backendName_);
+  }
+  if (where != "progress" && where != "arm") {
+    throwInvalid("inject_transport_fault", getRank(),
+                 "where must be 'progress' or 'arm', got '" + where + "'", backendName_);
+  }
+  faults_->arm(where == "progress" ? FaultSwitch::Where::kProgress : FaultSwitch::Where::kArm);
+  // Wake the idle thread: after this no-op it goes back to progress() and arm().
+  Task wake;
+  wake.run = [] {};
+  engine_->post(std::move(wake));
+}
+
+bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& work) {
+  if (!engine.failed()) return false;
+  work.finishError(
+      toDistError(work.context(), std::make_exception_ptr(GroupFailed(engine.failure()))));
+  return true;
 }
 
 std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds requested) const {
@@ -109,24 +166,31 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::chrono::milliseconds timeout,
                                                         Body body) {
   auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
+  if (refuseIfFailed(*work)) return work;
   Task task;
   task.op = op;
   task.seq = work->context().seq;
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
-              body = std::move(body), timeout, tuning = tuning_]() {
+              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_]() {
+    if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     try {
-      Comm comm(engine->transport(), *engine, group, work->context().seq,
+      Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask,
                 Clock::now() + timeout, tuning);
       body(comm);
     } catch (...) {
-      // Finish before clearing `running`: a caller whose own wait() deadline falls while the
-      // op is failing must still find what it waits for in the probe, not an idle engine.
-      work->finishError(toDistError(work->context(), std::current_exception()));
+      // Whatever failed, this rank's part of the op is incomplete, and a peer's message for it
+      // may still arrive: the group refuses every later op (recorded before the Work fails, so
+      // that the caller's next op already finds the group failed). Finish before clearing
+      // `running`: a caller whose own wait() deadline falls while the op is failing must still
+      // find what it waits for in the probe, not an idle engine.
+      const auto error = toDistError(work->context(), std::current_exception());
+      engine->fail(messageOf(error));
+      work->finishError(error);
       running->store(nullptr);
       return;
     }
@@ -147,12 +211,16 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
   auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_.load());
+  if (refuseIfFailed(*work)) return work;
   const bool isSend = type == c10d::OpType::SEND;
   // The posted request, seen only on the progress thread: a caller whose wait() times out
-  // withdraws it, so that a retried recv is not robbed by the abandoned one.
+  // withdraws it, so that a retried recv is not robbed by the abandoned one. A withdrawn
+  // request that then fails (cancelled) does not fail the group: nothing of it is left.
   auto posted = std::make_shared<std::weak_ptr<Request>>();
+  auto withdrawn = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<ProgressEngine> weakEngine = engine_;
-  work->setOnWaitTimeout([weakEngine, posted]() {
+  work->setOnWaitTimeout([weakEngine, posted, withdrawn]() {
+    withdrawn->store(true);
     if (auto engine = weakEngine.lock()) {
       Task cancel;
       cancel.run = [posted]() {
@@ -162,19 +230,30 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     }
   });
   Task task;
-  task.run = [this, work, tensor, peer, tag, mask, isSend, posted]() {
+  // The engine outlives its thread, on which this task and the request's callback run.
+  task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
+              withdrawn]() {
+    if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       const size_t bytes = staged.nbytes();
-      Transport& t = engine_->transport();
+      Transport& t = engine->transport();
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes);
       *posted = req;
       // Runs on this thread during a later progress(); it owns `staged` until then.
-      req->onComplete([work, tensor, staged](Request& r) {
+      req->onComplete([engine, work, tensor, staged, withdrawn](Request& r) {
+        // A failed request (peer gone, transport error) fails the group, unless the caller
+        // withdrew it or the group is shutting down; a size mismatch does not (the message
+        // was delivered whole, and nothing of it is left behind).
+        bool groupFailure = false;
         try {
           if (r.failed()) {
+            if (engine->failed()) {
+              throw GroupFailed(engine->failure());  // it failed with its group
+            }
+            groupFailure = !withdrawn->load() && !engine->stopping();
             throw OpFailed(r.error());
           }
           if (!r.isSend()) {
@@ -191,13 +270,18 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
             }
           }
         } catch (...) {
-          work->finishError(toDistError(work->context(), std::current_exception()));
+          const auto error = toDistError(work->context(), std::current_exception());
+          if (groupFailure) engine->fail(messageOf(error));
+          work->finishError(error);
           return;
         }
         work->finishOk();
       });
     } catch (...) {
-      work->finishError(toDistError(work->context(), std::current_exception()));
+      // Posting failed (the transport threw): the group is failed.
+      const auto error = toDistError(work->context(), std::current_exception());
+      engine->fail(messageOf(error));
+      work->finishError(error);
     }
   };
   task.abandon = [work](const std::string& why) {

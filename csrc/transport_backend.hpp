@@ -21,6 +21,7 @@
 #include "csrc/engine/progress_engine.h"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
+#include "transports/fault_injection.h"
 
 namespace ucxb {
 
@@ -45,6 +46,12 @@ class TransportBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
   void abort() override { shutdown(); }
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the group in torch's ProcessGroupWrapper, which puts
+  // this number into every collective's fingerprint and checks that all ranks agree on it
+  // (and on the op, shapes and dtypes) before the op runs. Every rank numbers its collectives
+  // from 0 at creation, in issue order, so there is nothing to agree on first (as with Gloo).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return collectiveSeq_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -101,11 +108,20 @@ class TransportBackend : public c10d::Backend {
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }
   const EngineConfig& engineConfig() const { return engineConfig_; }
+  // Test-only (UCXBACKEND_TEST_FAULT_INJECTION=1 at creation, else ValueError): the group's
+  // transport throws from its next progress() ("progress") or arm() ("arm"), and the
+  // progress thread is woken to make that call. Any thread.
+  void injectTransportFault(const std::string& where);
 
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
 
+  // If the group has failed (ProgressEngine::fail), fails `work` with GroupFailed naming the
+  // first failure and returns true: on the caller's thread when the op is issued, and on the
+  // progress thread when it comes to run. Any thread.
+  static bool refuseIfFailed(ProgressEngine& engine, TransportWork& work);
+  bool refuseIfFailed(TransportWork& work) const { return refuseIfFailed(*engine_, work); }
   Checker checker(const char* op) const { return Checker{op, getRank(), getSize(), backendName_}; }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
@@ -148,6 +164,12 @@ class TransportBackend : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   // The Work whose task the progress thread is running (for timeout messages).
   std::shared_ptr<std::atomic<const TransportWork*>> running_;
+  // Test-only hooks, read from the environment at creation (docs/testing.md): the bits of
+  // the collective sequence number that go into tags (UCXBACKEND_TEST_SEQ_BITS narrows the
+  // field, so that it wraps within a test), and the switch of the fault-injecting transport
+  // (null unless UCXBACKEND_TEST_FAULT_INJECTION=1).
+  const uint64_t tagSeqMask_;
+  std::shared_ptr<FaultSwitch> faults_;
   // Ops may also be issued from Future callbacks on the progress thread.
   std::mutex coalesceMu_;
   bool coalescing_ = false;

@@ -43,6 +43,7 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
 // UCX callback: an exception thrown by one must not unwind through UCX or end the thread. The
 // op's own outcome is already recorded by then.
 void TransportWork::finishOk() {
+  if (settled_.exchange(true)) return;
   try {
     future_->markCompleted(c10::IValue(outputs_));
   } catch (...) {
@@ -52,6 +53,7 @@ void TransportWork::finishOk() {
 }
 
 void TransportWork::finishError(std::exception_ptr error) {
+  if (settled_.exchange(true)) return;
   try {
     future_->setError(error);
   } catch (...) {

@@ -38,7 +38,8 @@ class TransportWork : public c10d::Work {
   const OpContext& context() const { return ctx_; }
   void setSourceRank(int r) { sourceRank_.store(r); }
 
-  // Exactly one of these is called, once, on the thread that ran the op.
+  // The first call of either, on the thread that ran the op, settles the Work; later calls
+  // are ignored (an op abandoned after a failure of its thread may have finished already).
   void finishOk();
   void finishError(std::exception_ptr error);
 
@@ -50,6 +51,7 @@ class TransportWork : public c10d::Work {
   std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
   std::chrono::microseconds spin_{0};
+  std::atomic<bool> settled_{false};  // finishOk or finishError has been called
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

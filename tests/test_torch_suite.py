@@ -5,8 +5,10 @@
 subprocess with a hard deadline (the whole process group is killed past it), and the
 counts are checked: nothing failed, and enough tests really ran (rather than skipped).
 
-Two tiers (see the runner's docstring): ``native`` with the skip decorators evaluated
-for the backend's own name, and ``gloo_gated`` with them evaluated as for gloo.
+Three tiers (see the runner's docstring): ``native`` with the skip decorators evaluated
+for the backend's own name, ``gloo_gated`` with them evaluated as for gloo, and ``detail``:
+three tests under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's ``ProcessGroupWrapper`` around
+every group), ``test_all_gather_object_subgroup`` among them.
 
 Needs ``expecttest`` (imported by torch's test utilities). Each test spawns its own
 ranks, importing torch's test suite: several minutes, hence ``slow``.
@@ -36,6 +38,7 @@ DEADLINE_SCALE = float(os.environ.get("UCXB_SUITE_DEADLINE_SCALE", "1"))
 TIERS = {
     "native": ([], 1500, 40),
     "gloo_gated": (["--gate-as", "gloo"], 600, 10),
+    "detail": (["--gate-as", "gloo"], 300, 3),
 }
 
 
@@ -132,3 +135,12 @@ def test_torch_suite_gloo_gated(tmp_path):
     """Backend-agnostic tests whose decorators only admit gloo: run with gloo's gating."""
     _require_expecttest()
     _check(_run_suite(tmp_path, "gloo_gated"), "gloo_gated")
+
+
+@pytest.mark.slow
+def test_torch_suite_detail(tmp_path):
+    """A few tests with every group wrapped by TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    _require_expecttest()
+    summary = _run_suite(tmp_path, "detail")
+    _check(summary, "detail")
+    assert summary["debug_level"] == "DETAIL", summary["debug_level"]

@@ -35,6 +35,10 @@ have ("plugin", "ddp", "subgroup"). The selection has two tiers:
   ``--gate-as gloo`` the decorators are evaluated as if BACKEND were ``gloo``
   while the process group is still created with the real backend; without it
   they are reported as skipped.
+* ``detail``: a few tests run with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (set by the
+  runner before torch is imported, so every group is wrapped in torch's
+  ``ProcessGroupWrapper``), among them ``test_all_gather_object_subgroup``; run it
+  with ``--gate-as gloo``. Not part of ``--tier all``, which runs without it.
 
 The last line of output is ``TORCH_SUITE_SUMMARY {json}`` (also written to
 ``--json-out``) with the counts: selected, ran, passed, failed, errors, skipped, missing.
@@ -133,7 +137,20 @@ GLOO_GATED_TESTS = (
     "test_scatter_object_list",
 )
 
-TIERS = {"native": NATIVE_TESTS, "gloo_gated": GLOO_GATED_TESTS}
+# Run with TORCH_DISTRIBUTED_DEBUG=DETAIL (the runner sets it for these tiers): torch then
+# wraps every group in its ProcessGroupWrapper, which reads the backend's sequence number and
+# checks each collective's fingerprint across ranks. A few cheap tests, gated as for gloo
+# (test_all_gather_object_subgroup is gated on the "gpu" feature set; it sets DETAIL itself
+# for the subgroup it creates, here the default group is wrapped too).
+DETAIL_TESTS = (
+    "test_all_gather_object_subgroup",
+    "test_all_reduce_sum",
+    "test_all_gather",
+)
+
+TIERS = {"native": NATIVE_TESTS, "gloo_gated": GLOO_GATED_TESTS, "detail": DETAIL_TESTS}
+# Tiers run under a torch debug level (TORCH_DISTRIBUTED_DEBUG, read when torch is imported).
+TIER_DEBUG_LEVEL = {"detail": "DETAIL"}
 BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 SUMMARY_TAG = "TORCH_SUITE_SUMMARY "
 
@@ -171,6 +188,9 @@ if __name__ == "__main__":
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(_ARGS.per_test_timeout)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TEMP_DIR", tempfile.gettempdir())
+    if _ARGS.tier in TIER_DEBUG_LEVEL:
+        # Before torch is imported, here and (inherited) in every spawned rank.
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = TIER_DEBUG_LEVEL[_ARGS.tier]
     if _ARGS.progress_out:
         os.environ["UCXB_SUITE_PROGRESS"] = _ARGS.progress_out
 else:
@@ -321,6 +341,8 @@ def main(args: argparse.Namespace) -> int:
         "gate_as": GATE_BACKEND,
         "world_size": int(os.environ["WORLD_SIZE"]),
         "torch": torch.__version__,
+        # What torch read at import in this process (the ranks inherit the same environment).
+        "debug_level": str(torch.distributed.get_debug_level()).split(".")[-1],
         "selected": len(names),
         "ran": len(by_status.get("passed", []))
         + len(by_status.get("failed", []))

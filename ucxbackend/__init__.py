@@ -253,6 +253,9 @@ def _native_backend(group: dist.ProcessGroup | None, caller: str) -> Any:
         except (RuntimeError, ValueError) as exc:
             last_error = exc
             continue
+        # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps the backend in its
+        # ProcessGroupWrapper, whose name() is the wrapped backend's.
+        backend = getattr(backend, "wrapped_pg", backend)
         if backend.name() in BACKEND_NAMES:
             return backend
     raise ValueError(

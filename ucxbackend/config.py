@@ -49,8 +49,15 @@ Source: TypeAlias = Literal["default", "env", "pg_options"]
 SOURCES: Final[tuple[Source, ...]] = ("default", "env", "pg_options")
 
 ENV_PREFIX: Final = "UCXBACKEND_"
-# Variables that are not knobs but are read elsewhere (test hooks), so not typos.
-TEST_HOOK_ENV_VARS: Final = frozenset({"UCXBACKEND_BENCH_CORRUPT"})
+# Variables that are not knobs but are read elsewhere (test hooks, docs/testing.md), so not
+# typos.
+TEST_HOOK_ENV_VARS: Final = frozenset(
+    {
+        "UCXBACKEND_BENCH_CORRUPT",
+        "UCXBACKEND_TEST_SEQ_BITS",
+        "UCXBACKEND_TEST_FAULT_INJECTION",
+    }
+)
 # Kinds whose values are numbers in Python (the schema's "integer" and "bytes").
 _NUMERIC_KINDS: Final = frozenset({"integer", "bytes"})
 

@@ -94,7 +94,9 @@ void ProgressEngine::post(Task task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_.load()) {
-      if (task.abandon) task.abandon("the process group was shut down");
+      if (task.abandon) {
+        task.abandon(failed() ? GroupFailed(failure()).what() : "the process group was shut down");
+      }
       return;
     }
     queue_.push_back(std::move(task));
@@ -119,6 +121,37 @@ void ProgressEngine::setWaitingFor(std::string what) {
   waitingFor_ = std::move(what);
 }
 
+void ProgressEngine::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(failMu_);
+  if (failed_.load(std::memory_order_relaxed)) return;  // the first reason wins
+  failure_ = why;
+  failed_.store(true, std::memory_order_release);
+}
+
+std::string ProgressEngine::failure() const {
+  std::lock_guard<std::mutex> lock(failMu_);
+  return failure_;
+}
+
+void ProgressEngine::failThread(const std::string& what, Task* running) {
+  fail(transport_->name() + " rank " + std::to_string(transport_->rank()) +
+       ": the progress thread failed " + (running ? "while running an op" : "while idle") +
+       ": " + what);
+  stopping_.store(true);  // later posts are refused (post() names the failure)
+  // Its Work may have finished already; a TransportWork keeps its first outcome.
+  if (running != nullptr && running->abandon) running->abandon(GroupFailed(failure()).what());
+}
+
+void ProgressEngine::runTask(Task& task) {
+  currentKeepAlive_ = task.keepAlive;
+  const bool counted = traffic_.enabled() && !task.op.empty();
+  if (counted) traffic_.beforeOp(*transport_);
+  task.run();  // reports its own errors to its Work
+  if (counted) traffic_.afterOp(*transport_, task.op, task.seq);
+  currentKeepAlive_.reset();
+  setWaitingFor({});
+}
+
 void ProgressEngine::threadMain() {
   pthread_setname_np(pthread_self(), "ucxb-progress");
   auto lastActivity = Clock::now();
@@ -137,55 +170,22 @@ void ProgressEngine::threadMain() {
         haveTask = true;
       }
     }
-    if (haveTask) {
-      currentKeepAlive_ = task.keepAlive;
-      const bool counted = traffic_.enabled() && !task.op.empty();
-      if (counted) traffic_.beforeOp(*transport_);
-      task.run();  // reports its own errors to its Work
-      if (counted) traffic_.afterOp(*transport_, task.op, task.seq);
-      currentKeepAlive_.reset();
-      setWaitingFor({});
-      lastActivity = Clock::now();
-      continue;
-    }
-    if (transport_->progress()) {
-      trafficDirty_ = true;
-      lastActivity = Clock::now();
-      continue;
-    }
-    if (trafficDirty_) {
-      traffic_.publish(*transport_);  // idle now: what Python reads is up to date
-      trafficDirty_ = false;
-    }
-    if (config_.mode == ProgressMode::kPoll) {
-      if (stopping_.load()) break;
-      // On a machine with fewer cores than spinning threads, give the caller's thread a turn.
-      sched_yield();
-      continue;
-    }
-    if (Clock::now() - lastActivity < config_.spin) {
-      // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
-      // `spin` after the last one, so the next is picked up without a wake-up.
-      sched_yield();
-      continue;
-    }
-    if (!transport_->arm()) {
-      continue;
-    }
-    sleeping_.store(true, std::memory_order_seq_cst);
-    if (queued_.load(std::memory_order_seq_cst) > 0 || stopping_.load()) {
-      sleeping_.store(false);
-      continue;
-    }
-    epoll_event events[2];
-    const int n = epoll_wait(idleEpollFd_, events, 2, -1);
-    sleeping_.store(false);
-    lastActivity = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.fd == wakeFd_) {
-        uint64_t count;
-        (void)!read(wakeFd_, &count, sizeof(count));
+    // Nothing may escape this thread (that would be std::terminate): an exception from the
+    // transport (progress, arm), or one a task let through, fails the group and ends the
+    // thread, which then fails what is queued and posted.
+    try {
+      if (haveTask) {
+        runTask(task);
+        lastActivity = Clock::now();
+        continue;
       }
+      if (!idleStep(lastActivity)) break;
+    } catch (const std::exception& e) {
+      failThread(e.what(), haveTask ? &task : nullptr);
+      break;
+    } catch (...) {
+      failThread("an exception of unknown type", haveTask ? &task : nullptr);
+      break;
     }
   }
   std::deque<Task> abandoned;
@@ -193,12 +193,57 @@ void ProgressEngine::threadMain() {
     std::lock_guard<std::mutex> lock(mu_);
     abandoned.swap(queue_);
   }
+  const std::string why = failed() ? GroupFailed(failure()).what()
+                                   : "the process group was shut down before the op ran";
   for (auto& t : abandoned) {
-    if (t.abandon) t.abandon("the process group was shut down before the op ran");
+    if (t.abandon) t.abandon(why);
   }
   // The transport goes with its thread (its owner): requests still posted, such as an
   // irecv nobody matched, fail now instead of waiting for the last reference to the group.
   transport_.reset();
+}
+
+bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
+  if (transport_->progress()) {
+    trafficDirty_ = true;
+    lastActivity = Clock::now();
+    return true;
+  }
+  if (trafficDirty_) {
+    traffic_.publish(*transport_);  // idle now: what Python reads is up to date
+    trafficDirty_ = false;
+  }
+  if (config_.mode == ProgressMode::kPoll) {
+    if (stopping_.load()) return false;
+    // On a machine with fewer cores than spinning threads, give the caller's thread a turn.
+    sched_yield();
+    return true;
+  }
+  if (Clock::now() - lastActivity < config_.spin) {
+    // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
+    // `spin` after the last one, so the next is picked up without a wake-up.
+    sched_yield();
+    return true;
+  }
+  if (!transport_->arm()) {
+    return true;
+  }
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (queued_.load(std::memory_order_seq_cst) > 0 || stopping_.load()) {
+    sleeping_.store(false);
+    return true;
+  }
+  epoll_event events[2];
+  const int n = epoll_wait(idleEpollFd_, events, 2, -1);
+  sleeping_.store(false);
+  lastActivity = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == wakeFd_) {
+      uint64_t count;
+      (void)!read(wakeFd_, &count, sizeof(count));
+    }
+  }
+  return true;
 }
 
 void ProgressEngine::sleepUntilEvent(int epollFd, Clock::time_point deadline) {
@@ -217,15 +262,29 @@ void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
   for (const auto& r : requests) {
     if (r->pending()) r->cancel();
   }
-  for (int i = 0; i < 16; ++i) {
-    transport_->progress();
+  // The op is failing already: a transport that throws now fails the group too (recorded),
+  // and the peers are still cut off below, so that no request outlives the op's buffers.
+  const auto recordFailure = [this](const char* during, const std::exception& e) {
+    fail(transport_->name() + " rank " + std::to_string(transport_->rank()) + ": " + during +
+         " failed while giving up on a failed op's requests: " + e.what());
+  };
+  try {
+    for (int i = 0; i < 16; ++i) {
+      transport_->progress();
+    }
+  } catch (const std::exception& e) {
+    recordFailure("progress()", e);
   }
   // Cancel cannot stop a send or a receive already matched to a rendezvous: the op's buffers
   // are about to be freed, so cut those peers off (the group is unusable with them anyway).
   for (const auto& r : requests) {
     if (r->pending() && r->peer() >= 0) {
-      transport_->abortPeer(r->peer(), "connection to rank " + std::to_string(r->peer()) +
-                                           " was closed after an earlier op on it failed");
+      try {
+        transport_->abortPeer(r->peer(), "connection to rank " + std::to_string(r->peer()) +
+                                             " was closed after an earlier op on it failed");
+      } catch (const std::exception& e) {
+        recordFailure("abortPeer()", e);
+      }
     }
   }
   for (const auto& r : requests) {

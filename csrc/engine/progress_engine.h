@@ -14,6 +14,13 @@
 // * With no task queued the thread arms the transport and sleeps on {transport fd, eventfd}, so
 //   an idle group costs nothing. Point-to-point requests complete from this idle loop too.
 //
+// * A group that has failed (an op failed or timed out, a point-to-point request failed, an
+//   exception escaped the transport on this thread) refuses every later op: fail() records
+//   the first reason, and the backend fails each later Work with GroupFailed naming it. So a
+//   peer's message left unmatched by a failed op can never be taken for a later op's, even
+//   once the tag's sequence field has wrapped. An exception on this thread outside an op also
+//   ends the thread (instead of std::terminate): queued ops and posted requests fail with it.
+//
 // This file is torch-free: failures are ucxb exceptions; the backend turns them into c10 errors.
 #pragma once
 
@@ -36,6 +43,14 @@
 namespace ucxb {
 
 enum class ProgressMode { kSleep, kPoll };
+
+// An op refused because its group failed earlier; what() names that first failure.
+class GroupFailed : public std::runtime_error {
+ public:
+  explicit GroupFailed(const std::string& firstFailure)
+      : std::runtime_error("the group is unusable after an earlier failure (destroy it and "
+                           "create a new one); the first failure was: " + firstFailure) {}
+};
 
 struct EngineConfig {
   ProgressMode mode = ProgressMode::kSleep;
@@ -75,6 +90,14 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // Stops the thread: the running op fails within ~100 ms, queued tasks are abandoned.
   // Idempotent; from any thread (on the progress thread itself it only asks).
   void stop();
+  // Records that the group failed, with `why` (the first call wins; later ones are ignored).
+  // From then on the backend refuses every op. Any thread.
+  void fail(const std::string& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The first failure's reason; empty while the group is healthy. Any thread.
+  std::string failure() const;
+  // stop() was called, or the thread ended on an exception. Any thread.
+  bool stopping() const { return stopping_.load(); }
 
   // Progress thread only (the thread destroys the transport when it exits).
   Transport& transport() { return *transport_; }
@@ -91,6 +114,11 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
 
  private:
   void threadMain();
+  // One pass of the loop without a task: progress, publish, spin or sleep. False: leave.
+  bool idleStep(Clock::time_point& lastActivity);
+  void runTask(Task& task);
+  // An exception escaped the thread's loop: fail the group and end the thread.
+  void failThread(const std::string& what, Task* running);
   void sleepUntilEvent(int epollFd, Clock::time_point deadline);
   void abandonPending(const std::vector<RequestPtr>& requests);
   void setWaitingFor(std::string what);
@@ -104,6 +132,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   mutable std::mutex mu_;
   std::deque<Task> queue_;
   std::atomic<bool> stopping_{false};
+  mutable std::mutex failMu_;
+  std::string failure_;  // the first failure (guarded by failMu_)
+  std::atomic<bool> failed_{false};
   std::mutex joinMu_;
   std::atomic<std::thread::id> threadId_{};
   std::atomic<size_t> queued_{0};

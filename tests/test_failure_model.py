@@ -1,0 +1,299 @@
+"""What a failure does to a group (docs/failure-model.md), on both backends.
+
+* ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: torch wraps the group in its ``ProcessGroupWrapper``,
+  which needs the backend's sequence number; collectives then still give exact results, and a
+  shape that differs across ranks is the wrapper's clear error instead of a hang.
+* A failed group (here: an op that timed out) refuses every later op with an error naming the
+  first failure, so a peer's late message can never be taken for a later op's. The test-only
+  ``UCXBACKEND_TEST_SEQ_BITS=4`` makes the tag's sequence field wrap after 16 collectives
+  instead of 2^20, which is when such a message would match again.
+* An exception on the idle progress thread (the test-only transport fault hook,
+  ``UCXBACKEND_TEST_FAULT_INJECTION=1`` plus ``_C._inject_transport_fault``) fails the
+  group's pending and later Works with that error instead of ending the process.
+
+Every collective result is compared with numpy, bit-exact (int64). Each world runs both
+backends (the default group is the backend under test, subgroups the other one) and serves
+several tests through a module-scoped fixture: starting ranks is what costs here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import BACKEND, run_world
+
+# Both of our backends; the tests are about them, not about Gloo.
+OURS = ["ucx", "udp"]
+WORLD_TIMEOUT = 120.0
+# torch 2.13 renamed reduce_scatter_tensor (the old name warns).
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _skip_unless_ours() -> None:
+    if BACKEND not in OURS:
+        pytest.skip(f"ucx/udp behaviour ({BACKEND} under test)")
+
+
+def _data(op: int, rank: int, n: int = 4) -> np.ndarray:
+    """Rank `rank`'s input to collective `op`: distinct per op and rank, so a message of
+    another op or rank gives a different result."""
+    return (np.arange(n, dtype=np.int64) + 1) * 1000 * (op + 1) + 7 * (rank + 1)
+
+
+# --------------------------------------------------------------------------
+# TORCH_DISTRIBUTED_DEBUG=DETAIL
+# --------------------------------------------------------------------------
+
+
+def _detail_collectives(rank: int, ws: int, group: Any) -> tuple[int, int]:
+    """A few collectives on `group`, each against numpy; the wrapper's sequence numbers
+    before and after."""
+    wrapper = group._get_backend(torch.device("cpu"))
+    seq_before = wrapper._get_sequence_number_for_group()
+    inputs = [_data(0, r, 6) for r in range(ws)]
+    t = torch.from_numpy(inputs[rank].copy())
+    dist.all_reduce(t, group=group)
+    np.testing.assert_array_equal(t.numpy(), np.sum(inputs, axis=0))
+
+    t = torch.from_numpy(inputs[rank].copy())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    np.testing.assert_array_equal(t.numpy(), np.max(inputs, axis=0))
+
+    out = [torch.empty(6, dtype=torch.int64) for _ in range(ws)]
+    dist.all_gather(out, torch.from_numpy(inputs[rank].copy()), group=group)
+    for r in range(ws):
+        np.testing.assert_array_equal(out[r].numpy(), inputs[r])
+
+    t = torch.from_numpy(inputs[rank].copy())
+    dist.broadcast(t, src=ws - 1, group=group)
+    np.testing.assert_array_equal(t.numpy(), inputs[ws - 1])
+
+    full = [_data(1, r, 2 * ws) for r in range(ws)]
+    mine = torch.empty(2, dtype=torch.int64)
+    reduce_scatter_single(mine, torch.from_numpy(full[rank].copy()), group=group)
+    np.testing.assert_array_equal(mine.numpy(), np.sum(full, axis=0)[2 * rank : 2 * rank + 2])
+
+    dist.barrier(group=group)
+    return seq_before, wrapper._get_sequence_number_for_group()
+
+
+def _detail_world(rank: int, ws: int) -> dict[str, Any]:
+    import ucxbackend
+
+    # TORCH_DISTRIBUTED_DEBUG was in the environment before torch was imported.
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL, dist.get_debug_level()
+    default = dist.distributed_c10d._get_default_group()
+    other = "udp" if BACKEND == "ucx" else "ucx"
+    groups = {BACKEND: default, other: dist.new_group(backend=other)}
+    out: dict[str, Any] = {"seq": {}, "wrapped": {}}
+    for name, group in groups.items():
+        wrapper = group._get_backend(torch.device("cpu"))
+        out["wrapped"][name] = (type(wrapper).__name__, wrapper.wrapped_pg.name())
+        out["seq"][name] = _detail_collectives(rank, ws, group)
+        # ucxbackend's helpers see through the wrapper.
+        out.setdefault("stats_backend", {})[name] = ucxbackend.stats(group)["backend"]
+
+    # Shapes that differ across ranks: the wrapper compares fingerprints before the op runs.
+    t = torch.ones(4 if rank == 0 else 8, dtype=torch.int64)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        out["mismatch"] = None
+    except RuntimeError as exc:
+        out["mismatch"] = str(exc)
+    out["mismatch_s"] = time.monotonic() - start
+    # The op never reached the backend: the group still works.
+    ok = torch.full((3,), rank + 1, dtype=torch.int64)
+    dist.all_reduce(ok)
+    out["after_mismatch"] = ok.tolist()
+    dist.destroy_process_group(groups[other])
+    return out
+
+
+DETAIL_PG_TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def detail_world() -> list[dict[str, Any]]:
+    _skip_unless_ours()
+    return run_world(
+        _detail_world,
+        2,
+        env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        pg_timeout=DETAIL_PG_TIMEOUT,
+        timeout=WORLD_TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_detail_wraps_the_group_and_collectives_stay_exact(
+    detail_world: list[dict[str, Any]], backend: str
+) -> None:
+    # (the results themselves were compared with numpy in the ranks)
+    for out in detail_world:
+        assert out["wrapped"][backend] == ("_ProcessGroupWrapper", backend), out["wrapped"]
+        assert out["stats_backend"][backend] == backend, out["stats_backend"]
+    seqs = [out["seq"][backend] for out in detail_world]
+    # The same on every rank (the wrapper checks that), and one per collective.
+    assert seqs[0] == seqs[1], seqs
+    assert seqs[0][1] - seqs[0][0] == 6, seqs
+
+
+def test_detail_turns_a_shape_mismatch_into_an_error(detail_world: list[dict[str, Any]]) -> None:
+    for rank, out in enumerate(detail_world):
+        msg = out["mismatch"]
+        assert msg is not None, f"rank {rank}: all_reduce of differing shapes returned"
+        assert "mismatch" in msg and "TensorShape" in msg and "ALLREDUCE" in msg, msg
+        assert out["mismatch_s"] < DETAIL_PG_TIMEOUT / 2, (rank, out["mismatch_s"], msg)
+        assert out["after_mismatch"] == [3, 3, 3], out["after_mismatch"]
+
+
+# --------------------------------------------------------------------------
+# failures: a failed group refuses later ops; a progress-thread exception fails Works
+# --------------------------------------------------------------------------
+
+OP_TIMEOUT_S = 1.0
+LATE_S = 1.6
+AFTER_OPS = 20  # more than the 16 of a 4-bit sequence field
+
+
+def _after_a_timeout(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0's op times out (rank 1 is late), then both run AFTER_OPS more."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
+    ops = 0
+
+    def all_reduce(op: int) -> tuple[str, Any, float]:
+        t = torch.from_numpy(_data(op, rank))
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t, group=sub)
+        except RuntimeError as exc:
+            return "error", str(exc), time.monotonic() - start
+        return "ok", t.numpy().copy(), time.monotonic() - start
+
+    for op in range(3):  # warm: every rank has connected and runs in step
+        status, value, _ = all_reduce(op)
+        assert status == "ok", value
+        np.testing.assert_array_equal(value, _data(op, 0) + _data(op, 1))
+        ops += 1
+    dist.barrier()  # on the default group
+    if rank == 1:
+        time.sleep(LATE_S)  # rank 0's next op times out waiting for this rank
+    first = all_reduce(ops)
+    later = [all_reduce(ops + 1 + i) for i in range(AFTER_OPS)]
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    return {"first_op": ops, "first": first, "later": later}
+
+
+def _progress_thread_fault(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0's idle progress thread gets an exception from its transport's progress()."""
+    from ucxbackend import _C
+
+    sub = dist.new_group(backend=backend)
+    t = torch.from_numpy(_data(0, rank))
+    dist.all_reduce(t, group=sub)
+    np.testing.assert_array_equal(t.numpy(), _data(0, 0) + _data(0, 1))
+    out: dict[str, Any] = {}
+    if rank == 0:
+        pending = torch.zeros(4, dtype=torch.int64)
+        work = dist.irecv(pending, src=1, group=sub, tag=3)  # never sent
+        native = sub._get_backend(torch.device("cpu"))
+        _C._inject_transport_fault(native, "progress")  # thrown by the idle thread's progress()
+        start = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(seconds=20))
+            out["pending"] = ("ok", pending.tolist())
+        except RuntimeError as exc:
+            out["pending"] = ("error", str(exc))
+        out["pending_s"] = time.monotonic() - start
+        later = torch.ones(4, dtype=torch.int64)
+        try:
+            dist.all_reduce(later, group=sub)
+            out["later"] = ("ok", later.tolist())
+        except RuntimeError as exc:
+            out["later"] = ("error", str(exc))
+    dist.barrier()
+    # The process is alive and its other groups work.
+    t = torch.from_numpy(_data(1, rank))
+    dist.all_reduce(t)
+    np.testing.assert_array_equal(t.numpy(), _data(1, 0) + _data(1, 1))
+    dist.destroy_process_group(sub)
+    return out
+
+
+def _failure_world(rank: int, ws: int) -> dict[str, Any]:
+    assert os.environ["UCXBACKEND_TEST_SEQ_BITS"] == "4"
+    out: dict[str, Any] = {}
+    for backend in OURS:
+        out[f"timeout/{backend}"] = _after_a_timeout(rank, backend)
+    for backend in OURS:
+        out[f"fault/{backend}"] = _progress_thread_fault(rank, backend)
+    return out
+
+
+@pytest.fixture(scope="module")
+def failure_world() -> list[dict[str, Any]]:
+    _skip_unless_ours()
+    return run_world(
+        _failure_world,
+        2,
+        env={"UCXBACKEND_TEST_SEQ_BITS": "4", "UCXBACKEND_TEST_FAULT_INJECTION": "1"},
+        timeout=WORLD_TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_failed_group_refuses_later_ops_and_never_returns_stale_data(
+    failure_world: list[dict[str, Any]], backend: str
+) -> None:
+    res = [out[f"timeout/{backend}"] for out in failure_world]
+    first_op = res[0]["first_op"]
+    wrong = []
+    for rank, r in enumerate(res):
+        for i, (status, value, _) in enumerate([r["first"], *r["later"]]):
+            op = first_op + i
+            if status == "ok":
+                want = _data(op, 0) + _data(op, 1)
+                if not np.array_equal(value, want):
+                    wrong.append(f"rank {rank} op {op}: got {value.tolist()}, want {want.tolist()}")
+    assert not wrong, "a collective returned wrong data:\n" + "\n".join(wrong)
+
+    # Rank 0's op timed out; every later op of that group failed, fast, naming that first
+    # failure (its op number and its timeout), this rank and the op that was refused.
+    status, msg, _ = res[0]["first"]
+    assert status == "error" and "timed out" in msg, (status, msg)
+    first_seq = f"op #{first_op + 1}"  # the backend counts collectives from 1
+    for i, (status, msg, elapsed) in enumerate(res[0]["later"]):
+        assert status == "error", f"op {first_op + 1 + i} on rank 0 of a failed group ran"
+        assert "earlier failure" in msg and first_seq in msg and "timed out" in msg, msg
+        assert f"{backend} allreduce (op #{first_op + 2 + i}) on rank 0 of 2" in msg, msg
+        assert "Long[4]" in msg, msg
+        assert elapsed < OP_TIMEOUT_S / 2, (i, elapsed, msg)
+    # Rank 1 was late but its op itself may complete (rank 0's message was waiting for it);
+    # its next op then times out, as rank 0 no longer takes part, and the rest are refused.
+    assert all(status == "error" for status, _, _ in res[1]["later"][1:]), res[1]["later"]
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_progress_thread_fault_fails_works_instead_of_aborting(
+    failure_world: list[dict[str, Any]], backend: str
+) -> None:
+    # The ranks returned at all: before, rank 0 died of std::terminate (SIGABRT).
+    out = failure_world[0][f"fault/{backend}"]
+    status, msg = out["pending"]
+    assert status == "error", f"the pending irecv returned {msg}"
+    assert "injected transport fault" in msg and "progress thread" in msg, msg
+    assert f"{backend} recv" in msg and "rank 0 of 2" in msg, msg
+    assert out["pending_s"] < 5, out
+    status, msg = out["later"]
+    assert status == "error", f"all_reduce on the failed group returned {msg}"
+    assert "earlier failure" in msg and "injected transport fault" in msg, msg
+    assert f"{backend} allreduce" in msg and "Long[4]" in msg, msg

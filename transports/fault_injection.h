@@ -1,0 +1,77 @@
+// Test-only: a Transport decorator whose progress() or arm() throws TransportError once a
+// test asks for it, so that tests can reach the failure paths of the thread that drives a
+// transport (csrc/engine/progress_engine.cpp) without breaking a real transport. A group
+// wraps its transport in one only when UCXBACKEND_TEST_FAULT_INJECTION=1 is set at creation
+// (csrc/transport_backend.cpp); Python arms it with ucxbackend._C._inject_transport_fault.
+// Everything else is forwarded unchanged.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace ucxb {
+
+// Where the next injected fault is thrown. Armed from any thread; read by the owner thread.
+class FaultSwitch {
+ public:
+  enum class Where : int { kNone = 0, kProgress = 1, kArm = 2 };
+  void arm(Where where) { where_.store(static_cast<int>(where), std::memory_order_release); }
+  // Throws, once, if armed for `where`.
+  void maybeThrow(Where where, const char* call) {
+    int expected = static_cast<int>(where);
+    if (where_.load(std::memory_order_acquire) == expected &&
+        where_.compare_exchange_strong(expected, static_cast<int>(Where::kNone))) {
+      throw TransportError(std::string("injected transport fault in ") + call + " (test hook)");
+    }
+  }
+
+ private:
+  std::atomic<int> where_{0};
+};
+
+class FaultInjectingTransport : public Transport {
+ public:
+  FaultInjectingTransport(std::unique_ptr<Transport> inner, std::shared_ptr<FaultSwitch> faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)) {}
+
+  std::string name() const override { return inner_->name(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::vector<uint8_t> localAddress() const override { return inner_->localAddress(); }
+  void connect(int peer, const std::vector<uint8_t>& address) override {
+    inner_->connect(peer, address);
+  }
+  RequestPtr send(int peer, Tag tag, const void* data, size_t bytes,
+                  MemoryType mem = MemoryType::kHost) override {
+    return inner_->send(peer, tag, data, bytes, mem);
+  }
+  RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                  MemoryType mem = MemoryType::kHost) override {
+    return inner_->recv(peer, tag, mask, data, bytes, mem);
+  }
+  bool progress() override {
+    faults_->maybeThrow(FaultSwitch::Where::kProgress, "progress()");
+    return inner_->progress();
+  }
+  bool arm() override {
+    faults_->maybeThrow(FaultSwitch::Where::kArm, "arm()");
+    return inner_->arm();
+  }
+  int eventFd() const override { return inner_->eventFd(); }
+  std::string peerError(int peer) const override { return inner_->peerError(peer); }
+  void abortPeer(int peer, const std::string& why) override { inner_->abortPeer(peer, why); }
+  bool permitsSharedMemory() const override { return inner_->permitsSharedMemory(); }
+  std::vector<Counters> peerCounters() const override { return inner_->peerCounters(); }
+  Counters transportCounters() const override { return inner_->transportCounters(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::shared_ptr<FaultSwitch> faults_;
+};
+
+}  // namespace ucxb
