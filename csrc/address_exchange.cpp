@@ -11,18 +11,21 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
   const std::string base = "ucxbackend/" + groupId + "/";
   const int64_t ticket = store_.add(base + "instances", 1);
   scope_ = base + std::to_string((ticket - 1) / size) + "/";
+  // Rank 0 publishes the token whatever its own transport: a udp rank in a group whose rank 0
+  // runs another backend must find one, get to the address records and fail there naming
+  // both backends, not wait for the token until the Store times out.
+  if (rank_ == 0) {
+    std::random_device entropy;
+    token_ = (uint64_t{entropy()} << 32) ^ entropy();
+    std::vector<uint8_t> bytes(sizeof(token_));
+    std::memcpy(bytes.data(), &token_, sizeof(token_));
+    store_.set(scope_ + "token", bytes);
+  }
 }
 
 uint64_t AddressExchange::sessionToken() {
-  const std::string key = scope_ + "token";
-  if (rank_ == 0) {
-    std::random_device entropy;
-    const uint64_t token = (uint64_t{entropy()} << 32) ^ entropy();
-    std::vector<uint8_t> bytes(sizeof(token));
-    std::memcpy(bytes.data(), &token, sizeof(token));
-    store_.set(key, bytes);
-  }
-  const std::vector<uint8_t> bytes = store_.get(key);
+  if (rank_ == 0) return token_;
+  const std::vector<uint8_t> bytes = store_.get(scope_ + "token");
   uint64_t token = 0;
   std::memcpy(&token, bytes.data(), std::min(bytes.size(), sizeof(token)));
   return token;

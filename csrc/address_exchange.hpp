@@ -1,6 +1,6 @@
 // Rendezvous of worker addresses through the c10d Store.
 //
-// Keys: "ucxbackend/<group id>/<instance>/addr/<rank>". The instance number counts how many
+// Keys: "ucxbackend/<group id>/<instance>/addr/<rank>" (an address record, csrc/handshake.h). The instance number counts how many
 // times a group with this id was created on this store (every rank adds 1 to a shared counter
 // per creation), so a group re-created with the same id never reads a stale address.
 #pragma once
@@ -21,7 +21,8 @@ class AddressExchange {
   // of this group instance, different for the next instance (the UDP transport's session token).
   uint64_t sessionToken();
 
-  // Publishes this rank's address and returns every rank's, indexed by rank.
+  // Publishes this rank's address record (csrc/handshake.h) and returns every rank's,
+  // indexed by rank.
   std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine) {
     return allGather("addr", mine);
   }
@@ -40,6 +41,7 @@ class AddressExchange {
   const int rank_;
   const int size_;
   std::string scope_;
+  uint64_t token_ = 0;  // rank 0's, drawn and published at construction
 };
 
 }  // namespace ucxb

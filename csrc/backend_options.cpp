@@ -27,6 +27,18 @@ config::TextCheck keyValuesOf(const config::Schema<T>& schema,
   };
 }
 
+// For a "key=value,..." knob that `transport` reads: its keys that must agree, with their
+// defaults filled in (a rank that leaves a key unset and one that sets it to its default
+// agree). None in a group of another transport, which never reads the knob.
+template <typename T>
+std::function<std::vector<config::Setting>(const BackendOptions&)> agreedKeysOf(
+    const config::Schema<T>& schema, std::string BackendOptions::*knob, const char* transport) {
+  return [&schema, knob, transport](const BackendOptions& o) {
+    if (o.transport != transport) return std::vector<config::Setting>{};
+    return schema.agreed(schema.parse(o.*knob));
+  };
+}
+
 template <typename T>
 std::string keyValuesAllowed(const config::Schema<T>& schema) {
   return "'key=value,...' with keys " + config::joinNames(schema.keys());
@@ -35,13 +47,16 @@ std::string keyValuesAllowed(const config::Schema<T>& schema) {
 config::Field<BackendOptions> algorithmField(size_t i) {
   const auto op = static_cast<algo::Op>(i);
   const std::string name = std::string("algo_") + algo::opName(op);
-  return {config::choice(name, algo::namesFor(op),
-                         "force the " + std::string(algo::opName(op)) +
-                             " algorithm; 'auto' chooses by message size and group size "
-                             "(docs/algorithms.md)"),
+  // Every rank must run the same algorithm: each rank's steps are the other ranks' matches.
+  return {config::sameOnEveryRank(config::choice(
+              name, algo::namesFor(op),
+              "force the " + std::string(algo::opName(op)) +
+                  " algorithm; 'auto' chooses by message size and group size "
+                  "(docs/algorithms.md)")),
           {},
           [i](BackendOptions& o, const std::string& v) { o.algorithms[i] = v; },
-          [i](const BackendOptions& o) { return o.algorithms[i]; }};
+          [i](const BackendOptions& o) { return o.algorithms[i]; },
+          {}};
 }
 
 std::vector<config::Field<BackendOptions>> fields() {
@@ -53,7 +68,9 @@ std::vector<config::Field<BackendOptions>> fields() {
     return info;
   };
   std::vector<config::Field<O>> f = {
-      member(internal(choice("transport", {"ucx", "udp"}, "the transport under the group")),
+      // Must agree, and is checked before the rest: the address record names it.
+      member(internal(config::sameOnEveryRank(
+                 choice("transport", {"ucx", "udp"}, "the transport under the group"))),
              &O::transport),
       member(internal(config::text("udp_host", "a numeric IPv4 address",
                                    "udp: the address this rank binds")),
@@ -75,9 +92,11 @@ std::vector<config::Field<BackendOptions>> fields() {
       member(choice("log_level", {"DEBUG", "INFO", "WARNING", "ERROR"},
                     "level of the 'ucxbackend' logger (standard Python logging)"),
              &O::logLevel),
-      member(config::bytes("chunk_bytes", 1, kChunkBytesMax,
-                           "largest piece of a message reduced or pipelined at once; extra "
-                           "memory per op is at most two chunks (docs/algorithms.md)"),
+      // Must agree: a receiver posts chunk-sized receives for what its peer sends in chunks.
+      member(config::sameOnEveryRank(config::bytes(
+                 "chunk_bytes", 1, kChunkBytesMax,
+                 "largest piece of a message reduced or pipelined at once; extra memory per "
+                 "op is at most two chunks (docs/algorithms.md)")),
              &O::chunkBytes),
   };
   for (size_t i = 0; i < algo::kOpCount; ++i) f.push_back(algorithmField(i));
@@ -107,11 +126,18 @@ std::vector<config::Field<BackendOptions>> fields() {
                           "unless UCX_NET_DEVICES is set. Automatic: the interface that routes "
                           "to the rendezvous host, never loopback for a remote one"),
              &O::ifname),
-      member(config::text("udp_config", keyValuesAllowed(udpSchema),
-                          "udp backend only: the reliability layer's settings, e.g. "
-                          "'loss_recovery=go_back_n,congestion=aimd' (mtu_payload defaults to "
-                          "the interface MTU); docs/configuration.md lists every key"),
-             &O::udpConfig, keyValuesOf(udpSchema, &udp::validate)),
+      // Flagged for the keys flagged in udpConfigSchema(), which alone must agree.
+      [&udpSchema] {
+        auto field = member(config::sameOnEveryRank(config::text(
+                                "udp_config", keyValuesAllowed(udpSchema),
+                                "udp backend only: the reliability layer's settings, e.g. "
+                                "'loss_recovery=go_back_n,congestion=aimd' (mtu_payload "
+                                "defaults to the interface MTU); docs/configuration.md lists "
+                                "every key")),
+                            &O::udpConfig, keyValuesOf(udpSchema, &udp::validate));
+        field.agreedParts = agreedKeysOf(udpSchema, &O::udpConfig, "udp");
+        return field;
+      }(),
       member(config::text("udp_faults", keyValuesAllowed(faultSchema),
                           "udp backend only: seeded fault injection on received datagrams, "
                           "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'"),
@@ -146,6 +172,10 @@ SlotStores BackendOptions::slotStores() const {
 const config::Schema<BackendOptions>& backendOptionsSchema() {
   static const config::Schema<BackendOptions> schema("ucxbackend option", fields());
   return schema;
+}
+
+std::vector<config::Setting> agreedSettings(const BackendOptions& options) {
+  return backendOptionsSchema().agreed(options);
 }
 
 BackendOptions parseBackendOptions(const std::map<std::string, std::string>& options) {

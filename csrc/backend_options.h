@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "csrc/collectives/selection.h"
 #include "csrc/engine/progress_engine.h"
@@ -42,6 +43,10 @@ struct BackendOptions {
 };
 
 const config::Schema<BackendOptions>& backendOptionsSchema();
+
+// The settings every rank of the group must share (FieldInfo::mustAgree), canonical, in
+// schema order: what the group's address records carry (csrc/handshake.h).
+std::vector<config::Setting> agreedSettings(const BackendOptions& options);
 
 // The options of one group from the name -> text map Python hands over. Throws
 // config::ConfigError naming the knob, the value and what is allowed (an unknown name too).

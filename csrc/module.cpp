@@ -89,6 +89,9 @@ py::list schemaRows(const ucxb::config::Schema<T>& schema) {
     row["min"] = i.min;
     row["max"] = i.max;
     row["internal"] = i.internal;
+    row["must_agree"] = i.mustAgree;
+    // a knob of "key=value,..." whose keys say for themselves whether they must agree
+    row["agreed_keys"] = static_cast<bool>(f.agreedParts);
     rows.append(row);
   }
   return rows;

@@ -8,6 +8,7 @@
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/collectives/algorithms.h"
+#include "csrc/handshake.h"
 #include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
 #include "transports/tag.h"
@@ -82,7 +83,11 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
-    const auto addresses = exchange.exchange(transport->localAddress());
+    // One Store round carries every rank's address, transport and must-agree settings; all
+    // are checked before the transport sees a peer's address.
+    const Handshake mine{options_.transport, agreedSettings(options_),
+                         transport->localAddress()};
+    const auto addresses = checkHandshakes(rank, mine, exchange.exchange(encodeHandshake(mine)));
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
     }
@@ -91,6 +96,8 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {
+    throwSetupFailed(backendName_, groupId_, rank, e.what());
+  } catch (const HandshakeMismatch& e) {
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   }
   sharedMemory_ = staging != nullptr;

@@ -105,6 +105,9 @@ class Knob:
     allowed: str
     help: str
     choices: tuple[str, ...] = ()
+    # Every rank of a group must set it alike: creating the group fails, naming it, where the
+    # ranks differ (for udp_config: in its keys marked so). docs/configuration.md.
+    must_agree: bool = False
 
     @property
     def env_var(self) -> str:
@@ -159,6 +162,7 @@ def _knob_from_row(row: Mapping[str, Any]) -> Knob:
         allowed=str(row["allowed"]),
         help=str(row["help"]),
         choices=tuple(str(c) for c in row["choices"]),
+        must_agree=bool(row["must_agree"]),
     )
 
 

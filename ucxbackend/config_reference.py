@@ -33,9 +33,18 @@ def _default(row: Mapping[str, Any]) -> str:
     return f"`{value}`" if value else "''"
 
 
+def _agree(row: Mapping[str, Any]) -> str:
+    """The "same on every rank" cell: the schema's must-agree flag (FieldInfo::mustAgree)."""
+    if not row["must_agree"]:
+        return "no"
+    return "the keys marked so below" if row["agreed_keys"] else "yes"
+
+
 def _table(rows: Iterable[Mapping[str, Any]], *, env: bool) -> list[str]:
-    head = "| knob | environment variable | default | allowed | what it does |" if env else (
-        "| key | default | allowed | what it does |"
+    head = (
+        "| knob | environment variable | default | same on every rank | allowed | what it does |"
+        if env
+        else "| key | default | same on every rank | allowed | what it does |"
     )
     lines = [head, _rule(head)]
     for row in rows:
@@ -44,7 +53,7 @@ def _table(rows: Iterable[Mapping[str, Any]], *, env: bool) -> list[str]:
         cells = [f"`{row['name']}`"]
         if env:
             cells.append(f"`{ENV_PREFIX}{str(row['name']).upper()}`")
-        cells += [_default(row), _cell(row["allowed"]), _cell(row["help"])]
+        cells += [_default(row), _agree(row), _cell(row["allowed"]), _cell(row["help"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -38,6 +38,19 @@ struct FieldInfo {
   std::string help;
   // Passed between the layers but not a user's knob (e.g. the address Python picks to bind).
   bool internal = false;
+  // Every rank of a group must hold the same value: the ranks exchange these settings when the
+  // group is created and fail, naming the setting, if any differs (csrc/handshake.h). Set it
+  // where the ranks' halves of one protocol depend on the value (how messages are cut up,
+  // which algorithm runs, what a receiver accepts), never for what a rank does on its own
+  // (how it waits, logs, times out or which device it uses), which may differ per rank.
+  bool mustAgree = false;
+};
+
+// A setting's name and canonical value, as the ranks of a group compare them.
+struct Setting {
+  std::string name;
+  std::string value;
+  bool operator==(const Setting&) const = default;
 };
 
 // A kText setting's check: the value normalised, or a ConfigError.
@@ -49,6 +62,10 @@ struct Field {
   TextCheck check;  // kText only; none accepts any text
   std::function<void(T&, const std::string& canonical)> set;
   std::function<std::string(const T&)> get;
+  // For a mustAgree field that holds settings of another schema ("key=value,..."): those of
+  // them that must agree, which Schema::agreed() names "<field>.<key>". None: the field's
+  // own value must agree.
+  std::function<std::vector<Setting>(const T&)> agreedParts;
 };
 
 // The canonical spelling of `value` for a setting, or a ConfigError that names `what`.
@@ -88,7 +105,7 @@ template <typename T, typename M>
 Field<T> member(FieldInfo info, M T::*m, TextCheck check = {}) {
   return Field<T>{std::move(info), std::move(check),
                   [m](T& t, const std::string& v) { detail::assign(t.*m, v); },
-                  [m](const T& t) { return detail::show(t.*m); }};
+                  [m](const T& t) { return detail::show(t.*m); }, {}};
 }
 
 inline FieldInfo integer(std::string name, uint64_t min, uint64_t max, std::string help) {
@@ -108,6 +125,11 @@ inline FieldInfo choice(std::string name, std::vector<std::string> choices, std:
 }
 inline FieldInfo text(std::string name, std::string allowed, std::string help) {
   return {std::move(name), Kind::kText, 0, 0, {}, std::move(allowed), std::move(help)};
+}
+// The same setting, flagged: every rank of a group must hold the same value (FieldInfo).
+inline FieldInfo sameOnEveryRank(FieldInfo info) {
+  info.mustAgree = true;
+  return info;
 }
 
 template <typename T>
@@ -166,6 +188,23 @@ class Schema {
   }
 
   std::string defaultOf(const Field<T>& f) const { return f.get(T{}); }
+
+  // The settings of `t` that every rank of a group must share (FieldInfo::mustAgree), in
+  // schema order, each with its canonical value.
+  std::vector<Setting> agreed(const T& t) const {
+    std::vector<Setting> out;
+    for (const auto& f : fields_) {
+      if (!f.info.mustAgree) continue;
+      if (!f.agreedParts) {
+        out.push_back({f.info.name, f.get(t)});
+        continue;
+      }
+      for (Setting& part : f.agreedParts(t)) {
+        out.push_back({f.info.name + "." + part.name, std::move(part.value)});
+      }
+    }
+    return out;
+  }
 
  private:
   std::string what_;

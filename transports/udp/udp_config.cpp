@@ -19,6 +19,7 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
   using config::choice;
   using config::integer;
   using config::member;
+  using config::sameOnEveryRank;
   constexpr uint64_t kMaxUs = 600'000'000;  // 10 minutes
   constexpr uint64_t kMaxCount = uint64_t{1} << 20;
   constexpr uint64_t kTiB = uint64_t{1} << 40;
@@ -52,14 +53,24 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                        "most bytes in flight per peer; loss detection needs "
                        "reorder_threshold packets after a lost one, so keep many datagrams"),
                  &UdpConfig::sendWindowBytes),
-          member(bytes("unexpected_bytes", 4 * kMessageChargeBytes, kTiB,
-                       "the receiver's per-peer budget (credit) for messages that arrive "
-                       "before their receive; both ends must agree"),
+          // The next three must agree (sameOnEveryRank): a sender spends its own value of
+          // the peer's credit and sends eagerly up to its own eager_max_bytes, and a receiver
+          // drops as a protocol violation what exceeds its own credit, eager_max_bytes or
+          // max_message_bytes: the op never completes (tried: eager_max_bytes 64K against
+          // 16K, a 32 KB all_reduce, no error in 60 s). The rest
+          // may differ: each is the sender's or the receiver's alone (datagram size, timers,
+          // ACK pacing, windows; a receiver follows each packet's own in-order flag, so
+          // loss_recovery too).
+          member(sameOnEveryRank(bytes("unexpected_bytes", 4 * kMessageChargeBytes, kTiB,
+                                       "the receiver's per-peer budget (credit) for messages "
+                                       "that arrive before their receive")),
                  &UdpConfig::unexpectedBytes),
-          member(bytes("eager_max_bytes", 0, kTiB,
-                       "largest message sent eagerly; larger ones by rendezvous"),
+          member(sameOnEveryRank(bytes("eager_max_bytes", 0, kTiB,
+                                       "largest message sent eagerly; larger ones by "
+                                       "rendezvous")),
                  &UdpConfig::eagerMaxBytes),
-          member(bytes("max_message_bytes", 0, kMaxMessageBytes, "longest message accepted"),
+          member(sameOnEveryRank(
+                     bytes("max_message_bytes", 0, kMaxMessageBytes, "longest message accepted")),
                  &UdpConfig::maxMessageBytes),
           member(bytes("socket_buffer_bytes", uint64_t{64} << 10, uint64_t{1} << 30,
                        "kernel receive and send buffer of the socket (forced as root, else "

@@ -13,10 +13,6 @@
 namespace ucxb::udp {
 namespace {
 
-// The address blob starts with this, so that a rank handed another transport's address (the
-// ranks disagree on the backend) fails with a clear message instead of a garbled address.
-constexpr uint8_t kAddressMagic[4] = {'U', 'D', 'P', 1};
-
 constexpr size_t kReceiveBatch = 32;      // datagrams per recvmmsg
 constexpr size_t kReceiveBatchesPerProgress = 8;
 constexpr size_t kSendBatch = 64;         // datagrams per sendmmsg
@@ -84,21 +80,16 @@ void UdpTransport::linger() {
   }
 }
 
+// The bare socket address: the record it travels in names the transport and is checked
+// before connect() sees it (csrc/handshake.h).
 std::vector<uint8_t> UdpTransport::localAddress() const {
-  std::vector<uint8_t> blob(std::begin(kAddressMagic), std::end(kAddressMagic));
+  std::vector<uint8_t> blob;
   socket_.localAddress().appendTo(blob);
   return blob;
 }
 
 void UdpTransport::connect(int peer, const std::vector<uint8_t>& address) {
-  if (address.size() < sizeof(kAddressMagic) ||
-      !std::equal(std::begin(kAddressMagic), std::end(kAddressMagic), address.begin())) {
-    throw TransportError("udp: rank " + std::to_string(peer) +
-                             " published an address that is not a udp transport's (do all "
-                             "ranks use the same backend?)",
-                         peer);
-  }
-  size_t offset = sizeof(kAddressMagic);
+  size_t offset = 0;
   const SocketAddress a = SocketAddress::readFrom(address, offset);
   if (a.family() != socket_.localAddress().family()) {
     throw TransportError("udp: rank " + std::to_string(peer) + " is at " + a.toString() +

@@ -1,0 +1,170 @@
+"""What the ranks of a group must agree on, checked when the group is created (csrc/handshake.h):
+every rank publishes its address in a record naming its transport and carrying the settings
+flagged "must agree" in the schema, and every rank checks every record before its transport
+sees an address. A group whose ranks run different backends, or differ in such a setting, fails
+on every rank with an error naming both sides; settings that may differ per rank do not.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import cpp_build
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import run_world
+
+import ucxbackend
+
+pytestmark = pytest.mark.skipif(
+    not ucxbackend.is_available(),
+    reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
+)
+
+# Bounds for worlds that the code before the check hung or crashed in (a udp rank waited for a
+# session token a ucx rank 0 never published; a ucx rank aborted in UCX).
+_WORLD = {"backend": "gloo", "timeout": 60.0, "pg_timeout": 20.0}
+
+
+def _error_of(create: Any) -> str:
+    """``create()``'s error as "<type>: <message>", or "created" when it made a group."""
+    try:
+        create()
+    except Exception as exc:  # any error is the answer here
+        return f"{type(exc).__name__}: {exc}"
+    return "created"
+
+
+def _mixed_backends(rank: int, world_size: int) -> list[str]:
+    """Two groups whose ranks run different backends, each way round (rank 0 is udp, then
+    rank 1): what creating each one raised on this rank."""
+    return [
+        _error_of(lambda u=udp_rank: dist.new_group(backend="udp" if rank == u else "ucx"))
+        for udp_rank in (0, 1)
+    ]
+
+
+def _groups(rank: int, world_size: int) -> dict[str, Any]:
+    """Both checks in one world (a world costs seconds to start, a group milliseconds)."""
+    return {
+        "settings": _disagreeing_settings(rank, world_size),
+        "mixed": _mixed_backends(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def world() -> list[dict[str, Any]]:
+    return run_world(_groups, 2, **_WORLD)
+
+
+def test_mixed_backends_fail_on_every_rank_naming_both(world: list[dict[str, Any]]) -> None:
+    for rank, messages in enumerate(r["mixed"] for r in world):
+        for udp_rank, message in zip((0, 1), messages, strict=True):
+            mine, theirs = ("udp", "ucx") if rank == udp_rank else ("ucx", "udp")
+            assert message.startswith(f"DistBackendError: {mine}: setting up group"), message
+            assert f"rank {1 - rank} published a {theirs} address but this group is {mine}" in (
+                message
+            ), message
+
+
+def _disagreeing_settings(rank: int, world_size: int) -> dict[str, str]:
+    """Groups whose ranks differ in settings that must agree (creating them fails), then groups
+    whose ranks differ only in settings that may differ (they work)."""
+    out: dict[str, str] = {}
+    first = rank == 0
+    out["ucx"] = _error_of(
+        lambda: dist.new_group(
+            backend="ucx",
+            pg_options={
+                "chunk_bytes": "4M" if first else "1M",
+                "algo_allreduce": "ring" if first else "auto",
+                "progress_mode": "sleep" if first else "poll",  # may differ: not named
+            },
+        )
+    )
+    out["udp"] = _error_of(
+        lambda: dist.new_group(
+            backend="udp",
+            pg_options={
+                # eager_max_bytes must agree; mtu_payload and loss_recovery may differ
+                "udp_config": "eager_max_bytes=64K,mtu_payload=8972"
+                if first
+                else "eager_max_bytes=16K,loss_recovery=go_back_n"
+            },
+        )
+    )
+    local_ucx = {
+        "progress_mode": "poll" if first else "sleep",
+        "spin_us": 10 if first else 500,
+        "shared_memory": "auto" if first else "off",  # the staging rounds agree: staging off
+        "staging_stores": "streaming" if first else "cached",
+    }
+    local_udp = {
+        "spin_us": 10 if first else 500,
+        "udp_config": "mtu_payload=1472,loss_recovery=go_back_n,congestion=aimd,rto_min_us=500"
+        if first
+        else "mtu_payload=8972,tail_probes=0,peer_timeout_us=9000000",
+        "udp_faults": "dup=0.01,seed=3" if first else "",
+    }
+    for backend, options in (("ucx", local_ucx), ("udp", local_udp)):
+        group = dist.new_group(backend=backend, pg_options=options)
+        t = torch.arange(300_000, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(t, group=group)
+        expected = torch.arange(300_000, dtype=torch.float32) * sum(range(1, world_size + 1))
+        out[f"local {backend}"] = "ok" if torch.equal(t, expected) else "wrong result"
+    return out
+
+
+def test_disagreeing_settings_fail_on_every_rank_naming_them(world: list[dict[str, Any]]) -> None:
+    def values(rank: int, mine: str, theirs: str) -> str:
+        return f"'{mine}' on rank {rank} (this rank) but '{theirs}' on rank {1 - rank}"
+
+    for rank, got in enumerate(r["settings"] for r in world):
+        ucx, udp = got["ucx"], got["udp"]
+        assert ucx.startswith("DistBackendError: ucx: setting up group"), ucx
+        assert "must be the same on every rank" in ucx, ucx
+        chunk = ("4194304", "1048576") if rank == 0 else ("1048576", "4194304")
+        algo = ("ring", "auto") if rank == 0 else ("auto", "ring")
+        assert f"chunk_bytes is {values(rank, *chunk)}" in ucx, ucx
+        assert f"algo_allreduce is {values(rank, *algo)}" in ucx, ucx
+        assert "progress_mode" not in ucx and "sizes" not in ucx, ucx
+        assert udp.startswith("DistBackendError: udp: setting up group"), udp
+        eager = ("65536", "16384") if rank == 0 else ("16384", "65536")
+        assert f"udp_config.eager_max_bytes is {values(rank, *eager)}" in udp, udp
+        assert "mtu_payload" not in udp and "loss_recovery" not in udp, udp
+        assert got["local ucx"] == "ok" and got["local udp"] == "ok", got
+
+
+def test_handshake_unit() -> None:
+    """The record's encoding and every check on it, without torch (tests/cpp/handshake_test.cpp)."""
+    exe = cpp_build.build(
+        "handshake_test",
+        "tests/cpp/handshake_test.cpp",
+        flags=["-O1", "-Werror"],
+        extra_sources=["csrc/handshake.cpp"],
+    )
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "handshake_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+
+
+def test_must_agree_is_in_the_schema() -> None:
+    """One flag per Field says which settings must agree; Python, and the reference, show it."""
+    from ucxbackend import _C, config_reference
+    from ucxbackend import config as cfg
+
+    rows = _C.config.schema()
+    flagged = {r["name"] for r in rows if r["must_agree"]}
+    algos = {f"algo_{op}" for op in cfg.ALGORITHMS}
+    # udp_config is flagged for the udp_config keys flagged in their own table.
+    assert flagged == {"transport", "chunk_bytes", "udp_config", *algos}, flagged
+    assert {k for k, knob in cfg.KNOBS.items() if knob.must_agree} == flagged - {"transport"}
+    udp_flagged = {r["name"] for r in _C.udp.config_schema() if r["must_agree"]}
+    assert udp_flagged == {"unexpected_bytes", "eager_max_bytes", "max_message_bytes"}
+    assert not any(r["must_agree"] for r in _C.udp.fault_schema())
+    reference = config_reference.render()
+    assert "| `chunk_bytes` | `UCXBACKEND_CHUNK_BYTES` | `4194304` | yes |" in reference
+    assert "| `spin_us` | `UCXBACKEND_SPIN_US` | `250` | no |" in reference
+    assert "| `unexpected_bytes` | `1048576` | yes |" in reference
