@@ -9,12 +9,17 @@
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
-# compile jobs), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), PYTEST_ARGS.
+# compile jobs), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
+# worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS.
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
 LIBUCX_VERSION ?= 1.22.0
 MAX_JOBS ?= 2
+# Two workers keep both cores busy: much of a multi-rank test is one rank waiting for another,
+# or a timeout running out. Whole files go to one worker (loadfile), so a file's shared worlds
+# and module fixtures run once.
+TEST_JOBS ?= 2
 BUILD_EXT_FLAGS ?=
 PYTEST_ARGS ?=
 
@@ -36,7 +41,7 @@ all: build
 # libucx-cu12 is pinned. DEPS_MODULES lists what the build and the tests import, as
 # module[:pip name] where the two differ (PyYAML is imported as yaml). Keep it in step with
 # pyproject's "test" and "dev" extras (tests/test_deps.py checks both).
-DEPS_MODULES := ninja numpy pytest expecttest yaml:pyyaml mypy ruff
+DEPS_MODULES := ninja numpy pytest xdist:pytest-xdist expecttest yaml:pyyaml mypy ruff
 
 deps:
 	@missing=""; \
@@ -60,11 +65,13 @@ build:
 demo: deps build
 	PYTHON=$(PYTHON) OMP_NUM_THREADS=1 bash scripts/demo.sh
 
+PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
 test: deps build
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q tests $(PYTEST_ARGS)
+	$(PYTEST) tests $(PYTEST_ARGS)
 
 test-quick: deps build
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" tests $(PYTEST_ARGS)
 
 lint:
 	$(PYTHON) -m ruff check .
