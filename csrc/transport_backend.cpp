@@ -79,7 +79,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   std::unique_ptr<StagingArea> staging;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
-    transport = makeTransport(options_, rank, size, exchange);
+    transport = makeTransport(options_, rank, size, exchange, timeout);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }

@@ -1,12 +1,16 @@
 #include "csrc/transport_factory.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "transports/udp/udp_transport.h"
 #include "transports/ucx/ucx_transport.h"
 
 namespace ucxb {
 
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
-                                         AddressExchange& exchange) {
+                                         AddressExchange& exchange,
+                                         std::chrono::milliseconds opTimeout) {
   if (options.transport == "ucx") {
     return std::make_unique<ucx::UcxTransport>(rank, size, options.ucxNetDevices);
   }
@@ -15,6 +19,8 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
   udpOptions.faults = udp::parseFaultConfig(options.udpFaults);
   udpOptions.bindHost = options.udpHost;
   udpOptions.sessionToken = exchange.sessionToken();
+  udpOptions.opTimeoutUs =
+      static_cast<udp::DurationUs>(std::max<int64_t>(0, opTimeout.count())) * 1000;
   return std::make_unique<udp::UdpTransport>(rank, size, std::move(udpOptions));
 }
 

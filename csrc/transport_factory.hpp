@@ -3,6 +3,7 @@
 // every transport; the rest of csrc/ sees only the Transport interface.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "csrc/address_exchange.hpp"
@@ -12,8 +13,10 @@
 namespace ucxb {
 
 // options.transport picks it; udp takes udp_config, udp_faults and udp_host. A bad udp_config
-// (against this interface's MTU) is a config::ConfigError.
+// (against this interface's MTU) is a config::ConfigError. `opTimeout` is the group's op
+// timeout: udp never fails a merely silent peer before it (EndpointOptions::opTimeoutUs).
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
-                                         AddressExchange& exchange);
+                                         AddressExchange& exchange,
+                                         std::chrono::milliseconds opTimeout);
 
 }  // namespace ucxb

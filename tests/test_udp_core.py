@@ -151,6 +151,8 @@ ENDPOINT_GROUPS = [
     "any_source",
     "cancellation",
     "peer_failure",
+    "silent_peer",
+    "killed_peer",
     "linger",
     "transmit_turns",
     "faults",

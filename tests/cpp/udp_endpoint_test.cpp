@@ -4,6 +4,7 @@
 // any-source receives, cancellation, peer failure, abortPeer, close and linger, and the
 // endpoint's own fault injection. Deterministic: a failure reproduces with
 // ``./udp_endpoint_test GROUP`` (see ``--list``). Built by tests/test_udp_core.py.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -319,6 +320,118 @@ void testPeerFailure() {
   CHECK_EQ(hopeless->error(), std::string("udp: receive from any rank failed: every connection has failed"));
 }
 
+// ------------------------------------------------------------ silent peer vs. dead peer
+
+// Timings shrunk so that silence alone would fail a peer after about 0.3 s.
+EndpointOptions silenceOptions(DurationUs opTimeoutUs) {
+  EndpointOptions o = smallOptions();
+  o.config = parseUdpConfig(
+      "mtu_payload=1200,rto_max_us=50000,max_rto_expiries=3,peer_timeout_us=300000,"
+      "keepalive_us=50000");
+  o.opTimeoutUs = opTimeoutUs;
+  return o;
+}
+
+void testSilentPeer() {
+  // A stopped peer (SIGSTOP, a GC pause) is silent but alive: with an op timeout of 20 s it
+  // is not failed in 5 s of silence, and once it resumes the exchange completes, byte-exact,
+  // and later ones work.
+  {
+    EndpointNetwork net(3, silenceOptions(20 * kSecond));
+    Endpoint& e0 = *net.endpoint(0);
+    Endpoint& e1 = *net.endpoint(1);
+    auto out = message(0, 60, 20'000);
+    Inbox reply(3000);
+    auto sendToOne = e0.send(1, 60, out.data(), out.size());
+    auto receiveFromOne = e0.recv(1, 61, ~Tag{0}, reply.data.data(), reply.capacity());
+    net.freeze(1);
+    CHECK(!net.runUntil([&] { return !sendToOne->pending(); }, 5 * kSecond));
+    CHECK(sendToOne->pending());
+    CHECK(receiveFromOne->pending());
+    CHECK_MSG(e0.peerError(1).empty(), e0.peerError(1));
+    CHECK(!e0.pollPeerFailure().has_value());
+    CHECK(e0.peerStats(1).rtoExpiries >= 3);  // it did time out, more than enough to fail once
+    net.thaw(1);
+    Inbox got(20'000);
+    auto back = message(1, 61, 3000);
+    auto receiveOnOne = e1.recv(0, 60, ~Tag{0}, got.data.data(), got.capacity());
+    auto sendOnOne = e1.send(0, 61, back.data(), back.size());
+    const TimeUs thawedAt = net.nowUs();
+    CHECK(net.runUntil([&] { return allDone({sendToOne, receiveFromOne, receiveOnOne, sendOnOne}); },
+                       2 * kSecond));
+    CHECK(net.nowUs() - thawedAt < 200'000);  // one backed-off timeout (rto_max 50 ms) or so
+    for (const auto& r : {sendToOne, receiveFromOne, receiveOnOne, sendOnOne}) {
+      CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    }
+    CHECK(got.holds(0, 60, 20'000));
+    CHECK(reply.holds(1, 61, 3000));
+    // And the next exchange, both ways.
+    Inbox again(5000);
+    auto more = message(1, 62, 5000);
+    auto r2 = e0.recv(1, 62, ~Tag{0}, again.data.data(), again.capacity());
+    auto s2 = e1.send(0, 62, more.data(), more.size());
+    CHECK(net.runUntil([&] { return allDone({r2, s2}); }, kSecond));
+    CHECK_MSG(r2->state() == RequestState::kDone, r2->error());
+    CHECK(again.holds(1, 62, 5000));
+    CHECK(e0.peerError(1).empty() && e1.peerError(0).empty());
+  }
+  // Without an op timeout (the core on its own), peer_timeout_us still applies: the same
+  // silence fails the peer after about 0.3 s. And with one, a peer silent for longer than the
+  // op timeout is failed then at the latest.
+  for (const DurationUs opTimeout : {DurationUs{0}, DurationUs{2 * kSecond}}) {
+    EndpointNetwork net(2, silenceOptions(opTimeout));
+    Endpoint& e0 = *net.endpoint(0);
+    auto out = message(0, 70, 4000);
+    auto send = e0.send(1, 70, out.data(), out.size());
+    net.freeze(1);
+    const TimeUs start = net.nowUs();
+    CHECK(net.runUntil([&] { return !send->pending(); }, 60 * kSecond));
+    const DurationUs took = net.nowUs() - start;
+    const DurationUs limit = std::max<DurationUs>(300'000, opTimeout);
+    CHECK_MSG(took >= limit && took < limit + 200'000, std::to_string(took));
+    CHECK_MSG(check::contains(send->error(), "retransmission timeouts"), send->error());
+  }
+}
+
+void testKilledPeer() {
+  // A killed peer's port is closed: the first datagram to it comes back refused, and the
+  // requests to and from it fail then, long before any timeout (here 20 s).
+  EndpointNetwork net(3, silenceOptions(20 * kSecond));
+  Endpoint& e0 = *net.endpoint(0);
+  auto out = message(0, 80, 20'000);
+  Inbox fromTwo(100);
+  auto receiveOnly = e0.recv(2, 81, ~Tag{0}, fromTwo.data.data(), fromTwo.capacity());
+  net.kill(2);
+  const TimeUs start = net.nowUs();
+  // Only a receive is pending: nothing goes to rank 2 until the keepalive PING (50 ms).
+  CHECK(net.runUntil([&] { return !receiveOnly->pending(); }, 20 * kSecond));
+  CHECK(net.nowUs() - start < 60'000);
+  CHECK(net.refusals() > 0);
+  CHECK_MSG(check::contains(receiveOnly->error(), "udp: connection to rank 2 failed: its port " +
+                                                      net.address(2).toString() + " is closed"),
+            receiveOnly->error());
+  const auto failure = e0.pollPeerFailure();
+  CHECK(failure.has_value() && failure->peer == 2);
+  CHECK(fromTwo.untouched());
+  auto late = e0.send(2, 82, out.data(), out.size());
+  CHECK(late->failed());
+
+  // A refusal while nothing is pending with the peer fails nothing (a late ACK to a peer
+  // that closed the group after its last op); the next request then finds the port closed.
+  EndpointNetwork quiet(2, silenceOptions(20 * kSecond));
+  Endpoint& q0 = *quiet.endpoint(0);
+  CHECK(!q0.handlePortUnreachable(quiet.address(1)));
+  CHECK(!q0.handlePortUnreachable(SocketAddress::parse("10.9.9.9", 1)));  // no peer's
+  CHECK(q0.peerError(1).empty());
+  CHECK_EQ(q0.portUnreachableReports(), uint64_t{2});
+  quiet.kill(1);
+  auto send = q0.send(1, 90, out.data(), 100);
+  const TimeUs sentAt = quiet.nowUs();
+  CHECK(quiet.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+  CHECK(quiet.nowUs() - sentAt < 1000);  // one round trip of 2 x 50 us
+  CHECK_MSG(check::contains(send->error(), "is closed (ICMP port unreachable)"), send->error());
+}
+
 // -------------------------------------------------------------------------------- linger
 
 void testLinger() {
@@ -478,6 +591,8 @@ const check::Group kGroups[] = {
     {"any_source", testAnySource, true},
     {"cancellation", testCancellation, true},
     {"peer_failure", testPeerFailure, true},
+    {"silent_peer", testSilentPeer, true},
+    {"killed_peer", testKilledPeer, true},
     {"linger", testLinger, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},

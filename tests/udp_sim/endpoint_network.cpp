@@ -44,6 +44,23 @@ void EndpointNetwork::close(int node) {
 
 void EndpointNetwork::destroy(int node) { nodes_[static_cast<size_t>(node)].endpoint.reset(); }
 
+void EndpointNetwork::kill(int node) {
+  destroy(node);
+  nodes_[static_cast<size_t>(node)].refuses = true;
+}
+
+void EndpointNetwork::freeze(int node) { nodes_[static_cast<size_t>(node)].frozen = true; }
+
+void EndpointNetwork::thaw(int node) {
+  Node& n = nodes_[static_cast<size_t>(node)];
+  n.frozen = false;
+  // What queued in its socket buffer is read at once.
+  for (auto& [from, bytes] : n.held) {
+    arrivals_.push(Arrival{nowUs_, sequence_++, from, node, std::move(bytes)});
+  }
+  n.held.clear();
+}
+
 int EndpointNetwork::nodeAt(const SocketAddress& address) const {
   for (int n = 0; n < nodes(); ++n) {
     if (nodes_[static_cast<size_t>(n)].address == address) return n;
@@ -55,7 +72,7 @@ std::optional<TimeUs> EndpointNetwork::nextEventUs() const {
   std::optional<TimeUs> next;
   if (!arrivals_.empty()) next = arrivals_.top().timeUs;
   for (const auto& node : nodes_) {
-    if (!node.endpoint) continue;
+    if (!node.endpoint || node.frozen) continue;
     if (const auto t = node.endpoint->nextTimeout(); t && (!next || *t < *next)) next = *t;
   }
   return next;
@@ -65,15 +82,26 @@ void EndpointNetwork::round() {
   while (!arrivals_.empty() && arrivals_.top().timeUs <= nowUs_) {
     Arrival a = arrivals_.top();
     arrivals_.pop();
-    if (Endpoint* e = endpoint(a.to)) {
+    Node& to = nodes_[static_cast<size_t>(a.to)];
+    if (a.refusal) {
+      // `from` is the address the refused datagram was sent to.
+      if (Endpoint* e = endpoint(a.to)) e->handlePortUnreachable(a.from);
+    } else if (to.frozen && to.endpoint) {
+      to.held.emplace_back(a.from, std::move(a.bytes));
+    } else if (Endpoint* e = endpoint(a.to)) {
       e->handleDatagram(nowUs_, a.from, a.bytes);
     } else {
       ++undeliverable_;
+      const int sender = nodeAt(a.from);
+      if (to.refuses && sender >= 0) {
+        ++refusals_;
+        arrivals_.push(Arrival{nowUs_ + delayUs_, sequence_++, to.address, sender, {}, true});
+      }
     }
   }
   for (int n = 0; n < nodes(); ++n) {
     Endpoint* e = endpoint(n);
-    if (e == nullptr) continue;
+    if (e == nullptr || nodes_[static_cast<size_t>(n)].frozen) continue;
     e->handleTimeout(nowUs_);
     SocketAddress to;
     while (const size_t length = e->pollTransmit(nowUs_, buffer_, to)) {

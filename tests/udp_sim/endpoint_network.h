@@ -7,6 +7,9 @@
 //
 // The links are simple on purpose: a fixed one-way delay, a switch to take a link down, and
 // optional seeded faults per link; the endpoints' own fault injection works on top as usual.
+// A node can also be frozen (a stopped process: its socket still takes datagrams, nothing
+// is read or sent until it is thawed) or destroyed with its port refusing (a killed process:
+// each datagram to it comes back as an ICMP port unreachable, as a kernel answers).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <queue>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transports/udp/endpoint.h"
@@ -43,6 +47,14 @@ class EndpointNetwork {
   // The node vanishes at once (a crashed process): its endpoint is destroyed, and datagrams
   // to it are lost.
   void destroy(int node);
+  // Like destroy(), but the node's host answers each datagram to it with an ICMP port
+  // unreachable (Endpoint::handlePortUnreachable at the sender, one delay later).
+  void kill(int node);
+  // A stopped process (SIGSTOP): the node's endpoint is not driven and the datagrams that
+  // reach it wait (its socket buffer) until thaw().
+  void freeze(int node);
+  void thaw(int node);
+  uint64_t refusals() const { return refusals_; }
   bool gone(int node) const { return endpoint(node) == nullptr; }
   // When a closed node's linger ended (0 while it has not).
   TimeUs lingerEndedUs(int node) const { return nodes_[static_cast<size_t>(node)].lingerEndedUs; }
@@ -60,6 +72,9 @@ class EndpointNetwork {
     std::unique_ptr<Endpoint> endpoint;
     SocketAddress address;
     TimeUs lingerEndedUs = 0;
+    bool refuses = false;  // gone, and its port answers with ICMP port unreachable
+    bool frozen = false;
+    std::vector<std::pair<SocketAddress, std::vector<uint8_t>>> held;  // arrived while frozen
   };
   struct Link {
     bool up = true;
@@ -71,6 +86,7 @@ class EndpointNetwork {
     SocketAddress from;
     int to;
     std::vector<uint8_t> bytes;
+    bool refusal = false;  // an ICMP port unreachable for a datagram `to` sent to `from`
     bool operator>(const Arrival& o) const {
       return timeUs != o.timeUs ? timeUs > o.timeUs : sequence > o.sequence;
     }
@@ -90,6 +106,7 @@ class EndpointNetwork {
   TimeUs nowUs_ = 1;
   uint64_t sequence_ = 0;
   uint64_t undeliverable_ = 0;
+  uint64_t refusals_ = 0;
   std::vector<uint8_t> buffer_;
   std::vector<FaultInjector::Delivery> deliveries_;
   std::string stuck_;

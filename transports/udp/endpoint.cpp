@@ -20,6 +20,14 @@ std::string cancelledMessage(int peer) {
   return "the receive from " + peerLabel(peer) + " was cancelled";
 }
 
+// What each connection runs with: the group's udp_config, with peer_timeout_us raised to the
+// op timeout, so that silence alone never fails a peer before the op waiting on it times out.
+UdpConfig connectionConfig(const EndpointOptions& options) {
+  UdpConfig c = options.config;
+  c.peerTimeoutUs = std::max(c.peerTimeoutUs, options.opTimeoutUs);
+  return c;
+}
+
 }  // namespace
 
 class Endpoint::EndpointRequest final : public Request {
@@ -57,7 +65,7 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     id.peerRank = static_cast<uint16_t>(p);
     id.sessionToken = options_.sessionToken;
     peers_[static_cast<size_t>(p)].connection =
-        std::make_unique<PeerConnection>(options_.config, id);
+        std::make_unique<PeerConnection>(connectionConfig(options_), id);
   }
   if (options_.faults.any()) {
     FaultConfig perRank = options_.faults;
@@ -194,6 +202,20 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
       }
     }
   }
+  return true;
+}
+
+bool Endpoint::handlePortUnreachable(const SocketAddress& to) {
+  ++portUnreachable_;
+  const auto it = peerByAddress_.find(to);
+  if (it == peerByAddress_.end() || it->second == rank_) return false;
+  const int peer = it->second;
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (!p.error.empty() || p.connection->failed()) return false;
+  if (p.sends.empty() && p.receives.empty()) return false;
+  // Through the connection, so that handleEvents names the peer like any connection failure.
+  p.connection->fail("its port " + to.toString() +
+                     " is closed (ICMP port unreachable): the process is gone");
   return true;
 }
 

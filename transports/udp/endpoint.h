@@ -56,6 +56,11 @@ struct EndpointOptions {
   // Bounded by lingerMaxUs.
   DurationUs lingerQuietUs = 100'000;
   DurationUs lingerMaxUs = 5'000'000;
+  // The group's op timeout (0: none). A peer that is only silent may be stopped, not dead (a
+  // SIGSTOP, a long GC pause, a swapped-out process), and must not be failed by this layer
+  // before the op waiting on it times out: the connections' peer_timeout_us is raised to at
+  // least this. A peer whose port is closed is failed at once (handlePortUnreachable).
+  DurationUs opTimeoutUs = 0;
 };
 
 // A peer given up on: its connection failed (timeouts, abortPeer, close) for `error`.
@@ -96,6 +101,14 @@ class Endpoint {
   // returns whether `from` was a peer's.
   bool handleDatagram(TimeUs now, const SocketAddress& from, std::span<const uint8_t> bytes,
                       size_t segmentSize = 0);
+  // The network says that a datagram to `to` found no socket there (an ICMP port unreachable:
+  // the process behind it is gone, since a stopped one keeps its socket). If `to` is a peer's
+  // and requests to or from it are pending, its connection fails now and they fail with an
+  // error saying so; with nothing pending it is only counted (a late ACK to a peer that
+  // closed the group after its last op is no failure). Returns whether a connection failed.
+  bool handlePortUnreachable(const SocketAddress& to);
+  uint64_t portUnreachableReports() const { return portUnreachable_; }
+
   // Delivers the datagrams fault injection held back, fires the connections' due timers and,
   // while lingering, repeats the ACKs. Returns whether a held-back datagram was delivered.
   bool handleTimeout(TimeUs now);
@@ -189,6 +202,7 @@ class Endpoint {
   std::vector<EndpointRequestPtr> cancelled_;
   std::deque<PeerFailure> failures_;
   uint64_t unknownSource_ = 0;
+  uint64_t portUnreachable_ = 0;
   // pollTransmit's turn: whose it is and how many datagrams that peer has had in it.
   int transmitTurn_ = 0;
   size_t turnBurst_ = 0;

@@ -281,12 +281,19 @@ void PeerConnection::onTimeout(TimeUs now) {
   if (const auto t = rtoDeadline(); t && *t <= now) {
     ++stats_.rtoExpiries;
     const DurationUs rto = currentRto();
+    if (consecutiveRtos_ == 0) rtoRunStart_ = *t - std::min(*t, rto);
     ++consecutiveRtos_;
+    // Silence alone: nothing heard from the peer (not even an ACK of nothing new) since the
+    // run of timeouts began waiting. A stopped process (SIGSTOP, a long GC pause, swapped
+    // out) looks exactly like this, so the Endpoint never lets peer_timeout_us fall below the
+    // op's timeout (EndpointOptions::opTimeoutUs): a dead process is told apart by its
+    // closed port instead (Endpoint::handlePortUnreachable).
+    const TimeUs silentSince = std::max(lastHeard_, rtoRunStart_);
     if (consecutiveRtos_ >= config_.maxRtoExpiries &&
-        now - std::min(now, lastAckProgress_) >= config_.peerTimeoutUs) {
+        now - std::min(now, silentSince) >= config_.peerTimeoutUs) {
       fail("peer rank " + std::to_string(identity_.peerRank) + " acknowledged nothing through " +
            std::to_string(consecutiveRtos_) + " retransmission timeouts (last timeout " +
-           std::to_string(rto) + " us; nothing new acknowledged for at least " +
+           std::to_string(rto) + " us; nothing heard from it for at least " +
            std::to_string(config_.peerTimeoutUs / 1000) + " ms)");
       return;
     }

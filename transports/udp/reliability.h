@@ -132,6 +132,11 @@ class PeerConnection {
 
   uint32_t rtoBackoff_ = 0;        // the RTO is doubled this many times
   uint32_t consecutiveRtos_ = 0;   // expiries since anything was last acknowledged
+  // When the run of expiries counted by consecutiveRtos_ began waiting: the later of the
+  // oldest packet in flight and the last ACK that acknowledged something new. Silence is
+  // measured from here (or from the last datagram heard, if later), not from the last ACK
+  // progress: after an idle hour, that alone would have failed a peer on its first timeouts.
+  TimeUs rtoRunStart_ = 0;
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;

@@ -37,8 +37,8 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
           member(integer("initial_rtt_us", 1, kMaxUs, "RTT assumed before the first sample"),
                  &UdpConfig::initialRttUs),
           member(integer("max_rto_expiries", 1, 1000,
-                         "a peer is failed after this many consecutive timeouts and "
-                         "peer_timeout_us without anything new acknowledged"),
+                         "a silent peer is failed after this many consecutive timeouts and "
+                         "peer_timeout_us without hearing from it"),
                  &UdpConfig::maxRtoExpiries),
           member(integer("ack_every", 1, 1024, "acknowledge every this many packets (out-of-order packets, PINGs and "
                          "a message's last packet at once)"),
@@ -93,8 +93,10 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                          "silence before a PING while a receive waits on the peer (0: off)"),
                  &UdpConfig::keepaliveUs),
           member(integer("peer_timeout_us", 0, kMaxUs,
-                         "least time without anything new acknowledged before a peer is "
-                         "failed (0: the timeout count alone)"),
+                         "least silence (nothing heard from the peer) before it is failed; in a "
+                         "group never below the group's timeout, which a stopped but live peer "
+                         "is given (a closed port fails a peer at once); 0: the timeout count "
+                         "alone"),
                  &UdpConfig::peerTimeoutUs),
           member(integer("tail_probes", 0, 16, "PINGs sent when ACKs stop with packets in flight, before the RTO "
                          "(0: off)"),

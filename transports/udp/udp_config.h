@@ -30,16 +30,18 @@ struct UdpConfig {
   DurationUs rtoMinUs = 1000;
   DurationUs rtoMaxUs = 1'000'000;
   DurationUs initialRttUs = 1000;  // the RTT assumed before the first sample
-  // The peer is declared failed after this many consecutive RTO expiries without any
-  // acknowledgement AND at least peerTimeoutUs since anything new was acknowledged: the count
-  // alone (about 1 s of doubling timeouts) misjudged a live peer under heavy loss or when a
-  // loaded host starved its progress thread; a peer that went silent while idle is still
-  // found within keepaliveUs plus the expiries, since nothing new was acknowledged for long.
+  // A silent peer is declared failed after this many consecutive RTO expiries without any
+  // acknowledgement AND at least peerTimeoutUs without hearing anything from it, counted from
+  // when the unanswered packets were sent: the count alone (about 1 s of doubling timeouts)
+  // misjudged a live peer under heavy loss or when a loaded host starved its progress thread.
+  // Silence cannot tell a dead peer from a stopped one (SIGSTOP, a GC pause), so in a group
+  // the Endpoint raises peerTimeoutUs to the op timeout (EndpointOptions::opTimeoutUs); a dead
+  // peer is found by its closed port instead (Endpoint::handlePortUnreachable).
   uint32_t maxRtoExpiries = 10;
   DurationUs peerTimeoutUs = 5'000'000;
   // While something is expected from the peer (a posted receive, a message half arrived) and
   // nothing is in flight, a PING goes out after this long without hearing from it, so that a
-  // peer that died in silence is found by the RTO path above instead of never. 0 disables.
+  // peer that died in silence is asked, and its closed port answers. 0 disables.
   DurationUs keepaliveUs = 200'000;
   // Tail-loss probes: with packets in flight and no ACK for srtt + 4 rttvar + max ack delay
   // (doubled per probe), send a PING, up to this many times before the RTO. Its ACK lets the

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/errqueue.h>
 #include <netinet/udp.h>
 #include <unistd.h>
 
@@ -72,6 +73,13 @@ UdpSocket::UdpSocket(const SocketAddress& local, int bufferBytes)
     int zero = 0, one = 1;
     gso_ = ::setsockopt(fd, IPPROTO_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0;
     gro_ = ::setsockopt(fd, IPPROTO_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+    // ICMP errors on an unconnected UDP socket reach it only through the error queue. Also
+    // optional: without it a dead peer is found by the op's timeout instead of its closed
+    // port. An IPv6 socket may carry IPv4-mapped traffic, hence both options there.
+    recvErr_ = ::setsockopt(fd, IPPROTO_IP, IP_RECVERR, &one, sizeof(one)) == 0;
+    if (local.family() == AF_INET6) {
+      recvErr_ = ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVERR, &one, sizeof(one)) == 0;
+    }
   }
 }
 
@@ -119,6 +127,7 @@ size_t UdpSocket::sendBatch(std::span<Datagram> batch) {
     }
     // sendmmsg reports an error only for the first datagram of the batch: that one is lost.
     if (isPerDatagramError(err)) {
+      if (err == ECONNREFUSED) errorsReported_ = true;
       ++done;
       continue;
     }
@@ -170,9 +179,49 @@ size_t UdpSocket::receiveBatch(std::span<Datagram> batch) {
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) return 0;
-    // An ICMP error queued for an earlier send (e.g. port unreachable): nothing to receive.
-    if (isPerDatagramError(err)) continue;
+    // An ICMP error queued for an earlier send (e.g. port unreachable): nothing to receive;
+    // receiveRefusals() reads which destination it was about.
+    if (isPerDatagramError(err)) {
+      errorsReported_ = true;
+      continue;
+    }
     throwErrno("recvmmsg()", err);
+  }
+}
+
+size_t UdpSocket::receiveRefusals(std::vector<SocketAddress>& refused) {
+  errorsReported_ = false;
+  if (!recvErr_) return 0;
+  size_t errors = 0;
+  for (;;) {
+    SocketAddress to;
+    uint8_t payload[64];  // the start of the datagram that was refused: not needed
+    iovec iov{payload, sizeof(payload)};
+    alignas(cmsghdr) uint8_t control[512];
+    msghdr m{};
+    m.msg_name = &to.storage;
+    m.msg_namelen = sizeof(to.storage);
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    if (::recvmsg(fd_.get(), &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return errors;
+      throwErrno("recvmsg(MSG_ERRQUEUE)", err);
+    }
+    ++errors;
+    to.length = m.msg_namelen;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&m); cm != nullptr; cm = CMSG_NXTHDR(&m, cm)) {
+      const bool v4 = cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_RECVERR;
+      const bool v6 = cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_RECVERR;
+      if (!v4 && !v6) continue;
+      sock_extended_err ee;
+      std::memcpy(&ee, CMSG_DATA(cm), sizeof(ee));
+      const bool icmp = ee.ee_origin == SO_EE_ORIGIN_ICMP || ee.ee_origin == SO_EE_ORIGIN_ICMP6;
+      if (icmp && ee.ee_errno == ECONNREFUSED) refused.push_back(to);
+    }
   }
 }
 

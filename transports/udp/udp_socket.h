@@ -89,6 +89,16 @@ class UdpSocket {
   // arrived (0 if none were waiting).
   size_t receiveBatch(std::span<Datagram> batch);
 
+  // Drains the socket's error queue (IP_RECVERR / IPV6_RECVERR, asked for at creation) and
+  // appends to `refused` the destination of every datagram answered by an ICMP port
+  // unreachable: no socket is bound there any more, so the process that had it is gone (a
+  // stopped process keeps its socket and its port answers nothing). Other errors (host or
+  // network unreachable, too big) are dropped: to the protocol those datagrams are just lost.
+  // Returns how many errors were read; without the option, always 0.
+  size_t receiveRefusals(std::vector<SocketAddress>& refused);
+  // Whether a send or receive since the last receiveRefusals() reported an ICMP error.
+  bool errorsReported() const { return errorsReported_; }
+
  private:
   UniqueFd fd_;
   SocketAddress local_;
@@ -96,6 +106,8 @@ class UdpSocket {
   int sendBuffer_ = 0;
   bool gso_ = false;
   bool gro_ = false;
+  bool recvErr_ = false;        // the error queue is on
+  bool errorsReported_ = false;
   // Scratch for the mmsg calls, sized to the largest batch seen.
   std::vector<mmsghdr> headers_;
   std::vector<iovec> iovecs_;

@@ -120,6 +120,7 @@ bool UdpTransport::progress() {
   bool active = false;
   const TimeUs now = nowUs();
   receiveDatagrams(now, active);
+  if (socket_.errorsReported() && receiveRefusals()) active = true;
   if (endpoint_.handleTimeout(now)) active = true;
   transmit(now, active);
   if (endpoint_.completeRequests()) active = true;
@@ -147,6 +148,14 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
     }
     if (n < receiveBatch_.size()) return;
   }
+}
+
+bool UdpTransport::receiveRefusals() {
+  refused_.clear();
+  const size_t errors = socket_.receiveRefusals(refused_);
+  counts_.socketErrors += errors;
+  for (const SocketAddress& to : refused_) endpoint_.handlePortUnreachable(to);
+  return errors > 0;
 }
 
 void UdpTransport::setWantWritable(bool want) {
@@ -234,6 +243,10 @@ std::string UdpTransport::peerError(int peer) const { return endpoint_.peerError
 
 bool UdpTransport::arm() {
   if (sendBacklog_) return false;
+  // An error left in the queue keeps the socket reporting EPOLLERR, which would wake the
+  // sleeper at once forever: read it before sleeping (one system call per sleep), and come
+  // back to progress() if it failed a peer.
+  if (receiveRefusals()) return false;
   const auto deadline = endpoint_.nextTimeout();
   if (deadline && *deadline <= nowUs()) return false;
   itimerspec spec{};
@@ -266,6 +279,8 @@ Counters UdpTransport::transportCounters() const {
       {"send_batches", counts_.sendBatches},
       {"trains_sent", counts_.trainsSent},
       {"trains_received", counts_.trainsReceived},
+      {"socket_errors", counts_.socketErrors},
+      {"port_unreachable", endpoint_.portUnreachableReports()},
       {"segmentation_offload", socket_.segmentationOffload() ? 1u : 0u},
       {"receive_offload", socket_.receiveOffload() ? 1u : 0u},
       {"mtu_payload", endpoint_.options().config.mtuPayload},

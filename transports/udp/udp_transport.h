@@ -70,10 +70,14 @@ class UdpTransport final : public Transport {
     uint64_t sendBatches = 0;
     uint64_t trainsSent = 0;      // GSO sends (several datagrams in one)
     uint64_t trainsReceived = 0;  // GRO receives
+    uint64_t socketErrors = 0;    // ICMP errors read from the error queue
   };
 
   static TimeUs nowUs();
   void receiveDatagrams(TimeUs now, bool& active);
+  // Hands the endpoint the peers whose port turned out closed; returns whether any error
+  // was read.
+  bool receiveRefusals();
   void transmit(TimeUs now, bool& active);
   bool flushOutgoing();
   void buildTrains();
@@ -98,6 +102,7 @@ class UdpTransport final : public Transport {
   size_t outgoingCount_ = 0;
   std::vector<Datagram> trains_;   // the unsent slots grouped for one sendmmsg
   std::vector<size_t> trainSlots_; // how many slots each train covers
+  std::vector<SocketAddress> refused_;  // scratch for receiveRefusals()
 };
 
 }  // namespace ucxb::udp
