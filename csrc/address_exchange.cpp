@@ -1,11 +1,11 @@
 #include "csrc/address_exchange.hpp"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstring>
 #include <random>
-#include <thread>
 
 namespace ucxb {
 
@@ -45,27 +45,31 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     instance_ = store_.add(base_ + "instances", 1);
   } else {
     // The newest instance that this rank has not joined yet and that nobody has given up on.
-    // Rank 0 may not have opened it yet: poll, backing off, for at most the Store's timeout.
+    // Rank 0 may not have opened it yet: wait for the next instance's first key (rank 0 writes
+    // the token right after opening one), at most the Store's timeout, and look again.
     const std::string seenKey = base_ + "seen/" + std::to_string(rank_);
     const int64_t seen = store_.check({seenKey}) ? numberOf(store_.get(seenKey)) : 0;
-    const auto timeout = store_.getTimeout();
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto pause = std::chrono::milliseconds(1);
     for (;;) {
       const int64_t newest = store_.add(base_ + "instances", 0);
       if (newest > seen && !store_.check({base_ + std::to_string(newest) + "/closed"})) {
         instance_ = newest;
         break;
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw SetupError("rank 0 did not start this creation of the group within the Store's " +
-                         std::to_string(timeout.count()) + " ms timeout (rank " +
-                         std::to_string(rank_) + " last joined instance " +
-                         std::to_string(seen) + "; the newest is " + std::to_string(newest) +
-                         (newest > seen ? ", which failed" : "") + ")");
+      std::string waitError;
+      try {
+        store_.wait({base_ + std::to_string(newest + 1) + "/token"});
+        continue;
+      } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
+        waitError = e.what_without_backtrace();
+      } catch (const std::runtime_error& e) {
+        waitError = e.what();
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(20));
+      throw SetupError("rank 0 did not start this creation of the group within the Store's " +
+                       std::to_string(store_.getTimeout().count()) + " ms timeout (rank " +
+                       std::to_string(rank_) + " joined instance " + std::to_string(seen) +
+                       " before; the newest is " + std::to_string(newest) +
+                       (newest > seen ? ", and it failed" : "") + "; the Store said: " +
+                       waitError + ")");
     }
     store_.set(seenKey, numberBytes(instance_));
   }

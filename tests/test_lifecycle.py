@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from conftest import skip_unless_ucx
@@ -173,20 +174,21 @@ def _leftover_keys(store: Any, group_id: str, ws: int) -> list[str]:
     ]
 
 
-def _reuse_after_half_failed_creation(rank: int, ws: int) -> dict[str, Any]:
-    """A group id whose first creation fails on rank 1 before it reaches the Store (a bad
-    option), then is created again, twice, by every rank, on the same Store."""
+def _reuse_after_half_failed_creation(rank: int, ws: int, failing: int) -> dict[str, Any]:
+    """A group id whose first creation fails on rank `failing` before it reaches the Store (a
+    bad option), then is created again, twice, by every rank, on the same Store."""
     store = dist.PrefixStore("reuse/", dist.distributed_c10d._get_default_store())
     store.set_timeout(timedelta(seconds=2))
     options = {"transport": "ucx"}
     first = None
     try:
-        _create(store, rank, ws, "g", {**options, "chunk_bytes": "bogus"} if rank == 1 else options)
+        bad = {**options, "chunk_bytes": "bogus"}
+        _create(store, rank, ws, "g", bad if rank == failing else options)
     except (RuntimeError, ValueError) as exc:
-        first = type(exc).__name__
+        first = f"{type(exc).__name__}: {exc}"
     dist.barrier()  # every rank has given up on the first creation
     store.set_timeout(timedelta(seconds=10))
-    outcomes = []
+    outcomes: list[bool | str] = []
     for _ in range(2):
         try:
             backend = _create(store, rank, ws, "g", options)
@@ -198,13 +200,16 @@ def _reuse_after_half_failed_creation(rank: int, ws: int) -> dict[str, Any]:
     return {"first": first, "again": outcomes, "left": _leftover_keys(store, "g", ws)}
 
 
-def test_group_id_reused_after_a_rank_failed_before_the_store() -> None:
-    """The instance of a group id stays in step when a creation failed half-way (rank 1
-    never reached the Store), and a created group leaves none of its creation's keys."""
+@pytest.mark.parametrize("failing", [1, 0])
+def test_group_id_reused_after_a_rank_failed_before_the_store(failing: int) -> None:
+    """The instance of a group id stays in step when a creation failed half-way (one rank never
+    reached the Store), and a created group leaves none of its creation's keys."""
     skip_unless_ucx("creates ucx backends directly")
-    res = run_world(_reuse_after_half_failed_creation, 2, timeout=90)
-    assert res[1]["first"] == "ValueError", res
-    assert res[0]["first"] is not None, res
+    res = run_world(_reuse_after_half_failed_creation, 2, args=(failing,), timeout=90)
+    assert res[failing]["first"].startswith("ValueError"), res
+    assert res[1 - failing]["first"] is not None, res
+    if failing == 0:  # rank 1 waited for rank 0 to open the creation, and says so
+        assert "rank 0 did not start this creation of the group" in res[1]["first"], res
     for rank, r in enumerate(res):
         assert r["again"] == [True, True], (rank, r["again"])
         assert r["left"] == [], (rank, r["left"])
