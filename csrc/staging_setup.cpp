@@ -1,12 +1,13 @@
 #include "csrc/staging_setup.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
-
 
 namespace ucxb {
 
@@ -39,6 +40,13 @@ struct Offer {
   }
 };
 
+// UCXBACKEND_TEST_KILL_AT=<point> (a test-only hook, docs/testing.md#test-only-hooks): this
+// process dies by SIGKILL at that point of the set-up, as a rank killed there would.
+void testKillPoint(const char* point) {
+  const char* v = std::getenv("UCXBACKEND_TEST_KILL_AT");
+  if (v != nullptr && std::strcmp(v, point) == 0) ::kill(::getpid(), SIGKILL);
+}
+
 }  // namespace
 
 std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options,
@@ -60,16 +68,20 @@ std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options,
   uint64_t cookie = 0;
   std::string offer;
   if (wanted) {
+    // Segments of earlier groups on this host whose creator was killed before it could
+    // remove the name (SIGKILL, or the SIGTERM torchrun sends) would fill /dev/shm: remove
+    // those whose owner is provably dead.
+    shm::removeOrphanedSegments();
     try {
-      const std::string name = "/ucxb-" + std::to_string(getpid()) + "-" +
-                               std::to_string(randomWord() & 0xffffffffffff) + "-r" +
-                               std::to_string(rank);
+      const std::string name =
+          shm::segmentName(shm::currentOwner(), randomWord() & 0xffffffffffff, rank);
       mine = shm::SharedSegment::create(name, layout.segmentBytes());
       cookie = randomWord() | 1;
       std::memcpy(mine.data(), &cookie, sizeof(cookie));
       char hex[17];
       std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(cookie));
       // Ranks agree to share only with the same slot layout (chunk_bytes set alike).
+      testKillPoint("shm_created");
       offer = shm::hostIdentity() + " slot=" + std::to_string(layout.slotBytes) + "\n" + name +
               "\n" + hex;
     } catch (const TransportError&) {
@@ -83,7 +95,11 @@ std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options,
   for (const auto& o : offers) {
     if (myHost.empty() || Offer::parse(stringOf(o)).host != myHost) return nullptr;
   }
-  // Round 2: could every rank map every peer's segment (and find its cookie there)?
+  testKillPoint("shm_offered");
+  // Round 2: could every rank map every peer's segment (and find its cookie there)? The last
+  // peer to map a segment removes its name at once, as POSIX shared-memory handoffs do: from
+  // then on a crash of any rank leaves nothing in /dev/shm (the memory goes with the last
+  // mapping). The creator removes it too once round 2 is over, in case a peer never got there.
   std::vector<shm::SharedSegment> peers(size);
   bool mapped = true;
   for (int p = 0; p < size && mapped; ++p) {
@@ -97,6 +113,7 @@ std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options,
     } catch (const TransportError&) {
       mapped = false;
     }
+    if (mapped && exchange.add("shm_opened", p, 1) == size - 1) peers[p].removeName();
   }
   const auto results = exchange.allGather("shm_mapped", {static_cast<uint8_t>(mapped)});
   mine.unlink();  // every peer has mapped it by now, or never will

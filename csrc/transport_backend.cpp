@@ -93,11 +93,14 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     }
     exchange.allConnected();
     staging = setUpStaging(options_, *transport, tuning_.chunkBytes, exchange);
+    exchange.complete();  // the last rank here deletes the creation's Store keys
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   } catch (const HandshakeMismatch& e) {
+    throwSetupFailed(backendName_, groupId_, rank, e.what());
+  } catch (const SetupError& e) {
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   }
   sharedMemory_ = staging != nullptr;

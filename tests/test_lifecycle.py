@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from conftest import skip_unless_ucx
@@ -129,3 +130,107 @@ def test_edge_shapes_and_self_mismatch() -> None:
             assert "alltoall_base" in msg and f"rank {rank}" in msg and "itself" in msg, msg
             total = float(ws * (ws + 1) // 2)
             assert out["after"] == [total, total]
+
+
+# ------------------------------------------------ the Store keys of a group's creation
+
+# The keys one creation of a group writes under ucxbackend/<group id>/<instance>/
+# (csrc/address_exchange.cpp, csrc/staging_setup.cpp), by family; "<p>" is a rank.
+_CREATION_KEYS = (
+    "token",
+    "addr/<p>",
+    "connected/<p>",
+    "shm_offer/<p>",
+    "shm_mapped/<p>",
+    "shm_opened/<p>",
+    "done",
+    "closed",
+)
+
+
+def _create(store: Any, rank: int, ws: int, group_id: str, options: dict[str, str]) -> Any:
+    from ucxbackend import _C
+
+    return _C.create_backend(
+        store, rank, ws, timedelta(seconds=30), group_id, list(range(ws)), options
+    )
+
+
+def _allreduce_ok(backend: Any, ws: int) -> bool:
+    t = torch.ones(4)
+    backend.allreduce([t]).wait()
+    return bool(torch.equal(t, torch.full((4,), float(ws))))
+
+
+def _leftover_keys(store: Any, group_id: str, ws: int) -> list[str]:
+    base = f"ucxbackend/{group_id}/"
+    last = int(store.add(base + "instances", 0))
+    names = [k.replace("<p>", str(p)) for k in _CREATION_KEYS for p in range(ws)]
+    return [
+        f"{base}{inst}/{name}"
+        for inst in range(last + 2)
+        for name in sorted(set(names))
+        if store.check([f"{base}{inst}/{name}"])
+    ]
+
+
+def _reuse_after_half_failed_creation(rank: int, ws: int, failing: int) -> dict[str, Any]:
+    """A group id whose first creation fails on rank `failing` before it reaches the Store (a
+    bad option), then is created again, twice, by every rank, on the same Store."""
+    store = dist.PrefixStore("reuse/", dist.distributed_c10d._get_default_store())
+    store.set_timeout(timedelta(seconds=2))
+    options = {"transport": "ucx"}
+    first = None
+    try:
+        bad = {**options, "chunk_bytes": "bogus"}
+        _create(store, rank, ws, "g", bad if rank == failing else options)
+    except (RuntimeError, ValueError) as exc:
+        first = f"{type(exc).__name__}: {exc}"
+    dist.barrier()  # every rank has given up on the first creation
+    store.set_timeout(timedelta(seconds=10))
+    outcomes: list[bool | str] = []
+    for _ in range(2):
+        try:
+            backend = _create(store, rank, ws, "g", options)
+            outcomes.append(_allreduce_ok(backend, ws))
+            backend.shutdown()
+        except RuntimeError as exc:
+            outcomes.append(str(exc)[:300])
+        dist.barrier()
+    return {"first": first, "again": outcomes, "left": _leftover_keys(store, "g", ws)}
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_group_id_reused_after_a_rank_failed_before_the_store(failing: int) -> None:
+    """The instance of a group id stays in step when a creation failed half-way (one rank never
+    reached the Store), and a created group leaves none of its creation's keys."""
+    skip_unless_ucx("creates ucx backends directly")
+    res = run_world(_reuse_after_half_failed_creation, 2, args=(failing,), timeout=90)
+    assert res[failing]["first"].startswith("ValueError"), res
+    assert res[1 - failing]["first"] is not None, res
+    if failing == 0:  # rank 1 waited for rank 0 to open the creation, and says so
+        assert "rank 0 did not start this creation of the group" in res[1]["first"], res
+    for rank, r in enumerate(res):
+        assert r["again"] == [True, True], (rank, r["again"])
+        assert r["left"] == [], (rank, r["left"])
+
+
+def _keys_after_create_and_destroy(rank: int, ws: int) -> list[str]:
+    sub = dist.new_group(backend="ucx")
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    group_id = str(sub.group_name)
+    dist.destroy_process_group(sub)
+    dist.barrier()
+    group_store = dist.PrefixStore(f"{group_id}/", dist.distributed_c10d._get_default_store())
+    left = []
+    # torch gives the backend the group's store under the device type's prefix.
+    for device in ("cpu", "cuda"):
+        left += _leftover_keys(dist.PrefixStore(f"{device}/", group_store), group_id, ws)
+    return left
+
+
+def test_created_group_leaves_no_creation_keys_in_the_store() -> None:
+    skip_unless_ucx("reads the ucx backend's Store keys")
+    res = run_world(_keys_after_create_and_destroy, 3, timeout=90)
+    assert res == [[], [], []], res

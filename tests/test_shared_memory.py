@@ -310,8 +310,9 @@ SEGMENT_HEADER_BYTES = 4096
 def _own_segments() -> set[tuple[int, int]]:
     """(start, end) of this process's own staging segments, from /proc/self/maps.
 
-    A rank's segment is /dev/shm/ucxb-<pid>-<random>-r<rank> (csrc/staging_setup.cpp; its
-    name is unlinked once every peer mapped it, hence " (deleted)"); peers' are mapped too,
+    A rank's segment is /dev/shm/ucxb-<pid>-<start time>-<pid namespace>-<random>-r<rank>
+    (shm::segmentName; its name is unlinked once every peer mapped it, hence " (deleted)");
+    peers' are mapped too,
     under their creators' pids.
     """
     prefix = f"/dev/shm/ucxb-{os.getpid()}-"
@@ -510,3 +511,116 @@ def test_staging_floor_one_element_either_side(ws: int) -> None:
         assert res["failures"] == [], (rank, res["failures"])
         assert res["staging"] == [], (rank, "\n".join(res["staging"]))
         assert res["checked"] == len(FLOOR_DTYPES) * (len(FLOOR_DELTAS) * (4 + ws) + 2)
+
+
+# ------------------------------------------- segments left behind by a crash, and their sweep
+
+
+def _start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat: the process's start time, in clock ticks since boot."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def _pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _segment_name(pid: int, start: int, ns: int, tag: str) -> str:
+    """/dev/shm path of a segment named as csrc/staging_setup.cpp names one
+    (shm::segmentName): ucxb-<pid>-<start time>-<pid namespace>-<random>-r<rank>."""
+    return f"/dev/shm/ucxb-{pid}-{start}-{ns}-{zlib.crc32(tag.encode()) + 1}-r0"
+
+
+def _segments_of(pids: list[int]) -> list[str]:
+    return sorted(p for pid in pids for p in glob.glob(f"/dev/shm/ucxb-{pid}-*"))
+
+
+def _just_create_a_group(rank: int, ws: int) -> bool:
+    return bool(ucxbackend.shared_memory())
+
+
+def test_group_creation_removes_segments_whose_owner_is_dead() -> None:
+    """A staging group's creation removes segments of this user whose owner is provably dead
+    (no such pid, or a pid reused by a process that started at another time), and nothing
+    else: a live owner's, one from another pid namespace, another user's, unparseable names."""
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    dead = subprocess.Popen(["sleep", "30"])
+    dead_start = _start_time(dead.pid)
+    dead.kill()
+    dead.wait()
+    me, my_start, ns = os.getpid(), _start_time(os.getpid()), _pid_namespace()
+    removed = [
+        _segment_name(dead.pid, dead_start, ns, "dead"),
+        _segment_name(me, my_start + 1, ns, "reused"),  # this pid, another process's start
+    ]
+    kept = [
+        _segment_name(me, my_start, ns, "alive"),
+        _segment_name(dead.pid, dead_start, ns + 1, "other-ns"),
+        f"/dev/shm/ucxb-{dead.pid}-{dead_start}-{ns}-garbage-r0",
+        f"/dev/shm/ucxb-{dead.pid}-{me}-r0",  # the name before the owner's start time
+    ]
+    foreign = _segment_name(dead.pid, dead_start, ns, "foreign")
+    try:
+        for path in removed + kept + [foreign]:
+            with open(path, "xb") as f:
+                f.write(b"\0" * 4096)
+        if os.geteuid() == 0:
+            os.chown(foreign, 65534, 65534)
+            kept.append(foreign)
+        else:
+            removed.append(foreign)  # our own, named after a dead owner
+        assert run_world(_just_create_a_group, 2, timeout=60) == [True, True]
+        assert [p for p in removed if os.path.exists(p)] == []
+        assert [p for p in kept if not os.path.exists(p)] == []
+    finally:
+        for path in removed + kept + [foreign]:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _killed_while_staging(rank: int, ws: int, pid_dir: str, point: str) -> str | None:
+    """Rank 1 dies by SIGKILL at `point` of a new group's staging set-up (the test-only hook
+    UCXBACKEND_TEST_KILL_AT); rank 0 waits for it until the Store times out."""
+    Path(pid_dir, str(rank)).write_text(str(os.getpid()))
+    if rank == 1:
+        os.environ["UCXBACKEND_TEST_KILL_AT"] = point
+    try:
+        dist.new_group(backend="ucx")
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def _crash_during_staging(tmp_path: Path, point: str) -> tuple[list[int], list[str]]:
+    res = run_world(
+        _killed_while_staging,
+        2,
+        args=(str(tmp_path), point),
+        pg_timeout=2.0,
+        expect_fail_ranks={1},
+        timeout=60,
+    )
+    assert res[1] is None and res[0] is not None, res  # rank 1 died, rank 0 gave up on it
+    pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
+    return pids, _segments_of(pids)
+
+
+def test_segment_of_a_rank_killed_after_its_offer_is_gone_at_once(tmp_path: Path) -> None:
+    """Killed once its offer is out: the peer that maps its segment last removes the name, and
+    the survivor's own goes when its creation fails; nothing is left, with no later group."""
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    _, left = _crash_during_staging(tmp_path, "shm_offered")
+    assert left == [], left
+
+
+def test_segment_of_a_rank_killed_before_its_offer_goes_with_the_next_group(
+    tmp_path: Path,
+) -> None:
+    """Killed between creating its segment and publishing it: nobody else knows the name, so it
+    stays, until the next staging group's creation on the host finds its owner dead."""
+    skip_unless_ucx("shared-memory staging is part of the ucx backend")
+    pids, left = _crash_during_staging(tmp_path, "shm_created")
+    assert len(left) == 1 and left[0].startswith(f"/dev/shm/ucxb-{pids[1]}-"), left
+    assert run_world(_just_create_a_group, 2, timeout=60) == [True, True]
+    assert _segments_of(pids) == []

@@ -1,9 +1,16 @@
-// transports/shm/shared_segment.{h,cpp} on its own: create, open, unlink, the errors, and the
-// host identity. Built and run by tests/test_shared_memory.py (tests/cpp/check.h: exits 0 when
+// transports/shm/shared_segment.{h,cpp} on its own: create, open, unlink, the errors, the
+// host identity, segment names and their owners' liveness, and the sweep of dead owners'
+// segments. Built and run by tests/test_shared_memory.py (tests/cpp/check.h: exits 0 when
 // every check passed).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -13,6 +20,8 @@
 #include "transports/transport.h"
 
 using ucxb::TransportError;
+using ucxb::shm::Liveness;
+using ucxb::shm::SegmentOwner;
 using ucxb::shm::SharedSegment;
 
 namespace {
@@ -70,12 +79,132 @@ void testHostIdentity() {
          "the host identity names boot, mount and network namespace");
 }
 
+void testSegmentNames() {
+  const SegmentOwner me = ucxb::shm::currentOwner();
+  CHECK_MSG(me.pid == getpid() && me.startTime > 0 && me.pidNamespace > 0,
+            "this process's owner record has its pid, start time and pid namespace");
+  const std::string name = ucxb::shm::segmentName(me, 123456789, 7);
+  SegmentOwner parsed;
+  CHECK_MSG(ucxb::shm::parseSegmentName(name, parsed) && parsed == me,
+            "a segment name gives back its owner");
+  CHECK_MSG(ucxb::shm::parseSegmentName(name.substr(1), parsed) && parsed == me,
+            "also as a /dev/shm file name, without the slash");
+  CHECK_MSG(contains(name, "/ucxb-" + std::to_string(getpid()) + "-") &&
+                contains(name, "-r7"),
+            "the name starts with the pid and ends with the rank");
+  for (const char* bad : {"/ucxb-1-2-3-4-r", "/ucxb-1-2-3-r0", "/ucxb-1-2-3-4-r0x",
+                          "/ucxb-0-2-3-4-r0", "/ucxb-12-999999-r1", "/ucxb-a-2-3-4-r0",
+                          "/other-1-2-3-4-r0", "/ucxb-1-2-3-4-5-r0", ""}) {
+    CHECK_MSG(!ucxb::shm::parseSegmentName(bad, parsed), std::string("rejects ") + bad);
+  }
+}
+
+// A child process that has exited; reaped (its pid is gone) or not (a zombie).
+SegmentOwner exitedChild(bool reap, pid_t& pid) {
+  pid = fork();
+  if (pid == 0) {
+    pause();
+    _exit(0);
+  }
+  SegmentOwner child = ucxb::shm::currentOwner();
+  child.pid = pid;
+  uint64_t start = 0;
+  // The child's start time, as currentOwner() would have recorded it in the child.
+  if (FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r")) {
+    char buf[1024] = {};
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    const std::string line(buf, n);
+    const char* p = line.c_str() + line.rfind(')') + 2;
+    for (int field = 3; field < 22; ++field) p = std::strchr(p, ' ') + 1;
+    start = std::strtoull(p, nullptr, 10);
+  }
+  child.startTime = start;
+  kill(pid, SIGKILL);
+  if (reap) {
+    waitpid(pid, nullptr, 0);
+  } else {
+    siginfo_t info{};
+    waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT);  // dead, not reaped
+  }
+  return child;
+}
+
+void testLiveness() {
+  const SegmentOwner me = ucxb::shm::currentOwner();
+  CHECK_MSG(ucxb::shm::ownerLiveness(me) == Liveness::kAlive, "this process is alive");
+  SegmentOwner reused = me;
+  reused.startTime += 1;
+  CHECK_MSG(ucxb::shm::ownerLiveness(reused) == Liveness::kDead,
+            "a pid whose process started at another time is a dead owner (pid reuse)");
+  SegmentOwner elsewhere = me;
+  elsewhere.pidNamespace += 1;
+  CHECK_MSG(ucxb::shm::ownerLiveness(elsewhere) == Liveness::kUnknown,
+            "an owner in another pid namespace is never called dead");
+  SegmentOwner noStart = me;
+  noStart.startTime = 0;
+  CHECK_MSG(ucxb::shm::ownerLiveness(noStart) == Liveness::kUnknown,
+            "a live pid without a recorded start time is not called dead");
+  pid_t pid = 0;
+  const SegmentOwner zombie = exitedChild(false, pid);
+  CHECK_MSG(zombie.startTime > 0 && ucxb::shm::ownerLiveness(zombie) == Liveness::kDead,
+            "a zombie is a dead owner");
+  waitpid(pid, nullptr, 0);
+  CHECK_MSG(ucxb::shm::ownerLiveness(zombie) == Liveness::kDead, "a reaped child is a dead owner");
+}
+
+void testSweep() {
+  pid_t pid = 0;
+  const SegmentOwner dead = exitedChild(true, pid);
+  const SegmentOwner me = ucxb::shm::currentOwner();
+  const uint64_t nonce = static_cast<uint64_t>(getpid()) * 1000;
+  const std::string deadName = ucxb::shm::segmentName(dead, nonce + 1, 0);
+  const std::string liveName = ucxb::shm::segmentName(me, nonce + 2, 0);
+  SegmentOwner foreignNs = dead;
+  foreignNs.pidNamespace += 1;
+  const std::string foreignNsName = ucxb::shm::segmentName(foreignNs, nonce + 3, 0);
+  // Left behind as a killed creator leaves them: named, with nobody to unlink them.
+  for (const auto& n : {deadName, liveName, foreignNsName}) {
+    const int fd = shm_open(n.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK_MSG(fd >= 0, "made " + n);
+    if (fd >= 0) close(fd);
+  }
+  const size_t removed = ucxb::shm::removeOrphanedSegments();
+  auto exists = [](const std::string& n) {
+    struct stat st {};
+    return ::stat(("/dev/shm" + n).c_str(), &st) == 0;
+  };
+  CHECK_MSG(removed >= 1 && !exists(deadName), "the sweep removes a dead owner's segment");
+  CHECK_MSG(exists(liveName), "the sweep keeps a live owner's segment");
+  CHECK_MSG(exists(foreignNsName), "the sweep keeps a segment from another pid namespace");
+  shm_unlink(liveName.c_str());
+  shm_unlink(foreignNsName.c_str());
+  CHECK_MSG(ucxb::shm::removeOrphanedSegments("/nonexistent-dir") == 0,
+            "a missing directory is nothing to sweep");
+}
+
+void testRemoveName() {
+  const std::string name = "/ucxb-test-rm-" + std::to_string(getpid());
+  SharedSegment mine = SharedSegment::create(name, 4096);
+  SharedSegment peer = SharedSegment::open(name, 4096);
+  peer.data()[10] = 9;
+  peer.removeName();  // the last peer to map it
+  CHECK_MSG(contains(errorOf([&] { SharedSegment::open(name, 4096); }), "No such file"),
+            "a peer removes the name");
+  CHECK_MSG(mine.data()[10] == 9, "both mappings stay");
+  mine.unlink();  // the creator's own unlink then finds nothing: no error
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"segment", testSegment, true},
       {"host_identity", testHostIdentity, true},
+      {"segment_names", testSegmentNames, true},
+      {"liveness", testLiveness, true},
+      {"sweep", testSweep, true},
+      {"remove_name", testRemoveName, true},
   };
   return ucxb::check::runGroups("shared_segment_test", groups, argc, argv);
 }

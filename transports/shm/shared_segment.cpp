@@ -1,5 +1,6 @@
 #include "transports/shm/shared_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -7,8 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <utility>
+#include <vector>
 
 #include "transports/transport.h"
 
@@ -101,6 +105,11 @@ void SharedSegment::unlink() {
   }
 }
 
+void SharedSegment::removeName() {
+  if (!name_.empty()) shm_unlink(name_.c_str());  // ENOENT: already gone, nothing to do
+  owner_ = false;
+}
+
 void SharedSegment::release() noexcept {
   unlink();
   if (data_ != nullptr) munmap(data_, size_);
@@ -113,6 +122,126 @@ std::string hostIdentity() {
   std::string boot;
   std::getline(in, boot);
   return (boot.empty() ? "?" : boot) + "/mnt:" + namespaceOf("mnt") + "/net:" + namespaceOf("net");
+}
+
+namespace {
+
+// Reads field 3 (state) and field 22 (start time) of /proc/<pid>/stat: 0, or the errno
+// (ENOENT when there is no such process).
+int readProcStat(long pid, uint64_t& startTime, char& state) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  FdCloser closer{fd};
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  if (n <= 0) return n < 0 ? errno : EIO;
+  const std::string line(buf, static_cast<size_t>(n));
+  // "pid (comm) state ppid ...": comm may hold spaces and ')', so fields start after the last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return EIO;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 3) state = field[0];
+    if (i == 22) {
+      char* end = nullptr;
+      startTime = std::strtoull(field.c_str(), &end, 10);
+      return *end == '\0' ? 0 : EIO;
+    }
+  }
+  return EIO;
+}
+
+uint64_t pidNamespaceInode() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// A run of decimal digits at `s[pos]`, up to `stop` (which must follow); advances pos past it.
+bool takeNumber(const std::string& s, size_t& pos, char stop, uint64_t& value) {
+  const size_t begin = pos;
+  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') ++pos;
+  if (pos == begin || pos - begin > 20) return false;
+  errno = 0;
+  value = std::strtoull(s.c_str() + begin, nullptr, 10);
+  if (errno != 0) return false;
+  if (stop == '\0') return pos == s.size();
+  if (pos >= s.size() || s[pos] != stop) return false;
+  ++pos;
+  return true;
+}
+
+constexpr char kSegmentPrefix[] = "ucxb-";
+
+}  // namespace
+
+SegmentOwner currentOwner() {
+  SegmentOwner me;
+  me.pid = static_cast<long>(getpid());
+  char state = '?';
+  if (readProcStat(me.pid, me.startTime, state) != 0) me.startTime = 0;
+  me.pidNamespace = pidNamespaceInode();
+  return me;
+}
+
+std::string segmentName(const SegmentOwner& owner, uint64_t nonce, int rank) {
+  return "/" + std::string(kSegmentPrefix) + std::to_string(owner.pid) + "-" +
+         std::to_string(owner.startTime) + "-" + std::to_string(owner.pidNamespace) + "-" +
+         std::to_string(nonce) + "-r" + std::to_string(rank);
+}
+
+bool parseSegmentName(const std::string& name, SegmentOwner& owner) {
+  size_t pos = name.empty() || name[0] != '/' ? 0 : 1;
+  if (name.compare(pos, sizeof(kSegmentPrefix) - 1, kSegmentPrefix) != 0) return false;
+  pos += sizeof(kSegmentPrefix) - 1;
+  uint64_t pid = 0, start = 0, ns = 0, nonce = 0, rank = 0;
+  if (!takeNumber(name, pos, '-', pid) || !takeNumber(name, pos, '-', start) ||
+      !takeNumber(name, pos, '-', ns) || !takeNumber(name, pos, '-', nonce)) {
+    return false;
+  }
+  if (pos >= name.size() || name[pos] != 'r') return false;
+  ++pos;
+  if (!takeNumber(name, pos, '\0', rank)) return false;
+  if (pid == 0 || pid > 0x7fffffff) return false;
+  owner = SegmentOwner{static_cast<long>(pid), start, ns};
+  return true;
+}
+
+Liveness ownerLiveness(const SegmentOwner& owner) {
+  const uint64_t ns = pidNamespaceInode();
+  if (ns == 0 || owner.pidNamespace != ns || owner.pid <= 0) return Liveness::kUnknown;
+  uint64_t start = 0;
+  char state = '?';
+  const int err = readProcStat(owner.pid, start, state);
+  if (err == ENOENT || err == ESRCH) return Liveness::kDead;  // no such process here
+  if (err != 0) return Liveness::kUnknown;  // e.g. /proc mounted with hidepid
+  if (owner.startTime == 0) return Liveness::kUnknown;  // it could not record its start time
+  if (start != owner.startTime) return Liveness::kDead;  // the pid now names another process
+  // A zombie has released its mappings and will never unlink anything again.
+  return state == 'Z' || state == 'X' ? Liveness::kDead : Liveness::kAlive;
+}
+
+size_t removeOrphanedSegments(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  std::vector<std::string> dead;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    SegmentOwner owner;
+    if (!parseSegmentName(name, owner)) continue;
+    struct stat st {};
+    if (::fstatat(::dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;  // never another user's
+    if (ownerLiveness(owner) == Liveness::kDead) dead.push_back(name);
+  }
+  ::closedir(d);
+  size_t removed = 0;
+  for (const auto& name : dead) {
+    // The owner is dead, so nobody can create this name again: no race with a new segment.
+    if (::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace ucxb::shm

@@ -1,9 +1,11 @@
 // A POSIX shared-memory object mapped into this process, and the test of whether two processes
 // can share one at all. Torch-free and UCX-free.
 //
-// The creator names the object and peers open it by that name. The creator removes the name
-// (unlink) as soon as every peer holds a mapping, so that a process that dies later leaves
-// nothing behind in /dev/shm; the memory itself goes when the last mapping does.
+// The creator names the object and peers open it by that name. The name is removed as soon as
+// every peer holds a mapping, so that a process that dies later leaves nothing behind in
+// /dev/shm; the memory itself goes when the last mapping does. A segment whose creator died
+// before that is recognised by its name, which records the creator (SegmentOwner), and
+// removed by a later process once the creator is provably dead (removeOrphanedSegments).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +31,10 @@ class SharedSegment {
 
   // Removes the name (creator only; idempotent). Mappings stay valid.
   void unlink();
+  // Removes the name whoever created it: the last peer to map a segment does, so that the
+  // name lives no longer than the handoff (csrc/staging_setup.cpp). Mappings stay valid; a
+  // name already gone is no error.
+  void removeName();
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -51,5 +57,37 @@ class SharedSegment {
 // user placed on separate "hosts" with network namespaces or containers stay apart, and
 // their traffic keeps crossing the network as it would between machines).
 std::string hostIdentity();
+
+// Who created a segment, as its name records it: enough to tell, from any process of the same
+// user on the host, whether that creator is still alive.
+struct SegmentOwner {
+  long pid = 0;
+  uint64_t startTime = 0;     // field 22 of /proc/<pid>/stat: survives pid reuse
+  uint64_t pidNamespace = 0;  // inode of /proc/self/ns/pid: pids mean something only in it
+  bool operator==(const SegmentOwner&) const = default;
+};
+
+// This process, as a segment's owner (zeros where /proc cannot say).
+SegmentOwner currentOwner();
+
+// "/ucxb-<pid>-<start time>-<pid namespace>-<nonce>-r<rank>" for `owner`: the name a group's
+// staging segment gets (csrc/staging_setup.cpp).
+std::string segmentName(const SegmentOwner& owner, uint64_t nonce, int rank);
+
+// The owner named by a segment name made by segmentName() (with or without the leading '/');
+// false for any other name (another program's, or an older release's without a start time).
+bool parseSegmentName(const std::string& name, SegmentOwner& owner);
+
+enum class Liveness { kAlive, kDead, kUnknown };
+
+// kDead only when the owner provably cannot be running: it is in this process's pid namespace
+// and its pid is gone, a zombie, or taken by a process that started at another time. kUnknown
+// when that cannot be told (another pid namespace, /proc unreadable, no start time recorded).
+Liveness ownerLiveness(const SegmentOwner& owner);
+
+// Removes every segment in `dir` (shm_open's /dev/shm) named by segmentName() whose owner is
+// provably dead (kDead) and that is a regular file of this effective user; nothing else.
+// Returns how many it removed. Never throws.
+size_t removeOrphanedSegments(const std::string& dir = "/dev/shm");
 
 }  // namespace ucxb::shm
