@@ -31,6 +31,19 @@ BUILD = REPO / "tests" / "cpp" / "build"  # ignored by git (build/) and docker (
 
 # Flags of every unit; callers add the optimisation level, -Werror, sanitizers, defines.
 BASE_FLAGS = ["-std=c++20", "-Wall", "-Wextra", "-I."]
+# AddressSanitizer and UndefinedBehaviorSanitizer: one flag set for every program run under
+# them (the UDP core's test program and its fuzzer), so that they share the core's objects.
+# -g1: the line tables a report's stacks need, at two thirds of -g's compile time.
+ASAN_UBSAN = [
+    "-O1",
+    "-g1",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+]
+# The fuzzer's coverage feedback (tests/fuzz/standalone_driver.cpp), on the code under test.
+# Another program linking such objects links tests/cpp/no_coverage.cpp instead of the driver.
+COVERAGE = ["-fsanitize-coverage=trace-pc"]
 COMPILE_TIMEOUT_S = 300  # one translation unit, on a busy two-core machine
 # Parallel compiles: the machines these tests run on have two cores shared with other work.
 JOBS = max(1, min(2, os.cpu_count() or 1))

@@ -50,12 +50,10 @@ GROUPS = [
 RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
 
 
-def _compile(out: Path, extra_flags: list[str], program: str = TEST_PROGRAM) -> Path:
+def _compile(out: Path, program: str = TEST_PROGRAM) -> Path:
     """`program` with the UDP core and the simulator, built by tests/cpp_build.py (cached
     across sessions) and copied to `out`."""
-    built = cpp_build.build(
-        out.name, program, groups=["udp", "udp_sim"], flags=["-O1", *extra_flags]
-    )
+    built = cpp_build.build(out.name, program, groups=["udp", "udp_sim"], flags=["-O1"])
     shutil.copy2(built, out)
     return out
 
@@ -86,7 +84,7 @@ def _assert_passed(result: subprocess.CompletedProcess[str], what: str) -> None:
 @pytest.fixture(scope="module")
 def udp_core_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test program, compiled once for this module."""
-    return _compile(tmp_path_factory.mktemp("udp_core") / "udp_core_test", [])
+    return _compile(tmp_path_factory.mktemp("udp_core") / "udp_core_test")
 
 
 def test_groups_are_all_listed(udp_core_test: Path) -> None:
@@ -118,17 +116,19 @@ def test_measurements(udp_core_test: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sanitizers(tmp_path: Path) -> None:
-    """Every group again under AddressSanitizer and UndefinedBehaviorSanitizer (about 35 s of
-    compiling and 10 s of running on this machine)."""
-    binary = _compile(
-        tmp_path / "udp_core_test_asan",
-        [
-            "-g",
-            "-fsanitize=address,undefined",
-            "-fno-sanitize-recover=undefined",
-            "-fno-omit-frame-pointer",
-        ],
+def test_sanitizers() -> None:
+    """Every group again under AddressSanitizer and UndefinedBehaviorSanitizer, built with the
+    fuzzer's flags (tests/test_udp_fuzz.py): the two programs share the core's objects, which
+    carry the fuzzer's coverage calls (no-ops here, tests/cpp/no_coverage.cpp: a fifth more
+    run time, against compiling the core a second time)."""
+    core = set(cpp_build.sources(["udp_sans_io"]))
+    binary = cpp_build.build(
+        "udp_core_test_asan",
+        TEST_PROGRAM,
+        groups=["udp_sans_io", "udp_sim"],
+        flags=cpp_build.ASAN_UBSAN,
+        extra_sources=["tests/cpp/no_coverage.cpp"],
+        unit_flags=lambda source: cpp_build.COVERAGE if source in core else [],
     )
     result = _run(
         binary,
@@ -162,7 +162,7 @@ ENDPOINT_GROUPS = [
 @pytest.fixture(scope="module")
 def udp_endpoint_test(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("udp_endpoint") / "udp_endpoint_test"
-    return _compile(out, [], program=ENDPOINT_TEST_PROGRAM)
+    return _compile(out, program=ENDPOINT_TEST_PROGRAM)
 
 
 def test_endpoint_groups_are_all_listed(udp_endpoint_test: Path) -> None:
@@ -202,7 +202,7 @@ def test_transport_over_loopback_sockets(
     (found by keepalive and retransmission timeouts). tests/cpp/udp_transport_test.cpp."""
     binary = tmp_path_factory.getbasetemp() / "udp_transport_test"
     if not binary.exists():
-        _compile(binary, [], program="tests/cpp/udp_transport_test.cpp")
+        _compile(binary, program="tests/cpp/udp_transport_test.cpp")
     result = _run(binary, [faults, mtu], timeout=180)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     if mtu == "1472" and "trains_sent=" in result.stdout:

@@ -3,27 +3,34 @@
 // either build:
 //
 //   udp_fuzz [-runs=N] [-max_total_time=S] [-seed=N] [-max_len=N] [-timeout=S]
-//            [-artifact_prefix=DIR/] [-dump_seeds=DIR]
+//            [-artifact_prefix=DIR/] [-dump_seeds=DIR] [CORPUS_DIR...]
 //   udp_fuzz FILE...          replays each file once (a crash reproduces)
+//   udp_fuzz -merge=1 OUT_DIR IN_DIR...
+//                             copies to OUT_DIR the inputs of the IN_DIRs that reach an
+//                             edge that neither the seeds nor a smaller input reached
 //
-// It mutates a corpus that starts from the target's seeds (udp_fuzz_target.h): bit flips,
-// byte sets, insertions, deletions, interesting values, copies within an input, splices of
-// two inputs. When the code under test was compiled with -fsanitize-coverage=trace-pc (g++
-// and clang both have it), it is also coverage-guided: inputs that reach a new edge join the
-// corpus. An input that aborts, trips a sanitizer or times out is written to
+// It mutates a corpus that starts from the target's seeds (udp_fuzz_target.h) and every file
+// in the CORPUS_DIRs: bit flips, byte sets, insertions, deletions, interesting values, copies
+// within an input, splices of two inputs. When the code under test was compiled with
+// -fsanitize-coverage=trace-pc (g++ and clang both have it), it is also coverage-guided:
+// inputs that reach a new edge join the corpus and, as with libFuzzer, are written to the
+// first CORPUS_DIR. An input that aborts, trips a sanitizer or times out is written to
 // <artifact_prefix>crash-<hash> before the process dies, for replay.
 //
 // Single-threaded and deterministic for a given -seed (timeouts aside).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -62,7 +69,9 @@ size_t g_totalEdges = 0;
 
 }  // namespace
 
-extern "C" void __sanitizer_cov_trace_pc() {
+// Called on every edge of the code under test: kept out of ASan's and UBSan's checks (the
+// index is masked into the map), which would otherwise double its cost.
+extern "C" __attribute__((no_sanitize("address", "undefined"))) void __sanitizer_cov_trace_pc() {
   const auto pc = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
   uint64_t h = (pc ^ g_previous) * 0x9e3779b97f4a7c15ull;
   const size_t i = static_cast<size_t>(h >> 46) & (kMapSize - 1);
@@ -172,6 +181,12 @@ class Rng {
 
 using Input = std::vector<uint8_t>;
 
+uint64_t fnv1a(const Input& d) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : d) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
 constexpr uint64_t kInteresting[] = {0,      1,          0x7f,       0x80,      0xff,
                                      0x100,  0x7fff,     0xffff,     0x10000,   0x7fffffff,
                                      0xffffffff, 1ull << 32, 1ull << 48, (1ull << 62) - 1,
@@ -255,13 +270,17 @@ struct Options {
   size_t maxLen = 4096;
   unsigned timeout = 20;  // seconds per input
   std::string dumpSeeds;
+  bool merge = false;
   std::vector<std::string> files;
+  std::vector<std::string> dirs;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "udp_fuzz: %s\nusage: udp_fuzz [-runs=N] [-max_total_time=S] [-seed=N] "
-               "[-max_len=N] [-timeout=S] [-artifact_prefix=DIR/] [-dump_seeds=DIR] [FILE...]\n",
+               "[-max_len=N] [-timeout=S] [-artifact_prefix=DIR/] [-dump_seeds=DIR] "
+               "[CORPUS_DIR...]\n       udp_fuzz FILE...\n"
+               "       udp_fuzz -merge=1 OUT_DIR IN_DIR...\n",
                why.c_str());
   std::exit(2);
 }
@@ -295,13 +314,56 @@ Options parse(int argc, char** argv) {
       std::strcpy(g_artifactPrefix, v);
     } else if (const char* v = value("-dump_seeds=")) {
       o.dumpSeeds = v;
+    } else if (const char* v = value("-merge=")) {
+      o.merge = number(v) != 0;
     } else if (!a.empty() && a[0] == '-') {
       usage("unknown flag " + std::string(a));
+    } else if (std::filesystem::is_directory(std::string(a))) {
+      o.dirs.emplace_back(a);
     } else {
       o.files.emplace_back(a);
     }
   }
+  if (!o.dirs.empty() && !o.files.empty()) usage("give either files to replay or directories");
+  if (o.merge && o.dirs.size() < 2) usage("-merge=1 needs an output and an input directory");
   return o;
+}
+
+Input readFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) usage("cannot read " + path);
+  return Input((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Every regular file of `dir`, in name order, cut to maxLen.
+std::vector<Input> readDir(const std::string& dir, size_t maxLen) {
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_regular_file()) paths.push_back(entry.path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  std::vector<Input> inputs;
+  for (const std::string& path : paths) {
+    inputs.push_back(readFile(path));
+    if (inputs.back().size() > maxLen) inputs.back().resize(maxLen);
+  }
+  return inputs;
+}
+
+// `dir`/<hash of the bytes>: libFuzzer, too, names corpus files by their content.
+void writeToDir(const std::string& dir, const Input& d) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/%016llx", static_cast<unsigned long long>(fnv1a(d)));
+  std::ofstream f(dir + name, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size()));
+  if (!f) usage("cannot write to " + dir);
+}
+
+double cpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 void runOne(const Input& d, unsigned timeout) {
@@ -319,9 +381,7 @@ void runOne(const Input& d, unsigned timeout) {
 
 int replay(const Options& o) {
   for (const std::string& path : o.files) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) usage("cannot read " + path);
-    const Input d((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const Input d = readFile(path);
     std::printf("Running: %s (%zu bytes)\n", path.c_str(), d.size());
     std::fflush(stdout);
     runOne(d, o.timeout);
@@ -345,6 +405,35 @@ int dumpSeeds(const Options& o) {
   return 0;
 }
 
+// Runs `d` and says whether it reached an edge that no earlier input reached.
+bool execute(const Input& d, unsigned timeout) {
+  g_newEdges = 0;
+  g_previous = 0;
+  runOne(d, timeout);
+  g_totalEdges += g_newEdges;
+  return g_newEdges > 0;
+}
+
+int merge(const Options& o) {
+  for (const auto& s : ucxb::udp::fuzz::seedInputs()) execute(s, o.timeout);
+  std::vector<Input> inputs;
+  for (size_t i = 1; i < o.dirs.size(); ++i) {
+    for (auto& d : readDir(o.dirs[i], o.maxLen)) inputs.push_back(std::move(d));
+  }
+  std::stable_sort(inputs.begin(), inputs.end(),
+                   [](const Input& a, const Input& b) { return a.size() < b.size(); });
+  size_t kept = 0;
+  for (const Input& d : inputs) {
+    if (execute(d, o.timeout)) {
+      writeToDir(o.dirs[0], d);
+      ++kept;
+    }
+  }
+  std::printf("udp_fuzz: merge: kept %zu of %zu inputs in %s, edges %zu\n", kept, inputs.size(),
+              o.dirs[0].c_str(), g_totalEdges);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -352,6 +441,7 @@ int main(int argc, char** argv) {
   installCrashHandlers();
   if (!o.dumpSeeds.empty()) return dumpSeeds(o);
   if (!o.files.empty()) return replay(o);
+  if (o.merge) return merge(o);
 
   const uint64_t seed = o.seedGiven
                             ? o.seed
@@ -368,18 +458,20 @@ int main(int argc, char** argv) {
 
   std::vector<Input> corpus;
   uint64_t runs = 0;
-  const auto execute = [&](const Input& d) {
-    g_newEdges = 0;
-    g_previous = 0;
-    runOne(d, o.timeout);
+  const auto run = [&](const Input& d) {
     ++runs;
-    g_totalEdges += g_newEdges;
-    return g_newEdges > 0;
+    return execute(d, o.timeout);
   };
   for (auto& s : ucxb::udp::fuzz::seedInputs()) {
     if (s.size() > o.maxLen) s.resize(o.maxLen);
-    execute(s);
+    run(s);
     corpus.push_back(std::move(s));
+  }
+  for (const std::string& dir : o.dirs) {
+    for (auto& d : readDir(dir, o.maxLen)) {
+      run(d);
+      corpus.push_back(std::move(d));
+    }
   }
   std::printf("#%llu\tINITED cov: %zu corp: %zu\n", static_cast<unsigned long long>(runs),
               g_totalEdges, corpus.size());
@@ -395,8 +487,9 @@ int main(int argc, char** argv) {
     d = corpus[rng.below(corpus.size())];
     for (size_t k = 1 + rng.below(4); k > 0; --k) mutateOnce(d, corpus, rng);
     if (d.size() > o.maxLen) d.resize(o.maxLen);
-    if (execute(d)) {
+    if (run(d)) {
       corpus.push_back(d);
+      if (!o.dirs.empty()) writeToDir(o.dirs[0], d);
       std::printf("#%llu\tNEW cov: %zu corp: %zu len: %zu\n",
                   static_cast<unsigned long long>(runs), g_totalEdges, corpus.size(), d.size());
     }
@@ -410,9 +503,10 @@ int main(int argc, char** argv) {
   }
   const double seconds = elapsed();
   std::printf(
-      "udp_fuzz: done: %llu runs in %.1f s (%.0f exec/s), seed %llu, corpus %zu, edges %zu\n",
+      "udp_fuzz: done: %llu runs in %.1f s (%.0f exec/s), seed %llu, corpus %zu, edges %zu, "
+      "cpu %.1f s\n",
       static_cast<unsigned long long>(runs), seconds,
       seconds > 0 ? static_cast<double>(runs) / seconds : 0.0,
-      static_cast<unsigned long long>(seed), corpus.size(), g_totalEdges);
+      static_cast<unsigned long long>(seed), corpus.size(), g_totalEdges, cpuSeconds());
   return 0;
 }

@@ -56,7 +56,12 @@ struct WorldShape {
 };
 
 // Every world a group runs in: each size with and without staging at kSmallChunk, then the
-// large, odd-chunk and step-space worlds.
+// large, odd-chunk and step-space worlds. With ALGORITHMS_TEST_WORLDS=sanitizer (the
+// ThreadSanitizer run, which is 5-15 times slower), only the worlds that reach a code path
+// of their own: the step-space worlds (the chunked exchanges of the others, thousands of
+// times over, for the tag-step arithmetic the plain run checks) and n=8 (n=4's pattern with
+// one more level) are left out. Both selections reach the same lines and branches of
+// csrc/collectives, tests/cpp/inproc and transports/shm (gcov; docs/testing.md).
 std::vector<WorldShape> worldShapes();
 
 // Element counts (or bytes) per rank: empty, one, not divisible by the world, several chunks.
