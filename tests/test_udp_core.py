@@ -53,7 +53,7 @@ RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
 def _compile(out: Path, program: str = TEST_PROGRAM) -> Path:
     """`program` with the UDP core and the simulator, built by tests/cpp_build.py (cached
     across sessions) and copied to `out`."""
-    built = cpp_build.build(out.name, program, groups=["udp", "udp_sim"], flags=["-O1"])
+    built = cpp_build.build(out.name, program, groups=["udp", "udp_sim"], flags=cpp_build.PLAIN)
     shutil.copy2(built, out)
     return out
 
