@@ -46,7 +46,7 @@ def algorithms_test() -> Path:
         "algorithms_test",
         PROGRAM,
         groups=["algorithm_checks", "collectives", "shm", "inproc"],
-        flags=["-O1", "-Werror", "-pthread"],
+        flags=cpp_build.PLAIN,
     )
 
 

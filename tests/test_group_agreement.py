@@ -142,7 +142,7 @@ def test_handshake_unit() -> None:
     exe = cpp_build.build(
         "handshake_test",
         "tests/cpp/handshake_test.cpp",
-        flags=["-O1", "-Werror"],
+        flags=cpp_build.PLAIN,
         extra_sources=["csrc/handshake.cpp"],
     )
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)

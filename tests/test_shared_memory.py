@@ -263,7 +263,7 @@ def test_ucx_tls_rule() -> None:
     probe = cpp_build.build(
         "shared_memory_tls_probe",
         "tests/cpp/shared_memory_tls_probe.cpp",
-        flags=["-O1", "-Werror"],
+        flags=cpp_build.PLAIN,
         extra_sources=["transports/ucx/shared_memory_tls.cpp"],
     )
     run = subprocess.run(
@@ -286,7 +286,7 @@ def test_torch_free_unit(unit: str, sources: list[str]) -> None:
     """The segment class, the slot layout and the slots' streaming stores, and the per-message
     staging decision, on their own (tests/cpp/<unit>.cpp)."""
     exe = cpp_build.build(
-        unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=["-O1", "-Werror"],
+        unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=cpp_build.PLAIN,
         extra_sources=sources,
     )
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
