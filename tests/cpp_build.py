@@ -53,7 +53,8 @@ ASAN_UBSAN = [
 COVERAGE = ["-fsanitize-coverage=trace-pc"]
 COMPILE_TIMEOUT_S = 300  # one translation unit, on a busy two-core machine
 # Parallel compiles: the machines these tests run on have two cores shared with other work.
-JOBS = max(1, min(2, os.cpu_count() or 1))
+# UCXB_CPP_JOBS=1 compiles one unit at a time (to measure what a build costs, docs/testing.md).
+JOBS = int(os.environ.get("UCXB_CPP_JOBS", "0")) or max(1, min(2, os.cpu_count() or 1))
 # Parsing these is most of what a small unit costs to compile (a plain build of the
 # algorithms' units takes 40 % less with them precompiled). They are precompiled into
 # obj/pch-<key>/std.h.gch for a flag set once PCH_MIN_UNITS units with those flags are to be
