@@ -102,7 +102,9 @@ def run_on_hosts(
                         list(argv),
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        env=base_env(env.get(host)),
+                        # TMPDIR: what the commands leave in temp (torchrun's torchelastic_*
+                        # log dirs) goes with this run's directory.
+                        env={**base_env(env.get(host)), "TMPDIR": tmp},
                         cwd=str(cwd),
                     )  # type: ignore[arg-type]
             deadline = time.monotonic() + timeout

@@ -85,8 +85,10 @@ def test_under_torchrun(tmp_path: Path) -> None:
         "--json",
         str(out_json),
     ]
+    # TMPDIR: torchrun's torchelastic_* log dir goes with the test's.
+    env = bench_env(TMPDIR=str(tmp_path))
     proc = subprocess.run(
-        cmd, env=bench_env(), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT
+        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("# all_gather") == 1  # only rank 0 prints

@@ -162,6 +162,7 @@ def _run_torchrun(script: str, tmp_path: Path, nproc: int = 2) -> list[dict]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     )
+    env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* log dir goes with the test's
     cmd = [
         sys.executable,  # "torchrun" is this module; this way it runs under this interpreter
         "-m",
