@@ -69,7 +69,9 @@ def main() -> None:
             ("UCXB_UCX_HOME", f'"{home}"'),
             ("UCXB_TORCH_VERSION", f'"{torch.__version__}"'),
         ],
-        extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        # C++20 named explicitly: torch 2.13's BuildExtension defaults to it, older ones (the
+        # GPU machines' torch 2.11) to C++17, and it adds its default only when none is given.
+        extra_compile_args=["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=c++20"],
         # RUNPATH (new dtags) to the UCX we compiled against; LD_LIBRARY_PATH can still
         # override it deliberately, a stray system libucp cannot.
         extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,--enable-new-dtags"],

@@ -142,6 +142,12 @@ std::vector<config::Field<BackendOptions>> fields() {
                           "udp backend only: seeded fault injection on received datagrams, "
                           "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'"),
              &O::udpFaults, keyValuesOf(faultSchema)),
+      // Per rank: a rank's choice of device is its own (like NCCL, a group may mix devices).
+      member(config::integer("cuda", 0, 1,
+                             "1: carry CUDA tensors (experimental; ucx moves device memory "
+                             "itself, udp stages it through pinned host memory); 0: a CUDA "
+                             "tensor is a ValueError. docs/cuda.md"),
+             &O::cuda),
   };
   f.insert(f.end(), rest.begin(), rest.end());
   return f;

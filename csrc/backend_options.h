@@ -34,6 +34,7 @@ struct BackendOptions {
   std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
   std::string udpConfig;
   std::string udpFaults;
+  uint64_t cuda = 0;  // 1: carry CUDA tensors (opt-in until verified on a GPU)
 
   // What the engine, the algorithms and staging take from these.
   EngineConfig engine() const;

@@ -2,6 +2,7 @@
 // body that stages tensors (contiguous copies only where the user's tensor is not contiguous),
 // calls its one algorithm entry point, and writes results back into the user's tensors.
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cstring>
@@ -30,6 +31,20 @@ struct Staged {
 
 uint8_t* bytePtr(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
+// A contiguous tensor's memory as a flat byte tensor (a view).
+at::Tensor bytesOf(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())},
+                       t.options().dtype(at::kByte));
+}
+
+// Drains the current stream of `device` when it goes out of scope (nothing for a CPU op).
+struct DrainOnExit {
+  std::optional<c10::Device> device;
+  ~DrainOnExit() {
+    if (device) c10::impl::getDeviceGuardImpl(device->type())->getStream(*device).synchronize();
+  }
+};
+
 // All tensors flattened end to end in one new contiguous buffer.
 at::Tensor pack(const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> flat;
@@ -53,7 +68,7 @@ void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
   // Runs in the op's body: errors.cpp's toDistError gives it the op's context.
   if (s == nullptr) throw std::invalid_argument("PREMUL_SUM without a factor");
   if (s->tensor_factor.defined()) {
-    t.mul_(s->tensor_factor.to(at::kCPU));
+    t.mul_(s->tensor_factor.to(t.device()));
   } else {
     t.mul_(s->double_factor);
   }
@@ -79,7 +94,7 @@ ReductionSpec reductionFor(const Checker& c, const std::vector<at::Tensor>& ts,
              describe(t));
     }
   }
-  return {{c.reduction(dt, op), elementSize(dt)}, dt};
+  return {c.reduction(dt, op), dt};
 }
 
 int rootOf(const Checker& c, int64_t root) {
@@ -120,7 +135,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
   const auto c = checker(op);
   const auto spec = reductionFor(c, tensors, reduceOp);
   const int size = getSize();
-  return enqueue(op, type, tensors, describe(tensors), timeout,
+  return enqueue(op, type, c.device(), tensors, describe(tensors), timeout,
                  [tensors, spec, reduceOp, size](Comm& comm) {
                    // One tensor is reduced in place (staged if strided); several are packed.
                    const bool single = tensors.size() == 1;
@@ -166,7 +181,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
   const auto reduceOp = opts.reduceOp;
   const int size = getSize();
   at::Tensor t = tensors[0];
-  return enqueue("reduce", c10d::OpType::REDUCE, tensors, describe(t), timeoutFor(opts.timeout),
+  return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors, describe(t), timeoutFor(opts.timeout),
                  [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
                    // Only the root's tensor receives the result. The algorithm never writes
                    // the other ranks' inputs, so they are sent as they are, except under
@@ -193,7 +208,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tenso
   c.tensor(tensors[0]);
   const int root = rootOf(c, opts.rootRank);
   at::Tensor t = tensors[0];
-  return enqueue("broadcast", c10d::OpType::BROADCAST, tensors, describe(t),
+  return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors, describe(t),
                  timeoutFor(opts.timeout), [t, root](Comm& comm) {
                    Staged s(t);
                    algo::broadcast(comm, s.data(), s.bytes(), root);
@@ -220,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
     c.tensor(o, "output");
     c.sameAs(in, o, "output");
   }
-  return enqueue("allgather", c10d::OpType::ALLGATHER, outs, describe(in),
+  return enqueue("allgather", c10d::OpType::ALLGATHER, c.device(), outs, describe(in),
                  timeoutFor(opts.timeout), [in, outs](Comm& comm) {
                    Staged src(in);
                    std::vector<Staged> dst;
@@ -255,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
              " elements (input " + describe(inputs[i]) + ")");
     }
   }
-  return enqueue(op, c10d::OpType::_ALLGATHER_BASE, outputs, describe(inputs), timeout,
+  return enqueue(op, c10d::OpType::_ALLGATHER_BASE, c.device(), outputs, describe(inputs), timeout,
                  [outputs, inputs](Comm& comm) {
                    const int n = comm.size();
                    if (inputs.size() == 1 && outputs[0].is_contiguous()) {
@@ -276,23 +291,27 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
                      src.emplace_back(t);
                      block += src.back().bytes();
                    }
-                   std::vector<uint8_t> send(block);
-                   std::vector<uint8_t> recv(block * n);
+                   // In the inputs' memory (host or device), as byte tensors.
+                   const auto byteOpts = inputs[0].options().dtype(at::kByte);
+                   at::Tensor send = at::empty({static_cast<int64_t>(block)}, byteOpts);
+                   at::Tensor recv = at::empty({static_cast<int64_t>(block * n)}, byteOpts);
                    size_t at = 0;
                    for (const auto& st : src) {
-                     if (st.bytes()) std::memcpy(send.data() + at, st.data(), st.bytes());
+                     if (st.bytes()) send.narrow(0, at, st.bytes()).copy_(bytesOf(st.flat));
                      at += st.bytes();
                    }
                    std::vector<void*> ptrs;
-                   for (int r = 0; r < n; ++r) ptrs.push_back(recv.data() + r * block);
-                   algo::allgather(comm, send.data(), ptrs, block);
+                   for (int r = 0; r < n; ++r) {
+                     ptrs.push_back(block ? bytePtr(recv) + r * block : nullptr);
+                   }
+                   algo::allgather(comm, block ? send.data_ptr() : nullptr, ptrs, block);
                    at = 0;
                    for (size_t i = 0; i < inputs.size(); ++i) {
                      Staged dst(outputs[i]);
                      const size_t len = src[i].bytes();
+                     at::Tensor out = len ? bytesOf(dst.flat) : at::Tensor();
                      for (int r = 0; r < n && len > 0; ++r) {
-                       std::memcpy(static_cast<uint8_t*>(dst.data()) + r * len,
-                                   recv.data() + r * block + at, len);
+                       out.narrow(0, r * len, len).copy_(recv.narrow(0, r * block + at, len));
                      }
                      dst.copyBack();
                      at += len;
@@ -335,16 +354,20 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
   }
   auto inner = allgatherFlat("allgather_coalesced", flatOutputs, inputs, timeoutFor(opts.timeout));
   // Scatter the flat results into the user's lists once gathered, before the Work completes.
-  auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, {}, describe(inputs),
-                       timeoutFor(opts.timeout));
+  auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, c.device(), {},
+                       describe(inputs), timeoutFor(opts.timeout));
   std::vector<std::vector<at::Tensor>> lists = outputLists;
-  inner->getFuture()->addCallback([work, lists, flatOutputs](c10::ivalue::Future& f) {
+  inner->getFuture()->addCallback([work, lists, flatOutputs, device = c.device()](
+                                      c10::ivalue::Future& f) {
     if (f.hasError()) {
       work->finishError(f.exception_ptr());
       return;
     }
     try {
       at::NoGradGuard g;
+      // A CUDA future runs its callbacks with streams that wait for the inner op; the copies
+      // below are final before the Work completes, as every op's outputs are.
+      const DrainOnExit drain(device);
       for (size_t i = 0; i < flatOutputs.size(); ++i) {
         for (size_t r = 0; r < lists.size(); ++r) {
           const auto n = lists[r][i].numel();
@@ -369,7 +392,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
   c.tensor(in, "input");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> outs = rootList(c, root, outputs, in, "output");
-  return enqueue("gather", c10d::OpType::GATHER, outs, describe(in), timeoutFor(opts.timeout),
+  return enqueue("gather", c10d::OpType::GATHER, c.device(), outs, describe(in), timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
                    Staged src(in);
                    std::vector<Staged> dst;
@@ -392,7 +415,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
-  return enqueue("scatter", c10d::OpType::SCATTER, outputs, describe(out),
+  return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs, describe(out),
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
                    std::vector<Staged> src;
                    std::vector<const void*> ptrs;
@@ -454,7 +477,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                           return t.numel() == outputs[0].numel();
                         })));
   if (direct) {
-    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(all), timeout,
+    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, describe(all), timeout,
                    [output = outputs[0], parts = inputs[0], spec, reduceOp, size](Comm& comm) {
                      const int n = comm.size();
                      const size_t blockBytes = output.nbytes();
@@ -474,7 +497,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                      dst.copyBack();
                    });
   }
-  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, outputs, describe(all), timeout,
+  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, describe(all), timeout,
                  [outputs, inputs, spec, reduceOp, size](Comm& comm) {
                    const int n = comm.size();
                    std::vector<at::Tensor> rows;  // input i as [n, block_i] views
@@ -587,7 +610,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall_base(
     c.fail("this rank sends itself " + std::to_string(inSplits[me] * inRow) +
            " bytes but expects " + std::to_string(outSplits[me] * outRow) + " from itself");
   }
-  return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, {output}, describe(input),
+  return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, c.device(), {output}, describe(input),
                  timeoutFor(opts.timeout),
                  [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
                    // In place (input is output): send from a copy, as receives overwrite it.
@@ -634,7 +657,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
     c.fail("input " + describe(inputs[me]) + " that this rank sends itself does not match output " +
            describe(outputs[me]));
   }
-  return enqueue("alltoall", c10d::OpType::ALLTOALL, outputs, describe(inputs),
+  return enqueue("alltoall", c10d::OpType::ALLTOALL, c.device(), outputs, describe(inputs),
                  timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {
                    std::vector<Staged> src;
                    std::vector<Staged> dst;

@@ -53,9 +53,27 @@ DType Checker::tensor(const at::Tensor& t, const char* role) const {
   if (!t.defined()) {
     fail(std::string(role) + " is undefined");
   }
-  if (t.device().type() != at::kCPU) {
-    fail(std::string(role) + " " + describe(t) +
-         " is not a CPU tensor; the " + backend + " backend carries CPU tensors only so far");
+  if (t.is_cuda()) {
+    if (!cuda) {
+      fail(std::string(role) + " " + describe(t) + " is a CUDA tensor; the " + backend +
+           " backend carries CUDA tensors only when asked to (experimental): set "
+           "UCXBACKEND_CUDA=1 or the option cuda=1");
+    }
+    if (sawCpu_ || (device_ && *device_ != t.device())) {
+      fail(std::string(role) + " " + describe(t) + " is on another device than the op's " +
+           (device_ ? "other tensors (" + device_->str() + ")" : std::string("CPU tensors")) +
+           "; all tensors of one op must be on one device");
+    }
+    device_ = t.device();
+  } else if (t.device().type() != at::kCPU) {
+    fail(std::string(role) + " " + describe(t) + " is on an unsupported device; the " +
+         backend + " backend carries CPU and CUDA tensors");
+  } else {
+    if (device_) {
+      fail(std::string(role) + " " + describe(t) + " is a CPU tensor but the op's other "
+           "tensors are on " + device_->str() + "; all tensors of one op must be on one device");
+    }
+    sawCpu_ = true;
   }
   if (t.layout() != at::kStrided) {
     fail(std::string(role) + " " + describe(t) + " is sparse; only dense tensors are supported");
@@ -88,7 +106,25 @@ void Checker::rank_(int64_t r, const char* role) const {
   }
 }
 
-ReduceFn Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
+at::ScalarType scalarTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt8: return at::kByte;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt64: return at::kLong;
+    case DType::kBool: return at::kBool;
+    case DType::kComplex64: return at::kComplexFloat;
+    case DType::kComplex128: return at::kComplexDouble;
+  }
+  return at::kByte;  // unreachable: every DType is listed
+}
+
+Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
   ReduceKind kind;
   std::string name;
   switch (op.op_) {
@@ -117,7 +153,7 @@ ReduceFn Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
     fail(std::string("reduce op ") + reduceName(kind) + " is not defined for dtype " +
          dtypeName(dtype));
   }
-  return fn;
+  return {fn, elementSize(dtype), dtype, kind};
 }
 
 }  // namespace ucxb

@@ -24,15 +24,26 @@ struct Checker {
   int rank;
   int size;
   std::string backend = "ucx";
+  bool cuda = false;  // CUDA tensors are allowed (the group's `cuda` option)
 
   [[noreturn]] void fail(const std::string& problem) const;
-  // CPU, dense, a supported dtype.
+  // Dense, a supported dtype, on the CPU or (with `cuda`) a CUDA device, and on the same
+  // device as every tensor checked before it.
   DType tensor(const at::Tensor& t, const char* role = "tensor") const;
+  // The CUDA device of the tensors checked so far; none when they are CPU tensors.
+  std::optional<c10::Device> device() const { return device_; }
   void single(const std::vector<at::Tensor>& ts, const char* role = "tensors") const;
   void sameAs(const at::Tensor& ref, const at::Tensor& t, const char* role) const;
   void rank_(int64_t r, const char* role) const;
-  // The kernel for (dtype, op); for AVG and PREMUL_SUM the SUM kernel (the backend scales).
-  ReduceFn reduction(DType dtype, const c10d::ReduceOp& op) const;
+  // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
+  Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
+
+  // What tensor() has seen so far (public only so that Checker stays an aggregate).
+  mutable std::optional<c10::Device> device_{};
+  mutable bool sawCpu_ = false;
 };
+
+// The torch dtype of a DType (the inverse of toDType).
+at::ScalarType scalarTypeOf(DType dtype);
 
 }  // namespace ucxb

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "csrc/address_exchange.hpp"
+#include "csrc/device_memory.hpp"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/handshake.h"
 #include "csrc/staging_setup.hpp"
@@ -104,6 +105,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   }
   sharedMemory_ = staging != nullptr;
+  transportCarriesDevice_ = transport->carriesDeviceMemory();
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
 }
 
@@ -147,14 +149,18 @@ std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds
 }
 
 c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10d::OpType type,
-                                                      std::vector<at::Tensor> outputs,
-                                                      std::string tensors,
-                                                      std::chrono::milliseconds timeout) {
+                                                             std::optional<c10::Device> device,
+                                                             std::vector<at::Tensor> outputs,
+                                                             std::string tensors,
+                                                             std::chrono::milliseconds timeout) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                    type == c10d::OpType::RECVANYSOURCE;
   OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
                 backendName_};
-  auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout);
+  std::vector<c10::Device> devices;
+  if (device) devices.push_back(*device);
+  auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
+                                                 std::move(devices));
   work->setSpin(engineConfig_.spin);
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
@@ -171,27 +177,36 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::OpType type,
+                                                        std::optional<c10::Device> device,
                                                         std::vector<at::Tensor> outputs,
                                                         std::string tensors,
                                                         std::chrono::milliseconds timeout,
                                                         Body body) {
-  auto work = makeWork(op, type, std::move(outputs), std::move(tensors), timeout);
+  auto work = makeWork(op, type, device, std::move(outputs), std::move(tensors), timeout);
   if (refuseIfFailed(*work)) return work;
+  // Ordered after what the caller queued on its current stream (device_op.hpp).
+  auto deviceOp = issueOnDevice(device, streams_);
   Task task;
   task.op = op;
   task.seq = work->context().seq;
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
-              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_]() {
+              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_,
+              deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
+    std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
     try {
+      scope.emplace(deviceOp);
+      std::optional<DeviceMemory> memory;
+      if (deviceOp) memory.emplace(deviceOp->device, deviceOp->stream, carries);
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask,
-                Clock::now() + timeout, tuning);
+                Clock::now() + timeout, tuning, memory ? &*memory : nullptr);
       body(comm);
+      scope->drain();
     } catch (...) {
       // Whatever failed, this rank's part of the op is incomplete, and a peer's message for it
       // may still arrive: the group refuses every later op (recorded before the Work fails, so
@@ -218,10 +233,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
 // --- point-to-point ---------------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d::OpType type,
+                                                           std::optional<c10::Device> device,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
-  auto work = makeWork(op, type, {tensor}, describe(tensor), timeout_.load());
+  auto work = makeWork(op, type, device, {tensor}, describe(tensor), timeout_.load());
   if (refuseIfFailed(*work)) return work;
+  auto deviceOp = issueOnDevice(device, streams_);
+  // udp stages a CUDA tensor through pinned host memory; ucx moves it as it is.
+  const bool hostStaged = deviceOp && !transportCarriesDevice_;
   const bool isSend = type == c10d::OpType::SEND;
   // The posted request, seen only on the progress thread: a caller whose wait() times out
   // withdraws it, so that a retried recv is not robbed by the abandoned one. A withdrawn
@@ -242,18 +261,28 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
   task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
-              withdrawn]() {
+              withdrawn, deviceOp, hostStaged]() {
     if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
+      DeviceScope scope(deviceOp);
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
+      if (hostStaged) {
+        const auto pinned = at::TensorOptions().dtype(tensor.scalar_type()).pinned_memory(true);
+        staged = isSend ? staged.to(pinned.device(at::kCPU)) : at::empty(tensor.sizes(), pinned);
+      }
+      scope.drain();  // the bytes are final before the transport reads them
+      const MemoryType mem = deviceOp && !hostStaged ? MemoryType::kCuda : MemoryType::kHost;
       const size_t bytes = staged.nbytes();
       Transport& t = engine->transport();
-      RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes)
-                              : t.recv(peer, tag, mask, staged.data_ptr(), bytes);
+      RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes, mem)
+                              : t.recv(peer, tag, mask, staged.data_ptr(), bytes, mem);
       *posted = req;
       // Runs on this thread during a later progress(); it owns `staged` until then.
-      req->onComplete([engine, work, tensor, staged, withdrawn](Request& r) {
+      req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp](Request& r) {
+        // A CUDA recv's copy back runs on the group's stream and is final before the Work
+        // completes; the Future records its event there.
+        std::optional<DeviceScope> scope;
         // A failed request (peer gone, transport error) fails the group, unless the caller
         // withdrew it or the group is shutting down; a size mismatch does not (the message
         // was delivered whole, and nothing of it is left behind).
@@ -274,10 +303,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                              ": the tensors differ in size");
             }
             work->setSourceRank(static_cast<int>(tag::source(r.senderTag())));
+            scope.emplace(deviceOp);
             if (!staged.is_same(tensor)) {
               at::NoGradGuard g;
               tensor.copy_(staged);
             }
+            scope->drain();
           }
         } catch (...) {
           const auto error = toDistError(work->context(), std::current_exception());
@@ -319,7 +350,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::send(std::vector<at::Tensor>& t
   c.tensor(tensors[0]);
   c.rank_(dstRank, "destination rank");
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(getRank()));
-  return enqueueP2P("send", c10d::OpType::SEND, tensors[0], dstRank, t, tag::kFullMask);
+  return enqueueP2P("send", c10d::OpType::SEND, c.device(), tensors[0], dstRank, t,
+                    tag::kFullMask);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -329,7 +361,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recv(std::vector<at::Tensor>& t
   c.tensor(tensors[0]);
   c.rank_(srcRank, "source rank");
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(srcRank));
-  return enqueueP2P("recv", c10d::OpType::RECV, tensors[0], srcRank, t, tag::kFullMask);
+  return enqueueP2P("recv", c10d::OpType::RECV, c.device(), tensors[0], srcRank, t,
+                    tag::kFullMask);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -338,15 +371,15 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::T
   c.single(tensors);
   c.tensor(tensors[0]);
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), 0);
-  return enqueueP2P("recvAnysource", c10d::OpType::RECVANYSOURCE, tensors[0], kAnySource, t,
-                    tag::kAnySourceMask);
+  return enqueueP2P("recvAnysource", c10d::OpType::RECVANYSOURCE, c.device(), tensors[0],
+                    kAnySource, t, tag::kAnySourceMask);
 }
 
 // --- barrier and coalescing --------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::barrier(const c10d::BarrierOptions& opts) {
   // Ops run in issue order, so the barrier also waits for every collective issued before it.
-  return enqueue("barrier", c10d::OpType::BARRIER, {}, "", timeoutFor(opts.timeout),
+  return enqueue("barrier", c10d::OpType::BARRIER, std::nullopt, {}, "", timeoutFor(opts.timeout),
                  [](Comm& comm) { algo::barrier(comm); });
 }
 

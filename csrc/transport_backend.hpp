@@ -18,6 +18,7 @@
 
 #include "csrc/backend_options.h"
 #include "csrc/collectives/comm.h"
+#include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
@@ -122,16 +123,22 @@ class TransportBackend : public c10d::Backend {
   // progress thread when it comes to run. Any thread.
   static bool refuseIfFailed(ProgressEngine& engine, TransportWork& work);
   bool refuseIfFailed(TransportWork& work) const { return refuseIfFailed(*engine_, work); }
-  Checker checker(const char* op) const { return Checker{op, getRank(), getSize(), backendName_}; }
+  Checker checker(const char* op) const {
+    return Checker{op, getRank(), getSize(), backendName_, options_.cuda != 0};
+  }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
+  // `device`: the CUDA device of the op's tensors (Checker::device()); none for a CPU op.
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
-                                       std::vector<at::Tensor> outputs, std::string tensors,
-                                       std::chrono::milliseconds timeout);
+                                             std::optional<c10::Device> device,
+                                             std::vector<at::Tensor> outputs, std::string tensors,
+                                             std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
+                                         std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs, std::string tensors,
                                          std::chrono::milliseconds timeout, Body body);
   // Point-to-point: the body posts one request; the Work completes with it, not with the task.
   c10::intrusive_ptr<c10d::Work> enqueueP2P(const char* op, c10d::OpType type,
+                                            std::optional<c10::Device> device,
                                             at::Tensor tensor, int peer, uint64_t tag,
                                             uint64_t mask);
   c10::intrusive_ptr<c10d::Work> allreduceFlat(const char* op, c10d::OpType type,
@@ -158,6 +165,10 @@ class TransportBackend : public c10d::Backend {
   EngineConfig engineConfig_;
   algo::Tuning tuning_;
   std::shared_ptr<ProgressEngine> engine_;
+  // Whether the transport moves device memory itself (ucx) or CUDA ops stage through pinned
+  // host memory (udp), and the group's internal stream per device (device_op.hpp).
+  bool transportCarriesDevice_ = false;
+  InternalStreams streams_;
   // Collectives and point-to-point ops are numbered separately: every rank issues the same
   // collectives, but not the same sends and receives, and the collective number is in the tag.
   std::atomic<uint64_t> collectiveSeq_{0};

@@ -6,13 +6,13 @@
 namespace ucxb {
 
 TransportWork::TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
-                 std::chrono::milliseconds timeout)
+                             std::chrono::milliseconds timeout, std::vector<c10::Device> devices)
     : c10d::Work(ctx.rank, type),
       ctx_(std::move(ctx)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
 
 bool TransportWork::wait(std::chrono::milliseconds timeout) {
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;

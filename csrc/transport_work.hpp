@@ -18,8 +18,11 @@ namespace ucxb {
 
 class TransportWork : public c10d::Work {
  public:
+  // `devices`: the CUDA device of a CUDA op's tensors. Its Future is then CUDA-aware:
+  // completing it records an event on the thread's current stream of the device (the group's
+  // internal stream), and callbacks and waiters are ordered after that event.
   TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
-          std::chrono::milliseconds timeout);
+                std::chrono::milliseconds timeout, std::vector<c10::Device> devices = {});
   // Tells a timed-out wait() what the op is stuck on.
   void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }
   // Runs when a wait() gives up (point-to-point ops withdraw their request).

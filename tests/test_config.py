@@ -46,6 +46,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "ifname": "",
     "udp_config": "",
     "udp_faults": "",
+    "cuda": 0,
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
 DEFAULTS = {
@@ -79,6 +80,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_IFNAME",
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",
+        "UCXBACKEND_CUDA",
     }
 
 

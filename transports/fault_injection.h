@@ -66,6 +66,7 @@ class FaultInjectingTransport : public Transport {
   std::string peerError(int peer) const override { return inner_->peerError(peer); }
   void abortPeer(int peer, const std::string& why) override { inner_->abortPeer(peer, why); }
   bool permitsSharedMemory() const override { return inner_->permitsSharedMemory(); }
+  bool carriesDeviceMemory() const override { return inner_->carriesDeviceMemory(); }
   std::vector<Counters> peerCounters() const override { return inner_->peerCounters(); }
   Counters transportCounters() const override { return inner_->transportCounters(); }
 

@@ -151,6 +151,10 @@ class Transport {
   // itself would use there. No by default: udp exists to put every byte on the wire.
   virtual bool permitsSharedMemory() const { return false; }
 
+  // Whether send/recv take device memory (MemoryType::kCuda) and move it themselves. If not,
+  // the backend stages device buffers through pinned host memory (collectives/op_memory.h).
+  virtual bool carriesDeviceMemory() const { return false; }
+
   // Traffic counters per peer (index = peer rank) and for the transport as a whole; empty for
   // a transport that keeps none. Owner thread only, like everything else here.
   virtual std::vector<Counters> peerCounters() const { return {}; }

@@ -3,7 +3,9 @@
 // picks its algorithm with algo::choose (selection.h): by message size and group size, or as
 // the group's configuration forces. One file per op family implements them.
 //
-// Buffers are contiguous host memory prepared by the backend; counts are in elements.
+// Buffers are contiguous memory prepared by the backend, in the memory the op's OpMemory
+// describes (op_memory.h): host memory, or a device's, which the algorithms touch only through
+// Comm (send, recv, copy, reduce, scratch). Counts are in elements.
 #pragma once
 
 #include <cstddef>
@@ -15,10 +17,8 @@
 
 namespace ucxb::algo {
 
-struct Reduction {
-  ReduceFn fn;
-  size_t elementSize;
-};
+// The reduction of an op (reduce_kernels.h); OpMemory::reduce applies it where the buffers live.
+using ucxb::Reduction;
 
 // In place over `data`.
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);

@@ -48,7 +48,7 @@ void linear(Comm& c, const void* in, const std::vector<void*>& outs, size_t byte
 void allgather(Comm& comm, const void* in, const std::vector<void*>& outs, size_t bytes) {
   const int n = comm.size();
   if (outs[comm.rank()] != in && bytes > 0) {
-    std::memcpy(outs[comm.rank()], in, bytes);
+    comm.copy(outs[comm.rank()], in, bytes);
   }
   if (n == 1) return;
   switch (choose(comm.tuning(), Op::kAllgather, bytes * n, n)) {

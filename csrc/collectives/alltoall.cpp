@@ -102,7 +102,7 @@ void alltoall(Comm& comm, const std::vector<const void*>& sends,
   } else {
     pairwise(comm, blocks);
   }
-  if (sendBytes[r] > 0) std::memmove(recvs[r], sends[r], sendBytes[r]);
+  if (sendBytes[r] > 0) comm.copy(recvs[r], sends[r], sendBytes[r]);
 }
 
 // Round k: signal rank+2^k, wait for rank-2^k.

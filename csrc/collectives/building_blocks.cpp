@@ -49,7 +49,7 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
       c.wait(reqs);
       currentSend = nullptr;
       if (current) {
-        red.fn(dst + k * chunk * esz, slots + (k % 2) * chunk * esz, piece(recvCount, chunk, k));
+        c.reduce(red, dst + k * chunk * esz, slots + (k % 2) * chunk * esz, piece(recvCount, chunk, k));
       }
     }
   } catch (...) {

@@ -1,5 +1,6 @@
 #include "csrc/collectives/comm.h"
 
+#include <algorithm>
 #include <string>
 
 #include "transports/tag.h"
@@ -19,13 +20,31 @@ void checkStep(uint32_t step) {
 RequestPtr Comm::send(int peer, uint32_t step, const void* data, size_t bytes) {
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(rank()));
-  return transport_.send(peer, t, data, bytes);
+  memory_.settle();
+  if (memory_.transportCarries()) {
+    return transport_.send(peer, t, data, bytes, memory_.type());
+  }
+  std::shared_ptr<void> owner;
+  uint8_t* host = memory_.hostBuffer(bytes, owner);
+  memory_.toHost(host, data, bytes);
+  RequestPtr req = transport_.send(peer, t, host, bytes, MemoryType::kHost);
+  req->keepAlive(std::move(owner));
+  return req;
 }
 
 RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
-  return transport_.recv(peer, t, tag::kFullMask, data, bytes);
+  memory_.settle();
+  if (memory_.transportCarries()) {
+    return transport_.recv(peer, t, tag::kFullMask, data, bytes, memory_.type());
+  }
+  std::shared_ptr<void> owner;
+  uint8_t* host = memory_.hostBuffer(bytes, owner);
+  RequestPtr req = transport_.recv(peer, t, tag::kFullMask, host, bytes, MemoryType::kHost);
+  req->keepAlive(std::move(owner));
+  bounced_.push_back({req, data, host});
+  return req;
 }
 
 void Comm::wait(const std::vector<RequestPtr>& requests) {
@@ -38,6 +57,26 @@ void Comm::wait(const std::vector<RequestPtr>& requests) {
                      ": the ranks passed tensors of different sizes");
     }
   }
+  if (bounced_.empty()) return;
+  // Staged receives among these have arrived whole: into the op's memory with them.
+  auto arrived = [&](const Bounced& b) {
+    return std::find(requests.begin(), requests.end(), b.request) != requests.end();
+  };
+  for (const auto& b : bounced_) {
+    if (arrived(b)) memory_.fromHost(b.dst, b.host, b.request->receivedBytes());
+  }
+  bounced_.erase(std::remove_if(bounced_.begin(), bounced_.end(), arrived), bounced_.end());
+}
+
+void Comm::abandon(const std::vector<RequestPtr>& requests) {
+  driver_.abandon(requests);
+  // Their host buffers stay with the requests (keepAlive); nothing is copied in.
+  bounced_.erase(std::remove_if(bounced_.begin(), bounced_.end(),
+                                [&](const Bounced& b) {
+                                  return std::find(requests.begin(), requests.end(),
+                                                   b.request) != requests.end();
+                                }),
+                 bounced_.end());
 }
 
 }  // namespace ucxb

@@ -8,11 +8,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
-#include "csrc/collectives/selection.h"
 #include "csrc/collectives/op_driver.h"
+#include "csrc/collectives/op_memory.h"
+#include "csrc/collectives/selection.h"
 #include "csrc/collectives/staged_path.h"
 #include "transports/transport.h"
 
@@ -20,41 +22,62 @@ namespace ucxb {
 
 class Comm {
  public:
-  // `driver` waits on the requests of `transport`; both, and `tuning`, outlive the Comm.
+  // `driver` waits on the requests of `transport`; both, `tuning` and `memory` outlive the
+  // Comm. `memory` says where the op's buffers live (op_memory.h); none: host memory.
   Comm(Transport& transport, OpDriver& driver, uint32_t groupHash, uint64_t seq,
-       Clock::time_point deadline, const algo::Tuning& tuning)
+       Clock::time_point deadline, const algo::Tuning& tuning, OpMemory* memory = nullptr)
       : driver_(driver), transport_(transport), group_(groupHash), seq_(seq),
-        deadline_(deadline), tuning_(tuning) {}
+        deadline_(deadline), tuning_(tuning), host_(driver),
+        memory_(memory != nullptr ? *memory : host_) {}
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   // The group's algorithm choices and chunk size.
   const algo::Tuning& tuning() const { return tuning_; }
 
+  // `data` is in the op's memory; a memory the transport cannot carry goes through a host
+  // buffer (copied out before the send is posted, copied in by the wait() that sees it).
   RequestPtr send(int peer, uint32_t step, const void* data, size_t bytes);
   RequestPtr recv(int peer, uint32_t step, void* data, size_t bytes);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);
-  void abandon(const std::vector<RequestPtr>& requests) { driver_.abandon(requests); }
-  // The group's reusable scratch buffer (at least `bytes`); one user at a time.
-  uint8_t* scratch(size_t bytes) { return driver_.scratch(bytes); }
+  void abandon(const std::vector<RequestPtr>& requests);
+  // Local work on the op's buffers, done where they live (op_memory.h).
+  void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
+  void reduce(const Reduction& red, void* acc, const void* in, size_t count) {
+    memory_.reduce(red, acc, in, count);
+  }
+  // A reusable scratch buffer in the op's memory (at least `bytes`); one user at a time.
+  uint8_t* scratch(size_t bytes) { return memory_.scratch(bytes); }
+  MemoryType memoryType() const { return memory_.type(); }
   // The group's shared-memory slots; null unless every rank runs on this host.
   StagingArea* staging() const { return driver_.staging(); }
   // Whether a message goes through those slots, and how: asked once per exchange (see
-  // staged_path.h, which also explains the layer).
+  // staged_path.h, which also explains the layer). Host memory only.
   std::optional<StagedPlan> staged(StagedTraffic traffic, size_t bytes, size_t elementSize,
                                    StepBudget budget) const {
+    if (memory_.type() != MemoryType::kHost) return std::nullopt;
     return planStaged(staging(), traffic, bytes, elementSize, budget);
   }
 
  private:
+  // A receive staged through a host buffer, copied into `dst` once it has arrived.
+  struct Bounced {
+    RequestPtr request;
+    void* dst;
+    const uint8_t* host;
+  };
+
   OpDriver& driver_;
   Transport& transport_;
   const uint32_t group_;
   const uint64_t seq_;
   const Clock::time_point deadline_;
   const algo::Tuning& tuning_;
+  HostMemory host_;
+  OpMemory& memory_;
+  std::vector<Bounced> bounced_;
 };
 
 }  // namespace ucxb

@@ -17,6 +17,15 @@ enum class ReduceKind : uint8_t { kSum, kProduct, kMin, kMax, kBand, kBor, kBxor
 
 using ReduceFn = void (*)(void* acc, const void* in, size_t count);
 
+// What an op reduces with: the host kernel, and the (dtype, kind) it was found for, from which
+// device memory (OpMemory) picks its own kernel.
+struct Reduction {
+  ReduceFn fn = nullptr;
+  size_t elementSize = 0;
+  DType dtype = DType::kUInt8;
+  ReduceKind kind = ReduceKind::kSum;
+};
+
 size_t elementSize(DType dtype);
 const char* dtypeName(DType dtype);
 const char* reduceName(ReduceKind op);

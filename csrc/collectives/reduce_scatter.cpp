@@ -36,7 +36,7 @@ void ring(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_t* out, size
       auto rq = c.recv(mod(r - 1, n), step, blockCount ? into : nullptr, bytes);
       auto sq = c.send(mod(r + 1, n), step, sendFrom, bytes);
       c.wait({rq, sq});
-      if (bytes) red.fn(into, blocks[recvBlock] + off, bytes / esz);
+      if (bytes) c.reduce(red, into, blocks[recvBlock] + off, bytes / esz);
       sendFrom = into;
     }
   }
@@ -59,7 +59,7 @@ void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_
   // (it asks for them from the same pool, at its start): no allocation per op.
   uint8_t* const work = c.scratch(2 * chunk * esz + total * esz) + 2 * chunk * esz;
   for (int b = 0; b < n && blockBytes; ++b) {
-    std::memcpy(work + b * blockBytes, blocks[b], blockBytes);
+    c.copy(work + b * blockBytes, blocks[b], blockBytes);
   }
   const uint32_t perPhase = foldIn(c, f, work, total, chunk, red);
   const int partner = f.foldPartner(c.rank());
@@ -75,7 +75,7 @@ void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_
     c.wait({c.send(partner, handBack, blockBytes ? work + partner * blockBytes : nullptr,
                    blockBytes)});
   }
-  if (blockBytes) std::memcpy(out, work + c.rank() * blockBytes, blockBytes);
+  if (blockBytes) c.copy(out, work + c.rank() * blockBytes, blockBytes);
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ void reduceScatter(Comm& comm, const std::vector<const void*>& blocks, void* out
   for (const void* p : blocks) b.push_back(static_cast<const uint8_t*>(p));
   auto* dst = static_cast<uint8_t*>(out);
   if (comm.size() == 1) {
-    if (blockCount) std::memcpy(dst, b[0], blockCount * red.elementSize);
+    if (blockCount) comm.copy(dst, b[0], blockCount * red.elementSize);
     return;
   }
   const size_t bytes = blockCount * red.elementSize * comm.size();

@@ -116,7 +116,7 @@ void binomialReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count,
   }
   auto childOf = [&](uint32_t l) { return mod(vr + (1 << l) + root, n); };
   if (parentLevel < 0) {  // the root
-    if (out != in && count > 0) std::memcpy(out, in, count * esz);
+    if (out != in && count > 0) c.copy(out, in, count * esz);
     for (uint32_t l : childLevels) {
       exchangeReduce(c, -1, nullptr, 0, childOf(l), out, count, chunk, l * perLevel, red);
     }
@@ -136,12 +136,12 @@ void binomialReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count,
       const size_t elems = piece(count, chunk, k);
       if (pending) c.wait({pending});  // the accumulator is free again
       pending = nullptr;
-      if (elems) std::memcpy(acc, in + k * chunk * esz, elems * esz);
+      if (elems) c.copy(acc, in + k * chunk * esz, elems * esz);
       for (uint32_t l : childLevels) {
         pending = c.recv(childOf(l), chunkStep(l * perLevel, k, chunks), slot, elems * esz);
         c.wait({pending});
         pending = nullptr;
-        if (elems) red.fn(acc, slot, elems);
+        if (elems) c.reduce(red, acc, slot, elems);
       }
       pending = c.send(parent, chunkStep(sendStep, k, chunks), acc, elems * esz);
     }
@@ -169,7 +169,7 @@ void chainReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count, const R
     sendChunked(c, downstream, in, count, esz, chunk, 0);
     return;
   }
-  if (downstream < 0 && out != in && count > 0) std::memcpy(out, in, count * esz);
+  if (downstream < 0 && out != in && count > 0) c.copy(out, in, count * esz);
   uint8_t* slots = c.scratch(2 * chunk * esz);
   auto slotOf = [&](size_t k) { return slots + (k % 2) * chunk * esz; };
   auto postRecv = [&](size_t k) {
@@ -189,10 +189,10 @@ void chainReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count, const R
       current = nullptr;
       const size_t elems = piece(count, chunk, k);
       if (downstream < 0) {
-        if (elems) red.fn(out + k * chunk * esz, slotOf(k), elems);
+        if (elems) c.reduce(red, out + k * chunk * esz, slotOf(k), elems);
         continue;
       }
-      if (elems) red.fn(slotOf(k), in + k * chunk * esz, elems);
+      if (elems) c.reduce(red, slotOf(k), in + k * chunk * esz, elems);
       sending = c.send(downstream, chunkStep(0, k, chunks), slotOf(k), elems * esz);
     }
     if (sending) c.wait({sending});
@@ -222,7 +222,7 @@ void reduce(Comm& comm, const void* in, void* out, size_t count, const Reduction
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = comm.rank() == root ? static_cast<uint8_t*>(out) : nullptr;
   if (comm.size() == 1) {
-    if (dst != src && count > 0) std::memcpy(dst, src, count * red.elementSize);
+    if (dst != src && count > 0) comm.copy(dst, src, count * red.elementSize);
     return;
   }
   if (choose(comm.tuning(), Op::kReduce, count * red.elementSize, comm.size()) ==
@@ -242,7 +242,7 @@ void gather(Comm& comm, const void* in, const std::vector<void*>& outs, size_t b
   for (int p = 0; p < comm.size(); ++p) {
     if (p != root) reqs.push_back(comm.recv(p, 0, outs[p], bytes));
   }
-  if (outs[root] != in && bytes > 0) std::memcpy(outs[root], in, bytes);
+  if (outs[root] != in && bytes > 0) comm.copy(outs[root], in, bytes);
   comm.wait(reqs);
 }
 
@@ -255,7 +255,7 @@ void scatter(Comm& comm, const std::vector<const void*>& ins, void* out, size_t 
   for (int p = 0; p < comm.size(); ++p) {
     if (p != root) reqs.push_back(comm.send(p, 0, ins[p], bytes));
   }
-  if (ins[root] != out && bytes > 0) std::memcpy(out, ins[root], bytes);
+  if (ins[root] != out && bytes > 0) comm.copy(out, ins[root], bytes);
   comm.wait(reqs);
 }
 

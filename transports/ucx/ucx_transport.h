@@ -41,6 +41,9 @@ class UcxTransport final : public Transport {
   void abortPeer(int peer, const std::string& why) override;
   // Unless UCX_TLS leaves out UCX's own shared-memory transports.
   bool permitsSharedMemory() const override { return context_->sharedMemory(); }
+  // UCX moves device memory itself when told its type: cuda_copy, cuda_ipc between processes
+  // of one node, GPUDirect RDMA over rc/dc where the NIC and driver allow.
+  bool carriesDeviceMemory() const override { return true; }
 
  private:
   class UcxRequest;

@@ -1,0 +1,43 @@
+// An op's buffers in CUDA device memory (collectives/op_memory.h): copies and reductions run
+// as ATen ops on the group's internal stream of the device and are waited for before they
+// return, because the transport (UCX's own copy engines, or udp's host staging) reads and
+// writes the buffers outside any stream of ours. Uses only c10's device-generic API, so the
+// extension builds against a CPU-only torch and runs unchanged on a CUDA one.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+
+#include <memory>
+
+#include "csrc/collectives/op_memory.h"
+
+namespace ucxb {
+
+class DeviceMemory final : public OpMemory {
+ public:
+  // `stream`: the group's internal stream on `device`. `transportCarries`: the transport
+  // moves device memory itself; otherwise messages stage through pinned host buffers.
+  DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries)
+      : device_(device), stream_(stream), carries_(transportCarries) {}
+
+  MemoryType type() const override { return MemoryType::kCuda; }
+  bool transportCarries() const override { return carries_; }
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void reduce(const Reduction& red, void* acc, const void* in, size_t count) override;
+  uint8_t* scratch(size_t bytes) override;
+  void settle() override { stream_.synchronize(); }
+  uint8_t* hostBuffer(size_t bytes, std::shared_ptr<void>& owner) override;
+  void toHost(void* host, const void* src, size_t bytes) override;
+  void fromHost(void* dst, const void* host, size_t bytes) override;
+
+ private:
+  at::Tensor onDevice(const void* data, int64_t count, at::ScalarType type) const;
+
+  const c10::Device device_;
+  const c10::Stream stream_;
+  const bool carries_;
+  at::Tensor scratch_;  // grow-only, for the op's lifetime (the caching allocator reuses it)
+};
+
+}  // namespace ucxb

@@ -1,0 +1,62 @@
+// How an op on CUDA tensors is ordered with the caller's streams (NCCL's semantics), with
+// c10's device-generic API only (no CUDA headers, no libc10_cuda link):
+//
+// * Issue (caller's thread): an event is recorded on the caller's current stream of the
+//   tensors' device. Whatever the caller queued before the op (the kernels that produce its
+//   input) is ordered before it, with no host synchronisation on the caller's side.
+// * Run (progress thread): the thread waits for that event before any byte leaves, then runs
+//   the op with the group's internal stream of the device current: packing, scaling and
+//   reductions are ATen ops on it (device_memory.hpp), and the transport moves the bytes.
+//   The stream is drained before the op's Work completes, so a completed op's outputs are
+//   final for every stream.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace ucxb {
+
+// What a CUDA op carries from the caller's thread to the progress thread.
+struct DeviceOp {
+  c10::Device device;
+  c10::Stream stream;                 // the group's internal stream on `device`
+  std::shared_ptr<c10::Event> ready;  // recorded on the caller's current stream at issue
+};
+
+// The group's internal stream per device, taken from the device's stream pool once.
+class InternalStreams {
+ public:
+  c10::Stream on(c10::Device device);
+
+ private:
+  std::mutex mu_;
+  std::map<c10::DeviceIndex, c10::Stream> streams_;
+};
+
+// On the caller's thread: records the op's ready event. None for a CPU op.
+std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
+                                      InternalStreams& streams);
+
+// On the progress thread, for the op's run: the device current, the ready event waited for,
+// and the internal stream current (ATen ops run on it). Does nothing for a CPU op.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const std::optional<DeviceOp>& op);
+  // Waits until everything queued on the internal stream has run.
+  void drain() const;
+
+ private:
+  std::optional<c10::DeviceGuard> device_;
+  std::optional<c10::StreamGuard> stream_;
+  std::optional<c10::Stream> internal_;
+};
+
+}  // namespace ucxb
