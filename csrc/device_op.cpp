@@ -4,23 +4,35 @@
 
 namespace ucxb {
 
-c10::Stream InternalStreams::on(c10::Device device) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = streams_.find(device.index());
-  if (it == streams_.end()) {
+GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
+  auto it = devices_.find(device.index());
+  if (it == devices_.end()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-    it = streams_.emplace(device.index(), impl->getStreamFromGlobalPool(device)).first;
+    it = devices_
+             .emplace(device.index(),
+                      PerDevice{impl->getStreamFromGlobalPool(device), StreamGate::open(device)})
+             .first;
   }
   return it->second;
 }
 
+c10::Stream GroupDevices::stream(c10::Device device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return of(device).stream;
+}
+
+std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return of(device).gate;
+}
+
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
-                                      InternalStreams& streams) {
+                                      GroupDevices& devices) {
   if (!device) return std::nullopt;
   const auto* impl = c10::impl::getDeviceGuardImpl(device->type());
   auto ready = std::make_shared<c10::Event>(device->type());
   ready->record(impl->getStream(*device));
-  return DeviceOp{*device, streams.on(*device), std::move(ready)};
+  return DeviceOp{*device, devices.stream(*device), std::move(ready)};
 }
 
 DeviceScope::DeviceScope(const std::optional<DeviceOp>& op) {

@@ -9,6 +9,10 @@
 //   reductions are ATen ops on it (device_memory.hpp), and the transport moves the bytes.
 //   The stream is drained before the op's Work completes, so a completed op's outputs are
 //   final for every stream.
+// * Wait (caller's thread): Work.wait() on a collective makes the caller's current stream wait
+//   for the op's end on the device, through the group's StreamGate (stream_gate.hpp), and
+//   returns without blocking the host; where the driver offers no gate it blocks the host
+//   until the op has ended, as Gloo's does.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -22,6 +26,8 @@
 #include <mutex>
 #include <optional>
 
+#include "csrc/stream_gate.hpp"
+
 namespace ucxb {
 
 // What a CUDA op carries from the caller's thread to the progress thread.
@@ -31,19 +37,27 @@ struct DeviceOp {
   std::shared_ptr<c10::Event> ready;  // recorded on the caller's current stream at issue
 };
 
-// The group's internal stream per device, taken from the device's stream pool once.
-class InternalStreams {
+// What a group keeps per CUDA device: its internal stream, taken from the device's stream
+// pool once, and its StreamGate (null where the driver offers none).
+class GroupDevices {
  public:
-  c10::Stream on(c10::Device device);
+  c10::Stream stream(c10::Device device);
+  std::shared_ptr<StreamGate> gate(c10::Device device);
 
  private:
+  struct PerDevice {
+    c10::Stream stream;
+    std::shared_ptr<StreamGate> gate;
+  };
+  PerDevice& of(c10::Device device);
+
   std::mutex mu_;
-  std::map<c10::DeviceIndex, c10::Stream> streams_;
+  std::map<c10::DeviceIndex, PerDevice> devices_;
 };
 
 // On the caller's thread: records the op's ready event. None for a CPU op.
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
-                                      InternalStreams& streams);
+                                      GroupDevices& devices);
 
 // On the progress thread, for the op's run: the device current, the ready event waited for,
 // and the internal stream current (ATen ops run on it). Does nothing for a CPU op.

@@ -162,6 +162,9 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
   work->setSpin(engineConfig_.spin);
+  // Collectives end in issue order, which the gate's one word per device relies on; sends
+  // and receives do not (their wait() blocks the host).
+  if (device && !p2p) work->setDeviceGate(*device, devices_.gate(*device));
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
     auto e = engine.lock();
@@ -185,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   auto work = makeWork(op, type, device, std::move(outputs), std::move(tensors), timeout);
   if (refuseIfFailed(*work)) return work;
   // Ordered after what the caller queued on its current stream (device_op.hpp).
-  auto deviceOp = issueOnDevice(device, streams_);
+  auto deviceOp = issueOnDevice(device, devices_);
   Task task;
   task.op = op;
   task.seq = work->context().seq;
@@ -238,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            uint64_t tag, uint64_t mask) {
   auto work = makeWork(op, type, device, {tensor}, describe(tensor), timeout_.load());
   if (refuseIfFailed(*work)) return work;
-  auto deviceOp = issueOnDevice(device, streams_);
+  auto deviceOp = issueOnDevice(device, devices_);
   // udp stages a CUDA tensor through pinned host memory; ucx moves it as it is.
   const bool hostStaged = deviceOp && !transportCarriesDevice_;
   const bool isSend = type == c10d::OpType::SEND;

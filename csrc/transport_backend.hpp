@@ -168,7 +168,7 @@ class TransportBackend : public c10d::Backend {
   // Whether the transport moves device memory itself (ucx) or CUDA ops stage through pinned
   // host memory (udp), and the group's internal stream per device (device_op.hpp).
   bool transportCarriesDevice_ = false;
-  InternalStreams streams_;
+  GroupDevices devices_;
   // Collectives and point-to-point ops are numbered separately: every rank issues the same
   // collectives, but not the same sends and receives, and the collective number is in the tag.
   std::atomic<uint64_t> collectiveSeq_{0};

@@ -1,6 +1,7 @@
 #include "csrc/transport_work.hpp"
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <sched.h>
 
 namespace ucxb {
@@ -14,7 +15,38 @@ TransportWork::TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::T
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
 
+void TransportWork::setDeviceGate(c10::Device device, std::shared_ptr<StreamGate> gate) {
+  device_ = device;
+  gate_ = std::move(gate);
+}
+
+namespace {
+
+c10::Stream currentStream(c10::Device device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+}  // namespace
+
+void TransportWork::synchronize() {
+  if (!device_) return;  // a CPU op's outputs are final once wait() returns
+  if (gate_ && !done_.load(std::memory_order_acquire) &&
+      gate_->holdUntil(currentStream(*device_), ctx_.seq)) {
+    return;
+  }
+  try {
+    wait();
+  } catch (...) {
+  }
+}
+
 bool TransportWork::wait(std::chrono::milliseconds timeout) {
+  // An op still running: hold the caller's stream, not the caller. One already ended needs
+  // nothing on the device (its stream was drained), and reports its outcome below.
+  if (gate_ && !done_.load(std::memory_order_acquire) &&
+      gate_->holdUntil(currentStream(*device_), ctx_.seq)) {
+    return true;
+  }
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
   if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {
     const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(
@@ -50,6 +82,7 @@ void TransportWork::finishOk() {
   }
   finish();
   done_.store(true, std::memory_order_release);
+  if (gate_) gate_->release(ctx_.seq);
 }
 
 void TransportWork::finishError(std::exception_ptr error) {
@@ -60,6 +93,7 @@ void TransportWork::finishError(std::exception_ptr error) {
   }
   finish(error);
   done_.store(true, std::memory_order_release);
+  if (gate_) gate_->release(ctx_.seq);
 }
 
 }  // namespace ucxb

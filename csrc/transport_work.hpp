@@ -9,10 +9,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "csrc/errors.hpp"
+#include "csrc/stream_gate.hpp"
 
 namespace ucxb {
 
@@ -31,8 +33,16 @@ class TransportWork : public c10d::Work {
   // ends within microseconds, sooner than a blocked thread could be woken.
   void setSpin(std::chrono::microseconds spin) { spin_ = spin; }
 
+  // A collective on CUDA tensors: the device its tensors are on and the group's gate there
+  // (null: none). wait() then holds the caller's current stream instead of the host.
+  void setDeviceGate(c10::Device device, std::shared_ptr<StreamGate> gate);
+
+  // Blocks until the op has ended, or, for a CUDA collective with a gate, makes the caller's
+  // current stream wait for that on the device and returns at once (NCCL's semantics: a
+  // failure after that surfaces at the group's next op).
   bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
-  void synchronize() override {}
+  // The caller's current stream waits for the op (as in wait()); never throws.
+  void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override { return sourceRank_.load(); }
@@ -56,6 +66,8 @@ class TransportWork : public c10d::Work {
   std::chrono::microseconds spin_{0};
   std::atomic<bool> settled_{false};  // finishOk or finishError has been called
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
+  std::optional<c10::Device> device_;
+  std::shared_ptr<StreamGate> gate_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

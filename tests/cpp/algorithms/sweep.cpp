@@ -40,16 +40,18 @@ std::vector<WorldShape> worldShapes() {
   std::vector<WorldShape> shapes;
   for (int n : kWorldSizes) {
     if (sanitizer && n == 8) continue;
-    shapes.push_back({n, false, kSmallChunk});
-    if (n > 1) shapes.push_back({n, true, kSmallChunk});
+    shapes.push_back({n, false, kSmallChunk, false});
+    if (n > 1) shapes.push_back({n, true, kSmallChunk, false});
+    // Device memory that the transport cannot carry (udp's CUDA path), odd and even groups.
+    if (n == 2 || n == 3) shapes.push_back({n, false, kSmallChunk, true});
   }
   for (int n : kLargeWorldSizes) {
-    shapes.push_back({n, false, kLargeChunk});
-    shapes.push_back({n, true, kLargeChunk});
+    shapes.push_back({n, false, kLargeChunk, false});
+    shapes.push_back({n, true, kLargeChunk, false});
   }
-  for (int n : kOddChunkWorldSizes) shapes.push_back({n, false, kOddChunk});
+  for (int n : kOddChunkWorldSizes) shapes.push_back({n, false, kOddChunk, false});
   if (sanitizer) return shapes;
-  for (int n : kStepSpaceWorldSizes) shapes.push_back({n, false, kOneByteChunk});
+  for (int n : kStepSpaceWorldSizes) shapes.push_back({n, false, kOneByteChunk, false});
   return shapes;
 }
 
@@ -67,6 +69,7 @@ void sweep(Op op, Algorithm algorithm, const Cases& cases) {
     WorldOptions options;
     options.size = shape.size;
     options.staged = shape.staged;
+    options.bounced = shape.bounced;
     options.tuning.chunkBytes = shape.chunkBytes;
     options.tuning.forced[static_cast<size_t>(op)] = algorithm;
     options.opTimeout = opTimeout();

@@ -47,11 +47,12 @@ struct WorldShape {
   int size;
   bool staged;
   size_t chunkBytes;
+  bool bounced;  // over BouncingMemory (tests/cpp/inproc/bouncing_memory.h)
   bool large() const { return chunkBytes == kLargeChunk; }
   bool stepSpace() const { return chunkBytes == kOneByteChunk; }
   std::string label() const {
     return "n=" + std::to_string(size) + (staged ? " staged" : "") +
-           " chunk=" + std::to_string(chunkBytes);
+           (bounced ? " bounced" : "") + " chunk=" + std::to_string(chunkBytes);
   }
 };
 

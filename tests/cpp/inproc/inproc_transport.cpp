@@ -135,7 +135,21 @@ InprocTransport::~InprocTransport() {
   }
 }
 
-RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes, MemoryType) {
+namespace {
+
+// Like udp, this transport moves host memory only: a device buffer handed to it means Comm
+// skipped the host staging of an OpMemory that needs it (bouncing_memory.h).
+void hostOnly(MemoryType mem) {
+  if (mem != MemoryType::kHost) {
+    throw TransportError("the in-process transport carries host memory only");
+  }
+}
+
+}  // namespace
+
+RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes,
+                                 MemoryType mem) {
+  hostOnly(mem);
   auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr, cancelAsked_);
   std::lock_guard<std::mutex> lock(fabric_.mu_);
   if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
@@ -155,7 +169,8 @@ RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t byt
 }
 
 RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
-                                 MemoryType) {
+                                 MemoryType mem) {
+  hostOnly(mem);
   auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
                                            static_cast<uint8_t*>(data), cancelAsked_);
   if (peer >= 0) {

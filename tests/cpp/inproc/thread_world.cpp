@@ -1,5 +1,7 @@
 #include "tests/cpp/inproc/thread_world.h"
 
+#include "tests/cpp/inproc/bouncing_memory.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,8 +99,9 @@ void ThreadWorld::rankMain(int rank, std::unique_ptr<StagingArea> staging) {
     }
     std::string report;
     try {
+      BouncingMemory bouncing(driver);
       Comm comm(*transport, driver, kGroupHash, number, Clock::now() + options_.opTimeout,
-                options_.tuning);
+                options_.tuning, options_.bounced ? &bouncing : nullptr);
       report = (*job)(comm);
     } catch (const std::exception& e) {
       report = std::string("threw: ") + e.what();

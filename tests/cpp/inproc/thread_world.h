@@ -23,6 +23,9 @@ struct WorldOptions {
   // Give every rank shared-memory slots (as when all ranks share a host), sized from the
   // tuning's chunk bytes as the backend sizes them.
   bool staged = false;
+  // Run every op over BouncingMemory (bouncing_memory.h): buffers the transport cannot
+  // carry, staged through host buffers by Comm, as udp stages CUDA tensors.
+  bool bounced = false;
   algo::Tuning tuning;
   std::chrono::milliseconds opTimeout{10000};
 };
