@@ -10,8 +10,9 @@
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
-# compile jobs), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
-# worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS.
+# compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
+# worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS,
+# GPU_TEST_JOBS (4: gpu-check's pytest workers).
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
