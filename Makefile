@@ -5,12 +5,14 @@
 #   make test-quick  deps + build + tests not marked slow
 #   make build       (re)build ucxbackend/_C in place; ninja recompiles only what changed
 #   make lint        ruff, and mypy strict over ucxbackend/
+#   make gpu-check   on a CUDA machine: build (no deps step), info, tests/gpu + the no-CUDA-link test
 #   make clean       remove build outputs
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
-# compile jobs), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
-# worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS.
+# compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
+# worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS,
+# GPU_TEST_JOBS (4: gpu-check's pytest workers).
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
@@ -22,6 +24,14 @@ MAX_JOBS ?= 2
 TEST_JOBS ?= 2
 BUILD_EXT_FLAGS ?=
 PYTEST_ARGS ?=
+# gpu-check compiles with every core unless MAX_JOBS is given (on the command line or in the
+# environment): the GPU machines have cores to spare and little time.
+ifeq ($(origin MAX_JOBS),file)
+GPU_MAX_JOBS := $(shell nproc 2>/dev/null || echo 2)
+else
+GPU_MAX_JOBS := $(MAX_JOBS)
+endif
+GPU_TEST_JOBS ?= 4
 
 # The in-place build is importable without installing anything.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
@@ -32,7 +42,7 @@ endif
 
 # Targets depend on each other in order (deps before build before tests): never in parallel.
 .NOTPARALLEL:
-.PHONY: all deps build demo test test-quick lint clean
+.PHONY: all deps build demo test test-quick lint gpu-check clean
 
 all: build
 
@@ -76,6 +86,32 @@ test-quick: deps build
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
+
+# The CUDA checks, for a machine with a GPU and no package registry: nothing is installed. It
+# needs torch with CUDA, UCX (the libucx-cu12/-cu13 wheel matching torch's CUDA, or UCX_HOME),
+# pytest and pytest-xdist. It builds against the local torch, prints `info` (UCX's CUDA
+# transports, GPUDirect RDMA), then runs tests/gpu (GPU_TEST_JOBS workers, whole files each)
+# and the test that the extension links no CUDA library.
+gpu-check:
+	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' || { \
+		echo "gpu-check: torch $$($(PYTHON) -c 'import torch; print(torch.__version__)') is built without CUDA"; exit 1; }
+	@if [ -z "$(UCX_HOME)" ] && ! $(PYTHON) -c 'import libucx' 2>/dev/null; then \
+		cu=$$($(PYTHON) -c 'import torch; print(torch.version.cuda.split(".")[0])'); \
+		echo "gpu-check: no UCX: \`import libucx\` fails. torch is built for CUDA $$cu: install the"; \
+		echo "  libucx-cu$$cu wheel (pip install libucx-cu$$cu, or its .whl file where there is no"; \
+		echo "  registry), or set UCX_HOME to a UCX prefix built with CUDA support"; \
+		exit 1; \
+	fi
+	@[ -n "$(UCX_HOME)" ] || $(PYTHON) -c 'import importlib.metadata as m, torch; \
+		cu = torch.version.cuda.split(".")[0]; m.version(f"libucx-cu{cu}")' 2>/dev/null || \
+		echo "gpu-check: warning: the libucx wheel installed is not libucx-cu$$($(PYTHON) -c \
+		'import torch; print(torch.version.cuda.split(".")[0])') (torch's CUDA): UCX's CUDA transports may not load"
+	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { \
+		echo "gpu-check: torch.cuda.is_available() is False: no usable GPU here"; exit 1; }
+	MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
+	$(PYTHON) -m ucxbackend info
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(GPU_TEST_JOBS) --dist loadfile \
+		tests/gpu tests/test_no_cuda_link.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -32,6 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "slow: world sizes 3 and 4 and multi-MB sizes of the collective matrix "
         '(deselect with -m "not slow")',
     )
+    config.addinivalue_line(
+        "markers",
+        "gpu: needs a CUDA device: every test under tests/gpu/ (skipped where torch sees none)",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str:

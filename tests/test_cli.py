@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import ucxbackend
-from ucxbackend import cli
+from ucxbackend import cli, doctor
 from ucxbackend.config import KNOBS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +80,12 @@ class FakeNative:
             (["UCX_FAKE_B", "UCX_FAKE_C"], "512k", "0.0"),
             (["UCX_FAKE_NEW"], "y", "9.9"),
         ]
+
+
+class FakeCudaNative(FakeNative):
+    @staticmethod
+    def ucx_transports() -> list[tuple[str, str]]:
+        return [("tcp", "lo"), ("cuda_copy", "cuda"), ("cuda_ipc", "cuda"), ("posix", "memory")]
 
 
 @pytest.fixture
@@ -183,6 +189,85 @@ def test_info_bad_config(clean_env: pytest.MonkeyPatch) -> None:
     assert "UCXBACKEND_TYPO" in out
 
 
+def _fake_host(root: Path, *, rdma: bool, peermem: bool, gpu: bool) -> doctor.Inputs:
+    """doctor's inputs for a fake host under ``root`` (only what the CUDA lines read)."""
+    p = doctor.Paths(
+        infiniband=root / "sys/class/infiniband",
+        net=root / "sys/class/net",
+        dev_infiniband=root / "dev/infiniband",
+        proc_modules=root / "proc/modules",
+        nvidia_version=root / "proc/driver/nvidia/version",
+        nvidia_params=root / "proc/driver/nvidia/params",
+        nvidia_driver=root / "proc/driver/nvidia",
+        sys_module=root / "sys/module",
+    )
+    if rdma:
+        (root / "dev/infiniband").mkdir(parents=True)
+        (root / "dev/infiniband/uverbs0").touch()
+    if peermem:
+        (root / "sys/module/nvidia_peermem").mkdir(parents=True)
+    if gpu:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_text("NVRM version: NVIDIA UNIX Kernel Module")
+    return doctor.Inputs(paths=p, kernel_release="5.4.0", cuda_available=gpu)
+
+
+def test_info_cuda_section(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setattr(ucxbackend, "_C", FakeCudaNative())
+    inputs = _fake_host(tmp_path / "a", rdma=True, peermem=True, gpu=True)
+    info = cli.collect_info(doctor_inputs=inputs)
+    cuda = info["cuda"]
+    assert cuda["ucx_transports"] == {"cuda_copy": ["cuda"], "cuda_ipc": ["cuda"]}
+    assert cuda["ucx_missing"] == ["gdr_copy"]
+    gdr = cuda["gpudirect_rdma"]
+    assert gdr["possible"] is True and gdr["nvidia_peermem"] is True and gdr["rdma_devices"]
+    assert "pinned host memory" in cuda["udp"]
+    text = cli.format_info(info)
+    section = text.split("\nCUDA\n", 1)[1].split("\n\n", 1)[0]
+    assert re.search(
+        r"^\s+UCX CUDA transports\s+cuda_copy \(cuda\), cuda_ipc \(cuda\); absent: gdr_copy$",
+        section,
+        re.M,
+    ), section
+    assert re.search(r"^\s+GPUDirect RDMA\s+possible: .*nvidia_peermem loaded$", section, re.M)
+    assert re.search(r"^\s+udp\s+stages CUDA tensors through pinned host memory", section, re.M)
+    json.dumps(info)  # still JSON-serialisable
+
+    # A GPU and RDMA, but neither nvidia_peermem nor dma-buf (kernel 5.4): not possible.
+    inputs = _fake_host(tmp_path / "b", rdma=True, peermem=False, gpu=True)
+    gdr = cli.collect_info(doctor_inputs=inputs)["cuda"]["gpudirect_rdma"]
+    assert gdr["applicable"] and not gdr["possible"]
+    assert gdr["summary"].startswith("not possible")
+    # No RDMA device: not applicable, whatever else.
+    inputs = _fake_host(tmp_path / "c", rdma=False, peermem=True, gpu=True)
+    gdr = cli.collect_info(doctor_inputs=inputs)["cuda"]["gpudirect_rdma"]
+    assert not gdr["applicable"] and not gdr["possible"]
+    assert gdr["summary"].startswith("not applicable: no RDMA devices")
+    # No GPU: not applicable either.
+    inputs = _fake_host(tmp_path / "d", rdma=True, peermem=True, gpu=False)
+    gdr = cli.collect_info(doctor_inputs=inputs)["cuda"]["gpudirect_rdma"]
+    assert not gdr["applicable"] and not gdr["possible"] and not gdr["gpu"]
+
+
+def test_info_cuda_section_without_cuda_transports(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setattr(ucxbackend, "_C", FakeNative())
+    inputs = _fake_host(tmp_path, rdma=False, peermem=False, gpu=False)
+    info = cli.collect_info(doctor_inputs=inputs)
+    assert info["cuda"]["ucx_transports"] == {}
+    assert info["cuda"]["ucx_missing"] == list(cli.CUDA_TRANSPORTS)
+    assert re.search(
+        r"^\s+UCX CUDA transports\s+none \(cuda_copy, cuda_ipc, gdr_copy absent",
+        cli.format_info(info),
+        re.M,
+    )
+    clean_env.setattr(ucxbackend, "_C", None)
+    info = cli.collect_info(doctor_inputs=inputs)
+    assert info["cuda"]["ucx_transports"] is None
+    assert re.search(r"^\s+UCX CUDA transports\s+unknown", cli.format_info(info), re.M)
+
+
 def test_parser_requires_a_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main([])
@@ -231,6 +316,9 @@ def test_info_subprocess() -> None:
     assert "lo" in [d.strip() for d in tcp.group(1).split(",")]
     assert re.search(r"^\s+UCX_TLS\s+tcp,self,sm$", out, re.M)
     assert re.search(r"^\s+spin_us\s+11\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
+    assert re.search(r"^\s+UCX CUDA transports\s+\S", out, re.M)
+    assert re.search(r"^\s+GPUDirect RDMA\s+(possible|not possible|not applicable)", out, re.M)
+    assert re.search(r"^\s+udp\s+stages CUDA tensors through pinned host memory", out, re.M)
     import torch
 
     assert torch.__version__ in out
@@ -260,6 +348,14 @@ def test_info_json_subprocess() -> None:
         assert info["build"]["udp_crc32c"] == expected
     assert info["torch"]["ucx_registered"] is True
     assert [row["name"] for row in info["config"]] == list(KNOBS)
+    # The CUDA transports reported are exactly those among what the loaded UCX lists.
+    native = ucxbackend._C
+    assert native is not None
+    listed = {str(t) for t, _ in native.ucx_transports()}
+    cuda = info["cuda"]
+    assert set(cuda["ucx_transports"]) == listed & set(cli.CUDA_TRANSPORTS)
+    assert set(cuda["ucx_missing"]) == set(cli.CUDA_TRANSPORTS) - listed
+    assert set(cuda["gpudirect_rdma"]) >= {"possible", "applicable", "summary"}
 
 
 def _ucx_at_least(major: int, minor: int) -> bool:

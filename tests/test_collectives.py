@@ -86,6 +86,10 @@ GLOO_SILENTLY_WRONG = {
 WORLD_TIMEOUT = 240.0
 PG_TIMEOUT = 60.0
 
+# Where the tensors handed to the backend live. The CUDA tests (tests/gpu/) set it to "cuda:0"
+# in their ranks and run these same families; the references stay numpy either way.
+DEVICE = "cpu"
+
 # --------------------------------------------------------------------------
 # Inputs and references (numpy only)
 # --------------------------------------------------------------------------
@@ -111,12 +115,14 @@ def gen(dname: str, n: int, redop: str | None, *key: Any) -> np.ndarray:
 def to_torch(a: np.ndarray, dname: str) -> torch.Tensor:
     dtype = DTYPES[dname]
     if dname == "bool":
-        return torch.from_numpy(np.asarray(a) != 0)
-    if dname in COMPLEX:
-        return torch.from_numpy(np.asarray(a, dtype=np.complex128)).to(dtype)
-    if dname in FLOATS:
-        return torch.from_numpy(np.asarray(a, dtype=np.float64)).to(dtype)
-    return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(dtype)
+        t = torch.from_numpy(np.asarray(a) != 0)
+    elif dname in COMPLEX:
+        t = torch.from_numpy(np.asarray(a, dtype=np.complex128)).to(dtype)
+    elif dname in FLOATS:
+        t = torch.from_numpy(np.asarray(a, dtype=np.float64)).to(dtype)
+    else:
+        t = torch.from_numpy(np.asarray(a, dtype=np.int64)).to(dtype)
+    return t.to(DEVICE)
 
 
 def reduce_ref(arrays: list[np.ndarray], dname: str, redop: str) -> np.ndarray:
@@ -179,7 +185,10 @@ def sentinel(dname: str) -> Any:
 
 def filled(shape: int | tuple[int, ...], dname: str) -> torch.Tensor:
     return torch.full(
-        (shape,) if isinstance(shape, int) else shape, sentinel(dname), dtype=DTYPES[dname]
+        (shape,) if isinstance(shape, int) else shape,
+        sentinel(dname),
+        dtype=DTYPES[dname],
+        device=DEVICE,
     )
 
 

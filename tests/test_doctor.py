@@ -26,6 +26,13 @@ LINK_LOCAL = "fe80:0000:0000:0000:0202:c9ff:fe00:0001"
 OTHER_V4 = "0000:0000:0000:0000:0000:ffff:0a01:0007"  # ::ffff:10.1.0.7
 
 
+@pytest.fixture(autouse=True)
+def _no_real_cuda_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake hosts have no GPU unless a test says so: doctor must not ask this machine's
+    # torch (which would also initialise CUDA in the pytest process on a GPU machine).
+    monkeypatch.setattr(doctor, "_torch_cuda_available", lambda: False)
+
+
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
@@ -62,6 +69,8 @@ def paths(root: Path) -> doctor.Paths:
         proc_modules=root / "proc/modules",
         nvidia_version=root / "proc/driver/nvidia/version",
         nvidia_params=root / "proc/driver/nvidia/params",
+        nvidia_driver=root / "proc/driver/nvidia",
+        sys_module=root / "sys/module",
     )
 
 
@@ -230,6 +239,82 @@ def test_gpudirect(tmp_path: Path) -> None:
     assert check.status == "ok" and "dma-buf" in check.found
     inp.kernel_release = "5.4.0"
     assert by_name(doctor.run_checks(inp))["gpudirect"].status == "warn"
+
+
+def _no_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Replaces the torch.cuda.is_available() probe; returns the list its calls go to."""
+    calls: list[int] = []
+
+    def probe() -> bool:
+        calls.append(1)
+        return True
+
+    monkeypatch.setattr(doctor, "_torch_cuda_available", probe)
+    return calls
+
+
+def test_gpudirect_applies_only_with_a_gpu_and_rdma(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch_asked = _no_torch(monkeypatch)
+    # Neither a GPU nor RDMA: not applicable, and torch is not even asked.
+    bare = doctor.Inputs(
+        paths=paths(tmp_path / "bare"),
+        environ={"MASTER_ADDR": "192.168.1.10"},
+        memlock=UNLIMITED,
+        ucx_transports=["tcp"],
+        ucx_module_dir=tmp_path,
+        interfaces=IFACES,
+        route_source=ROUTES.__getitem__,
+        kernel_release="6.1.0",
+    )
+    check = by_name(doctor.run_checks(bare))["gpudirect"]
+    assert check.status == "ok" and check.found.startswith("not applicable: no RDMA devices")
+    assert "no NVIDIA GPU" in check.found and torch_asked == []
+    # A GPU (the driver's directory) but no RDMA: still not applicable.
+    (tmp_path / "bare/proc/driver/nvidia").mkdir(parents=True)
+    check = by_name(doctor.run_checks(bare))["gpudirect"]
+    assert check.status == "ok" and check.found.startswith("not applicable: no RDMA devices")
+    assert "/proc/driver/nvidia" in check.found and check.fix is None
+
+    # RDMA but no GPU: not applicable.
+    inp = roce_host(tmp_path / "roce")
+    inp.cuda_available = False
+    check = by_name(doctor.run_checks(inp))["gpudirect"]
+    assert check.status == "ok"
+    assert check.found.startswith("not applicable: RDMA devices but no NVIDIA GPU")
+    # RDMA and a GPU that only torch sees (no driver files in this tree): applies.
+    inp.cuda_available = True
+    check = by_name(doctor.run_checks(inp))["gpudirect"]
+    assert check.status == "warn" and "torch.cuda.is_available()" in check.found
+    assert check.found.startswith("not possible") and "nvidia_peermem" in check.found
+    assert "modprobe nvidia_peermem" in (check.fix or "")
+    # nvidia_peermem in /sys/module (also where /proc/modules does not list it): possible.
+    (tmp_path / "roce/sys/module/nvidia_peermem").mkdir(parents=True)
+    check = by_name(doctor.run_checks(inp))["gpudirect"]
+    assert check.status == "ok" and check.found.startswith("possible")
+    assert "nvidia_peermem loaded" in check.found and check.fix is None
+    # Left to itself (cuda_available None, no driver files), it asks torch.
+    (tmp_path / "roce/sys/module/nvidia_peermem").rmdir()
+    inp.cuda_available = None
+    check = by_name(doctor.run_checks(inp))["gpudirect"]
+    assert torch_asked and check.status == "warn"
+
+
+def test_gpudirect_facts(tmp_path: Path) -> None:
+    p = paths(tmp_path)
+    write(tmp_path / "proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module")
+    facts = doctor.gpudirect_facts(p, rdma=True, kernel="6.8.0")
+    assert facts.applicable and facts.dmabuf and facts.possible and not facts.peermem
+    assert "dma-buf" in facts.describe()
+    old = doctor.gpudirect_facts(p, rdma=True, kernel="5.10.0")
+    assert old.applicable and not old.dmabuf and not old.possible
+    assert "have 5.10.0" in old.describe()
+    no_rdma = doctor.gpudirect_facts(p, rdma=False, kernel="6.8.0")
+    assert not no_rdma.applicable and not no_rdma.possible
+    assert doctor.rdma_present(p) is False
+    (tmp_path / "dev/infiniband").mkdir(parents=True)
+    assert doctor.rdma_present(p) is True
 
 
 def test_bad_ifname_fails_with_the_interface_list(tmp_path: Path) -> None:

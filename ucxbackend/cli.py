@@ -4,9 +4,12 @@ Commands:
 
 ``info``
     Versions (ucxbackend, torch, Python, UCX), the UCX library actually loaded, build info,
-    the transports/devices UCX sees, the ``UCX_*`` variables set and the configuration in force
-    with where each value came from. ``--json`` for machine-readable output. Exits 1 when the
-    native extension cannot be loaded or the configuration is invalid.
+    the transports/devices UCX sees, which of UCX's CUDA transports (``cuda_copy``,
+    ``cuda_ipc``, ``gdr_copy``) it has and whether GPUDirect RDMA is possible here, the
+    ``UCX_*`` variables set and the configuration in force with where each value came from,
+    and that ``udp`` stages CUDA tensors through pinned host memory. ``--json`` for
+    machine-readable output. Exits 1 when the native extension cannot be loaded or the
+    configuration is invalid.
 
 ``bench``
     nccl-tests-style benchmark of collectives on several backends side by side (``ucx``,
@@ -33,9 +36,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-__all__ = ["COMMANDS", "build_parser", "collect_info", "format_info", "main"]
+from . import doctor
+
+__all__ = ["COMMANDS", "CUDA_TRANSPORTS", "build_parser", "collect_info", "format_info", "main"]
 
 _MAKE_BUILD_HINT = "run `make build` (or `pip install --no-build-isolation .`)"
+
+# UCX's transports for GPU memory: copies to and from the host, between processes on one node
+# (CUDA IPC), and GDRCopy's CPU mappings of GPU memory for small messages.
+CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "gdr_copy")
+UDP_CUDA = "stages CUDA tensors through pinned host memory (no GPUDirect)"
 
 
 def _call(fn: Callable[[], Any], errors: list[str], what: str) -> Any:
@@ -55,11 +65,15 @@ def _group_transports(pairs: Sequence[Sequence[str]]) -> dict[str, list[str]]:
     return {t: sorted(grouped[t]) for t in sorted(grouped)}
 
 
-def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def collect_info(
+    env: Mapping[str, str] | None = None, *, doctor_inputs: doctor.Inputs | None = None
+) -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-serialisable dict.
 
     ``ok`` is False (and ``errors`` says why) when the native extension is missing, a native
-    query fails or the configuration is invalid.
+    query fails or the configuration is invalid. ``doctor_inputs`` replaces the system paths
+    (``/sys/class/infiniband``, ``/sys/module``, the NVIDIA driver files), the kernel release
+    and the CUDA probe behind the GPUDirect RDMA line, for tests.
     """
     import torch
     import torch.distributed as dist
@@ -115,6 +129,12 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         build = _call(native.build_info, errors, "_C.build_info()")
         info["build"] = None if build is None else {str(k): str(v) for k, v in build.items()}
 
+    info["cuda"] = _cuda_info(
+        None if info["ucx"] is None else info["ucx"]["transports"],
+        bool(info["torch"]["cuda_available"]),
+        doctor_inputs,
+    )
+
     if native is not None:  # the knobs are declared there
         info["unknown_config_env"] = cfg.unknown_env_vars(env)
         try:
@@ -125,6 +145,58 @@ def collect_info(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     info["ok"] = not errors
     info["errors"] = errors
     return info
+
+
+def _cuda_info(
+    transports: Mapping[str, list[str]] | None,
+    cuda_available: bool,
+    inputs: doctor.Inputs | None,
+) -> dict[str, Any]:
+    """UCX's CUDA transports (None: unknown, the extension is not loaded), GPUDirect RDMA (the
+    facts ``doctor`` checks) and how udp carries CUDA tensors."""
+    inp = inputs or doctor.Inputs()
+    rdma = doctor.rdma_present(inp.paths)
+    facts = doctor.gpudirect_facts(
+        inp.paths,
+        rdma,
+        inp.kernel_release or platform.release(),
+        cuda_available if inp.cuda_available is None else inp.cuda_available,
+    )
+    return {
+        "ucx_transports": None
+        if transports is None
+        else {t: list(transports[t]) for t in CUDA_TRANSPORTS if t in transports},
+        "ucx_missing": None
+        if transports is None
+        else [t for t in CUDA_TRANSPORTS if t not in transports],
+        "gpudirect_rdma": {
+            "possible": facts.possible,
+            "applicable": facts.applicable,
+            "gpu": facts.gpu,
+            "rdma_devices": facts.rdma,
+            "nvidia_peermem": facts.peermem,
+            "dmabuf": facts.dmabuf,
+            "summary": facts.describe(),
+        },
+        "udp": UDP_CUDA,
+    }
+
+
+def _cuda_rows(cuda: Mapping[str, Any]) -> list[tuple[str, str]]:
+    present, missing = cuda["ucx_transports"], cuda["ucx_missing"]
+    if present is None:
+        ucx = "unknown (the native extension is not loaded)"
+    elif not present:
+        ucx = f"none ({', '.join(missing)} absent: this UCX has no CUDA support, or sees no GPU)"
+    else:
+        ucx = ", ".join(f"{t} ({', '.join(devs)})" for t, devs in present.items())
+        if missing:
+            ucx += f"; absent: {', '.join(missing)}"
+    return [
+        ("UCX CUDA transports", ucx),
+        ("GPUDirect RDMA", cuda["gpudirect_rdma"]["summary"]),
+        ("udp", cuda["udp"]),
+    ]
 
 
 def _version_tuple(version: object) -> tuple[int, ...]:
@@ -198,6 +270,9 @@ def format_info(info: Mapping[str, Any]) -> str:
         transports = [(t, ", ".join(devs)) for t, devs in ucx["transports"].items()]
         lines += ["", "Transports UCX sees (transport: devices)"]
         lines += _rows(transports, "  ") if transports else ["  (none)"]
+
+    if info.get("cuda") is not None:
+        lines += ["", "CUDA", *_rows(_cuda_rows(info["cuda"]), "  ")]
 
     if ucx is not None and ucx.get("defaults"):
         lines += ["", "UCX settings ucxbackend chooses (set any of a group yourself to keep UCX's)"]

@@ -19,13 +19,17 @@ and for anything not ok a one-line fix. The checks:
 ``memlock``
     ``RLIMIT_MEMLOCK``: RDMA registers (pins) memory, so a small limit fails with RDMA devices.
 ``gpudirect``
-    with an NVIDIA driver and RDMA devices: ``nvidia_peermem`` loaded, or the driver's dma-buf
-    path, for GPUDirect RDMA.
+    only where a GPU (the NVIDIA driver's ``/proc/driver/nvidia``, or
+    ``torch.cuda.is_available()``) and RDMA devices are both present, else "not applicable":
+    ``nvidia_peermem`` loaded (``/sys/module/nvidia_peermem``, ``/proc/modules``), or the
+    driver's dma-buf path (kernel >= 5.12 and the open NVIDIA kernel modules), for GPUDirect
+    RDMA. :func:`gpudirect_facts` is also what ``python -m ucxbackend info`` reports.
 
 Every path (``/sys/class/infiniband``, ``/sys/class/net``, ``/dev/infiniband``,
-``/proc/modules``, the NVIDIA driver files) and every other input (environment, memlock limit,
-UCX transports and module directory, interfaces) is injectable through :class:`Inputs`, so the
-tests run the checks against fake trees. Exit status of the command: 1 when a check fails.
+``/proc/modules``, ``/sys/module``, the NVIDIA driver files) and every other input
+(environment, memlock limit, UCX transports and module directory, interfaces, whether torch
+sees a CUDA device) is injectable through :class:`Inputs`, so the tests run the checks against
+fake trees. Exit status of the command: 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -41,7 +45,17 @@ from typing import Any, Literal, TextIO
 
 from . import netif, rdma_sysfs
 
-__all__ = ["Check", "Inputs", "Paths", "format_checks", "main", "run_checks"]
+__all__ = [
+    "Check",
+    "GpuDirect",
+    "Inputs",
+    "Paths",
+    "format_checks",
+    "gpudirect_facts",
+    "main",
+    "rdma_present",
+    "run_checks",
+]
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -69,6 +83,8 @@ class Paths:
     proc_modules: Path = Path("/proc/modules")
     nvidia_version: Path = Path("/proc/driver/nvidia/version")
     nvidia_params: Path = Path("/proc/driver/nvidia/params")
+    nvidia_driver: Path = Path("/proc/driver/nvidia")
+    sys_module: Path = Path("/sys/module")
 
 
 @dataclass
@@ -84,6 +100,7 @@ class Inputs:
     resolve: Callable[[str], str] | None = None
     route_source: Callable[[str], str] | None = None
     kernel_release: str | None = None
+    cuda_available: bool | None = None  # None: asks torch.cuda.is_available() when it matters
 
 
 def _ucx_facts() -> tuple[list[str] | None, Path | None, str | None]:
@@ -296,19 +313,84 @@ def check_memlock(limit: tuple[int, int], rdma: bool) -> Check:
     return Check("memlock", "fail" if soft < _MEMLOCK_MIN else "warn", found, fix)
 
 
-def check_gpudirect(paths: Paths, rdma: bool, kernel: str) -> Check:
-    nvidia = paths.nvidia_version.exists() or bool(_has_module(paths.proc_modules, "nvidia"))
-    if not nvidia:
-        return Check("gpudirect", "ok", "no NVIDIA driver: GPUDirect RDMA not applicable")
-    if not rdma:
-        return Check(
-            "gpudirect",
-            "ok",
-            "NVIDIA driver but no RDMA devices: GPUDirect RDMA "
-            "not applicable (GPU data goes through host memory)",
+@dataclass(frozen=True)
+class GpuDirect:
+    """What GPUDirect RDMA needs, as found: a GPU, an RDMA device, and a way for the RDMA
+    device to reach GPU memory (``nvidia_peermem``, or dma-buf)."""
+
+    gpu: bool
+    gpu_how: str  # how the GPU was found ("" when none was)
+    rdma: bool
+    peermem: bool
+    dmabuf_kernel: bool  # kernel >= 5.12
+    open_modules: bool  # the open NVIDIA kernel modules (what dma-buf needs from the driver)
+    kernel: str
+
+    @property
+    def applicable(self) -> bool:
+        return self.gpu and self.rdma
+
+    @property
+    def dmabuf(self) -> bool:
+        return self.dmabuf_kernel and self.open_modules
+
+    @property
+    def possible(self) -> bool:
+        return self.applicable and (self.peermem or self.dmabuf)
+
+    def describe(self) -> str:
+        """One line: whether GPUDirect RDMA is possible here, and why."""
+        if not self.rdma:
+            gpu = f" ({self.gpu_how})" if self.gpu else " and no NVIDIA GPU"
+            return (
+                f"not applicable: no RDMA devices{gpu}; CUDA tensors between hosts go through "
+                "host memory"
+            )
+        if not self.gpu:
+            return (
+                "not applicable: RDMA devices but no NVIDIA GPU (no /proc/driver/nvidia, "
+                "torch.cuda.is_available() False)"
+            )
+        if self.peermem:
+            return f"possible: RDMA devices, {self.gpu_how}, nvidia_peermem loaded"
+        if self.dmabuf:
+            return (
+                f"possible: RDMA devices, {self.gpu_how}, dma-buf (kernel {self.kernel} and "
+                "the open NVIDIA kernel modules; nvidia_peermem not needed)"
+            )
+        return (
+            f"not possible: RDMA devices and {self.gpu_how}, but nvidia_peermem is not loaded, "
+            f"and dma-buf needs kernel >= 5.12 (have {self.kernel}) and the open NVIDIA kernel "
+            f"modules ({'loaded' if self.open_modules else 'not loaded'})"
         )
-    if _has_module(paths.proc_modules, "nvidia_peermem"):
-        return Check("gpudirect", "ok", "nvidia_peermem loaded")
+
+
+def _torch_cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, a broken driver: no usable GPU either way
+        return False
+
+
+def gpudirect_facts(
+    paths: Paths, rdma: bool, kernel: str, cuda_available: bool | None = None
+) -> GpuDirect:
+    """The :class:`GpuDirect` facts. torch is asked about CUDA (``cuda_available`` None) only
+    when RDMA devices exist and the driver files show no NVIDIA driver."""
+    if paths.nvidia_driver.is_dir() or paths.nvidia_version.exists():
+        gpu, how = True, "an NVIDIA driver (/proc/driver/nvidia)"
+    elif _has_module(paths.proc_modules, "nvidia"):
+        gpu, how = True, "an NVIDIA driver (module nvidia)"
+    elif not rdma:
+        gpu, how = False, ""  # not applicable either way: no need to ask torch
+    else:
+        gpu = _torch_cuda_available() if cuda_available is None else cuda_available
+        how = "a CUDA device (torch.cuda.is_available())" if gpu else ""
+    peermem = (paths.sys_module / "nvidia_peermem").exists() or bool(
+        _has_module(paths.proc_modules, "nvidia_peermem")
+    )
     try:
         major, minor = (int(x) for x in kernel.split(".")[:2])
         dmabuf_kernel = (major, minor) >= (5, 12)
@@ -318,21 +400,27 @@ def check_gpudirect(paths: Paths, rdma: bool, kernel: str) -> Check:
         open_modules = "open kernel module" in paths.nvidia_version.read_text().lower()
     except OSError:
         open_modules = False
-    if dmabuf_kernel and open_modules:
-        return Check(
-            "gpudirect",
-            "ok",
-            f"dma-buf: kernel {kernel} and the open NVIDIA kernel "
-            "modules (nvidia_peermem not needed)",
-        )
+    return GpuDirect(gpu, how, rdma, peermem, dmabuf_kernel, open_modules, kernel)
+
+
+def check_gpudirect(
+    paths: Paths, rdma: bool, kernel: str, cuda_available: bool | None = None
+) -> Check:
+    facts = gpudirect_facts(paths, rdma, kernel, cuda_available)
+    if not facts.applicable or facts.possible:
+        return Check("gpudirect", "ok", facts.describe())
     return Check(
         "gpudirect",
         "warn",
-        f"nvidia_peermem not loaded; dma-buf {'possible' if dmabuf_kernel else 'needs'}"
-        f" kernel >= 5.12 (have {kernel}) and the open NVIDIA kernel modules",
+        facts.describe(),
         "`modprobe nvidia_peermem` (or use the open NVIDIA kernel modules with "
         "kernel >= 5.12 for dma-buf)",
     )
+
+
+def rdma_present(paths: Paths | None = None) -> bool:
+    """Whether RDMA devices exist (``/dev/infiniband``, or ports in ``/sys/class/infiniband``)."""
+    return _rdma_present(paths or Paths())
 
 
 def run_checks(inp: Inputs | None = None) -> list[Check]:
@@ -349,7 +437,9 @@ def run_checks(inp: Inputs | None = None) -> list[Check]:
         check_ucx_verbs(inp, rdma),
         *check_roce_gids(ports, sel, env),
         check_memlock(memlock, rdma),
-        check_gpudirect(paths, rdma, inp.kernel_release or platform.release()),
+        check_gpudirect(
+            paths, rdma, inp.kernel_release or platform.release(), inp.cuda_available
+        ),
     ]
 
 

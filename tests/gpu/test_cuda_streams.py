@@ -1,0 +1,270 @@
+"""CUDA stream semantics of the ucx backend, as NCCL has them.
+
+* An op is ordered after the work already queued on the caller's current stream: a long kernel
+  and then an in-place write of the input, then the op with no host synchronisation; the result
+  must include the write. The same under ``with torch.cuda.stream(side)``, and for send/recv.
+* ``Work.wait()`` (and a blocking call) makes the caller's current stream wait for the op: a
+  copy of the output queued right after it must see the result (the op's input is written
+  after a long kernel, so without that wait the copy would run while the op moves data).
+* ``Work.wait()`` does not block the host: it returns before a kernel queued after the op has
+  finished (it did not synchronise the stream or the device), and before the op itself could
+  have finished (its input is still being written by a long kernel).
+* The Work's Future is CUDA-aware: a ``.then()`` callback that reads the result on the
+  current stream sees it.
+
+Long kernels are ``torch.cuda._sleep``; "not finished yet" is an event recorded after the
+kernel whose ``query()`` is still False. One world of two ranks on GPU 0 runs every check;
+each check is an item.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from gpu.cuda_harness import Outcomes, WorldCache, cuda_world, evaluate, gpu_sleep, use_gpu0
+
+# Long enough that the host checks right after issuing are surely inside the kernel, even with
+# two ranks (and other tests) time-slicing the GPU.
+LONG_MS = 400.0
+N = 1 << 24  # 64 MiB of float32: moving it takes a while, so a missing wait shows
+
+
+def _value(rank: int, step: int) -> float:
+    return float(100 * step + rank + 1)
+
+
+def _expected(ws: int, step: int) -> float:
+    return sum(_value(r, step) for r in range(ws))
+
+
+def _summary(t: Any) -> str:
+    return f"min {t.min().item()}, max {t.max().item()}"
+
+
+def _all_equal(t: Any, want: float) -> bool:
+    return bool((t == want).all().item())
+
+
+def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
+    dev = use_gpu0()
+    out = Outcomes(rank)
+
+    def ordered_after_current_stream() -> None:
+        step = 1
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        gpu_sleep(LONG_MS)
+        x.fill_(_value(rank, step))  # in place, after the long kernel, on the current stream
+        dist.all_reduce(x)  # no host synchronisation before it
+        y = x.clone()  # queued right after: the blocking call made the stream wait
+        torch.cuda.synchronize()
+        want = _expected(ws, step)
+        out.check(
+            "all_reduce ordered after the current stream's work",
+            _all_equal(x, want),
+            f"result {_summary(x)}, want {want} (the write before it was "
+            f"{_value(rank, step)}; {ws * -1.0} means it read the input before the write)",
+        )
+        out.check(
+            "blocking all_reduce makes the current stream wait",
+            _all_equal(y, want),
+            f"a clone queued right after the call saw {_summary(y)}, want {want}",
+        )
+
+    def wait_does_not_block_host() -> None:
+        step = 2
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        gpu_sleep(LONG_MS)
+        x.fill_(_value(rank, step))
+        before = torch.cuda.Event()
+        before.record()  # done once the op's input is written: the op cannot finish earlier
+        work = dist.all_reduce(x, async_op=True)
+        issued_early = not before.query()
+        completed_early = work.is_completed()
+        gpu_sleep(LONG_MS)  # queued after the op
+        after = torch.cuda.Event()
+        after.record()
+        t0 = time.monotonic()
+        work.wait()
+        waited = time.monotonic() - t0
+        after_running = not after.query()
+        before_running = not before.query()
+        y = x.clone()  # on the current stream, after wait()
+        torch.cuda.synchronize()
+        want = _expected(ws, step)
+        out.check(
+            "async all_reduce returns before its input is ready",
+            issued_early,
+            "all_reduce(async_op=True) returned only after the kernel before it had finished: "
+            "it synchronised with the stream instead of queueing behind it",
+        )
+        out.check(
+            "is_completed() is False before the op can have run",
+            not completed_early,
+            "is_completed() was True while the op's input was still being written",
+        )
+        out.check(
+            "wait() does not synchronise the stream",
+            after_running,
+            f"wait() returned after {waited:.3f} s, when a kernel queued after the op had "
+            "finished: it synchronised the stream or the device",
+        )
+        out.check(
+            "wait() does not wait for the op on the host",
+            before_running,
+            f"wait() returned after {waited:.3f} s, when the op's input was ready: it blocked "
+            "the host until the op could run instead of making the stream wait",
+        )
+        out.check(
+            "async all_reduce's result is right after synchronize",
+            _all_equal(y, want) and _all_equal(x, want),
+            f"a clone queued after wait() saw {_summary(y)}; the output is {_summary(x)}; "
+            f"want {want}",
+        )
+
+    def wait_orders_stream() -> None:
+        # Nothing between wait() and the clone: without the stream waiting for the op, the
+        # clone runs right after the write, while the op is still moving data.
+        step = 7
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        gpu_sleep(LONG_MS)
+        x.fill_(_value(rank, step))
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        y = x.clone()
+        torch.cuda.synchronize()
+        want = _expected(ws, step)
+        out.check(
+            "wait() makes the current stream wait for the op",
+            _all_equal(y, want),
+            f"a clone queued right after wait() saw {_summary(y)}; want {want}",
+        )
+
+    def side_stream() -> None:
+        step = 3
+        side = torch.cuda.Stream()
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            gpu_sleep(LONG_MS)
+            x.fill_(_value(rank, step))
+            dist.all_reduce(x)
+            y = x.clone()  # on the side stream
+        torch.cuda.synchronize()
+        want = _expected(ws, step)
+        out.check(
+            "an op under torch.cuda.stream(s) is ordered after s's work",
+            _all_equal(x, want),
+            f"result {_summary(x)}, want {want}",
+        )
+        out.check(
+            "a blocking op under torch.cuda.stream(s) makes s wait",
+            _all_equal(y, want),
+            f"a clone queued on s right after saw {_summary(y)}, want {want}",
+        )
+
+        # Issued on the side stream, waited for on the default stream.
+        step = 4
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            gpu_sleep(LONG_MS)
+            x.fill_(_value(rank, step))
+            work = dist.all_reduce(x, async_op=True)
+        work.wait()  # the current stream is the default one again
+        z = x.clone()
+        torch.cuda.synchronize()
+        want = _expected(ws, step)
+        out.check(
+            "wait() on another stream than the op's makes that stream wait",
+            _all_equal(z, want),
+            f"a clone on the default stream after wait() saw {_summary(z)}, want {want}",
+        )
+
+    def future_then() -> None:
+        step = 5
+        x = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        gpu_sleep(LONG_MS)
+        x.fill_(_value(rank, step))
+        fut = dist.all_reduce(x, async_op=True).get_future()
+        doubled = fut.then(lambda f: f.value()[0] * 2).wait()
+        torch.cuda.synchronize()
+        want = 2 * _expected(ws, step)
+        out.check(
+            "the Work's future orders .then() after the op",
+            _all_equal(doubled, want),
+            f"the callback's result is {_summary(doubled)}, want {want}",
+        )
+
+    def send_recv() -> None:
+        step = 6
+        peer = 1 - rank
+        buf = torch.full((N,), -1.0, device=dev)
+        torch.cuda.synchronize()
+        if rank == 0:
+            gpu_sleep(LONG_MS)
+            buf.fill_(_value(rank, step))
+            dist.send(buf, peer)
+            torch.cuda.synchronize()
+            return
+        work = dist.irecv(buf, peer)
+        work.wait()
+        copy = buf.clone()
+        torch.cuda.synchronize()
+        want = _value(peer, step)
+        out.check(
+            "send is ordered after the current stream's work; irecv's wait() orders the stream",
+            _all_equal(copy, want) and _all_equal(buf, want),
+            f"received {_summary(buf)}, a clone after wait() {_summary(copy)}, want {want}",
+        )
+
+    out.run("all_reduce ordered after the current stream's work", ordered_after_current_stream)
+    out.run("wait() does not synchronise the stream", wait_does_not_block_host)
+    out.run("wait() makes the current stream wait for the op", wait_orders_stream)
+    out.run("an op under torch.cuda.stream(s) is ordered after s's work", side_stream)
+    out.run("the Work's future orders .then() after the op", future_then)
+    if ws == 2:
+        out.run(
+            "send is ordered after the current stream's work; irecv's wait() orders the stream",
+            send_recv,
+        )
+        if rank == 0:  # only the receiver checks
+            out.check(
+                "send is ordered after the current stream's work; irecv's wait() orders the stream",
+                True,
+            )
+    dist.barrier()
+    return out.results
+
+
+CHECKS = (
+    "all_reduce ordered after the current stream's work",
+    "blocking all_reduce makes the current stream wait",
+    "async all_reduce returns before its input is ready",
+    "is_completed() is False before the op can have run",
+    "wait() does not synchronise the stream",
+    "wait() does not wait for the op on the host",
+    "async all_reduce's result is right after synchronize",
+    "wait() makes the current stream wait for the op",
+    "an op under torch.cuda.stream(s) is ordered after s's work",
+    "a blocking op under torch.cuda.stream(s) makes s wait",
+    "wait() on another stream than the op's makes that stream wait",
+    "the Work's future orders .then() after the op",
+    "send is ordered after the current stream's work; irecv's wait() orders the stream",
+)
+
+_world = WorldCache(lambda: cuda_world(streams_main))
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_stream_semantics(check: str) -> None:
+    evaluate(_world.get(), check)
