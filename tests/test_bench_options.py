@@ -131,7 +131,7 @@ def test_environment_validation(monkeypatch: pytest.MonkeyPatch) -> None:
         bench_options.validate_environment(options("--backends", "ucx,nope"), 2)
     with pytest.raises(bench_common.UsageError, match="--root 2 is not a rank"):
         bench_options.validate_environment(options("-r", "2"), 2)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(bench_common.UsageError, match="CUDA is not available"):
         bench_options.validate_environment(options("--device", "cuda"), 2)
     with pytest.raises(bench_common.UsageError, match="not found"):

@@ -106,8 +106,10 @@ def test_json_report_schema() -> None:
         "busbw",
         "wrong",
         "transport",
+        "host_staged",
     }
     assert rec["transport"] is None  # udp columns only
+    assert rec["host_staged"] is False and doc["limits"] == []  # --device cuda only
     assert doc["udp_variants"] == [] and doc["options"]["udp_variants"] == []
     assert rec["time_us"] == {"mean": 10.0, "median": 10.0, "min": 5.0, "max": 20.0}
     assert rec["algbw"] == pytest.approx(8 / 1e9 / 10e-6)

@@ -18,6 +18,10 @@ Examples::
     # latency: min over iterations instead of the mean, 4 ranks, MPI (mpi4py) as a reference
     python -m ucxbackend bench all_reduce -b 8 -e 64K --stat min --nproc 4 --backends ucx,gloo,mpi
 
+    # CUDA tensors: 2 ranks sharing one GPU; ucx, gloo, nccl (skipped: ranks share the GPU)
+    # and the device-to-device copy limit (docs/bench.md, "GPU")
+    python -m ucxbackend bench all_reduce --device cuda --nproc 2 -b 1M -e 64M --timeout 120
+
     # under torchrun (rank, world size and rendezvous from the environment)
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m ucxbackend bench all_gather
 

@@ -57,6 +57,8 @@ MPI: Final = "mpi"
 CORRUPT_ENV: Final = "UCXBACKEND_BENCH_CORRUPT"
 ARGV_ENV: Final = "_UCXBENCH_COMMAND"  # the user's command line, handed to the ranks we start
 LAUNCH_ENV: Final = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+CUDA_ENV: Final = "UCXBACKEND_CUDA"  # the ucx backend's CUDA opt-in; --device cuda sets it to 1
+NCCL: Final = "nccl"
 
 EXIT_OK: Final = 0
 EXIT_WRONG: Final = 1

@@ -1,6 +1,8 @@
 """The op under test: a case's tensors on the device (:func:`make_buffers`, once per size and
 backend) and :func:`make_op`, one blocking call of the collective on them, which the timing
-loop calls over and over.
+loop calls over and over. With ``--device cuda``, Gloo runs on the CUDA tensors where torch's
+Gloo has a CUDA path (:data:`GLOO_CUDA_NATIVE`); elsewhere :func:`host_staged` says so and
+:func:`make_staged_op` copies to host tensors, runs Gloo on them and copies back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,25 @@ _REDUCE_OPS: Final[Mapping[str, Any]] = {
 }
 
 
+# Collectives whose CUDA tensors torch's ProcessGroupGloo takes itself (its own CUDA work
+# classes, which stage through pinned host memory on a side stream). Its send/recv pass the
+# raw data pointer to Gloo's TCP transport, and its reduce, reduce_scatter_tensor and
+# all_gather_into_tensor have no CUDA path in every torch 2.x, so those are staged here.
+GLOO_CUDA_NATIVE: Final = frozenset({"all_reduce", "broadcast", "barrier"})
+HOST_STAGED_SUFFIX: Final = "(host-staged)"
+
+
+def host_staged(backend: str, collective: str, device: str) -> bool:
+    """Whether the bench itself stages ``backend``'s tensors through the host."""
+    return device == "cuda" and backend == "gloo" and collective not in GLOO_CUDA_NATIVE
+
+
+def column_label(backend: str, collective: str, device: str) -> str:
+    """The name a column is shown under: ``gloo(host-staged)`` where the bench stages it."""
+    staged = host_staged(backend, collective, device)
+    return backend + HOST_STAGED_SUFFIX if staged else backend
+
+
 @dataclass
 class Buffers:
     send: torch.Tensor | None
@@ -39,6 +60,37 @@ def make_buffers(data: CaseData, device: torch.device) -> Buffers:
     recv = torch.empty(data.recv_numel, dtype=send.dtype, device=device)
     recv.fill_(poison_value(send.dtype))
     return Buffers(send, recv)
+
+
+def make_staged_op(
+    collective: str,
+    bufs: Buffers,
+    group: dist.ProcessGroup,
+    op: str,
+    root: int,
+    rank: int,
+    world: int,
+) -> Callable[[], None]:
+    """:func:`make_op` on pinned host copies of ``bufs``: each call copies the input to the
+    host, runs the collective there and copies the output back (all timed)."""
+    send, recv = bufs.send, bufs.recv
+    if send is None or recv is None:
+        return make_op(collective, bufs, group, op, root, rank, world)
+    pin = send.is_cuda
+
+    def host_like(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+
+    host_send = host_like(send)
+    host_recv = host_send if recv is send else host_like(recv).copy_(recv)  # the poison
+    inner = make_op(collective, Buffers(host_send, host_recv), group, op, root, rank, world)
+
+    def staged() -> None:
+        host_send.copy_(send)
+        inner()
+        recv.copy_(host_recv)
+
+    return staged
 
 
 def _all_gather_fn() -> Callable[..., Any]:

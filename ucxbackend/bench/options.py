@@ -22,7 +22,17 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 
-from .common import COLLECTIVES, DTYPE_NAMES, MPI, OPS, STATS, TORCH_DTYPES, UsageError, split_list
+from .common import (
+    COLLECTIVES,
+    DTYPE_NAMES,
+    MPI,
+    NCCL,
+    OPS,
+    STATS,
+    TORCH_DTYPES,
+    UsageError,
+    split_list,
+)
 from .sizes import parse_size, size_sweep
 from .udp import (
     DEFAULT_UDP_POLICY,
@@ -47,6 +57,7 @@ _COLLECTIVE_ALIASES: Final[Mapping[str, str]] = {
     "all_to_all_single": "all_to_all",
 }
 DEFAULT_BACKENDS: Final = ("ucx", "gloo")
+DEFAULT_CUDA_BACKENDS: Final = ("ucx", "gloo", NCCL)  # --device cuda
 
 
 def _size_arg(text: str) -> int:
@@ -192,8 +203,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_backends_arg,
         default=None,
         help="comma-separated backends measured side by side, the first is the reference of "
-        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo; with "
-        "udp variants: none, give it to add columns after the variants)",
+        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo; "
+        "ucx,gloo,nccl with --device cuda; with udp variants: none, give it to add columns "
+        "after the variants)",
     )
     udp = parser.add_argument_group(
         "udp protocol variants",
@@ -259,7 +271,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "that a machine whose speed drifts skews no ratio; 1 (default) times each backend "
         "in one block, as nccl-tests",
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="tensor device")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="tensor device (cpu); cuda: cuda:<local rank %% GPUs> (ranks may share a GPU), "
+        "UCXBACKEND_CUDA=1 unless set, a d2d copy limit column; nccl is skipped, with the "
+        "reason, where ranks share a GPU or torch has no NCCL",
+    )
     parser.add_argument(
         "--nproc",
         type=_positive_int,
@@ -316,7 +335,8 @@ class BenchOptions:
             raise UsageError(str(exc)) from None
         variants = _udp_variant_list(args)
         if args.backends is None:
-            names: tuple[str, ...] = () if variants else DEFAULT_BACKENDS
+            default = DEFAULT_CUDA_BACKENDS if args.device == "cuda" else DEFAULT_BACKENDS
+            names: tuple[str, ...] = () if variants else default
         else:
             names = tuple(args.backends)
         torch_backends = tuple(n for n in names if n != MPI)
@@ -460,9 +480,11 @@ def _backend_problem(name: str, device: str) -> str | None:
         "nccl": dist.is_nccl_available,
         "ucc": dist.is_ucc_available,
     }
+    if name == NCCL and device == "cuda":
+        return None  # where it cannot run, the runner skips the column with the reason
     if name in available and not available[name]():
         return f"backend {name!r} is not available in this torch build"
-    if name == "nccl" and device != "cuda":
+    if name == NCCL:
         return "backend 'nccl' needs --device cuda"
     return None
 
@@ -473,8 +495,10 @@ def validate_environment(opts: BenchOptions, world: int | None) -> None:
         problem = _backend_problem(name, opts.device)
         if problem is not None:
             raise UsageError(problem)
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: CUDA is not available (torch.cuda.is_available() False)")
+    # device_count(), not is_available(): it asks NVML and leaves CUDA uninitialised, so the
+    # launcher can still fork the ranks (a forked child cannot use a parent's CUDA).
+    if opts.device == "cuda" and torch.cuda.device_count() == 0:
+        raise UsageError("--device cuda: CUDA is not available (torch.cuda.device_count() 0)")
     if world is not None and opts.root >= world:
         raise UsageError(f"--root {opts.root} is not a rank of a world of size {world}")
     if opts.plot and importlib.util.find_spec("matplotlib") is None:

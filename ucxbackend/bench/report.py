@@ -5,11 +5,16 @@ Call order, per run: :func:`header_lines` (versions, options, ranks); per collec
 from :func:`row_for`), then :func:`format_footer` (average busbw, ``#wrong``, why cells are
 n/a) and :func:`format_transport_block` (udp columns); at the end :func:`build_report`
 (the JSON document, ``schema`` ``ucxbackend-bench/1``, also what :mod:`.plot` draws).
+
+With ``--device cuda`` a column may be shown under another label (``gloo(host-staged)``:
+``labels``, from :func:`.ops.column_label`), and each row ends with the limit column
+(``limit``): the device-to-device copy of the message size, its time and bandwidth
+(size / time), which the footer compares each column's busbw with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -29,6 +34,7 @@ class Row:
     op: str  # "none" for collectives that do not reduce
     root: int  # -1 for collectives without a root
     results: dict[str, Measurement] = field(default_factory=dict)
+    limit: Measurement | None = None  # --device cuda: the d2d copy of the message size
 
     @property
     def collective(self) -> str:
@@ -48,30 +54,50 @@ def row_for(layout: Layout, opts: BenchOptions) -> Row:
 _FIXED = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}"
 _BLOCK = "  {:>9}  {:>7}  {:>7}"
 _WRONG = "  {:>6}"
+_LIMIT = "  {:>9}  {:>8}"
+LIMIT_NAME: Final = "d2d-copy"
 
 
 def _block_width(check: bool) -> int:
     return len(_BLOCK.format("", "", "")) + (len(_WRONG.format("")) if check else 0)
 
 
-def ratio_columns(columns: Sequence[str]) -> list[str]:
-    return [f"{columns[0]}/{other}" for other in columns[1:]]
+def _labeller(labels: Mapping[str, str] | None) -> Callable[[str], str]:
+    return lambda column: column if labels is None else labels.get(column, column)
 
 
-def format_header(collective: str, columns: Sequence[str], check: bool, stat: str) -> list[str]:
-    """nccl-tests' three header lines, with one block of columns per backend."""
+def ratio_columns(columns: Sequence[str], labels: Mapping[str, str] | None = None) -> list[str]:
+    label = _labeller(labels)
+    return [f"{label(columns[0])}/{label(other)}" for other in columns[1:]]
+
+
+def format_header(
+    collective: str,
+    columns: Sequence[str],
+    check: bool,
+    stat: str,
+    labels: Mapping[str, str] | None = None,
+    limit: bool = False,
+) -> list[str]:
+    """nccl-tests' three header lines, with one block of columns per backend (shown under
+    its label), the ratio columns, then with ``limit`` the d2d copy's time and bandwidth."""
     width = _block_width(check)
     fixed = len(_FIXED.format(*[""] * 5))
-    names = "#" + " " * (fixed - 1) + "".join(c.center(width) for c in columns)
+    label = _labeller(labels)
+    names = "#" + " " * (fixed - 1) + "".join(label(c).center(width) for c in columns)
     head = "#" + _FIXED.format("size", "count", "type", "redop", "root")[1:]
     unit = "#" + _FIXED.format("(B)", "(elements)", "", "", "")[1:]
     for _ in columns:
         head += _BLOCK.format("time", "algbw", "busbw") + (_WRONG.format("#wrong") if check else "")
         unit += _BLOCK.format(f"({stat} us)" if stat != "mean" else "(us)", "(GB/s)", "(GB/s)")
         unit += _WRONG.format("") if check else ""
-    for ratio in ratio_columns(columns):
+    for ratio in ratio_columns(columns, labels):
         head += _ratio_cell(ratio, ratio)
         unit += _ratio_cell(ratio, "busbw")
+    if limit:
+        names += " " * (len(head) - len(names)) + LIMIT_NAME.center(len(_LIMIT.format("", "")))
+        head += _LIMIT.format("time", "bw")
+        unit += _LIMIT.format(f"({stat} us)" if stat != "mean" else "(us)", "(GB/s)")
     return [f"# {collective}", names.rstrip(), head, unit.rstrip()]
 
 
@@ -92,7 +118,21 @@ def ratio(first: Measurement, other: Measurement, stat: str) -> float | None:
     return b / a
 
 
-def format_row(row: Row, columns: Sequence[str], check: bool, stat: str, world: int) -> str:
+def limit_bandwidth(row: Row, stat: str) -> float | None:
+    """The d2d copy's bandwidth in GB/s: size / time (a copy's algbw, and its busbw)."""
+    t = None if row.limit is None else row.limit.time(stat)
+    return None if t is None or t <= 0 else row.layout.nbytes / t / 1e3
+
+
+def format_row(
+    row: Row,
+    columns: Sequence[str],
+    check: bool,
+    stat: str,
+    world: int,
+    labels: Mapping[str, str] | None = None,
+    limit: bool = False,
+) -> str:
     layout = row.layout
     line = _FIXED.format(layout.nbytes, layout.count, row.dtype, row.op, row.root)
     for name in columns:
@@ -106,10 +146,16 @@ def format_row(row: Row, columns: Sequence[str], check: bool, stat: str, world: 
         if check:
             line += _WRONG.format("n/a" if m.wrong is None else m.wrong)
     first = row.results.get(columns[0])
-    for name, other_name in zip(ratio_columns(columns), columns[1:], strict=True):
+    for name, other_name in zip(ratio_columns(columns, labels), columns[1:], strict=True):
         other = row.results.get(other_name)
         r = None if first is None or other is None else ratio(first, other, stat)
         line += _ratio_cell(name, "n/a" if r is None else f"{r:.2f}")
+    if limit:
+        t = None if row.limit is None else row.limit.time(stat)
+        bw = limit_bandwidth(row, stat)
+        line += _LIMIT.format(
+            "n/a" if t is None else _fmt_time(t), "n/a" if bw is None else f"{bw:.2f}"
+        )
     return line
 
 
@@ -174,14 +220,57 @@ def total_wrong(rows: Iterable[Row]) -> int:
     return sum(m.wrong or 0 for row in rows for m in row.results.values())
 
 
-def format_footer(
-    rows: Sequence[Row], columns: Sequence[str], check: bool, stat: str, world: int
+def limit_fractions(rows: Sequence[Row], backend: str, stat: str, world: int) -> float | None:
+    """The mean over sizes of ``backend``'s busbw over the d2d copy's bandwidth."""
+    values = []
+    for row in rows:
+        m, copy_bw = row.results.get(backend), limit_bandwidth(row, stat)
+        t = None if m is None else m.time(stat)
+        if t is not None and copy_bw and row.layout.nbytes:
+            busbw = bandwidths(row.collective, row.layout.nbytes, t / 1e6, world)[1]
+            values.append(busbw / copy_bw)
+    return sum(values) / len(values) if values else None
+
+
+def format_limit(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    stat: str,
+    world: int,
+    labels: Mapping[str, str] | None = None,
 ) -> list[str]:
+    """The limit line under ``# Avg bus bandwidth`` (nothing without a limit column): the d2d
+    copy's mean bandwidth over the sizes, and each column's busbw as a share of it."""
+    copy_bws = [bw for bw in (limit_bandwidth(row, stat) for row in rows) if bw is not None]
+    if not copy_bws:
+        return []
+    label = _labeller(labels)
+    parts = []
+    for name in columns:
+        f = limit_fractions(rows, name, stat, world)
+        parts.append(f"{label(name)} {'n/a' if f is None else f'{f:.3g}'}")
+    return [
+        f"# Avg d2d copy bw      : {sum(copy_bws) / len(copy_bws):.4g} GB/s (torch copy_ of the "
+        "size on the rank's GPU, CUDA events, max over ranks)",
+        f"# busbw / d2d copy bw  : {'  '.join(parts)}",
+    ]
+
+
+def format_footer(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    check: bool,
+    stat: str,
+    world: int,
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    label = _labeller(labels)
     parts = []
     for name in columns:
         bw = avg_busbw(rows, name, stat, world)
-        parts.append(f"{name} {'n/a' if bw is None else f'{bw:.4g}'}")
+        parts.append(f"{label(name)} {'n/a' if bw is None else f'{bw:.4g}'}")
     lines = [f"# Avg bus bandwidth    : {'  '.join(parts)}"]
+    lines += format_limit(rows, columns, stat, world, labels)
     if check:
         wrong = total_wrong(rows)
         lines.append(f"# #wrong (all columns) : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
@@ -190,7 +279,7 @@ def format_footer(
         for name, m in row.results.items():
             if not m.supported and m.error:
                 reasons.setdefault(name, m.error)
-    lines += [f"# n/a {name}: {error}" for name, error in reasons.items()]
+    lines += [f"# n/a {label(name)}: {error}" for name, error in reasons.items()]
     return [*lines, "#"]
 
 
@@ -221,9 +310,25 @@ def row_records(rows: Sequence[Row], stat: str, world: int) -> list[dict[str, An
                     "busbw": busbw,
                     "wrong": m.wrong,
                     "transport": m.transport,
+                    "host_staged": m.host_staged,
                 }
             )
     return records
+
+
+def limit_records(rows: Sequence[Row], stat: str) -> list[dict[str, Any]]:
+    """The JSON records of the limit column: one per collective and size that has one."""
+    return [
+        {
+            "collective": row.collective,
+            "kind": "d2d_copy",
+            "bytes": row.layout.nbytes,
+            "time_us": row.limit.time_us,
+            "bandwidth": limit_bandwidth(row, stat),
+        }
+        for row in rows
+        if row.limit is not None
+    ]
 
 
 def build_report(
@@ -257,6 +362,7 @@ def build_report(
         "udp_variants": [v.describe() for v in opts.udp_variants],
         "mpi": dict(mpi),
         "results": row_records(all_rows, opts.stat, world),
+        "limits": limit_records(all_rows, opts.stat),
         "summary": summary,
         "wrong_total": wrong if opts.check else None,
         "ok": wrong == 0,
@@ -269,6 +375,7 @@ def header_lines(
     versions: Mapping[str, Any],
     ranks: Sequence[Mapping[str, Any]],
     mpi: MpiOutcome,
+    skipped: Mapping[str, str] | None = None,
 ) -> list[str]:
     lines = [
         f"# ucxbackend bench {versions['ucxbackend']}: torch {versions['torch']}, "
@@ -291,6 +398,7 @@ def header_lines(
         )
     elif mpi.status != "not requested":
         lines.append(f"# mpi column {mpi.status}: {mpi.reason}")
+    lines += [f"# {name} column skipped: {why}" for name, why in (skipped or {}).items()]
     lines.append("#")
     lines += [
         f"#  Rank {r['rank']:>2} Pid {r['pid']:>7} on {r['host']} device {r['device']}"

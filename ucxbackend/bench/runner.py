@@ -2,12 +2,17 @@
 
 Call order (:func:`run_rank`): rank, world and local rank from the environment; the
 environment checked (:func:`.options.validate_environment`); the ``--timeout`` watchdog
-started; a Gloo default group (the control group) and one ``new_group`` per column (the udp
-variants, then ``--backends``); rank 0 runs the mpi reference (:mod:`.mpi`) while the others
-wait; then for every collective and size, each column is prepared, timed round by round in
-turn with the others and finished (:mod:`.timing`); rank 0 prints the table as it goes
+started; a Gloo default group (the control group); the ranks' hosts and devices gathered
+(which also decides whether nccl can run: :func:`nccl_skip_reason`) and one ``new_group`` per
+column that can (the udp variants, then ``--backends``); rank 0 runs the mpi reference
+(:mod:`.mpi`) while the others wait; then for every collective and size, each column is
+prepared, timed round by round in turn with the others and finished (:mod:`.timing`), and
+with ``--device cuda`` the d2d copy limit timed; rank 0 prints the table as it goes
 (:mod:`.report`) and writes ``--json`` / ``--plot`` at the end. :func:`run_rank_reporting`
 turns failures into the bench's exit statuses.
+
+``--device cuda``: rank r uses ``cuda:(LOCAL_RANK % GPUs)`` (:func:`cuda_index`; ranks may
+share a GPU) and gets ``UCXBACKEND_CUDA=1`` unless the user set it (:func:`cuda_env`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import os
 import platform
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, TextIO
 
@@ -28,17 +33,20 @@ import torch.distributed as dist
 from .cases import make_case_data
 from .common import (
     ARGV_ENV,
+    CUDA_ENV,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     EXIT_WRONG,
     LAUNCH_ENV,
     MPI,
+    NCCL,
     BenchError,
     UsageError,
 )
 from .launcher import recorded_command
 from .mpi import MpiOutcome, run_mpi_reference
+from .ops import column_label
 from .options import BenchOptions, validate_environment
 from .plot import write_plot
 from .progress import Progress
@@ -58,6 +66,7 @@ from .timing import (
     RankContext,
     Timed,
     finish,
+    measure_d2d_copy,
     prepare,
     round_lengths,
     time_round,
@@ -111,15 +120,54 @@ def _rank_env() -> tuple[int, int, int]:
         raise UsageError(f"bad RANK/WORLD_SIZE/LOCAL_RANK in the environment: {exc}") from None
 
 
+def cuda_index(local_rank: int, count: int) -> int:
+    """The GPU of a local rank: ``local_rank % count``, so more ranks than GPUs share them."""
+    if count < 1:
+        raise UsageError("--device cuda: this host has no GPU (torch.cuda.device_count() 0)")
+    return local_rank % count
+
+
+def cuda_env(env: MutableMapping[str, str], device: str) -> None:
+    """``--device cuda`` opts the ucx backend into CUDA tensors (``UCXBACKEND_CUDA=1``)
+    unless the user set the variable (to anything, 0 included)."""
+    if device == "cuda":
+        env.setdefault(CUDA_ENV, "1")
+
+
 def _device(opts: BenchOptions, local_rank: int) -> tuple[torch.device, Callable[[], None]]:
     if opts.device == "cpu":
         return torch.device("cpu"), lambda: None
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise UsageError(f"local rank {local_rank} has no GPU (this host has {count})")
-    device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", cuda_index(local_rank, torch.cuda.device_count()))
     torch.cuda.set_device(device)
+    # Every stream of the device: the backends' own streams too, so that an op counts as
+    # done only when the GPU has finished it.
     return device, lambda: torch.cuda.synchronize(device)
+
+
+def _gpu_id(device: torch.device) -> str | None:
+    """What names this rank's GPU across processes (its UUID), None off CUDA."""
+    if device.type != "cuda":
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return str(uuid) if uuid is not None else str(device)
+
+
+def nccl_skip_reason(nccl_available: bool, ranks: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the nccl column cannot run (None when it can): torch without NCCL, or ranks on
+    the same GPU (same ``host`` and ``gpu``), which NCCL refuses (it cannot put two ranks
+    of one communicator on one device: ``ncclInvalidUsage``, or a hang)."""
+    if not nccl_available:
+        return "torch was built without NCCL (torch.distributed.is_nccl_available() False)"
+    seen: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    for r in ranks:
+        key = (r["host"], r["gpu"])
+        other = seen.setdefault(key, r)
+        if other is not r:
+            return (
+                f"ranks {other['rank']} and {r['rank']} share {r['device']} on {r['host']}, "
+                "and NCCL cannot run two ranks on one GPU"
+            )
+    return None
 
 
 def _start_watchdog(timeout: float, rank: int, err: TextIO) -> threading.Timer:
@@ -143,6 +191,7 @@ class _Sweep:
         self.mpi = mpi
         self.lead = ctx.rank == 0
         self.columns = ctx.opts.columns(mpi.status == "ok")
+        self.cuda = ctx.opts.device == "cuda"
         self.progress = Progress(err, enabled=self.lead, verbose=ctx.opts.verbose)
         elsize, sizes = ctx.opts.elsize, ctx.opts.sizes()
         self.layouts = {c: layouts_for(c, sizes, elsize, ctx.world) for c in ctx.opts.collectives}
@@ -160,14 +209,18 @@ class _Sweep:
         return {coll: self.collective(coll) for coll in self.ctx.opts.collectives}
 
     def collective(self, coll: str) -> list[Row]:
-        opts = self.ctx.opts
-        self.emit(format_header(coll, self.columns, opts.check, opts.stat))
-        rows = [self.size(layout) for layout in self.layouts[coll]]
-        self.emit(format_footer(rows, self.columns, opts.check, opts.stat, self.ctx.world))
+        opts, cols = self.ctx.opts, self.columns
+        labels = {c: column_label(c, coll, opts.device) for c in cols}
+        limit = self.cuda and coll != "barrier"
+        self.emit(format_header(coll, cols, opts.check, opts.stat, labels, limit))
+        rows = [self.size(layout, labels, limit) for layout in self.layouts[coll]]
+        self.emit(format_footer(rows, cols, opts.check, opts.stat, self.ctx.world, labels))
         self.emit(format_transport_block(coll, rows, self.columns))
         return rows
 
-    def size(self, layout: Layout) -> Row:
+    def size(
+        self, layout: Layout, labels: Mapping[str, str] | None = None, limit: bool = False
+    ) -> Row:
         ctx, opts = self.ctx, self.ctx.opts
         data = make_case_data(
             layout.collective,
@@ -200,7 +253,10 @@ class _Sweep:
                 time_round(ctx, t, n, rewarm=opts.rounds > 1)
         for t in timed:
             row.results[t.backend] = finish(ctx, t)
-        self.emit([format_row(row, self.columns, opts.check, opts.stat, ctx.world)])
+        if limit:
+            row.limit = measure_d2d_copy(ctx, layout.nbytes)
+        line = format_row(row, self.columns, opts.check, opts.stat, ctx.world, labels, limit)
+        self.emit([line])
         return row
 
     def mpi_result(self, layout: Layout) -> Measurement:
@@ -209,11 +265,12 @@ class _Sweep:
         return self.mpi.rows.get(layout.nbytes, Measurement(False, "not measured by mpi"))
 
 
-def _gather_rank_info(ctx: RankContext) -> list[dict[str, Any]]:
-    mine = {"rank": ctx.rank, "pid": os.getpid(), "host": socket.gethostname()}
-    mine["device"] = str(ctx.device)
-    infos: list[Any] = [None] * ctx.world
-    dist.all_gather_object(infos, mine, group=ctx.ctrl)
+def _gather_rank_info(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's pid, host and device (on the default group, the control group)."""
+    mine = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
+    mine.update(device=str(device), gpu=_gpu_id(device))
+    infos: list[Any] = [None] * world
+    dist.all_gather_object(infos, mine)
     return [dict(i) for i in infos]
 
 
@@ -254,25 +311,37 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
         logger.warning("--nproc %d ignored: the launcher started %d ranks", opts.nproc, world)
     validate_environment(opts, world)  # importing this module registered "ucx"
     _start_watchdog(opts.timeout, rank, err)
+    cuda_env(os.environ, opts.device)  # read when the ucx groups are created
     device, sync = _device(opts, local_rank)
     timeout = timedelta(seconds=opts.timeout)
     dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     try:
+        ranks = _gather_rank_info(rank, world, device)
+        skipped: dict[str, str] = {}
+        if opts.device == "cuda" and NCCL in opts.backends:
+            reason = nccl_skip_reason(dist.is_nccl_available(), ranks)
+            if reason is not None:
+                skipped[NCCL] = reason
         groups = {
             v.label: dist.new_group(backend=UDP, timeout=timeout, pg_options=v.pg_options())
             for v in opts.udp_variants
         }
         groups.update(
-            {name: dist.new_group(backend=name, timeout=timeout) for name in opts.backends}
+            {
+                name: dist.new_group(backend=name, timeout=timeout)
+                for name in opts.backends
+                if name not in skipped
+            }
         )
         world_group = dist.group.WORLD
         assert world_group is not None  # init_process_group above made it
-        ctx = RankContext(opts, rank, world, device, world_group, groups, sync, opts.udp_columns())
-        ranks = _gather_rank_info(ctx)
+        ctx = RankContext(
+            opts, rank, world, device, world_group, groups, sync, opts.udp_columns(), skipped
+        )
         mpi = _mpi_phase(ctx, err)
         sweep = _Sweep(ctx, out, err, mpi)
         versions = _versions(mpi)
-        sweep.emit(header_lines(opts, world, versions, ranks, mpi))
+        sweep.emit(header_lines(opts, world, versions, ranks, mpi, skipped))
         rows = sweep.run()
         report = build_report(
             opts=opts,

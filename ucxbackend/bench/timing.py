@@ -8,6 +8,9 @@ gives the backends their rounds in turn); :func:`finish` reduces every round ove
 around each round (:func:`settled_udp_counters`) so that they count only timed iterations.
 Everything collective goes through :class:`RankContext`'s Gloo control group.
 
+With ``--device cuda``, :func:`measure_d2d_copy` times the limit column: a device-to-device
+copy of the message size on this rank's GPU, with CUDA events.
+
 The test-only hook of the package docstring (``UCXBACKEND_BENCH_CORRUPT``) lives here.
 """
 
@@ -25,7 +28,7 @@ import torch.distributed as dist
 
 from .cases import CaseData, count_wrong, poison_value
 from .common import CORRUPT_ENV
-from .ops import Buffers, make_buffers, make_op
+from .ops import Buffers, host_staged, make_buffers, make_op, make_staged_op
 from .options import BenchOptions
 from .sizes import Layout
 from .udp import UDP_COUNTERS, UDP_GAUGES
@@ -42,6 +45,7 @@ class Measurement:
     time_us: dict[str, float] | None = None  # mean, median, min, max
     wrong: int | None = None  # None: not checked
     transport: dict[str, Any] | None = None  # udp columns: see udp_transport_stats()
+    host_staged: bool = False  # the bench copied the tensors to the host and back (ops)
 
     def time(self, stat: str) -> float | None:
         return None if self.time_us is None else self.time_us[stat]
@@ -77,6 +81,7 @@ class RankContext:
     groups: Mapping[str, dist.ProcessGroup]
     sync: Callable[[], None]
     udp_columns: frozenset[str] = frozenset()  # columns whose transport statistics we take
+    skipped: Mapping[str, str] = field(default_factory=dict)  # column -> why it has no group
 
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
@@ -197,6 +202,7 @@ class Timed:
     fn: Callable[[], None]
     wrong: int | None
     udp: bool
+    host_staged: bool = False
     times: list[float] = field(default_factory=list)
     counted: dict[str, int] = field(default_factory=dict)  # udp counters' change in rounds
     gauges: dict[str, int] = field(default_factory=dict)  # udp gauges after the last round
@@ -206,11 +212,15 @@ def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
     """Check once (untimed) and warm up: a Timed ready for time_round(), or the
     Measurement of a backend that cannot run this case."""
     opts, collective = ctx.opts, layout.collective
+    if backend in ctx.skipped:
+        return Measurement(False, f"skipped: {ctx.skipped[backend]}")
     if collective == "sendrecv" and ctx.world < 2:
         return Measurement(False, "sendrecv needs at least 2 ranks")
     group = ctx.groups[backend]
     bufs = make_buffers(data, ctx.device)
-    fn = make_op(collective, bufs, group, opts.op, opts.root, ctx.rank, ctx.world)
+    staged = host_staged(backend, collective, opts.device)
+    make = make_staged_op if staged else make_op
+    fn = make(collective, bufs, group, opts.op, opts.root, ctx.rank, ctx.world)
 
     def checked() -> None:
         fn()
@@ -231,7 +241,7 @@ def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
     for _ in range(opts.warmup_iters):
         fn()
     ctx.sync()
-    return Timed(backend, group, fn, wrong, udp=backend in ctx.udp_columns)
+    return Timed(backend, group, fn, wrong, udp=backend in ctx.udp_columns, host_staged=staged)
 
 
 def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None:
@@ -253,15 +263,48 @@ def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None
 
 def finish(ctx: RankContext, timed: Timed) -> Measurement:
     """The Measurement of every round together (times: max over ranks)."""
-    stats = ctx.max_stats(time_stats(timed.times))
-    time_us = dict(zip(("mean", "median", "min", "max"), (x * 1e6 for x in stats), strict=True))
+    time_us = _max_time_us(ctx, timed.times)
     transport = None
     if timed.udp:
         zero = dict.fromkeys(UDP_COUNTERS, 0)
         transport = udp_transport_stats(
             ctx, zero, {**timed.counted, **timed.gauges}, len(timed.times)
         )
-    return Measurement(True, None, time_us, timed.wrong, transport)
+    return Measurement(True, None, time_us, timed.wrong, transport, timed.host_staged)
+
+
+def _max_time_us(ctx: RankContext, times: Sequence[float]) -> dict[str, float]:
+    """mean, median, min and max of ``times`` (seconds), each the max over ranks, in us."""
+    stats = ctx.max_stats(time_stats(times))
+    return dict(zip(("mean", "median", "min", "max"), (x * 1e6 for x in stats), strict=True))
+
+
+def _timing_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+def measure_d2d_copy(ctx: RankContext, nbytes: int) -> Measurement | None:
+    """The limit column: ``copy_`` of ``nbytes`` between two tensors on this rank's GPU,
+    ``-w`` (at least one) warm-up copies, then ``-n`` copies each timed with a pair of CUDA
+    events; every rank at once, so that ranks sharing a GPU share its memory bandwidth as
+    they do in the collectives; times max over ranks. None off CUDA or at 0 bytes (every
+    rank gets the same answer, so all or none take part). Collective over the control group."""
+    if ctx.device.type != "cuda" or nbytes <= 0:
+        return None
+    src = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    for _ in range(max(1, ctx.opts.warmup_iters)):
+        dst.copy_(src)
+    ctx.sync()
+    dist.barrier(group=ctx.ctrl)
+    events = [(_timing_event(), _timing_event()) for _ in range(ctx.opts.iters)]
+    for start, end in events:
+        start.record()
+        dst.copy_(src)
+        end.record()
+    ctx.sync()
+    times = [start.elapsed_time(end) / 1e3 for start, end in events]  # ms -> s
+    return Measurement(True, None, _max_time_us(ctx, times))
 
 
 def measure(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement:
