@@ -64,7 +64,9 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
 
 void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
-  const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  // NCCLPreMulSumSupplement: the name every torch since 1.13 has (2.13 renamed the struct and
+  // kept this alias; 2.11, on the GPU machines, has only this one).
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
   // Runs in the op's body: errors.cpp's toDistError gives it the op's context.
   if (s == nullptr) throw std::invalid_argument("PREMUL_SUM without a factor");
   if (s->tensor_factor.defined()) {
