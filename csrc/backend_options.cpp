@@ -148,6 +148,12 @@ std::vector<config::Field<BackendOptions>> fields() {
                              "itself, udp stages it through pinned host memory); 0: a CUDA "
                              "tensor is a ValueError. docs/cuda.md"),
              &O::cuda),
+      member(choice("cuda_wait", {"host", "stream"},
+                    "what Work.wait() on a CUDA collective blocks: 'host' waits until the op "
+                    "has ended (its outputs are then final on every stream, as with Gloo); "
+                    "'stream' makes the caller's current stream wait for the op on the device "
+                    "and returns at once (NCCL's semantics; experimental, docs/cuda.md)"),
+             &O::cudaWait),
   };
   f.insert(f.end(), rest.begin(), rest.end());
   return f;

@@ -35,6 +35,7 @@ struct BackendOptions {
   std::string udpConfig;
   std::string udpFaults;
   uint64_t cuda = 0;  // 1: carry CUDA tensors (opt-in until verified on a GPU)
+  std::string cudaWait = "host";  // what Work.wait() on a CUDA collective blocks
 
   // What the engine, the algorithms and staging take from these.
   EngineConfig engine() const;

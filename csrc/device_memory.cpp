@@ -14,6 +14,8 @@ at::Tensor onHost(const void* data, int64_t bytes) {
 
 }  // namespace
 
+void DeviceMemory::finish(const char* what) const { drainStream(stream_, deadline_, what); }
+
 at::Tensor DeviceMemory::onDevice(const void* data, int64_t count, at::ScalarType type) const {
   return at::from_blob(const_cast<void*>(data), {count},
                        at::TensorOptions().dtype(type).device(device_));
@@ -24,7 +26,7 @@ void DeviceMemory::copy(void* dst, const void* src, size_t bytes) {
   c10::StreamGuard guard(stream_);
   const auto n = static_cast<int64_t>(bytes);
   onDevice(dst, n, at::kByte).copy_(onDevice(src, n, at::kByte), /*non_blocking=*/true);
-  stream_.synchronize();
+  finish("a copy on the device");
 }
 
 // The same element-wise definitions as the host kernels (reduce_kernels.h): bool's sum and
@@ -62,7 +64,7 @@ void DeviceMemory::reduce(const Reduction& red, void* acc, const void* in, size_
     case ReduceKind::kBor: a.bitwise_or_(b); break;
     case ReduceKind::kBxor: a.bitwise_xor_(b); break;
   }
-  stream_.synchronize();
+  finish("a reduction on the device");
 }
 
 uint8_t* DeviceMemory::scratch(size_t bytes) {
@@ -89,7 +91,7 @@ void DeviceMemory::toHost(void* host, const void* src, size_t bytes) {
   c10::StreamGuard guard(stream_);
   const auto n = static_cast<int64_t>(bytes);
   onHost(host, n).copy_(onDevice(src, n, at::kByte), /*non_blocking=*/true);
-  stream_.synchronize();
+  finish("a copy from the device to host staging");
 }
 
 void DeviceMemory::fromHost(void* dst, const void* host, size_t bytes) {
@@ -97,7 +99,7 @@ void DeviceMemory::fromHost(void* dst, const void* host, size_t bytes) {
   c10::StreamGuard guard(stream_);
   const auto n = static_cast<int64_t>(bytes);
   onDevice(dst, n, at::kByte).copy_(onHost(host, n), /*non_blocking=*/true);
-  stream_.synchronize();
+  finish("a copy from host staging to the device");
 }
 
 }  // namespace ucxb

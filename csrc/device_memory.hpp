@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "csrc/collectives/op_memory.h"
+#include "csrc/device_op.hpp"
 
 namespace ucxb {
 
@@ -18,25 +19,30 @@ class DeviceMemory final : public OpMemory {
  public:
   // `stream`: the group's internal stream on `device`. `transportCarries`: the transport
   // moves device memory itself; otherwise messages stage through pinned host buffers.
-  DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries)
-      : device_(device), stream_(stream), carries_(transportCarries) {}
+  // Every wait for the device ends by `deadline` (the op's), in OpTimeout.
+  DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries,
+               Clock::time_point deadline)
+      : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline) {}
 
   MemoryType type() const override { return MemoryType::kCuda; }
   bool transportCarries() const override { return carries_; }
   void copy(void* dst, const void* src, size_t bytes) override;
   void reduce(const Reduction& red, void* acc, const void* in, size_t count) override;
   uint8_t* scratch(size_t bytes) override;
-  void settle() override { stream_.synchronize(); }
+  void settle() override { finish("the op's packing and scaling"); }
   uint8_t* hostBuffer(size_t bytes, std::shared_ptr<void>& owner) override;
   void toHost(void* host, const void* src, size_t bytes) override;
   void fromHost(void* dst, const void* host, size_t bytes) override;
 
  private:
   at::Tensor onDevice(const void* data, int64_t count, at::ScalarType type) const;
+  // Waits (by the deadline) for what was queued on the stream.
+  void finish(const char* what) const;
 
   const c10::Device device_;
   const c10::Stream stream_;
   const bool carries_;
+  const Clock::time_point deadline_;
   at::Tensor scratch_;  // grow-only, for the op's lifetime (the caching allocator reuses it)
 };
 

@@ -2,6 +2,9 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <string>
+#include <thread>
+
 namespace ucxb {
 
 GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
@@ -35,16 +38,43 @@ std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
   return DeviceOp{*device, devices.stream(*device), std::move(ready)};
 }
 
-DeviceScope::DeviceScope(const std::optional<DeviceOp>& op) {
+void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what) {
+  // Poll briefly (a reduction of a chunk takes tens of microseconds), then in short sleeps.
+  const auto spinUntil = Clock::now() + std::chrono::microseconds(200);
+  while (!event.query()) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw OpTimeout(std::string("the device did not get through ") + what +
+                      " before the op's timeout");
+    }
+    if (now < spinUntil) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+void drainStream(const c10::Stream& stream, Clock::time_point deadline, const char* what) {
+  c10::Event done(stream.device_type());
+  done.record(stream);
+  waitForDevice(done, deadline, what);
+}
+
+DeviceScope::DeviceScope(const std::optional<DeviceOp>& op, Clock::time_point deadline)
+    : deadline_(deadline) {
   if (!op) return;
   device_.emplace(op->device);
-  op->ready->synchronize();
+  waitForDevice(*op->ready, deadline,
+                "the work queued on the caller's stream before the op (its input's kernels)");
   stream_.emplace(op->stream);
   internal_ = op->stream;
 }
 
 void DeviceScope::drain() const {
-  if (internal_) internal_->synchronize();
+  if (internal_) {
+    drainStream(*internal_, deadline_, "the op's own work on the group's internal stream");
+  }
 }
 
 }  // namespace ucxb

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 
+#include "csrc/collectives/op_driver.h"
 #include "csrc/stream_gate.hpp"
 
 namespace ucxb {
@@ -59,18 +60,27 @@ class GroupDevices {
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
                                       GroupDevices& devices);
 
-// On the progress thread, for the op's run: the device current, the ready event waited for,
-// and the internal stream current (ATen ops run on it). Does nothing for a CPU op.
+// Waits until the device has passed `event`, polling, so that a device that never gets there
+// (a stream held up by something that waits on this very thread) ends in OpTimeout at
+// `deadline`, naming `what`, instead of hanging the progress thread.
+void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what);
+// The same for everything queued on `stream` so far.
+void drainStream(const c10::Stream& stream, Clock::time_point deadline, const char* what);
+
+// On the progress thread, for the op's run: the device current, the ready event waited for
+// (by `deadline`), and the internal stream current (ATen ops run on it). Does nothing for a
+// CPU op.
 class DeviceScope {
  public:
-  explicit DeviceScope(const std::optional<DeviceOp>& op);
-  // Waits until everything queued on the internal stream has run.
+  DeviceScope(const std::optional<DeviceOp>& op, Clock::time_point deadline);
+  // Waits (by the deadline) until everything queued on the internal stream has run.
   void drain() const;
 
  private:
   std::optional<c10::DeviceGuard> device_;
   std::optional<c10::StreamGuard> stream_;
   std::optional<c10::Stream> internal_;
+  Clock::time_point deadline_;
 };
 
 }  // namespace ucxb

@@ -162,9 +162,12 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
   work->setSpin(engineConfig_.spin);
+  // cuda_wait=stream (docs/cuda.md): wait() holds the caller's stream through the gate.
   // Collectives end in issue order, which the gate's one word per device relies on; sends
   // and receives do not (their wait() blocks the host).
-  if (device && !p2p) work->setDeviceGate(*device, devices_.gate(*device));
+  if (device && !p2p && options_.cudaWait == "stream") {
+    work->setDeviceGate(*device, devices_.gate(*device));
+  }
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
     auto e = engine.lock();
@@ -203,11 +206,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     at::NoGradGuard noGrad;
     std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
     try {
-      scope.emplace(deviceOp);
+      const auto deadline = Clock::now() + timeout;
+      scope.emplace(deviceOp, deadline);
       std::optional<DeviceMemory> memory;
-      if (deviceOp) memory.emplace(deviceOp->device, deviceOp->stream, carries);
-      Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask,
-                Clock::now() + timeout, tuning, memory ? &*memory : nullptr);
+      if (deviceOp) memory.emplace(deviceOp->device, deviceOp->stream, carries, deadline);
+      Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
+                tuning, memory ? &*memory : nullptr);
       body(comm);
       scope->drain();
     } catch (...) {
@@ -264,11 +268,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
   task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
-              withdrawn, deviceOp, hostStaged]() {
+              withdrawn, deviceOp, hostStaged, timeout = timeout_.load()]() {
     if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
-      DeviceScope scope(deviceOp);
+      DeviceScope scope(deviceOp, Clock::now() + timeout);
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       if (hostStaged) {
         const auto pinned = at::TensorOptions().dtype(tensor.scalar_type()).pinned_memory(true);
@@ -282,7 +286,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes, mem);
       *posted = req;
       // Runs on this thread during a later progress(); it owns `staged` until then.
-      req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp](Request& r) {
+      req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp, timeout](Request& r) {
         // A CUDA recv's copy back runs on the group's stream and is final before the Work
         // completes; the Future records its event there.
         std::optional<DeviceScope> scope;
@@ -306,7 +310,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                              ": the tensors differ in size");
             }
             work->setSourceRank(static_cast<int>(tag::source(r.senderTag())));
-            scope.emplace(deviceOp);
+            scope.emplace(deviceOp, Clock::now() + timeout);
             if (!staged.is_same(tensor)) {
               at::NoGradGuard g;
               tensor.copy_(staged);

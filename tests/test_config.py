@@ -47,6 +47,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "udp_config": "",
     "udp_faults": "",
     "cuda": 0,
+    "cuda_wait": "host",
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
 DEFAULTS = {
@@ -81,6 +82,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",
         "UCXBACKEND_CUDA",
+        "UCXBACKEND_CUDA_WAIT",
     }
 
 
