@@ -115,7 +115,7 @@ gpu-check:
 	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { \
 		echo "gpu-check: torch.cuda.is_available() is False: no usable GPU here"; exit 1; }
 	CXX=$(GPU_CXX) MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
-	$(PYTHON) -m pytest -q tests/test_no_cuda_link.py
+	CXX=$(GPU_CXX) $(PYTHON) -m pytest -q tests/test_no_cuda_link.py
 	$(PYTHON) -m ucxbackend info
 	timeout -k 5 60 $(PYTHON) scripts/gpu_smoke.py --timeout 55
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(GPU_TEST_JOBS) --dist loadfile \

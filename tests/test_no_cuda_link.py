@@ -181,9 +181,10 @@ def libstdcxx_problem(so: Path) -> str | None:
     if not signs:
         return None
     cxx = os.environ.get("CXX") or "not set here"
+    tools = needed_tool if needed_tool == sym_tool else f"{needed_tool} and {sym_tool}"
     return (
-        f"{so} carries its own libstdc++: {'; '.join(signs)} (read with {needed_tool} and "
-        f"{sym_tool}); next to torch's libstdc++ it crashes at its first std::ostringstream. "
+        f"{so} carries its own libstdc++: {'; '.join(signs)} (read with {tools}); next to "
+        "torch's libstdc++ it crashes at its first std::ostringstream. "
         f"The compiler (CXX={cxx}) linked libstdc++ statically; rebuild with the system g++, "
         "e.g. CXX=g++ make build (make gpu-check builds with GPU_CXX, g++ by default)"
     )
