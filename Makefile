@@ -5,14 +5,15 @@
 #   make test-quick  deps + build + tests not marked slow
 #   make build       (re)build ucxbackend/_C in place; ninja recompiles only what changed
 #   make lint        ruff, and mypy strict over ucxbackend/
-#   make gpu-check   on a CUDA machine: build (no deps step), info, tests/gpu + the no-CUDA-link test
+#   make gpu-check   on a CUDA machine: build with GPU_CXX (no deps step), info, the link tests,
+#                    scripts/gpu_smoke.py (60 s cap), then tests/gpu
 #   make clean       remove build outputs
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
 # compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
 # worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS,
-# GPU_TEST_JOBS (4: gpu-check's pytest workers).
+# GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_CXX (g++: gpu-check's compiler).
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
@@ -32,6 +33,10 @@ else
 GPU_MAX_JOBS := $(MAX_JOBS)
 endif
 GPU_TEST_JOBS ?= 4
+# gpu-check compiles with GPU_CXX, not the environment's CXX: the GPU image sets CXX to a
+# wrapper (/opt/gcc/bin/g++) that links libstdc++ statically, and an extension with its own
+# libstdc++ next to torch's crashed every process at its first std::ostringstream.
+GPU_CXX ?= g++
 
 # The in-place build is importable without installing anything.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
@@ -89,9 +94,10 @@ lint:
 
 # The CUDA checks, for a machine with a GPU and no package registry: nothing is installed. It
 # needs torch with CUDA, UCX (the libucx-cu12/-cu13 wheel matching torch's CUDA, or UCX_HOME),
-# pytest and pytest-xdist. It builds against the local torch, prints `info` (UCX's CUDA
-# transports, GPUDirect RDMA), then runs tests/gpu (GPU_TEST_JOBS workers, whole files each)
-# and the test that the extension links no CUDA library.
+# pytest and pytest-xdist. It builds against the local torch with GPU_CXX, runs the link tests
+# first (no CUDA library, libstdc++ shared: a bad build fails in seconds), prints `info` (UCX's
+# CUDA transports, GPUDirect RDMA), runs scripts/gpu_smoke.py (two ranks stage by stage, capped
+# at 60 s: a hang shows which stage), then tests/gpu (GPU_TEST_JOBS workers, whole files each).
 gpu-check:
 	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' || { \
 		echo "gpu-check: torch $$($(PYTHON) -c 'import torch; print(torch.__version__)') is built without CUDA"; exit 1; }
@@ -108,10 +114,12 @@ gpu-check:
 		'import torch; print(torch.version.cuda.split(".")[0])') (torch's CUDA): UCX's CUDA transports may not load"
 	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { \
 		echo "gpu-check: torch.cuda.is_available() is False: no usable GPU here"; exit 1; }
-	MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
+	CXX=$(GPU_CXX) MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
+	CXX=$(GPU_CXX) $(PYTHON) -m pytest -q tests/test_no_cuda_link.py
 	$(PYTHON) -m ucxbackend info
+	timeout -k 5 60 $(PYTHON) scripts/gpu_smoke.py --timeout 55
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(GPU_TEST_JOBS) --dist loadfile \
-		tests/gpu tests/test_no_cuda_link.py $(PYTEST_ARGS)
+		tests/gpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

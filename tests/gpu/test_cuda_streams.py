@@ -1,4 +1,4 @@
-"""CUDA stream semantics of the ucx backend, as NCCL has them.
+"""CUDA stream semantics of the ucx backend, under both ``cuda_wait`` modes.
 
 * An op is ordered after the work already queued on the caller's current stream: a long kernel
   and then an in-place write of the input, then the op with no host synchronisation; the result
@@ -6,15 +6,21 @@
 * ``Work.wait()`` (and a blocking call) makes the caller's current stream wait for the op: a
   copy of the output queued right after it must see the result (the op's input is written
   after a long kernel, so without that wait the copy would run while the op moves data).
-* ``Work.wait()`` does not block the host: it returns before a kernel queued after the op has
-  finished (it did not synchronise the stream or the device), and before the op itself could
-  have finished (its input is still being written by a long kernel).
+* ``cuda_wait=host`` (the default, Gloo's semantics): ``Work.wait()`` returns only once the op
+  has ended (the kernel before it has finished and ``is_completed()`` is True), and the outputs
+  are then final on every stream (a copy on a fresh side stream, ordered after nothing, sees
+  the result).
+* ``cuda_wait=stream`` (NCCL's semantics): ``Work.wait()`` does not block the host: it returns
+  before a kernel queued after the op has finished (it did not synchronise the stream or the
+  device), and before the op itself could have finished (its input is still being written by
+  a long kernel).
 * The Work's Future is CUDA-aware: a ``.then()`` callback that reads the result on the
   current stream sees it.
 
 Long kernels are ``torch.cuda._sleep``; "not finished yet" is an event recorded after the
-kernel whose ``query()`` is still False. One world of two ranks on GPU 0 runs every check;
-each check is an item.
+kernel whose ``query()`` is still False. One world of two ranks on GPU 0 per mode
+(``UCXBACKEND_CUDA_WAIT=host`` and ``=stream``) runs every check of that mode; each check is an
+item.
 """
 
 from __future__ import annotations
@@ -48,12 +54,31 @@ def _all_equal(t: Any, want: float) -> bool:
     return bool((t == want).all().item())
 
 
-def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
+MODES = ("host", "stream")
+# The checks of wait_does_not_block_host that differ between the modes.
+HOST_ONLY = (
+    "wait() returns only once the op has ended",
+    "wait() leaves the outputs final on every stream",
+)
+STREAM_ONLY = (
+    "wait() does not synchronise the stream",
+    "wait() does not wait for the op on the host",
+)
+
+
+def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
+    import os
+
     import torch
     import torch.distributed as dist
 
     dev = use_gpu0()
     out = Outcomes(rank)
+    out.check(
+        f"the ranks run with UCXBACKEND_CUDA_WAIT={mode}",
+        os.environ.get("UCXBACKEND_CUDA_WAIT") == mode,
+        f"UCXBACKEND_CUDA_WAIT is {os.environ.get('UCXBACKEND_CUDA_WAIT')!r}",
+    )
 
     def ordered_after_current_stream() -> None:
         step = 1
@@ -77,7 +102,7 @@ def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
             f"a clone queued right after the call saw {_summary(y)}, want {want}",
         )
 
-    def wait_does_not_block_host() -> None:
+    def wait_after_long_kernel() -> None:
         step = 2
         x = torch.full((N,), -1.0, device=dev)
         torch.cuda.synchronize()
@@ -96,6 +121,13 @@ def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
         waited = time.monotonic() - t0
         after_running = not after.query()
         before_running = not before.query()
+        completed = work.is_completed()
+        if mode == "host":
+            # Ordered after nothing on this rank's streams: sees the result only if the op's
+            # writes are final on the device when wait() returns.
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                side_copy = x.clone()
         y = x.clone()  # on the current stream, after wait()
         torch.cuda.synchronize()
         want = _expected(ws, step)
@@ -110,18 +142,33 @@ def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
             not completed_early,
             "is_completed() was True while the op's input was still being written",
         )
-        out.check(
-            "wait() does not synchronise the stream",
-            after_running,
-            f"wait() returned after {waited:.3f} s, when a kernel queued after the op had "
-            "finished: it synchronised the stream or the device",
-        )
-        out.check(
-            "wait() does not wait for the op on the host",
-            before_running,
-            f"wait() returned after {waited:.3f} s, when the op's input was ready: it blocked "
-            "the host until the op could run instead of making the stream wait",
-        )
+        if mode == "stream":
+            out.check(
+                "wait() does not synchronise the stream",
+                after_running,
+                f"wait() returned after {waited:.3f} s, when a kernel queued after the op had "
+                "finished: it synchronised the stream or the device",
+            )
+            out.check(
+                "wait() does not wait for the op on the host",
+                before_running,
+                f"wait() returned after {waited:.3f} s, when the op's input was ready: it "
+                "blocked the host until the op could run instead of making the stream wait",
+            )
+        else:
+            out.check(
+                "wait() returns only once the op has ended",
+                not before_running and completed,
+                f"wait() returned after {waited:.3f} s with the kernel before the op "
+                f"{'still running' if before_running else 'finished'} and is_completed() "
+                f"{completed}: with cuda_wait=host it must block the host until the op has ended",
+            )
+            out.check(
+                "wait() leaves the outputs final on every stream",
+                _all_equal(side_copy, want),
+                f"a clone on a fresh side stream right after wait() saw {_summary(side_copy)}, "
+                f"want {want}: the op's writes were not final when wait() returned",
+            )
         out.check(
             "async all_reduce's result is right after synchronize",
             _all_equal(y, want) and _all_equal(x, want),
@@ -228,7 +275,10 @@ def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
         )
 
     out.run("all_reduce ordered after the current stream's work", ordered_after_current_stream)
-    out.run("wait() does not synchronise the stream", wait_does_not_block_host)
+    out.run(
+        "wait() does not synchronise the stream" if mode == "stream" else HOST_ONLY[0],
+        wait_after_long_kernel,
+    )
     out.run("wait() makes the current stream wait for the op", wait_orders_stream)
     out.run("an op under torch.cuda.stream(s) is ordered after s's work", side_stream)
     out.run("the Work's future orders .then() after the op", future_then)
@@ -246,13 +296,12 @@ def streams_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
     return out.results
 
 
-CHECKS = (
+# Every mode's checks; HOST_ONLY and STREAM_ONLY are added per mode.
+COMMON = (
     "all_reduce ordered after the current stream's work",
     "blocking all_reduce makes the current stream wait",
     "async all_reduce returns before its input is ready",
     "is_completed() is False before the op can have run",
-    "wait() does not synchronise the stream",
-    "wait() does not wait for the op on the host",
     "async all_reduce's result is right after synchronize",
     "wait() makes the current stream wait for the op",
     "an op under torch.cuda.stream(s) is ordered after s's work",
@@ -262,9 +311,26 @@ CHECKS = (
     "send is ordered after the current stream's work; irecv's wait() orders the stream",
 )
 
-_world = WorldCache(lambda: cuda_world(streams_main))
+
+def checks(mode: str) -> tuple[str, ...]:
+    return (
+        f"the ranks run with UCXBACKEND_CUDA_WAIT={mode}",
+        *COMMON,
+        *(HOST_ONLY if mode == "host" else STREAM_ONLY),
+    )
 
 
-@pytest.mark.parametrize("check", CHECKS)
-def test_stream_semantics(check: str) -> None:
-    evaluate(_world.get(), check)
+def _mode_world(mode: str) -> WorldCache:
+    return WorldCache(
+        lambda: cuda_world(streams_main, env={"UCXBACKEND_CUDA_WAIT": mode}, args=(mode,))
+    )
+
+
+_worlds = {mode: _mode_world(mode) for mode in MODES}
+
+
+@pytest.mark.parametrize(
+    ("mode", "check"), [(mode, check) for mode in MODES for check in checks(mode)]
+)
+def test_stream_semantics(mode: str, check: str) -> None:
+    evaluate(_worlds[mode].get(), check)
