@@ -206,6 +206,15 @@ def test_no_rdma_host(tmp_path: Path) -> None:
     assert checks["gpudirect"].status == "ok"
 
 
+def test_rdma_cm_alone_is_no_rdma_device(tmp_path: Path) -> None:
+    # The GPU machines here: the RDMA core modules loaded (/dev/infiniband/rdma_cm), no NIC.
+    (tmp_path / "dev/infiniband").mkdir(parents=True)
+    (tmp_path / "dev/infiniband/rdma_cm").touch()
+    assert not doctor.rdma_present(paths(tmp_path))
+    (tmp_path / "dev/infiniband/uverbs0").touch()
+    assert doctor.rdma_present(paths(tmp_path))
+
+
 @pytest.mark.parametrize(
     ("limit", "status"),
     [((64 << 10, 64 << 10), "fail"), ((1 << 30, 1 << 30), "warn"), (UNLIMITED, "ok")],
@@ -314,6 +323,7 @@ def test_gpudirect_facts(tmp_path: Path) -> None:
     assert not no_rdma.applicable and not no_rdma.possible
     assert doctor.rdma_present(p) is False
     (tmp_path / "dev/infiniband").mkdir(parents=True)
+    (tmp_path / "dev/infiniband/uverbs0").touch()
     assert doctor.rdma_present(p) is True
 
 

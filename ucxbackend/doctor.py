@@ -128,7 +128,13 @@ def _has_module(modules: Path, name: str) -> bool | None:
 
 
 def _rdma_present(paths: Paths) -> bool:
-    return paths.dev_infiniband.exists() or bool(rdma_sysfs.read_ports(paths.infiniband))
+    # A verbs device node, not the folder: a host with the RDMA core modules but no RDMA NIC
+    # (the GPU machines here) has /dev/infiniband holding only rdma_cm.
+    try:
+        verbs = any(p.name.startswith("uverbs") for p in paths.dev_infiniband.iterdir())
+    except OSError:
+        verbs = False
+    return verbs or bool(rdma_sysfs.read_ports(paths.infiniband))
 
 
 def check_interface(inp: Inputs, env: Mapping[str, str]) -> tuple[Check, netif.Selection | None]:
