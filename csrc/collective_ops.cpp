@@ -37,13 +37,6 @@ at::Tensor bytesOf(const at::Tensor& t) {
                        t.options().dtype(at::kByte));
 }
 
-// Drains the current stream of `device` when it goes out of scope (nothing for a CPU op).
-struct DrainOnExit {
-  std::optional<c10::Device> device;
-  ~DrainOnExit() {
-    if (device) c10::impl::getDeviceGuardImpl(device->type())->getStream(*device).synchronize();
-  }
-};
 
 // All tensors flattened end to end in one new contiguous buffer.
 at::Tensor pack(const std::vector<at::Tensor>& ts) {
@@ -359,22 +352,25 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
   auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, c.device(), {},
                        describe(inputs), timeoutFor(opts.timeout));
   std::vector<std::vector<at::Tensor>> lists = outputLists;
-  inner->getFuture()->addCallback([work, lists, flatOutputs, device = c.device()](
-                                      c10::ivalue::Future& f) {
+  inner->getFuture()->addCallback([work, lists, flatOutputs, device = c.device(),
+                                   timeout = timeoutFor(opts.timeout)](c10::ivalue::Future& f) {
     if (f.hasError()) {
       work->finishError(f.exception_ptr());
       return;
     }
     try {
       at::NoGradGuard g;
-      // A CUDA future runs its callbacks with streams that wait for the inner op; the copies
-      // below are final before the Work completes, as every op's outputs are.
-      const DrainOnExit drain(device);
       for (size_t i = 0; i < flatOutputs.size(); ++i) {
         for (size_t r = 0; r < lists.size(); ++r) {
           const auto n = lists[r][i].numel();
           lists[r][i].copy_(flatOutputs[i].narrow(0, r * n, n).view(lists[r][i].sizes()));
         }
+      }
+      // A CUDA future runs its callbacks with streams that wait for the inner op; the copies
+      // above are final before the Work completes, as every op's outputs are.
+      if (device) {
+        drainStream(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device),
+                    Clock::now() + timeout, "the copies into the output lists");
       }
     } catch (...) {
       work->finishError(std::current_exception());

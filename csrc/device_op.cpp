@@ -12,8 +12,7 @@ GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
   if (it == devices_.end()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     it = devices_
-             .emplace(device.index(),
-                      PerDevice{impl->getStreamFromGlobalPool(device), StreamGate::open(device)})
+             .emplace(device.index(), PerDevice{impl->getStreamFromGlobalPool(device), nullptr})
              .first;
   }
   return it->second;
@@ -26,7 +25,12 @@ c10::Stream GroupDevices::stream(c10::Device device) {
 
 std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
   std::lock_guard<std::mutex> lock(mu_);
-  return of(device).gate;
+  PerDevice& d = of(device);
+  if (!d.gateOpened) {  // its pinned word is never freed: only groups that use it pay
+    d.gate = StreamGate::open(device);
+    d.gateOpened = true;
+  }
+  return d.gate;
 }
 
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
@@ -69,6 +73,12 @@ DeviceScope::DeviceScope(const std::optional<DeviceOp>& op, Clock::time_point de
                 "the work queued on the caller's stream before the op (its input's kernels)");
   stream_.emplace(op->stream);
   internal_ = op->stream;
+}
+
+void DeviceScope::drainFor(std::chrono::milliseconds limit) const {
+  if (internal_) {
+    drainStream(*internal_, Clock::now() + limit, "the failed op's work on the internal stream");
+  }
 }
 
 void DeviceScope::drain() const {

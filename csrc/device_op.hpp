@@ -48,7 +48,8 @@ class GroupDevices {
  private:
   struct PerDevice {
     c10::Stream stream;
-    std::shared_ptr<StreamGate> gate;
+    std::shared_ptr<StreamGate> gate;  // opened at the first gate() (cuda_wait=stream only)
+    bool gateOpened = false;
   };
   PerDevice& of(c10::Device device);
 
@@ -75,6 +76,8 @@ class DeviceScope {
   DeviceScope(const std::optional<DeviceOp>& op, Clock::time_point deadline);
   // Waits (by the deadline) until everything queued on the internal stream has run.
   void drain() const;
+  // The same, by now + `limit` (after a failure, when the op's deadline may have passed).
+  void drainFor(std::chrono::milliseconds limit) const;
 
  private:
   std::optional<c10::DeviceGuard> device_;

@@ -144,6 +144,19 @@ bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& wor
   return true;
 }
 
+bool TransportBackend::issueOrFail(const std::optional<c10::Device>& device, TransportWork& work,
+                                   std::optional<DeviceOp>& deviceOp) {
+  try {
+    deviceOp = issueOnDevice(device, devices_);
+    return true;
+  } catch (...) {
+    // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
+    // was posted), and the Work ends like every other.
+    work.finishError(toDistError(work.context(), std::current_exception()));
+    return false;
+  }
+}
+
 std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds requested) const {
   return requested == c10d::kUnsetTimeout ? timeout_.load() : requested;
 }
@@ -191,7 +204,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   auto work = makeWork(op, type, device, std::move(outputs), std::move(tensors), timeout);
   if (refuseIfFailed(*work)) return work;
   // Ordered after what the caller queued on its current stream (device_op.hpp).
-  auto deviceOp = issueOnDevice(device, devices_);
+  std::optional<DeviceOp> deviceOp;
+  if (!issueOrFail(device, *work, deviceOp)) return work;
   Task task;
   task.op = op;
   task.seq = work->context().seq;
@@ -222,6 +236,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
       // find what it waits for in the probe, not an idle engine.
       const auto error = toDistError(work->context(), std::current_exception());
       engine->fail(messageOf(error));
+      // Device work of the failed op may still write its tensors: let it end (within the
+      // op's timeout again) before the caller is told, and may free or reuse them.
+      if (scope) {
+        try {
+          scope->drainFor(timeout);
+        } catch (...) {
+        }
+      }
       work->finishError(error);
       running->store(nullptr);
       return;
@@ -245,7 +267,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            uint64_t tag, uint64_t mask) {
   auto work = makeWork(op, type, device, {tensor}, describe(tensor), timeout_.load());
   if (refuseIfFailed(*work)) return work;
-  auto deviceOp = issueOnDevice(device, devices_);
+  std::optional<DeviceOp> deviceOp;
+  if (!issueOrFail(device, *work, deviceOp)) return work;
   // udp stages a CUDA tensor through pinned host memory; ucx moves it as it is.
   const bool hostStaged = deviceOp && !transportCarriesDevice_;
   const bool isSend = type == c10d::OpType::SEND;
@@ -302,6 +325,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
             groupFailure = !withdrawn->load() && !engine->stopping();
             throw OpFailed(r.error());
           }
+          // Completing a CUDA op's Future records its event on the current stream: the
+          // group's internal stream of the tensor's device, for sends as for receives.
+          scope.emplace(deviceOp, Clock::now() + timeout);
           if (!r.isSend()) {
             if (r.receivedBytes() != r.postedBytes()) {
               throw OpFailed("expected " + std::to_string(r.postedBytes()) +
@@ -310,7 +336,6 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                              ": the tensors differ in size");
             }
             work->setSourceRank(static_cast<int>(tag::source(r.senderTag())));
-            scope.emplace(deviceOp, Clock::now() + timeout);
             if (!staged.is_same(tensor)) {
               at::NoGradGuard g;
               tensor.copy_(staged);

@@ -127,6 +127,9 @@ class TransportBackend : public c10d::Backend {
     return Checker{op, getRank(), getSize(), backendName_, options_.cuda != 0};
   }
   std::chrono::milliseconds timeoutFor(std::chrono::milliseconds requested) const;
+  // issueOnDevice for `work`'s op; on failure finishes `work` with the error and returns false.
+  bool issueOrFail(const std::optional<c10::Device>& device, TransportWork& work,
+                   std::optional<DeviceOp>& deviceOp);
   // `device`: the CUDA device of the op's tensors (Checker::device()); none for a CPU op.
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
                                              std::optional<c10::Device> device,

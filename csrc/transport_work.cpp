@@ -26,12 +26,21 @@ c10::Stream currentStream(c10::Device device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
 }
 
+// Holds `stream` at the gate until op `seq` has ended; false where the host must wait
+// instead. Never the legacy default stream (PyTorch's default): every blocking stream and
+// every implicitly synchronising CUDA call (a cudaFree, a pinned allocation) waits for it,
+// and the progress thread that opens the gate may itself be making such a call.
+bool holdAtGate(const StreamGate& gate, c10::Device device, uint64_t seq) {
+  const c10::Stream stream = currentStream(device);
+  if (stream.native_handle() == nullptr) return false;
+  return gate.holdUntil(stream, seq);
+}
+
 }  // namespace
 
 void TransportWork::synchronize() {
   if (!device_) return;  // a CPU op's outputs are final once wait() returns
-  if (gate_ && !done_.load(std::memory_order_acquire) &&
-      gate_->holdUntil(currentStream(*device_), ctx_.seq)) {
+  if (gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq)) {
     return;
   }
   try {
@@ -43,8 +52,7 @@ void TransportWork::synchronize() {
 bool TransportWork::wait(std::chrono::milliseconds timeout) {
   // An op still running: hold the caller's stream, not the caller. One already ended needs
   // nothing on the device (its stream was drained), and reports its outcome below.
-  if (gate_ && !done_.load(std::memory_order_acquire) &&
-      gate_->holdUntil(currentStream(*device_), ctx_.seq)) {
+  if (gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq)) {
     return true;
   }
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;

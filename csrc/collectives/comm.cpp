@@ -17,18 +17,46 @@ void checkStep(uint32_t step) {
 
 }  // namespace
 
+Comm::~Comm() {
+  std::vector<RequestPtr> pending;
+  for (const auto& r : posted_) {
+    if (r->pending()) pending.push_back(r);
+  }
+  if (pending.empty()) return;
+  try {
+    driver_.abandon(pending);
+  } catch (...) {
+    // The driver records its own failures; a destructor must not throw.
+  }
+}
+
+void Comm::track(const RequestPtr& request) {
+  // Keep the list short in long chunked exchanges: drop what has completed.
+  if (posted_.size() >= 64) {
+    posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                 [](const RequestPtr& r) { return !r->pending(); }),
+                  posted_.end());
+  }
+  posted_.push_back(request);
+}
+
 RequestPtr Comm::send(int peer, uint32_t step, const void* data, size_t bytes) {
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(rank()));
   memory_.settle();
   if (memory_.transportCarries()) {
-    return transport_.send(peer, t, data, bytes, memory_.type());
+    // A message of no bytes touches no memory: host, whatever the op's memory is.
+    RequestPtr req =
+        transport_.send(peer, t, data, bytes, bytes > 0 ? memory_.type() : MemoryType::kHost);
+    track(req);
+    return req;
   }
   std::shared_ptr<void> owner;
   uint8_t* host = memory_.hostBuffer(bytes, owner);
   memory_.toHost(host, data, bytes);
   RequestPtr req = transport_.send(peer, t, host, bytes, MemoryType::kHost);
   req->keepAlive(std::move(owner));
+  track(req);
   return req;
 }
 
@@ -37,13 +65,17 @@ RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
   memory_.settle();
   if (memory_.transportCarries()) {
-    return transport_.recv(peer, t, tag::kFullMask, data, bytes, memory_.type());
+    RequestPtr req = transport_.recv(peer, t, tag::kFullMask, data, bytes,
+                                     bytes > 0 ? memory_.type() : MemoryType::kHost);
+    track(req);
+    return req;
   }
   std::shared_ptr<void> owner;
   uint8_t* host = memory_.hostBuffer(bytes, owner);
   RequestPtr req = transport_.recv(peer, t, tag::kFullMask, host, bytes, MemoryType::kHost);
   req->keepAlive(std::move(owner));
   bounced_.push_back({req, data, host});
+  track(req);
   return req;
 }
 

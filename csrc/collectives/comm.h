@@ -29,6 +29,11 @@ class Comm {
       : driver_(driver), transport_(transport), group_(groupHash), seq_(seq),
         deadline_(deadline), tuning_(tuning), host_(driver),
         memory_(memory != nullptr ? *memory : host_) {}
+  // An op that leaves with requests still pending (an exception between posting and waiting:
+  // a device copy or wait that failed) gives them up here, before its buffers are freed.
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
@@ -78,6 +83,9 @@ class Comm {
   HostMemory host_;
   OpMemory& memory_;
   std::vector<Bounced> bounced_;
+  // Requests posted and not yet seen complete by wait(); pruned as they complete.
+  std::vector<RequestPtr> posted_;
+  void track(const RequestPtr& request);
 };
 
 }  // namespace ucxb
