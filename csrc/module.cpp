@@ -148,6 +148,15 @@ PYBIND11_MODULE(_C, m) {
       "Whether the group stages large ring ops through shared memory (all ranks on one host).");
 
   m.def(
+      "get_error",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        return asGroup(backend, "get_error")->getError();
+      },
+      py::arg("backend"),
+      "c10d::Backend::getError of a ucx/udp backend (torch has no Python binding for it): "
+      "ErrorType.SUCCESS while the group is healthy, else the kind of its first failure.");
+
+  m.def(
       "_inject_transport_fault",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& where) {
         asGroup(backend, "_inject_transport_fault")->injectTransportFault(where);

@@ -4,6 +4,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "csrc/address_exchange.hpp"
@@ -121,6 +122,53 @@ void TransportBackend::shutdown() {
   }
 }
 
+void TransportBackend::abort() {
+  if (!engine_) return;
+  const std::string why = backendName_ + " rank " + std::to_string(getRank()) +
+                          ": the process group was aborted (abort() on this rank)";
+  // Recorded first: ops issued from now on are refused (makeWork lists a Work before its
+  // refuseIfFailed check, so each Work is either listed below or refused). Ignored if the
+  // group failed before: the first failure wins.
+  engine_->fail(why, FailureKind::kAborted);
+  std::vector<c10::intrusive_ptr<TransportWork>> unsettled;
+  {
+    std::lock_guard<std::mutex> lock(worksMu_);
+    for (auto& w : works_) {
+      if (auto work = w.lock()) unsettled.push_back(std::move(work));
+    }
+    works_.clear();
+  }
+  // Failed here, on the caller's thread, before the thread is asked to stop: a running op
+  // then ends with this error, not with the thread's "shut down", and nothing waits for the
+  // thread (which may be stuck). It may still touch the op's buffers until it notices.
+  const std::string first = engine_->failure();
+  const std::string reason =
+      first == why ? "the process group was aborted while the op was pending (abort() on rank " +
+                         std::to_string(getRank()) + ")"
+                   : "the process group was aborted while the op was pending; it had failed "
+                     "before: " + first;
+  for (auto& work : unsettled) {
+    // Settles it unless the thread did first; Future callbacks run here.
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
+  }
+  engine_->abort(why);
+}
+
+c10d::ErrorType TransportBackend::getError() {
+  switch (engine_ ? engine_->failureKind() : FailureKind::kNone) {
+    case FailureKind::kNone:
+      return c10d::ErrorType::SUCCESS;
+    case FailureKind::kTimeout:
+      return c10d::ErrorType::TIMEOUT;
+    case FailureKind::kPeer:
+      return c10d::ErrorType::REMOTE_ERROR;
+    case FailureKind::kAborted:
+    case FailureKind::kLocal:
+      break;
+  }
+  return c10d::ErrorType::COMM_ERROR;
+}
+
 void TransportBackend::injectTransportFault(const std::string& where) {
   if (!faults_) {
     throwInvalid("inject_transport_fault", getRank(),
@@ -192,6 +240,17 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
     std::lock_guard<std::mutex> lock(coalesceMu_);
     if (coalescing_) coalesced_.push_back(work);
   }
+  {
+    std::lock_guard<std::mutex> lock(worksMu_);
+    if (works_.size() >= pruneAt_) {
+      std::erase_if(works_, [](const c10::weak_intrusive_ptr<TransportWork>& w) {
+        auto work = w.lock();
+        return !work || work->isCompleted();
+      });
+      pruneAt_ = std::max<size_t>(64, 2 * works_.size());
+    }
+    works_.emplace_back(work);
+  }
   return work;
 }
 
@@ -235,7 +294,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
       // `running`: a caller whose own wait() deadline falls while the op is failing must still
       // find what it waits for in the probe, not an idle engine.
       const auto error = toDistError(work->context(), std::current_exception());
-      engine->fail(messageOf(error));
+      engine->fail(messageOf(error), failureKindOf(std::current_exception()));
       // Device work of the failed op may still write its tensors: let it end (within the
       // op's timeout again) before the caller is told, and may free or reuse them.
       if (scope) {
@@ -323,7 +382,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
               throw GroupFailed(engine->failure());  // it failed with its group
             }
             groupFailure = !withdrawn->load() && !engine->stopping();
-            throw OpFailed(r.error());
+            throw PeerFailed(r.error());
           }
           // Completing a CUDA op's Future records its event on the current stream: the
           // group's internal stream of the tensor's device, for sends as for receives.
@@ -344,7 +403,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
           }
         } catch (...) {
           const auto error = toDistError(work->context(), std::current_exception());
-          if (groupFailure) engine->fail(messageOf(error));
+          if (groupFailure) {
+            engine->fail(messageOf(error), failureKindOf(std::current_exception()));
+          }
           work->finishError(error);
           return;
         }
@@ -353,7 +414,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     } catch (...) {
       // Posting failed (the transport threw): the group is failed.
       const auto error = toDistError(work->context(), std::current_exception());
-      engine->fail(messageOf(error));
+      engine->fail(messageOf(error), failureKindOf(std::current_exception()));
       work->finishError(error);
     }
   };

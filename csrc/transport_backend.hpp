@@ -46,7 +46,13 @@ class TransportBackend : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override;
-  void abort() override { shutdown(); }
+  // Fails the group ("aborted", unless it failed before) and every unsettled Work of it, at
+  // once and on this thread, and stops the progress thread without waiting for it. Any
+  // thread, any number of times (docs/failure-model.md#abort-and-geterror).
+  void abort() override;
+  // SUCCESS while the group is healthy; else the kind of its first failure: TIMEOUT (an op
+  // timed out), REMOTE_ERROR (a peer failed) or COMM_ERROR (anything else, abort included).
+  c10d::ErrorType getError() override;
   // TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the group in torch's ProcessGroupWrapper, which puts
   // this number into every collective's fingerprint and checks that all ranks agree on it
   // (and on the op, shapes and dtypes) before the op runs. Every rank numbers its collectives
@@ -189,6 +195,11 @@ class TransportBackend : public c10d::Backend {
   bool coalescing_ = false;
   bool sharedMemory_ = false;
   std::vector<c10::intrusive_ptr<TransportWork>> coalesced_;
+  // Every Work made and maybe not settled yet, for abort(); settled and dropped ones are
+  // pruned when the list has doubled since the last pruning.
+  std::mutex worksMu_;
+  std::vector<c10::weak_intrusive_ptr<TransportWork>> works_;
+  size_t pruneAt_ = 64;
 };
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from torch._C._distributed_c10d import Backend as C10dBackend
+    from torch._C._distributed_c10d import ErrorType
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "Options",
     "__version__",
     "get_config",
+    "get_error",
     "is_available",
     "load_error",
     "shared_memory",
@@ -239,6 +241,20 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
     backend = _native_backend(group, "shared_memory")
     assert _C is not None
     return bool(_C.shared_memory(backend))
+
+
+def get_error(group: dist.ProcessGroup | None = None) -> ErrorType:
+    """``c10d::Backend::getError`` of a ``ucx`` or ``udp`` group (torch has no binding for it).
+
+    Returns a ``torch._C._distributed_c10d.ErrorType``: ``SUCCESS`` while the group is
+    healthy; once it has failed, the kind of its first failure: ``TIMEOUT`` (an op timed out),
+    ``REMOTE_ERROR`` (a peer failed: gone, connection reset or closed) or ``COMM_ERROR``
+    (anything else, ``abort()`` included). See docs/failure-model.md#abort-and-geterror.
+    """
+    backend = _native_backend(group, "get_error")
+    assert _C is not None
+    error: ErrorType = _C.get_error(backend)
+    return error
 
 
 def _native_backend(group: dist.ProcessGroup | None, caller: str) -> Any:

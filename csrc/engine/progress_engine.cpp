@@ -34,6 +34,18 @@ std::string describe(const Request& r) {
 
 }  // namespace
 
+FailureKind failureKindOf(std::exception_ptr cause) {
+  try {
+    std::rethrow_exception(cause);
+  } catch (const OpTimeout&) {
+    return FailureKind::kTimeout;
+  } catch (const PeerFailed&) {
+    return FailureKind::kPeer;
+  } catch (...) {
+    return FailureKind::kLocal;
+  }
+}
+
 ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config,
                                std::unique_ptr<StagingArea> staging)
     : transport_(std::move(transport)),
@@ -90,6 +102,18 @@ void ProgressEngine::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ProgressEngine::abort(const std::string& why) {
+  fail(why, FailureKind::kAborted);
+  stopping_.store(true);
+  const uint64_t one = 1;
+  (void)!write(wakeFd_, &one, sizeof(one));
+  // Never join here. Detached, the thread ends by itself, and its own reference then destroys
+  // the engine; a later stop() has nothing to wait for. A thread joining it right now holds
+  // joinMu_: leave it that.
+  std::unique_lock<std::mutex> lock(joinMu_, std::try_to_lock);
+  if (lock.owns_lock() && thread_.joinable()) thread_.detach();
+}
+
 void ProgressEngine::post(Task task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -121,11 +145,17 @@ void ProgressEngine::setWaitingFor(std::string what) {
   waitingFor_ = std::move(what);
 }
 
-void ProgressEngine::fail(const std::string& why) {
+void ProgressEngine::fail(const std::string& why, FailureKind kind) {
   std::lock_guard<std::mutex> lock(failMu_);
   if (failed_.load(std::memory_order_relaxed)) return;  // the first reason wins
   failure_ = why;
+  failureKind_ = kind;
   failed_.store(true, std::memory_order_release);
+}
+
+FailureKind ProgressEngine::failureKind() const {
+  std::lock_guard<std::mutex> lock(failMu_);
+  return failureKind_;
 }
 
 std::string ProgressEngine::failure() const {
@@ -311,7 +341,7 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
       if (r->failed()) {
         const std::string why = r->error();
         abandonPending(requests);
-        throw OpFailed(why);
+        throw PeerFailed(why);
       }
       done = done && !r->pending();
     }

@@ -20,6 +20,9 @@
 //   peer's message left unmatched by a failed op can never be taken for a later op's, even
 //   once the tag's sequence field has wrapped. An exception on this thread outside an op also
 //   ends the thread (instead of std::terminate): queued ops and posted requests fail with it.
+// * abort() records the abort as the group's failure (unless one came first) and asks the
+//   thread to stop without waiting for it: the thread may be stuck (a callback that blocks),
+//   and it ends by itself. The backend fails its unsettled Works on the caller's thread.
 //
 // This file is torch-free: failures are ucxb exceptions; the backend turns them into c10 errors.
 #pragma once
@@ -51,6 +54,22 @@ class GroupFailed : public std::runtime_error {
       : std::runtime_error("the group is unusable after an earlier failure (destroy it and "
                            "create a new one); the first failure was: " + firstFailure) {}
 };
+
+// A request the transport failed: a peer is gone, reset or closed its connection, or refused
+// the message. The group's failure is then the peer's (torch's ErrorType REMOTE_ERROR).
+class PeerFailed : public OpFailed {
+ public:
+  using OpFailed::OpFailed;
+};
+
+// What kind of failure failed a group (the first one, recorded with its text). The backend
+// reports it as torch's ErrorType: kTimeout as TIMEOUT, kPeer as REMOTE_ERROR, kAborted and
+// kLocal as COMM_ERROR.
+enum class FailureKind { kNone, kTimeout, kPeer, kAborted, kLocal };
+
+// The kind of the exception that failed an op: OpTimeout is kTimeout, PeerFailed kPeer,
+// anything else kLocal. Every caller of ProgressEngine::fail classifies through this.
+FailureKind failureKindOf(std::exception_ptr cause);
 
 struct EngineConfig {
   ProgressMode mode = ProgressMode::kSleep;
@@ -90,12 +109,19 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // Stops the thread: the running op fails within ~100 ms, queued tasks are abandoned.
   // Idempotent; from any thread (on the progress thread itself it only asks).
   void stop();
-  // Records that the group failed, with `why` (the first call wins; later ones are ignored).
-  // From then on the backend refuses every op. Any thread.
-  void fail(const std::string& why);
+  // Records `why` as the group's failure and asks the thread to stop, without waiting for
+  // it (stop() waits): the running op fails within ~100 ms, queued tasks are abandoned, and
+  // the thread ends by itself, even when it is stuck for a while. Any thread, any number of
+  // times; the first recorded failure wins.
+  void abort(const std::string& why);
+  // Records that the group failed, with `why` and its kind (the first call wins; later ones
+  // are ignored). From then on the backend refuses every op. Any thread.
+  void fail(const std::string& why, FailureKind kind = FailureKind::kLocal);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // The first failure's reason; empty while the group is healthy. Any thread.
   std::string failure() const;
+  // The first failure's kind; kNone while the group is healthy. Any thread.
+  FailureKind failureKind() const;
   // stop() was called, or the thread ended on an exception. Any thread.
   bool stopping() const { return stopping_.load(); }
 
@@ -134,6 +160,7 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   std::atomic<bool> stopping_{false};
   mutable std::mutex failMu_;
   std::string failure_;  // the first failure (guarded by failMu_)
+  FailureKind failureKind_ = FailureKind::kNone;  // its kind (guarded by failMu_)
   std::atomic<bool> failed_{false};
   std::mutex joinMu_;
   std::atomic<std::thread::id> threadId_{};

@@ -1,0 +1,278 @@
+"""``abort()`` and ``getError()`` on both backends (docs/failure-model.md#abort-and-geterror).
+
+* ``abort()`` fails every pending Work of the group at once (a running collective, one queued
+  behind it, a posted ``irecv``), each ``wait()`` on another thread returning the "aborted"
+  error, and does not wait for the group's progress thread, even one stuck in a Future
+  callback. Aborting twice, or from two threads at once, is harmless; later ops are refused
+  naming the abort.
+* ``getError()`` (``ucxbackend.get_error``: torch has no Python binding for it) is SUCCESS
+  while the group is healthy, then the kind of its first failure: TIMEOUT after an op timed
+  out (an abort after that keeps it), REMOTE_ERROR after a peer was killed, COMM_ERROR after
+  an abort.
+
+The bounds are loose (1 s) for a loaded 2-core machine; the latencies measured are in the
+docs. One world serves each fixture: starting ranks is what costs here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import BACKEND, run_world, timed_failure
+
+OURS = ["ucx", "udp"]
+BOUND_S = 1.0  # what a test checks; the target is 100 ms (docs/failure-model.md)
+WORLD_TIMEOUT = 150.0
+
+
+def _skip_unless_ours() -> None:
+    if BACKEND not in OURS:
+        pytest.skip(f"ucx/udp behaviour ({BACKEND} under test)")
+
+
+def _error_name(group: Any) -> str:
+    """The group's getError() as a name; what went wrong if it could not be asked."""
+    import ucxbackend
+
+    try:
+        return str(ucxbackend.get_error(group).name)
+    except Exception as exc:  # reported, so that the world's other results still come back
+        return f"get_error failed: {exc!r}"
+
+
+def _ones() -> torch.Tensor:
+    return torch.ones(4, dtype=torch.int64)
+
+
+def _waiters(works: dict[str, Any]) -> tuple[dict[str, tuple[float, str | None]], list[Any]]:
+    """One thread per Work, each in wait(); returns (results by name, threads)."""
+    results: dict[str, tuple[float, str | None]] = {}
+
+    def wait(name: str, work: Any) -> None:
+        try:
+            work.wait(timeout=timedelta(seconds=30))
+            results[name] = (time.monotonic(), None)
+        except RuntimeError as exc:
+            results[name] = (time.monotonic(), str(exc))
+
+    threads = [threading.Thread(target=wait, args=item, daemon=True) for item in works.items()]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def _abort_pending(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0 aborts while three threads wait: on a running all_reduce that rank 1 never
+    joins, on one queued behind it and on an irecv nobody sends to."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=60))
+    t = _ones()
+    dist.all_reduce(t, group=sub)
+    out: dict[str, Any] = {"healthy": _error_name(sub)}
+    if rank == 0:
+        works = {
+            "running": dist.all_reduce(_ones(), group=sub, async_op=True),
+            "queued": dist.all_reduce(_ones(), group=sub, async_op=True),
+            "irecv": dist.irecv(torch.zeros(4, dtype=torch.int64), src=1, group=sub, tag=7),
+        }
+        results, threads = _waiters(works)
+        time.sleep(0.5)  # every thread is in wait(), the all_reduce waits on rank 1
+        start = time.monotonic()
+        sub.abort()
+        out["abort_s"] = time.monotonic() - start
+        for th in threads:
+            th.join(40)
+        out["waits"] = {n: (end - start, msg) for n, (end, msg) in results.items()}
+
+        # Twice more, two threads at once.
+        start = time.monotonic()
+        again = [threading.Thread(target=sub.abort) for _ in range(2)]
+        for th in again:
+            th.start()
+        for th in again:
+            th.join(10)
+        out["abort_again_s"] = time.monotonic() - start
+        out["later"] = timed_failure(lambda: dist.all_reduce(_ones(), group=sub))
+        out["later_recv"] = timed_failure(
+            lambda: dist.recv(torch.zeros(4, dtype=torch.int64), src=1, group=sub)
+        )
+        out["aborted"] = _error_name(sub)
+    dist.barrier()
+    # An abort on another thread while this one destroys the group.
+    racer = threading.Thread(target=sub.abort)
+    racer.start()
+    dist.destroy_process_group(sub)
+    racer.join(10)
+    out["racer_done"] = not racer.is_alive()
+    return out
+
+
+def _abort_stuck_thread(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0's progress thread is stuck in a Future callback (for up to 5 s) when a thread
+    waits on an op queued behind it and another aborts the group."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=60))
+    out: dict[str, Any] = {}
+    entered, release = threading.Event(), threading.Event()
+    if rank == 0:
+
+        def stuck(fut: Any) -> None:
+            entered.set()
+            release.wait(5)
+
+        work = dist.all_reduce(_ones(), group=sub, async_op=True)
+        work.get_future().then(stuck)  # before rank 1 joins: it runs on the progress thread
+        dist.barrier()
+        assert entered.wait(10), "the callback never ran"
+        queued = dist.all_reduce(_ones(), group=sub, async_op=True)
+        results, threads = _waiters({"queued": queued})
+        time.sleep(0.3)
+        start = time.monotonic()
+        sub.abort()
+        out["abort_s"] = time.monotonic() - start
+        threads[0].join(40)
+        end, msg = results["queued"]
+        out["wait"] = (end - start, msg)
+        release.set()
+    else:
+        dist.barrier()
+        dist.all_reduce(_ones(), group=sub)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    return out
+
+
+def _get_error_timeout(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0's all_reduce times out (rank 1 never joins it), then rank 0 aborts."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=1))
+    t = _ones()
+    dist.all_reduce(t, group=sub)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        out["op"] = timed_failure(lambda: dist.all_reduce(_ones(), group=sub))
+        # wait() may give up a moment before the op itself times out on the progress thread:
+        # the next op, queued behind it, is refused only once it has.
+        out["later"] = timed_failure(lambda: dist.all_reduce(_ones(), group=sub))
+        out["after_timeout"] = _error_name(sub)
+        sub.abort()
+        out["after_abort"] = _error_name(sub)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    return out
+
+
+def _abort_world(rank: int, ws: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for backend in OURS:
+        out[f"pending/{backend}"] = _abort_pending(rank, backend)
+        out[f"stuck/{backend}"] = _abort_stuck_thread(rank, backend)
+        out[f"timeout/{backend}"] = _get_error_timeout(rank, backend)
+    return out
+
+
+@pytest.fixture(scope="module")
+def abort_world() -> list[dict[str, Any]]:
+    _skip_unless_ours()
+    return run_world(_abort_world, 2, timeout=WORLD_TIMEOUT)
+
+
+def _is_abort_error(msg: str | None, backend: str, op: str) -> bool:
+    return (
+        msg is not None
+        and "was aborted" in msg
+        and f"{backend} {op} (op #" in msg
+        and "on rank 0 of 2" in msg
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_abort_fails_every_pending_wait_at_once(
+    abort_world: list[dict[str, Any]], backend: str
+) -> None:
+    out = abort_world[0][f"pending/{backend}"]
+    assert out["healthy"] == "SUCCESS", out
+    assert out["abort_s"] < BOUND_S, out
+    ops = {"running": "allreduce", "queued": "allreduce", "irecv": "recv"}
+    assert sorted(out["waits"]) == sorted(ops), out["waits"]
+    for name, (elapsed, msg) in out["waits"].items():
+        assert _is_abort_error(msg, backend, ops[name]), (name, msg)
+        assert elapsed < BOUND_S, (name, elapsed, msg)
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_abort_does_not_wait_for_a_stuck_progress_thread(
+    abort_world: list[dict[str, Any]], backend: str
+) -> None:
+    out = abort_world[0][f"stuck/{backend}"]
+    assert out["abort_s"] < BOUND_S, out
+    elapsed, msg = out["wait"]
+    assert _is_abort_error(msg, backend, "allreduce"), msg
+    assert elapsed < BOUND_S, out
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_abort_twice_and_later_ops_are_refused_naming_it(
+    abort_world: list[dict[str, Any]], backend: str
+) -> None:
+    out = abort_world[0][f"pending/{backend}"]
+    assert out["abort_again_s"] < BOUND_S, out
+    for key, op in (("later", "allreduce"), ("later_recv", "recv")):
+        elapsed, msg = out[key]
+        assert msg is not None, f"{op} on an aborted group returned"
+        assert f"{backend} {op} (op #" in msg and "earlier failure" in msg, msg
+        assert f"{backend} rank 0: the process group was aborted" in msg, msg
+        assert elapsed < BOUND_S, (key, elapsed)
+    assert out["aborted"] == "COMM_ERROR", out
+    for rank_out in abort_world:
+        assert rank_out[f"pending/{backend}"]["racer_done"], rank_out
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_get_error_after_a_timeout_stays_timeout_after_abort(
+    abort_world: list[dict[str, Any]], backend: str
+) -> None:
+    out = abort_world[0][f"timeout/{backend}"]
+    _, msg = out["op"]
+    assert msg is not None and "timed out" in msg, msg
+    assert out["after_timeout"] == "TIMEOUT", out
+    assert out["after_abort"] == "TIMEOUT", out  # the first failure wins
+    _, later = out["later"]
+    assert later is not None and "timed out" in later and "earlier failure" in later, later
+
+
+def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
+    subs = {b: dist.new_group(backend=b, timeout=timedelta(seconds=30)) for b in OURS}
+    for sub in subs.values():
+        dist.all_reduce(_ones(), group=sub)
+    out: dict[str, Any] = {b: {"healthy": _error_name(s)} for b, s in subs.items()}
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    for backend, sub in subs.items():
+        out[backend]["op"] = timed_failure(lambda sub=sub: dist.all_reduce(_ones(), group=sub))
+        out[backend]["after"] = _error_name(sub)
+    return out
+
+
+@pytest.fixture(scope="module")
+def peer_killed_world() -> list[Any]:
+    _skip_unless_ours()
+    return run_world(_peer_killed, 2, expect_fail_ranks={1}, pg_timeout=30, timeout=90)
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_get_error_after_a_peer_was_killed_is_remote_error(
+    peer_killed_world: list[Any], backend: str
+) -> None:
+    out = peer_killed_world[0][backend]
+    assert out["healthy"] == "SUCCESS", out
+    _, msg = out["op"]
+    assert msg is not None, "all_reduce with a killed peer returned"
+    assert out["after"] == "REMOTE_ERROR", out
