@@ -227,7 +227,13 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   // Collectives end in issue order, which the gate's one word per device relies on; sends
   // and receives do not (their wait() blocks the host).
   if (device && !p2p && options_.cudaWait == "stream") {
-    work->setDeviceGate(*device, devices_.gate(*device));
+    std::shared_ptr<StreamGate> gate;
+    try {
+      gate = devices_.gate(*device);
+    } catch (...) {
+      // No pinned word (a CUDA error, no pinned memory): this op's wait() waits on the host.
+    }
+    work->setDeviceGate(*device, std::move(gate));
   }
   std::weak_ptr<ProgressEngine> engine = engine_;
   work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
