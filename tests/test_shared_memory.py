@@ -621,6 +621,9 @@ def test_segment_of_a_rank_killed_before_its_offer_goes_with_the_next_group(
     stays, until the next staging group's creation on the host finds its owner dead."""
     skip_unless_ucx("shared-memory staging is part of the ucx backend")
     pids, left = _crash_during_staging(tmp_path, "shm_created")
-    assert len(left) == 1 and left[0].startswith(f"/dev/shm/ucxb-{pids[1]}-"), left
+    # At most the dead rank's one segment: a staging group created meanwhile by a test in the
+    # other pytest worker (make test runs two) may have swept it already, as the next group
+    # on this host is meant to.
+    assert len(left) <= 1 and all(n.startswith(f"/dev/shm/ucxb-{pids[1]}-") for n in left), left
     assert run_world(_just_create_a_group, 2, timeout=60) == [True, True]
     assert _segments_of(pids) == []
