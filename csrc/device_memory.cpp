@@ -68,12 +68,13 @@ void DeviceMemory::reduce(const Reduction& red, void* acc, const void* in, size_
 }
 
 uint8_t* DeviceMemory::scratch(size_t bytes) {
-  if (!scratch_.defined() || static_cast<size_t>(scratch_.numel()) < bytes) {
+  at::Tensor& buffer = scratch_->buffer;
+  if (!buffer.defined() || static_cast<size_t>(buffer.numel()) < bytes) {
     c10::StreamGuard guard(stream_);
-    scratch_ = at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
-                         at::TensorOptions().dtype(at::kByte).device(device_));
+    buffer = at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
+                       at::TensorOptions().dtype(at::kByte).device(device_));
   }
-  return static_cast<uint8_t*>(scratch_.data_ptr());
+  return static_cast<uint8_t*>(buffer.data_ptr());
 }
 
 uint8_t* DeviceMemory::hostBuffer(size_t bytes, std::shared_ptr<void>& owner) {

@@ -20,9 +20,11 @@ class DeviceMemory final : public OpMemory {
   // `stream`: the group's internal stream on `device`. `transportCarries`: the transport
   // moves device memory itself; otherwise messages stage through pinned host buffers.
   // Every wait for the device ends by `deadline` (the op's), in OpTimeout.
+  // `scratch`: the group's scratch on the device (device_op.hpp), which outlives the op.
   DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries,
-               Clock::time_point deadline)
-      : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline) {}
+               Clock::time_point deadline, std::shared_ptr<DeviceScratch> scratch)
+      : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline),
+        scratch_(std::move(scratch)) {}
 
   MemoryType type() const override { return MemoryType::kCuda; }
   bool transportCarries() const override { return carries_; }
@@ -43,7 +45,7 @@ class DeviceMemory final : public OpMemory {
   const c10::Stream stream_;
   const bool carries_;
   const Clock::time_point deadline_;
-  at::Tensor scratch_;  // grow-only, for the op's lifetime (the caching allocator reuses it)
+  const std::shared_ptr<DeviceScratch> scratch_;
 };
 
 }  // namespace ucxb

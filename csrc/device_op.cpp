@@ -12,7 +12,9 @@ GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
   if (it == devices_.end()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     it = devices_
-             .emplace(device.index(), PerDevice{impl->getStreamFromGlobalPool(device), nullptr})
+             .emplace(device.index(),
+                      PerDevice{impl->getStreamFromGlobalPool(device),
+                                std::make_shared<DeviceScratch>(), nullptr})
              .first;
   }
   return it->second;
@@ -21,6 +23,11 @@ GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
 c10::Stream GroupDevices::stream(c10::Device device) {
   std::lock_guard<std::mutex> lock(mu_);
   return of(device).stream;
+}
+
+std::shared_ptr<DeviceScratch> GroupDevices::scratch(c10::Device device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return of(device).scratch;
 }
 
 std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
@@ -39,7 +46,7 @@ std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
   const auto* impl = c10::impl::getDeviceGuardImpl(device->type());
   auto ready = std::make_shared<c10::Event>(device->type());
   ready->record(impl->getStream(*device));
-  return DeviceOp{*device, devices.stream(*device), std::move(ready)};
+  return DeviceOp{*device, devices.stream(*device), std::move(ready), devices.scratch(*device)};
 }
 
 void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what) {

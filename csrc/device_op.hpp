@@ -20,6 +20,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
+#include <ATen/core/Tensor.h>
 
 #include <map>
 #include <memory>
@@ -31,11 +32,19 @@
 
 namespace ucxb {
 
+// The group's device scratch on one device (DeviceMemory::scratch), grow-only, used by one op
+// at a time on the progress thread. It lives as long as the group and its queued ops, not
+// one op: a request a failed op could not withdraw may still point into it.
+struct DeviceScratch {
+  at::Tensor buffer;
+};
+
 // What a CUDA op carries from the caller's thread to the progress thread.
 struct DeviceOp {
   c10::Device device;
   c10::Stream stream;                 // the group's internal stream on `device`
   std::shared_ptr<c10::Event> ready;  // recorded on the caller's current stream at issue
+  std::shared_ptr<DeviceScratch> scratch;
 };
 
 // What a group keeps per CUDA device: its internal stream, taken from the device's stream
@@ -43,11 +52,13 @@ struct DeviceOp {
 class GroupDevices {
  public:
   c10::Stream stream(c10::Device device);
+  std::shared_ptr<DeviceScratch> scratch(c10::Device device);
   std::shared_ptr<StreamGate> gate(c10::Device device);
 
  private:
   struct PerDevice {
     c10::Stream stream;
+    std::shared_ptr<DeviceScratch> scratch;
     std::shared_ptr<StreamGate> gate;  // opened at the first gate() (cuda_wait=stream only)
     bool gateOpened = false;
   };

@@ -288,7 +288,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
       const auto deadline = Clock::now() + timeout;
       scope.emplace(deviceOp, deadline);
       std::optional<DeviceMemory> memory;
-      if (deviceOp) memory.emplace(deviceOp->device, deviceOp->stream, carries, deadline);
+      if (deviceOp) {
+        memory.emplace(deviceOp->device, deviceOp->stream, carries, deadline, deviceOp->scratch);
+      }
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
                 tuning, memory ? &*memory : nullptr);
       body(comm);

@@ -59,8 +59,9 @@ class Request {
   }
 
   // Anything that must outlive the request (e.g. the tensors whose memory it reads or writes)
-  // when its owner gives up on it before the transport has finished with it.
-  void keepAlive(std::shared_ptr<void> owner) { keepAlive_ = std::move(owner); }
+  // when its owner gives up on it before the transport has finished with it. Adds to what
+  // earlier calls gave (a staging buffer, then the op's tensors).
+  void keepAlive(std::shared_ptr<void> owner) { keepAlive_.push_back(std::move(owner)); }
 
  protected:
   void complete(size_t bytes, Tag senderTag) {
@@ -91,7 +92,7 @@ class Request {
   Tag senderTag_ = 0;
   std::string error_;
   std::function<void(Request&)> callback_;
-  std::shared_ptr<void> keepAlive_;
+  std::vector<std::shared_ptr<void>> keepAlive_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;
