@@ -13,7 +13,7 @@
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
 # compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
 # worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS,
-# GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_CXX (g++: gpu-check's compiler).
+# GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_CXX, GPU_CC (g++, gcc: gpu-check's compilers).
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
@@ -33,10 +33,11 @@ else
 GPU_MAX_JOBS := $(MAX_JOBS)
 endif
 GPU_TEST_JOBS ?= 4
-# gpu-check compiles with GPU_CXX, not the environment's CXX: the GPU image sets CXX to a
+# gpu-check compiles with GPU_CXX and GPU_CC, not the environment's CXX and CC: the GPU image sets CXX to a
 # wrapper (/opt/gcc/bin/g++) that links libstdc++ statically, and an extension with its own
 # libstdc++ next to torch's crashed every process at its first std::ostringstream.
 GPU_CXX ?= g++
+GPU_CC ?= gcc
 
 # The in-place build is importable without installing anything.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
@@ -114,7 +115,7 @@ gpu-check:
 		'import torch; print(torch.version.cuda.split(".")[0])') (torch's CUDA): UCX's CUDA transports may not load"
 	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { \
 		echo "gpu-check: torch.cuda.is_available() is False: no usable GPU here"; exit 1; }
-	CXX=$(GPU_CXX) MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
+	CC=$(GPU_CC) CXX=$(GPU_CXX) MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
 	CXX=$(GPU_CXX) $(PYTHON) -m pytest -q tests/test_no_cuda_link.py
 	$(PYTHON) -m ucxbackend info
 	timeout -k 5 60 $(PYTHON) scripts/gpu_smoke.py --timeout 55
