@@ -191,16 +191,7 @@ def test_info_bad_config(clean_env: pytest.MonkeyPatch) -> None:
 
 def _fake_host(root: Path, *, rdma: bool, peermem: bool, gpu: bool) -> doctor.Inputs:
     """doctor's inputs for a fake host under ``root`` (only what the CUDA lines read)."""
-    p = doctor.Paths(
-        infiniband=root / "sys/class/infiniband",
-        net=root / "sys/class/net",
-        dev_infiniband=root / "dev/infiniband",
-        proc_modules=root / "proc/modules",
-        nvidia_version=root / "proc/driver/nvidia/version",
-        nvidia_params=root / "proc/driver/nvidia/params",
-        nvidia_driver=root / "proc/driver/nvidia",
-        sys_module=root / "sys/module",
-    )
+    p = doctor.Paths.under(root)
     if rdma:
         (root / "dev/infiniband").mkdir(parents=True)
         (root / "dev/infiniband/uverbs0").touch()

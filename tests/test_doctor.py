@@ -62,16 +62,9 @@ def add_port(
 
 
 def paths(root: Path) -> doctor.Paths:
-    return doctor.Paths(
-        infiniband=root / "sys/class/infiniband",
-        net=root / "sys/class/net",
-        dev_infiniband=root / "dev/infiniband",
-        proc_modules=root / "proc/modules",
-        nvidia_version=root / "proc/driver/nvidia/version",
-        nvidia_params=root / "proc/driver/nvidia/params",
-        nvidia_driver=root / "proc/driver/nvidia",
-        sys_module=root / "sys/module",
-    )
+    p = doctor.Paths.under(root)
+    assert p.nvidia_version == root / "proc/driver/nvidia/version"
+    return p
 
 
 def roce_host(root: Path, *, ucx_ib: bool = True) -> doctor.Inputs:

@@ -39,7 +39,7 @@ import os
 import platform
 import resource
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -85,6 +85,11 @@ class Paths:
     nvidia_params: Path = Path("/proc/driver/nvidia/params")
     nvidia_driver: Path = Path("/proc/driver/nvidia")
     sys_module: Path = Path("/sys/module")
+
+    @classmethod
+    def under(cls, root: Path) -> Paths:
+        """The same paths below ``root`` (a container's or a test's fake root)."""
+        return cls(**{f.name: root / getattr(cls(), f.name).relative_to("/") for f in fields(cls)})
 
 
 @dataclass
