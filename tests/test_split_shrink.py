@@ -155,3 +155,12 @@ def test_shrink_after_a_sigkilled_rank_lets_the_survivors_go_on(backend: str) ->
     # No wait for the dead rank: the shrink ends well before the group's 20 s timeout (the
     # survivors enter it up to 5 s apart, after their failed op).
     assert all(r["shrink_s"] < 15.0 for r in survivors), survivors
+
+
+def test_ranks_left_out_of_new_group_have_a_nocolor_split() -> None:
+    # new_group on a device-bound default group calls this on the ranks left out once the
+    # backend supports splitting; torch binds it for NCCL only.
+    import ucxbackend  # noqa: F401  (adds it)
+
+    backend_cls = torch._C._distributed_c10d.Backend
+    assert backend_cls.perform_nocolor_split(None, torch.device("cpu")) is None
