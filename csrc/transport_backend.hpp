@@ -229,10 +229,10 @@ class TransportBackend : public c10d::Backend {
   std::mutex worksMu_;
   std::vector<c10::weak_intrusive_ptr<TransportWork>> works_;
   size_t pruneAt_ = 64;
-  // The children made from this group, counted by "<this id>:<kind>:<ranks>:". torch before
-  // 2.13 may call split once per device type with the same Store: the last call's Store,
-  // ranks and child answer a repeat without a second child (the Store is held, so that its
-  // address is not reused by a later split's).
+  // The children made from this group, counted by "<this id>:<kind>:<ranks>:". torch 2.13
+  // calls split once per device type the group is registered for (cpu and cuda) with the same
+  // Store: the last call's Store, ranks and child answer a repeat without a second child (the
+  // Store is held, so that its address is not reused by a later split's).
   std::mutex splitMu_;
   std::map<std::string, uint64_t> childCounts_;
   c10::intrusive_ptr<c10d::Store> lastSplitStore_;
