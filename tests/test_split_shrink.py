@@ -164,3 +164,26 @@ def test_ranks_left_out_of_new_group_have_a_nocolor_split() -> None:
 
     backend_cls = torch._C._distributed_c10d.Backend
     assert backend_cls.perform_nocolor_split(None, torch.device("cpu")) is None
+
+
+def _ddp_after_shrink(rank: int, ws: int) -> Any:
+    import ucxbackend
+
+    if rank == ws - 1:
+        return None  # leaves: the others shrink it away
+    ucxbackend.shrink_group([ws - 1])
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+    ddp(torch.full((2, 3), float(rank + 1))).sum().backward()
+    return [p.grad.clone() for p in ddp.parameters()]
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_ddp_runs_on_a_group_shrunk_through_ucxbackend(backend: str) -> None:
+    # torch 2.13 labels a shrunk group's backend GLOO; DDP's constructor then crashed
+    # (SIGSEGV in its logger) until ucxbackend.shrink_group re-registered it as custom.
+    results = run_world(_ddp_after_shrink, 3, backend=backend, timeout=WORLD_TIMEOUT)
+    (w0, b0), (w1, b1) = results[0], results[1]
+    assert torch.equal(w0, w1) and torch.equal(b0, b1)
+    # Inputs 1s on rank 0, 2s on rank 1, two rows each: the mean weight grad is 3, bias 2.
+    assert torch.equal(w0, torch.full((1, 3), 3.0)) and torch.equal(b0, torch.full((1,), 2.0))

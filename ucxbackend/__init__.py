@@ -226,6 +226,26 @@ def _allow_nocolor_split() -> None:
         backend_cls.perform_nocolor_split = perform_nocolor_split
 
 
+def shrink_group(
+    ranks_to_exclude: list[int], group: dist.ProcessGroup | None = None, shrink_flags: int = 0
+) -> dist.ProcessGroup:
+    """``torch.distributed.distributed_c10d.shrink_group``, with the new group's backend type fixed.
+
+    torch 2.13 registers the shrunk group's backend as GLOO on the CPU (NCCL on CUDA) whatever
+    it is; code that trusts the type, such as DDP's logger, then treats a ucx/udp backend as a
+    ProcessGroupGloo and crashes. This re-registers it as the custom backend it is.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    shrunk: dist.ProcessGroup = c10d.shrink_group(ranks_to_exclude, group, shrink_flags)
+    device = shrunk.bound_device_id or torch.device("cpu")
+    backend = shrunk._get_backend(device)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    shrunk._register_backend(device, custom, backend)
+    shrunk._set_default_backend(custom)
+    return shrunk
+
+
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Traffic statistics of a ``udp`` (or ``ucx``) process group, as last published.
 
