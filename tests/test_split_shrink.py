@@ -187,3 +187,29 @@ def test_ddp_runs_on_a_group_shrunk_through_ucxbackend(backend: str) -> None:
     assert torch.equal(w0, w1) and torch.equal(b0, b1)
     # Inputs 1s on rank 0, 2s on rank 1, two rows each: the mean weight grad is 3, bias 2.
     assert torch.equal(w0, torch.full((1, 3), 3.0)) and torch.equal(b0, torch.full((1,), 2.0))
+
+
+def _example_loss(backend: str, *extra: str) -> float:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = repo / "examples" / "shrink_ddp.py"
+    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(script), "--backend", backend, "--timeout", "5", *extra]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=100, check=True, env=env
+    ).stdout
+    m = re.search(r"RESULT backend=\S+ world_size=2 final_loss=(\S+)", out)
+    assert m, out
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_ddp_example_that_loses_a_rank_ends_as_a_two_rank_run(backend: str) -> None:
+    killed = _example_loss(backend, "--world-size", "3", "--kill-rank", "2")
+    two = _example_loss(backend, "--world-size", "2")
+    assert killed == pytest.approx(two, rel=1e-9, abs=0.0)
