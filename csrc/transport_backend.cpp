@@ -63,6 +63,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                  const std::map<std::string, std::string>& options)
     : c10d::Backend(rank, size),
       store_(store),
+      rawOptions_(options),
       options_(parseOptionsOrThrow(options)),
       backendName_(options_.transport),
       timeout_(timeout),
@@ -152,6 +153,80 @@ void TransportBackend::abort() {
     work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
   }
   engine_->abort(why);
+}
+
+c10::intrusive_ptr<c10d::Backend> TransportBackend::makeChild(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks, const char* kind,
+    const c10::intrusive_ptr<Options>& opts) {
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return {};
+  std::string members;
+  std::vector<int64_t> globalRanks;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= getSize() || (i > 0 && r <= ranks[i - 1])) {
+      throwInvalid(kind, getRank(),
+                   "ranks must be sorted distinct ranks of the group (0.." +
+                       std::to_string(getSize() - 1) + "), got " + std::to_string(r) +
+                       " at index " + std::to_string(i),
+                   backendName_);
+    }
+    members += (i > 0 ? "," : "") + std::to_string(r);
+    globalRanks.push_back(globalRanks_.at(static_cast<size_t>(r)));
+  }
+  // Counted per kind and member set: every member of this child has made exactly the same
+  // earlier children of this set from this group (torch does not call split on a rank that
+  // is in no child, so a count over all splits would differ between ranks).
+  std::string id = groupId_ + ":" + kind + ":" + members + ":";
+  {
+    std::lock_guard<std::mutex> lock(splitMu_);
+    id += std::to_string(childCounts_[id]++);
+  }
+  const auto timeout = opts ? opts->timeout : timeout_.load();
+  return c10::make_intrusive<TransportBackend>(store, static_cast<int>(me - ranks.begin()),
+                                               static_cast<int>(ranks.size()), timeout,
+                                               std::move(id), std::move(globalRanks),
+                                               rawOptions_);
+}
+
+c10::intrusive_ptr<c10d::Backend> TransportBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  {
+    std::lock_guard<std::mutex> lock(splitMu_);
+    if (lastSplitStore_ && lastSplitStore_.get() == store.get() && lastSplitRanks_ == ranks) {
+      return lastSplitChild_;
+    }
+  }
+  // This group's Store, not torch's (a prefix of the child's name over a clone of the parent
+  // ProcessGroup's Store): the child's id already names the parent, the ranks and the count.
+  auto child = makeChild(store_, ranks, "split", opts);
+  std::lock_guard<std::mutex> lock(splitMu_);
+  lastSplitStore_ = store;
+  lastSplitRanks_ = ranks;
+  lastSplitChild_ = child;
+  return child;
+}
+
+c10::intrusive_ptr<c10d::Backend> TransportBackend::shrink(
+    const std::vector<int64_t>& ranksToExclude, int flags,
+    const c10::intrusive_ptr<Options>& opts) {
+  std::vector<int> survivors;
+  for (int r = 0; r < getSize(); ++r) {
+    if (std::find(ranksToExclude.begin(), ranksToExclude.end(), r) == ranksToExclude.end()) {
+      survivors.push_back(r);
+    }
+  }
+  for (const int64_t r : ranksToExclude) {
+    if (r < 0 || r >= getSize() || r == getRank()) {
+      throwInvalid("shrink", getRank(),
+                   "ranks_to_exclude must be other ranks of the group (0.." +
+                       std::to_string(getSize() - 1) + "), got " + std::to_string(r),
+                   backendName_);
+    }
+  }
+  if (flags & 1) abort();  // SHRINK_ABORT
+  return makeChild(store_, survivors, "shrink", opts);
 }
 
 c10d::ErrorType TransportBackend::getError() {

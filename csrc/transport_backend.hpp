@@ -58,6 +58,27 @@ class TransportBackend : public c10d::Backend {
   // (and on the op, shapes and dtypes) before the op runs. Every rank numbers its collectives
   // from 0 at creation, in issue order, so there is nothing to agree on first (as with Gloo).
   void setSequenceNumberForGroup() override {}
+  // Split and shrink (docs/failure-model.md#split-and-shrink): a child group over some of
+  // this group's ranks, with the same options and transport; its addresses go through a Store
+  // under a key derived from this group's id, the child's ranks and a count of the children
+  // made from this group over those ranks, which every member agrees on. The child has its own progress thread and worker.
+  bool supportsSplitting() const override { return true; }
+  bool supportsShrinking() const override { return true; }
+  // Called on every rank of this group (torch's ProcessGroup::splitGroup), with the same
+  // sorted group ranks on the members of one child; a rank not in `ranks` gets null.
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  // Called on the survivors only: the child is made of this group's ranks less
+  // `ranksToExclude`, through this group's Store, without a word to the excluded ranks or to
+  // this group (which may have failed). flags & 1 (SHRINK_ABORT) aborts this group first.
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
+                                           int flags,
+                                           const c10::intrusive_ptr<Options>& opts) override;
+  // The group's backend name and timeout (torch reads them to split with the same options).
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return c10::make_intrusive<Options>(backendName_, timeout_.load());
+  }
   uint64_t getSequenceNumberForGroup() override { return collectiveSeq_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -164,7 +185,15 @@ class TransportBackend : public c10d::Backend {
                                                    const c10d::ReduceOp& reduceOp,
                                                    std::chrono::milliseconds timeout);
 
+  // A child over `ranks` (this group's ranks, sorted) through `store`; null when this rank is
+  // not among them. Its id: "<this id>:<kind>:<ranks>:<count>".
+  c10::intrusive_ptr<c10d::Backend> makeChild(const c10::intrusive_ptr<c10d::Store>& store,
+                                              const std::vector<int>& ranks, const char* kind,
+                                              const c10::intrusive_ptr<Options>& opts);
+
   c10::intrusive_ptr<c10d::Store> store_;
+  // The options as given at creation, handed to split and shrink children unchanged.
+  const std::map<std::string, std::string> rawOptions_;
   const BackendOptions options_;
   const std::string backendName_;
   std::atomic<std::chrono::milliseconds> timeout_;
@@ -200,6 +229,15 @@ class TransportBackend : public c10d::Backend {
   std::mutex worksMu_;
   std::vector<c10::weak_intrusive_ptr<TransportWork>> works_;
   size_t pruneAt_ = 64;
+  // The children made from this group, counted by "<this id>:<kind>:<ranks>:". torch 2.13
+  // calls split once per device type the group is registered for (cpu and cuda) with the same
+  // Store: the last call's Store, ranks and child answer a repeat without a second child (the
+  // Store is held, so that its address is not reused by a later split's).
+  std::mutex splitMu_;
+  std::map<std::string, uint64_t> childCounts_;
+  c10::intrusive_ptr<c10d::Store> lastSplitStore_;
+  std::vector<int> lastSplitRanks_;
+  c10::intrusive_ptr<c10d::Backend> lastSplitChild_;
 };
 
 

@@ -208,6 +208,44 @@ def _register() -> None:
         dist.Backend.register_backend(name, creator, extended_api=True, devices=list(DEVICES))
 
 
+def _allow_nocolor_split() -> None:
+    """Give torch's Backend binding a no-op ``perform_nocolor_split`` where it has none.
+
+    With a default group bound to a device (``init_process_group(device_id=...)``) whose backend
+    supports splitting, torch 2.13's ``new_group`` calls ``perform_nocolor_split`` on the ranks
+    left out of the new group: NCCL's split is collective over the parent, ours is not, and the
+    Backend binding that a ucx/udp group comes as lacks the method (an AttributeError on those
+    ranks). ProcessGroupNCCL keeps its own.
+    """
+    backend_cls = getattr(torch._C._distributed_c10d, "Backend", None)
+    if backend_cls is not None and not hasattr(backend_cls, "perform_nocolor_split"):
+
+        def perform_nocolor_split(self: Any, device: torch.device) -> None:
+            """Nothing to do: a ucx/udp split involves the child's members only."""
+
+        backend_cls.perform_nocolor_split = perform_nocolor_split
+
+
+def shrink_group(
+    ranks_to_exclude: list[int], group: dist.ProcessGroup | None = None, shrink_flags: int = 0
+) -> dist.ProcessGroup:
+    """``torch.distributed.distributed_c10d.shrink_group``, with the new group's backend type fixed.
+
+    torch 2.13 registers the shrunk group's backend as GLOO on the CPU (NCCL on CUDA) whatever
+    it is; code that trusts the type, such as DDP's logger, then treats a ucx/udp backend as a
+    ProcessGroupGloo and crashes. This re-registers it as the custom backend it is.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    shrunk: dist.ProcessGroup = c10d.shrink_group(ranks_to_exclude, group, shrink_flags)
+    device = shrunk.bound_device_id or torch.device("cpu")
+    backend = shrunk._get_backend(device)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    shrunk._register_backend(device, custom, backend)
+    shrunk._set_default_backend(custom)
+    return shrunk
+
+
 def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Traffic statistics of a ``udp`` (or ``ucx``) process group, as last published.
 
@@ -334,3 +372,4 @@ if _C is None:
 _check_torch_version()
 if dist.is_available():
     _register()
+    _allow_nocolor_split()

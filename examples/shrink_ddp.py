@@ -1,0 +1,131 @@
+"""DDP training that loses a rank mid-run, shrinks its group and finishes with the survivors.
+
+    OMP_NUM_THREADS=1 python examples/shrink_ddp.py --backend ucx --world-size 3 --kill-rank 2
+    OMP_NUM_THREADS=1 python examples/shrink_ddp.py --backend ucx --world-size 2
+
+The script starts its own ranks (torchrun would end the whole job when one dies) over a
+FileStore, which outlives any rank. Training is full-batch gradient descent in float64: each
+rank holds an equal share of the whole data set and DDP sums the gradients of the per-rank
+losses, each weighted by its share. The update is then the same whatever the world size, so a
+run that loses a rank and re-shares the data among the survivors must end with the loss of a
+run that had the survivors' world size from the start (up to rounding).
+
+With --kill-rank, that rank SIGKILLs itself before its backward at --kill-step. The
+survivors' backward fails (the peer is gone, or the op times out), they call
+``ucxbackend.shrink_group([kill_rank])``, wrap the model in a new DDP over the shrunk (now
+default) group, and redo that step. The parent prints rank 0's
+``RESULT backend=... world_size=... final_loss=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+SAMPLES = 240
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, 8, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(8, 1, generator=g, dtype=torch.float64) + 0.1
+    return x, y
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(
+        torch.float64
+    )
+
+
+def share(x: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    return x.tensor_split(size)[rank]
+
+
+def rank_main(rank: int, args: Any, store_path: str, results: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import ucxbackend  # registers ucx and udp
+
+    store = dist.FileStore(store_path, args.world_size)
+    dist.init_process_group(
+        args.backend,
+        store=store,
+        rank=rank,
+        world_size=args.world_size,
+        timeout=timedelta(seconds=args.timeout),
+    )
+    x, y = data()
+    module = model()
+    ddp = DDP(module)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    step = 0
+    while step < args.steps:
+        size, me = dist.get_world_size(), dist.get_rank()
+        xs, ys = share(x, me, size), share(y, me, size)
+        opt.zero_grad()
+        # DDP averages over ranks; the weight makes the sum the whole data set's mean loss.
+        weight = size * xs.shape[0] / SAMPLES
+        loss = torch.nn.functional.mse_loss(ddp(xs), ys) * weight
+        if rank == args.kill_rank and step == args.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            loss.backward()
+        except RuntimeError as exc:
+            if args.kill_rank < 0:
+                raise
+            print(f"rank {rank}: step {step} failed ({str(exc)[:80]}...); shrinking", flush=True)
+            del ddp
+            # torch's shrink_group, with the shrunk group's backend type fixed for DDP.
+            abort = dist.distributed_c10d.SHRINK_ABORT
+            ucxbackend.shrink_group([args.kill_rank], shrink_flags=abort)
+            ddp = DDP(module)
+            continue  # redo the step on the shrunk group
+        opt.step()
+        step += 1
+    with torch.no_grad():
+        final = torch.nn.functional.mse_loss(module(x), y).item()
+    if dist.get_rank() == 0:
+        results.put((dist.get_world_size(), final))
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="ucx")
+    p.add_argument("--world-size", type=int, default=3)
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--kill-step", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=15.0)
+    args = p.parse_args()
+    if args.kill_rank == 0:
+        p.error("--kill-rank 0 would take the reporting rank; pick another")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            ctx.Process(target=rank_main, args=(r, args, os.path.join(tmp, "store"), results))
+            for r in range(args.world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        world, final = results.get(timeout=args.timeout * 4 + 60)
+        for proc in procs:
+            proc.join(timeout=30)
+    print(f"RESULT backend={args.backend} world_size={world} final_loss={final:.15e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
