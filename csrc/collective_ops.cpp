@@ -2,7 +2,6 @@
 // body that stages tensors (contiguous copies only where the user's tensor is not contiguous),
 // calls its one algorithm entry point, and writes results back into the user's tensors.
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cstring>
@@ -369,8 +368,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
       // A CUDA future runs its callbacks with streams that wait for the inner op; the copies
       // above are final before the Work completes, as every op's outputs are.
       if (device) {
-        drainStream(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device),
-                    Clock::now() + timeout, "the copies into the output lists");
+        drainStream(currentStream(*device), Clock::now() + timeout, "the copies into the output lists");
       }
     } catch (...) {
       work->finishError(std::current_exception());

@@ -40,12 +40,15 @@ std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
   return d.gate;
 }
 
+c10::Stream currentStream(c10::Device device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
                                       GroupDevices& devices) {
   if (!device) return std::nullopt;
-  const auto* impl = c10::impl::getDeviceGuardImpl(device->type());
   auto ready = std::make_shared<c10::Event>(device->type());
-  ready->record(impl->getStream(*device));
+  ready->record(currentStream(*device));
   return DeviceOp{*device, devices.stream(*device), std::move(ready), devices.scratch(*device)};
 }
 

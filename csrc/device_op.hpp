@@ -72,6 +72,9 @@ class GroupDevices {
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
                                       GroupDevices& devices);
 
+// This thread's current stream of `device`.
+c10::Stream currentStream(c10::Device device);
+
 // Waits until the device has passed `event`, polling, so that a device that never gets there
 // (a stream held up by something that waits on this very thread) ends in OpTimeout at
 // `deadline`, naming `what`, instead of hanging the progress thread.

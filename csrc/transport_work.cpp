@@ -1,8 +1,9 @@
 #include "csrc/transport_work.hpp"
 
 #include <ATen/core/ivalue.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <sched.h>
+
+#include "csrc/device_op.hpp"
 
 namespace ucxb {
 
@@ -22,10 +23,6 @@ void TransportWork::setDeviceGate(c10::Device device, std::shared_ptr<StreamGate
 
 namespace {
 
-c10::Stream currentStream(c10::Device device) {
-  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-}
-
 // Holds `stream` at the gate until op `seq` has ended; false where the host must wait
 // instead. Never the legacy default stream (PyTorch's default): every blocking stream and
 // every implicitly synchronising CUDA call (a cudaFree, a pinned allocation) waits for it,
@@ -38,11 +35,15 @@ bool holdAtGate(const StreamGate& gate, c10::Device device, uint64_t seq) {
 
 }  // namespace
 
+bool TransportWork::holdCallerStream() const {
+  // An op still running: hold the caller's stream, not the caller. One already ended needs
+  // nothing on the device (its stream was drained).
+  return gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq);
+}
+
 void TransportWork::synchronize() {
   if (!device_) return;  // a CPU op's outputs are final once wait() returns
-  if (gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq)) {
-    return;
-  }
+  if (holdCallerStream()) return;
   try {
     wait();
   } catch (...) {
@@ -50,11 +51,7 @@ void TransportWork::synchronize() {
 }
 
 bool TransportWork::wait(std::chrono::milliseconds timeout) {
-  // An op still running: hold the caller's stream, not the caller. One already ended needs
-  // nothing on the device (its stream was drained), and reports its outcome below.
-  if (gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq)) {
-    return true;
-  }
+  if (holdCallerStream()) return true;  // else it reports the op's outcome below
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
   if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {
     const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(

@@ -57,6 +57,9 @@ class TransportWork : public c10d::Work {
   void finishError(std::exception_ptr error);
 
  private:
+  // cuda_wait=stream, op still running: the caller's current stream waits for it at the
+  // group's gate. False where the host must wait instead.
+  bool holdCallerStream() const;
   const OpContext ctx_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
