@@ -1040,6 +1040,21 @@ def family_main(rank: int, ws: int, families: tuple[str, ...], large: bool) -> d
 _WORLDS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
 
 
+def merge_outcomes(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's ``{family: {case: outcome}}`` summed per (family, case)."""
+    merged: dict[str, Any] = {}
+    for rank_out in per_rank:
+        for family, cases in rank_out.items():
+            for case, r in cases.items():
+                m = merged.setdefault(family, {}).setdefault(
+                    case, {"checked": 0, "bad": [], "rejected": []}
+                )
+                m["checked"] += r["checked"]
+                m["bad"] += r["bad"]
+                m["rejected"] += r["rejected"]
+    return merged
+
+
 def world_results(families: tuple[str, ...], ws: int, large: bool) -> dict[str, Any]:
     key = (families, ws, large)
     if key not in _WORLDS:
@@ -1054,17 +1069,7 @@ def world_results(families: tuple[str, ...], ws: int, large: bool) -> dict[str, 
         except (AssertionError, TimeoutError) as e:
             _WORLDS[key] = (False, f"{type(e).__name__}: {e}")
         else:
-            merged: dict[str, Any] = {}
-            for rank_out in per_rank:
-                for family, cases in rank_out.items():
-                    for case, r in cases.items():
-                        m = merged.setdefault(family, {}).setdefault(
-                            case, {"checked": 0, "bad": [], "rejected": []}
-                        )
-                        m["checked"] += r["checked"]
-                        m["bad"] += r["bad"]
-                        m["rejected"] += r["rejected"]
-            _WORLDS[key] = (True, merged)
+            _WORLDS[key] = (True, merge_outcomes(per_rank))
     ok, value = _WORLDS[key]
     if not ok:
         pytest.fail(f"world {families} ws={ws} failed:\n{value}", pytrace=False)

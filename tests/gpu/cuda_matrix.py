@@ -53,17 +53,7 @@ def matrix_main(
 
 def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's outcome per (family, case), summed as test_collectives does."""
-    merged: dict[str, Any] = {}
-    for rank_out in per_rank:
-        for family, cases in rank_out["results"].items():
-            for case, r in cases.items():
-                m = merged.setdefault(family, {}).setdefault(
-                    case, {"checked": 0, "bad": [], "rejected": []}
-                )
-                m["checked"] += r["checked"]
-                m["bad"] += r["bad"]
-                m["rejected"] += r["rejected"]
-    return merged
+    return tc.merge_outcomes([rank_out["results"] for rank_out in per_rank])
 
 
 def params(families: tuple[str, ...]) -> Iterator[Any]:
