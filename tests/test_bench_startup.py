@@ -100,11 +100,14 @@ def _creation_profile(rank: int, ws: int) -> dict[str, Any]:
 
 @needs_native
 def test_creation_store_calls_do_not_grow_with_the_group() -> None:
-    """6 ranks on a TCPStore: each rank's creation of the group makes at most a constant
-    number of Store calls (one append and one multi-key read for everyone's records, counters
-    for the rest), not a few per peer."""
+    """On a TCPStore, each rank's creation of a group makes as many Store calls at 6 ranks as
+    at 2 (one append and one multi-key read for everyone's records, counters for the rest),
+    not a few more per peer; up to 2 more where a rank came before rank 0 opened the creation
+    and had to wait for it."""
     skip_unless_ucx("profiles a ucx group's creation")
-    profiles = run_world(_creation_profile, 6, init="tcp", timeout=90)
-    calls = [p["store_calls"] for p in profiles]
-    assert max(calls) <= _MAX_CREATION_CALLS, calls
-    assert list(profiles[0]["phases"])[:2] == ["join", "transport"], profiles[0]
+    calls = {
+        ws: [p["store_calls"] for p in run_world(_creation_profile, ws, init="tcp", timeout=90)]
+        for ws in (2, 6)
+    }
+    assert max(calls[6]) <= max(calls[2]) + 2, calls
+    assert max(calls[6]) <= _MAX_CREATION_CALLS, calls
