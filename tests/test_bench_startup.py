@@ -21,8 +21,8 @@ from ucxbackend.bench.common import UsageError
 # Every Store call one rank makes to create a group, at most, whatever the group's size
 # (csrc/address_exchange.hpp): joining the instance (up to 6 when rank 0 opens it late), the
 # records round (4), the shared-memory answer (3), and the last rank's clean-up (11). Before,
-# each rank read every peer's key in three rounds and waited on a key per peer: 6 ranks
-# took over 40 calls.
+# each rank read every peer's key in three rounds and waited on a key per peer: at 6 ranks
+# about 30 calls, 60 for the rank that deleted the keys.
 _MAX_CREATION_CALLS = 24
 
 

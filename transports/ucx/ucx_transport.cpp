@@ -170,10 +170,10 @@ void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
   if (slot.ep == nullptr) slot.address = address;
 }
 
-ucp_ep_h UcxTransport::endpoint(PeerSlot& slot) {
+ucp_ep_h UcxTransport::endpoint(PeerSlot& slot, bool forSend) {
   if (slot.ep != nullptr || !slot.error.empty()) return slot.ep;
   if (slot.address.empty()) {
-    slot.error = "rank " + std::to_string(slot.peer) + " is not connected";
+    if (forSend) slot.error = "rank " + std::to_string(slot.peer) + " is not connected";
     return nullptr;
   }
   ucp_ep_params_t params{};
@@ -186,7 +186,9 @@ ucp_ep_h UcxTransport::endpoint(PeerSlot& slot) {
   const ucs_status_t status = ucp_ep_create(worker(), &params, &slot.ep);
   if (status != UCS_OK) {
     slot.ep = nullptr;
-    slot.error = describe(status, "ucp_ep_create to rank " + std::to_string(slot.peer));
+    if (forSend) {
+      slot.error = describe(status, "ucp_ep_create to rank " + std::to_string(slot.peer));
+    }
   }
   return slot.ep;
 }
@@ -263,7 +265,7 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
                               MemoryType mem) {
   auto req = track(true, peer, bytes);
   PeerSlot& slot = *peers_.at(peer);
-  if (endpoint(slot) == nullptr || !slot.error.empty()) {
+  if (endpoint(slot, true) == nullptr || !slot.error.empty()) {
     untrack(req.get());
     req->fail(slot.error);
     return req;
@@ -281,8 +283,10 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
 RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                               MemoryType mem) {
   // The endpoint is not needed to receive, but its keepalive tells a dead peer from a slow
-  // one; one that cannot be created records the peer's error, handled below.
-  if (peer >= 0) endpoint(*peers_.at(peer));
+  // one. One that cannot be created now (the peer destroyed its worker after sending what
+  // this receive may match) is no error: the receive waits as any other, and a send to the
+  // peer tries again.
+  if (peer >= 0) endpoint(*peers_.at(peer), false);
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |

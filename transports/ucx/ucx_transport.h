@@ -71,9 +71,9 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   ucp_worker_h worker() const { return worker_.get(); }
-  // The peer's endpoint, created now if this is its first use; null (with slot.error set)
-  // when it cannot be created or the peer was never connected.
-  ucp_ep_h endpoint(PeerSlot& slot);
+  // The peer's endpoint, created now if this is its first use; null when it cannot be
+  // created or the peer was never connected (then, for a send, with slot.error set).
+  ucp_ep_h endpoint(PeerSlot& slot, bool forSend);
   std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
   void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
   std::shared_ptr<UcxRequest> untrack(UcxRequest* req);

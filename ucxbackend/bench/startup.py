@@ -238,11 +238,13 @@ def ratio(cells: Sequence[Cell], backend: str, world: int) -> float | None:
 
 
 def _phase_names(cells: Iterable[Cell]) -> list[str]:
-    names: dict[str, None] = {}
+    """Every phase shown, in the order they run: torch's, the backends', the first op."""
+    names: dict[str, None] = {TORCH_PHASE: None}
     for cell in cells:
         for start in cell.starts:
             names.update(dict.fromkeys(start.phases))
-    return list(names)
+    del names[FIRST_OP_PHASE]
+    return [*names, FIRST_OP_PHASE]
 
 
 def format_table(cells: Sequence[Cell], opts: StartupOptions) -> list[str]:

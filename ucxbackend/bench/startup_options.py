@@ -57,6 +57,8 @@ def _world_sizes(text: str | None) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class StartupOptions:
+    """Validated options of one ``bench startup`` run."""
+
     world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     repeats: int = DEFAULT_REPEATS
