@@ -285,12 +285,12 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
 def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Where this rank's creation of a ``ucx`` or ``udp`` group spent its time.
 
-    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n,
-    "endpoints": n}``: the phases of the backend's constructor in order (they sum to its
-    time; torch's own part of ``init_process_group`` is not in them), the c10d Store calls it
-    made (a multi-key read or wait is one call) and the bytes of keys and values they carried,
-    and the endpoints connected so far (peers are connected on first use). See
-    docs/performance.md#start-up; ``python -m ucxbackend bench startup`` prints it per phase.
+    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n}``: the phases
+    of the backend's constructor in order (they sum to its time; torch's own part of
+    ``init_process_group`` is not in them, nor is the first op, where ucx connects each peer
+    on first use), the c10d Store calls it made (a multi-key read is one call) and the bytes
+    of keys and values they carried. See docs/bench.md (``bench startup``, which prints it per
+    phase) and docs/performance.md#start-up.
     """
     backend = _native_backend(group, "startup_profile")
     assert _C is not None
