@@ -34,6 +34,7 @@ struct BackendOptions {
   std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
   std::string udpConfig;
   std::string udpFaults;
+  std::string secretFile;  // udp: authenticated mode (csrc/udp_auth_setup.hpp)
   uint64_t cuda = 0;  // 1: carry CUDA tensors (opt-in until verified on a GPU)
   std::string cudaWait = "host";  // what Work.wait() on a CUDA collective blocks
 
