@@ -159,7 +159,8 @@ def test_must_agree_is_in_the_schema() -> None:
     flagged = {r["name"] for r in rows if r["must_agree"]}
     algos = {f"algo_{op}" for op in cfg.ALGORITHMS}
     # udp_config is flagged for the udp_config keys flagged in their own table.
-    assert flagged == {"transport", "chunk_bytes", "udp_config", *algos}, flagged
+    # secret_file: the ranks compare a key check derived from it (csrc/udp_auth_setup.hpp).
+    assert flagged == {"transport", "chunk_bytes", "udp_config", "secret_file", *algos}, flagged
     assert {k for k, knob in cfg.KNOBS.items() if knob.must_agree} == flagged - {"transport"}
     udp_flagged = {r["name"] for r in _C.udp.config_schema() if r["must_agree"]}
     assert udp_flagged == {"unexpected_bytes", "eager_max_bytes", "max_message_bytes"}
