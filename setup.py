@@ -60,8 +60,16 @@ def openssl_found(include_dirs: list[str]) -> bool:
     compiler = os.environ.get("CXX", "c++")
     try:
         probe = subprocess.run(
-            [*shlex.split(compiler), *(f"-I{d}" for d in include_dirs), "-x", "c++", "-E", "-",
-             "-o", os.devnull],
+            [
+                *shlex.split(compiler),
+                *(f"-I{d}" for d in include_dirs),
+                "-x",
+                "c++",
+                "-E",
+                "-",
+                "-o",
+                os.devnull,
+            ],
             input="#include <openssl/evp.h>\n",
             capture_output=True,
             text=True,
@@ -110,7 +118,11 @@ def main() -> None:
         # the compile time of every unit that includes ATen (tensor_checks.cpp: 8.5 s instead
         # of 16.7 s) and makes the extension ~10x larger; symbols stay for backtraces.
         extra_compile_args=[
-            "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=c++20",
+            "-O3",
+            "-Wall",
+            "-Wextra",
+            "-Wno-unused-parameter",
+            "-std=c++20",
             *([] if os.environ.get("UCXB_DEBUG_INFO") == "1" else ["-g0"]),
         ],
         # RUNPATH (new dtags) to the UCX we compiled against; LD_LIBRARY_PATH can still

@@ -144,7 +144,7 @@ OpenResult DatagramOpener::open(std::span<const uint8_t> datagram) {
   // replayed (a forged one with an old counter is a forgery). A counter is recorded in the
   // window only once its datagram proved genuine.
   const bool fresh = window_.fresh(counter);
-  uint8_t expected[kAuthTagBytes];
+  uint8_t expected[kAuthTagBytes] = {};
   cipher_->tag(datagram.first(signedBytes), nonceOf(ranks_, counterAt), expected);
   // Constant time: how many leading tag bytes matched must not show in the timing.
   uint8_t diff = 0;

@@ -75,7 +75,8 @@ class UdpVariant:
     def spec(self) -> str:
         """``LABEL:KEY=VALUE,...``, which :func:`parse_udp_variants` reads back."""
         secret = f"{SECRET_FILE_KEY}={self.secret_file}" if self.secret_file else ""
-        return f"{self.label}:{','.join(s for s in (self.udp_config, self.udp_faults, secret) if s)}"
+        parts = (self.udp_config, self.udp_faults, secret)
+        return f"{self.label}:{','.join(s for s in parts if s)}"
 
     def describe(self) -> dict[str, str]:
         described = {"label": self.label, "backend": UDP, **self.pg_options()}
