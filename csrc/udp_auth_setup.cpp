@@ -1,9 +1,16 @@
 #include "csrc/udp_auth_setup.hpp"
 
+#include <algorithm>
+
 #include "transports/udp/auth_keys.h"
 #include "transports/udp/secret_file.h"
 
 namespace ucxb {
+namespace {
+
+constexpr const char* kSecretFile = "secret_file";  // the knob (csrc/backend_options.cpp)
+
+}  // namespace
 
 std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std::string& groupId,
                                         AddressExchange& exchange) {
@@ -22,9 +29,14 @@ std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,
                                           const BackendOptions& options,
                                           const std::optional<udp::AuthKey>& groupKey) {
-  if (options.transport != "udp") return settings;
-  settings.push_back({"secret_file", groupKey ? "on, key check " + udp::keyCheck(*groupKey)
-                                              : std::string("off")});
+  const auto it = std::find_if(settings.begin(), settings.end(),
+                               [](const config::Setting& s) { return s.name == kSecretFile; });
+  if (it == settings.end()) return settings;
+  if (options.transport != "udp") {
+    settings.erase(it);  // never read by another transport
+  } else {
+    it->value = groupKey ? "on, key check " + udp::keyCheck(*groupKey) : std::string("off");
+  }
   return settings;
 }
 

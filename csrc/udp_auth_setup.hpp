@@ -20,8 +20,9 @@ namespace ucxb {
 std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std::string& groupId,
                                         AddressExchange& exchange);
 
-// `settings` (agreedSettings()) with, in a udp group, the secret_file entry every rank must
-// match: "off" or "on, key check <hex>" (a MAC of a fixed label, never the secret or a key).
+// `settings` (agreedSettings()) with the secret_file entry's value, a path that may differ
+// per rank, replaced by what must match: "off" or "on, key check <hex>" (a MAC of a fixed
+// label, never the secret or a key); in a group of another transport the entry is dropped.
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,
                                           const BackendOptions& options,
                                           const std::optional<udp::AuthKey>& groupKey);
