@@ -112,6 +112,7 @@ def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str
     out["results"] = results
     stats = ucxbackend.stats(group)
     out["total"] = {k: v for k, v in stats["total"].items() if k.startswith("dropped")}
+    out["authenticated"] = stats["transport"]["authenticated"]
     dist.destroy_process_group(group)
     other = secrets["other"] if rank == 1 else secrets["good"]
     out["other secret"] = _error_of(
@@ -135,6 +136,7 @@ def test_authenticated_groups(tmp_path: Path) -> None:
     world = run_world(_auth_world, 2, args=(secrets,), **_WORLD)
     for r in world:
         assert r["results"] and all(r["results"].values()), r["results"]
+        assert r["authenticated"] == 1
         assert r["total"]["dropped_auth_failed"] == 0 and r["total"]["dropped_replayed"] == 0
         for case in ("other secret", "no secret"):
             message = r[case]
