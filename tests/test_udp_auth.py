@@ -35,6 +35,7 @@ GROUPS = [
     "replay_and_instances",
     "fault_matrix",
     "mtu_room",
+    "spoofed_socket",  # real sockets; a raw socket spoofs rank 1 (skipped without CAP_NET_RAW)
 ]
 
 needs_extension = pytest.mark.skipif(

@@ -5,12 +5,16 @@
 // is dropped and counted, one of an earlier group instance never verifies, and the endpoint
 // fault matrix (drop, dup, reorder, corrupt) still delivers every byte once. Deterministic:
 // ``./udp_auth_test GROUP`` (see ``--list``). Built by tests/test_udp_auth.py.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -22,6 +26,7 @@
 #include "transports/udp/datagram_auth.h"
 #include "transports/udp/replay_window.h"
 #include "transports/udp/secret_file.h"
+#include "transports/udp/udp_transport.h"
 #include "transports/udp/wire_format.h"
 
 using namespace ucxb;
@@ -382,6 +387,98 @@ void testMtuRoom() {
   CHECK_EQ(ok.rank(), 0);
 }
 
+// ------------------------------------------------------------------------------ real sockets
+
+// One IPv4 UDP datagram to 127.0.0.1:`to` that claims to come from 127.0.0.1:`from`, through
+// a raw socket (as any root on the path could): what a Store reader who sniffed the token
+// sends. false when raw sockets are not allowed here (not root, no CAP_NET_RAW).
+bool sendSpoofed(uint16_t from, uint16_t to, const std::vector<uint8_t>& payload) {
+  const int fd = ::socket(AF_INET, SOCK_RAW, IPPROTO_RAW);  // IPPROTO_RAW: we write the IP header
+  if (fd < 0) return false;
+  std::vector<uint8_t> packet(28 + payload.size(), 0);
+  const auto put16 = [&packet](size_t at, uint16_t v) {
+    packet[at] = static_cast<uint8_t>(v >> 8);  // network byte order
+    packet[at + 1] = static_cast<uint8_t>(v);
+  };
+  packet[0] = 0x45;  // IPv4, 20-byte header
+  put16(2, static_cast<uint16_t>(packet.size()));
+  packet[8] = 64;  // TTL
+  packet[9] = IPPROTO_UDP;
+  const uint8_t loopback[4] = {127, 0, 0, 1};
+  std::memcpy(&packet[12], loopback, 4);
+  std::memcpy(&packet[16], loopback, 4);
+  put16(20, from);
+  put16(22, to);
+  put16(24, static_cast<uint16_t>(8 + payload.size()));  // UDP checksum 0: none (IPv4)
+  std::memcpy(&packet[28], payload.data(), payload.size());
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool sent = ::sendto(fd, packet.data(), packet.size(), 0,
+                             reinterpret_cast<const sockaddr*>(&dst), sizeof dst) ==
+                    static_cast<ssize_t>(packet.size());
+  ::close(fd);
+  return sent;
+}
+
+uint64_t counter(const Counters& counters, const std::string& name) {
+  for (const auto& [key, value] : counters) {
+    if (key == name) return value;
+  }
+  return ~uint64_t{0};
+}
+
+struct SocketForgery {
+  bool sent = false;
+  bool landed = false;
+  uint64_t authFailed = 0;
+};
+
+// Two UdpTransports on 127.0.0.1; rank 0 waits for a message from rank 1, and a third party
+// forges it with the token, from rank 1's address.
+SocketForgery forgeOverSockets(std::optional<AuthKey> key) {
+  UdpTransportOptions options;
+  options.sessionToken = kToken;
+  options.groupKey = key;
+  options.config.mtuPayload = 8972;
+  options.lingerQuietUs = 1000;
+  options.lingerMaxUs = 50'000;  // rank 1 has a forged packet's ACK to wonder about
+  std::vector<std::unique_ptr<UdpTransport>> ts;
+  for (int r = 0; r < 2; ++r) ts.push_back(std::make_unique<UdpTransport>(r, 2, options));
+  for (int r = 0; r < 2; ++r) {
+    for (int p = 0; p < 2; ++p) ts[r]->connect(p, ts[p]->localAddress());
+  }
+  std::vector<uint8_t> inbox(64, 0);
+  auto r = ts[0]->recv(1, 77, ~Tag{0}, inbox.data(), inbox.size());
+  const std::vector<uint8_t> evil(64, 0xEE);
+  SocketForgery out;
+  std::vector<uint8_t> forged = dataDatagram(1, 77, evil, 0, 0);
+  sealChecksum(forged);
+  out.sent = sendSpoofed(ts[1]->boundAddress().port(), ts[0]->boundAddress().port(), forged);
+  if (!out.sent) return out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (r->pending() && std::chrono::steady_clock::now() < deadline) ts[0]->progress();
+  out.landed = r->state() == RequestState::kDone && inbox == evil;
+  out.authFailed = counter(ts[0]->peerCounters()[1], "dropped_auth_failed");
+  r->cancel();
+  ts[0]->progress();
+  return out;
+}
+
+void testSpoofedSocket() {
+  const SocketForgery open = forgeOverSockets(std::nullopt);
+  if (!open.sent) {
+    std::printf("skipped: raw sockets are not allowed here (needs root or CAP_NET_RAW)\n");
+    return;
+  }
+  CHECK_MSG(open.landed, "without authentication a spoofed datagram with the token lands");
+  CHECK_EQ(open.authFailed, uint64_t{0});
+  const SocketForgery sealed = forgeOverSockets(groupKey(1));
+  CHECK(sealed.sent);
+  CHECK(!sealed.landed);
+  CHECK_EQ(sealed.authFailed, uint64_t{1});
+}
+
 // Not a test: what sealing and opening cost per byte on this machine, for the docs
 // (`./udp_auth_test measure`).
 void measure() {
@@ -413,6 +510,7 @@ const check::Group kGroups[] = {
     {"replay_and_instances", testReplayAndInstances, true},
     {"fault_matrix", testFaultMatrix, true},
     {"mtu_room", testMtuRoom, true},
+    {"spoofed_socket", testSpoofedSocket, true},
     {"measure", measure, false},
 };
 
