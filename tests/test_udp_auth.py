@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import run_world
+from dist_harness import error_of, run_world
 
 import ucxbackend
 
@@ -79,14 +79,6 @@ def _write_secret(path: Path, data: bytes, mode: int = 0o600) -> str:
     return str(path)
 
 
-def _error_of(create: Any) -> str:
-    try:
-        create()
-    except Exception as exc:  # any error is the answer here
-        return f"{type(exc).__name__}: {exc}"
-    return "created"
-
-
 def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str, Any]:
     """Collectives on an authenticated udp group against numpy, its drop counters, then
     creations that must fail: another secret on rank 1, no secret on rank 1."""
@@ -116,11 +108,11 @@ def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str
     out["authenticated"] = stats["transport"]["authenticated"]
     dist.destroy_process_group(group)
     other = secrets["other"] if rank == 1 else secrets["good"]
-    out["other secret"] = _error_of(
+    out["other secret"] = error_of(
         lambda: dist.new_group(backend="udp", pg_options={"secret_file": other})
     )
     none = "" if rank == 1 else secrets["good"]
-    out["no secret"] = _error_of(
+    out["no secret"] = error_of(
         lambda: dist.new_group(backend="udp", pg_options={"secret_file": none})
     )
     return out
@@ -171,7 +163,7 @@ def test_bad_secret_file_is_a_clear_error(tmp_path: Path, case: str, fragment: s
 
 
 def _bad_secret(rank: int, world_size: int, path: str) -> str:
-    return _error_of(lambda: dist.new_group(backend="udp", pg_options={"secret_file": path}))
+    return error_of(lambda: dist.new_group(backend="udp", pg_options={"secret_file": path}))
 
 
 def test_build_without_openssl_refuses_the_mode() -> None:
