@@ -73,6 +73,15 @@ def test_auth_layer(auth_test: Path, group: str) -> None:
     assert f"[{group}] ok" in run.stdout, run.stdout
 
 
+@needs_extension
+def test_info_says_whether_the_mode_is_built() -> None:
+    """`python -m ucxbackend info` (build_info) tells a user whether secret_file can work."""
+    from ucxbackend import _C
+
+    expected = "openssl (aes-256-gcm)" if _openssl() else "unavailable (built without OpenSSL)"
+    assert _C.build_info()["udp_auth"] == expected
+
+
 def _write_secret(path: Path, data: bytes, mode: int = 0o600) -> str:
     path.write_bytes(data)
     path.chmod(mode)
