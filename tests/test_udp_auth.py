@@ -89,10 +89,11 @@ def _write_secret(path: Path, data: bytes, mode: int = 0o600) -> str:
 
 
 def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str, Any]:
-    """Collectives on an authenticated udp group against numpy, its drop counters, then
-    creations that must fail: another secret on rank 1, no secret on rank 1."""
+    """Collectives on a udp group authenticated through UCXBACKEND_SECRET_FILE against numpy,
+    its drop counters, a ucx group under the same environment, then creations that must fail:
+    another secret on rank 1, no secret on rank 1."""
     out: dict[str, Any] = {}
-    group = dist.new_group(backend="udp", pg_options={"secret_file": secrets["good"]})
+    group = dist.new_group(backend="udp")  # UCXBACKEND_SECRET_FILE, from the environment
     results = {}
     for dtype, np_dtype in ((torch.int64, np.int64), (torch.float32, np.float32)):
         n = 1 << 18  # 2 MB of int64: rendezvous, many datagrams
@@ -116,6 +117,12 @@ def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str
     out["total"] = {k: v for k, v in stats["total"].items() if k.startswith("dropped")}
     out["authenticated"] = stats["transport"]["authenticated"]
     dist.destroy_process_group(group)
+    # The ucx backend ignores the knob (UCX has no authentication): same environment, works.
+    ucx = dist.new_group(backend="ucx")
+    t = torch.full((1000,), rank + 1, dtype=torch.int64)
+    dist.all_reduce(t, group=ucx)
+    out["ucx ignores it"] = bool((t == sum(range(1, world_size + 1))).all())
+    dist.destroy_process_group(ucx)
     other = secrets["other"] if rank == 1 else secrets["good"]
     out["other secret"] = error_of(
         lambda: dist.new_group(backend="udp", pg_options={"secret_file": other})
@@ -135,10 +142,11 @@ def test_authenticated_groups(tmp_path: Path) -> None:
         "good": _write_secret(tmp_path / "good", os.urandom(64)),
         "other": _write_secret(tmp_path / "other", os.urandom(64)),
     }
-    world = run_world(_auth_world, 2, args=(secrets,), **_WORLD)
+    env = {"UCXBACKEND_SECRET_FILE": secrets["good"]}
+    world = run_world(_auth_world, 2, args=(secrets,), env=env, **_WORLD)
     for r in world:
         assert r["results"] and all(r["results"].values()), r["results"]
-        assert r["authenticated"] == 1
+        assert r["authenticated"] == 1 and r["ucx ignores it"]
         assert r["total"]["dropped_auth_failed"] == 0 and r["total"]["dropped_replayed"] == 0
         for case in ("other secret", "no secret"):
             message = r[case]
