@@ -13,6 +13,7 @@
 #include "csrc/handshake.h"
 #include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
+#include "csrc/udp_auth_setup.hpp"
 #include "transports/tag.h"
 
 namespace ucxb {
@@ -84,7 +85,8 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
     clock.mark("join");
-    transport = makeTransport(options_, rank, size, exchange, timeout);
+    const auto groupKey = udpGroupKey(options_, groupId_, exchange);
+    transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
@@ -93,7 +95,8 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     clock.mark("shm_offer");
     // One Store round carries every rank's address, transport, must-agree settings and
     // shared-memory offer; all are checked before the transport sees a peer's address.
-    const Handshake mine{options_.transport, agreedSettings(options_),
+    const Handshake mine{options_.transport,
+                         withKeyCheck(agreedSettings(options_), options_, groupKey),
                          transport->localAddress()};
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
