@@ -81,6 +81,7 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
 // op's own outcome is already recorded by then.
 void TransportWork::finishOk() {
   if (settled_.exchange(true)) return;
+  if (flight_) flight_->completed();  // before any waiter wakes and may dump
   try {
     future_->markCompleted(c10::IValue(outputs_));
   } catch (...) {
@@ -92,6 +93,7 @@ void TransportWork::finishOk() {
 
 void TransportWork::finishError(std::exception_ptr error) {
   if (settled_.exchange(true)) return;
+  if (flight_) flight_->retired();
   try {
     future_->setError(error);
   } catch (...) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "csrc/errors.hpp"
+#include "csrc/flight_recorder.hpp"
 #include "csrc/stream_gate.hpp"
 
 namespace ucxb {
@@ -32,6 +33,12 @@ class TransportWork : public c10d::Work {
   // How long wait() polls for completion, yielding the core, before it blocks: a small op
   // ends within microseconds, sooner than a blocked thread could be woken.
   void setSpin(std::chrono::microseconds spin) { spin_ = spin; }
+  // The op's Flight Recorder entry (null: the recorder is off): marked started by
+  // markStarted() on the progress thread, completed or retired as the Work settles.
+  void setFlightEntry(std::shared_ptr<FlightEntry> entry) { flight_ = std::move(entry); }
+  void markStarted() {
+    if (flight_) flight_->started();
+  }
 
   // A collective on CUDA tensors: the device its tensors are on and the group's gate there
   // (null: none). wait() then holds the caller's current stream instead of the host.
@@ -71,6 +78,7 @@ class TransportWork : public c10d::Work {
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
   std::optional<c10::Device> device_;
   std::shared_ptr<StreamGate> gate_;
+  std::shared_ptr<FlightEntry> flight_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
