@@ -7,8 +7,10 @@ this process, each marked as its Work progresses: ``scheduled`` when issued, ``s
 progress thread began it, ``completed`` when it ended well; an op that failed or timed out is
 ``retired`` without being completed. :func:`dump` returns them in the layout of torch's own
 dump (``pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))``: the same
-keys, version and states), and :func:`write_dump` writes it where torch's analyzer
-(``python -m torch.distributed.flight_recorder.fr_trace DIR``) reads it.
+keys, version and states), and :func:`write_dump` pickles it to one file per rank, named as
+torch names its own dumps. torch 2.13's analyzer (``torch.distributed.flight_recorder.fr_trace``)
+does not read them: it accepts only its own backends' names (nccl, gloo, xccl, ...) in
+``profiling_name``.
 
 These are not in torch's dump: torch's recorder, which ProcessGroupGloo and NCCL record into,
 is a hidden symbol of libtorch_cpu.so in torch 2.13 (docs/operations.md#flight-recorder).
@@ -116,7 +118,7 @@ def dump(only_active: bool = False) -> dict[str, Any]:
 
 
 def write_dump(prefix: str | None = None, rank: int | None = None) -> Path:
-    """Pickles :func:`dump` to ``<prefix><rank>``, the name torch's analyzer reads.
+    """Pickles :func:`dump` to ``<prefix><rank>``, as torch names its own dumps.
 
     ``prefix``: ``TORCH_FR_DUMP_TEMP_FILE`` if set (as torch's own dumps), else
     ``/tmp/ucxbackend_fr_rank_``; ``rank``: this process's global rank."""

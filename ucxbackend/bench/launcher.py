@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -229,6 +230,23 @@ def launch_ranks(command: str, argv: Sequence[str], world: int, timeout: float, 
         raise BenchError(f"could not start rank {len(procs)}: {exc}") from exc
     # The margin lets the ranks say they timed out first.
     return supervise(procs, timeout + 5.0, err, command)
+
+
+def start_watchdog(
+    timeout: float, rank: int, err: TextIO, command: str = "bench"
+) -> threading.Timer:
+    """Ends this rank (exit status EXIT_FAILED) once ``timeout`` seconds have passed: a rank
+    stops itself at ``--timeout``, before its launcher kills it, and says so."""
+
+    def expire() -> None:
+        err.write(f"{command}: rank {rank}: timed out after {timeout:g}s (--timeout); exiting\n")
+        err.flush()
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def under_launcher(env: Mapping[str, str] | None = None) -> bool:

@@ -17,7 +17,6 @@ import ctypes
 import gc
 import logging
 import os
-import threading
 import time
 from datetime import timedelta
 from typing import Final, TextIO
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..bench.common import EXIT_FAILED, EXIT_OK, EXIT_WRONG
+from ..bench.launcher import start_watchdog
 from . import probes, report, verdict, workload
 from .options import SoakOptions
 from .testhook import Leak
@@ -35,18 +35,6 @@ logger = logging.getLogger(__name__)
 _FIELDS: Final = ("fds", "threads", "rss_mib", "shm_files", "shm_maps", "ops")
 # The sample travels as int64: RSS in KiB.
 _KIB_PER_MIB: Final = 1024
-
-
-def _start_watchdog(timeout: float, rank: int, err: TextIO) -> threading.Timer:
-    def expire() -> None:
-        err.write(f"soak: rank {rank}: timed out after {timeout:g}s (--timeout); exiting\n")
-        err.flush()
-        os._exit(EXIT_FAILED)
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 class _Soak:
@@ -203,7 +191,7 @@ def run_rank(opts: SoakOptions, out: TextIO, err: TextIO) -> int:
 
     rank = int(os.environ["RANK"])
     _fix_mmap_threshold()
-    _start_watchdog(opts.timeout, rank, err)
+    start_watchdog(opts.timeout, rank, err, "soak")
     dist.init_process_group("gloo", timeout=timedelta(seconds=opts.op_timeout))
     try:
         return _Soak(opts, out, err).run()
