@@ -76,6 +76,15 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+void TransportWork::release_resources() {
+  outputs_.clear();
+  future_.reset();
+  gate_.reset();
+  flight_.reset();
+  waitingFor_ = nullptr;
+  onWaitTimeout_ = nullptr;
+}
+
 // Future callbacks run inside markCompleted/setError, on the progress thread, often within a
 // UCX callback: an exception thrown by one must not unwind through UCX or end the thread. The
 // op's own outcome is already recorded by then.

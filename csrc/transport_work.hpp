@@ -63,12 +63,19 @@ class TransportWork : public c10d::Work {
   void finishOk();
   void finishError(std::exception_ptr error);
 
+  // Runs when the last strong reference goes while weak ones remain (the group's list of
+  // Works for abort() holds each Work weakly until it is next pruned, up to twice its length
+  // later): drops the output tensors and the Future holding them now, so that a group does
+  // not keep the outputs of its last tens of ops alive (found by `ucxbackend soak`: RSS rose
+  // by ~1 MiB a step and fell every ~60 steps).
+  void release_resources() override;
+
  private:
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.
   bool holdCallerStream() const;
   const OpContext ctx_;
-  const std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
   std::function<std::string()> waitingFor_;
   std::function<void()> onWaitTimeout_;
