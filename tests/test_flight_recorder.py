@@ -2,7 +2,10 @@
 docs/operations.md#flight-recorder): with TORCH_FR_BUFFER_SIZE set, a dump shows the ops that
 ended as completed and the op a rank is stuck in (one its peer never joins) as started and
 not completed, then, once it timed out, retired without completing; in torch's own layout,
-checked against the dump torch makes of a Gloo group in the same process."""
+checked against the dump torch makes of a Gloo group in the same process.
+
+Slow: the ranks start from scratch (TORCH_* is read at import), and each backend's hung op
+waits out its timeout: about 20 s in all."""
 
 from __future__ import annotations
 
@@ -93,6 +96,7 @@ def _expected(backend: str) -> list[tuple[Any, ...]]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_completed_ops_are_completed_and_the_hung_one_is_in_flight(
     world: list[dict[str, Any]], backend: str
@@ -111,6 +115,7 @@ def test_completed_ops_are_completed_and_the_hung_one_is_in_flight(
     assert r1["done"] == [*done, (f"{backend}:recv", "completed", True, 0, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_entries_carry_sizes_dtypes_group_and_torch_layout(
     world: list[dict[str, Any]], backend: str
