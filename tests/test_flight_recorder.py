@@ -135,3 +135,19 @@ def test_entries_carry_sizes_dtypes_group_and_torch_layout(
     # The same keys as torch's own entries (ours add the duration torch's Gloo entries lack).
     assert sorted(set(rank0[backend]["keys"]) - {"duration_ms"}) == rank0["torch_keys"]
     assert rank0["version"] == rank0["torch_version"]
+
+
+def test_dump_of_this_process_pickles_to_one_file_per_rank(tmp_path: Any) -> None:
+    """In the test process (no ucx/udp group, TORCH_FR_BUFFER_SIZE as the suite left it): the
+    layout is there, and write_dump pickles exactly what dump() returns to <prefix><rank>."""
+    import ucxbackend
+    from ucxbackend import flight_recorder
+
+    if not ucxbackend.is_available():
+        pytest.skip("ucxbackend._C not built")
+    dump = flight_recorder.dump()
+    assert set(dump) == {"version", "pg_config", "comm_lib_version", "pg_status", "entries"}
+    assert dump["version"] == flight_recorder.LAYOUT_VERSION
+    path = flight_recorder.write_dump(prefix=str(tmp_path / "fr_rank_"), rank=3)
+    assert path == tmp_path / "fr_rank_3"
+    assert pickle.loads(path.read_bytes()) == flight_recorder.dump()
