@@ -57,7 +57,9 @@ void Simulator::transmit(int from, int to, std::span<const uint8_t> bytes) {
   const uint64_t arrivesNs = static_cast<uint64_t>(link.freeAtNs) + link_.oneWayDelayNs;
   deliveries_.clear();
   if (link.faults) {
-    link.faults->apply(bytes, deliveries_);
+    // The bottleneck (if the faults have one) sits at the far end of the link: the datagram
+    // reaches it when it arrives.
+    link.faults->apply(bytes, arrivesNs / 1000, deliveries_);
   } else {
     deliveries_.push_back({std::vector<uint8_t>(bytes.begin(), bytes.end()), 0});
   }

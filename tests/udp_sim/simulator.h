@@ -22,9 +22,8 @@ namespace ucxb::udp::sim {
 struct LinkConfig {
   double bitsPerSecond = 10e9;
   uint64_t oneWayDelayNs = 50'000;
-  // Bytes on the wire per datagram beyond the UDP payload: IPv4 20 + UDP 8 + Ethernet
-  // header and FCS 18 + preamble and inter-frame gap 20.
-  uint64_t perPacketOverheadBytes = 66;
+  // Bytes on the wire per datagram beyond the UDP payload (faults.h).
+  uint64_t perPacketOverheadBytes = kFramingOverheadBytes;
   // Datagrams arriving at a fuller queue are dropped (a switch buffer).
   uint64_t queueLimitBytes = uint64_t{16} << 20;
 };

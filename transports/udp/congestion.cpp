@@ -3,6 +3,9 @@
 #include <algorithm>
 
 #include "transports/config/key_values.h"
+#include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_delay.h"
+#include "transports/udp/congestion_ecn.h"
 
 namespace ucxb::udp {
 namespace {
@@ -15,13 +18,26 @@ struct Registration {
   std::unique_ptr<CongestionControl> (*make)(const UdpConfig&);
 };
 
-// Adding a policy: write its class above, add its row here.
+// Adding a policy: write its class in a file of its own (congestion_delay.h is the example),
+// add its row here.
 const Registration kRegistry[] = {
     {"none", [](const UdpConfig&) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<NoCongestionControl>();
      }},
     {"aimd", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<AimdCongestionControl>(c.initialCwndPackets, c.minCwndPackets);
+     }},
+    {"delay", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<DelayCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                       c.ccTargetDelayUs, c.ccBeta);
+     }},
+    {"ecn", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<EcnCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                     c.ccEcnGain);
+     }},
+    {"bdp", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<BdpCapCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                        c.ccLinkMbps, c.mtuPayload);
      }},
 };
 

@@ -24,6 +24,7 @@ SentPacket* SentPackets::find(PacketNumber pn) {
 bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   out.newlyAcked.clear();
   out.lateAcks = 0;
+  out.lateDataAcks = 0;
   out.rttSampleSentTime.reset();
   if (ack.rangeCount == 0) return true;
   // Ranges are descending: the first one holds the largest number.
@@ -49,6 +50,7 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
         // Its content is already on its way again; the copy in flight will be a duplicate.
         p.state = SentPacket::State::kAcked;
         ++out.lateAcks;
+        if (p.content.kind == PacketContent::Kind::kData) ++out.lateDataAcks;
       }
     }
   }
@@ -64,7 +66,8 @@ void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
   --inFlight_;
   inFlightBytes_ -= p.bytes;
   lost.push_back(std::move(p));
-  p.content = {};  // moved out; the record only needs its state now
+  p.content = {};  // moved out; the record only needs its state and kind now
+  p.content.kind = lost.back().content.kind;
 }
 
 void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,

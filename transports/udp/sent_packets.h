@@ -50,6 +50,7 @@ class SentPackets {
   struct AckResult {
     std::vector<SentPacket> newlyAcked;
     uint64_t lateAcks = 0;  // acknowledged after being declared lost
+    uint64_t lateDataAcks = 0;  // of those, DATA: their content was resent for nothing
     // Send time of the frame's largest packet if this frame is the first to acknowledge it:
     // the one RTT sample the frame yields (RFC 9002 5.1).
     std::optional<TimeUs> rttSampleSentTime;
