@@ -1,6 +1,6 @@
 // `delay`: a Swift/TIMELY-style window driven by the queueing delay each ACK measures (its RTT
 // sample less the path's minimum RTT), the worked example of a policy in one file
-// (docs/udp-protocol.md#writing-a-congestion-policy). Below the target delay the window grows
+// (docs/udp-protocol.md#writing-a-congestion-policy-in-one-file). Below the target delay the window grows
 // by one packet per round trip; above it, it shrinks at most once per round trip, in
 // proportion to how far the delay overshoots: w *= 1 - beta * (delay - target) / delay, never
 // by more than half. Loss halves it (once per round trip), a timeout resets it to the floor.

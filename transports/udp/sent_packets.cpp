@@ -50,8 +50,14 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
         // Its content is already on its way again; the copy in flight will be a duplicate.
         p.state = SentPacket::State::kAcked;
         ++out.lateAcks;
-        if (p.content.kind == PacketContent::Kind::kData) ++out.lateDataAcks;
       }
+    }
+  }
+  for (uint16_t i = 0; i < ack.rangeCount && !lostData_.empty(); ++i) {
+    auto it = lostData_.lower_bound(ack.ranges[i].smallest);
+    while (it != lostData_.end() && *it <= ack.ranges[i].largest) {
+      ++out.lateDataAcks;
+      it = lostData_.erase(it);
     }
   }
   if (!largestAcked_ || ack.ranges[0].largest > *largestAcked_) {
@@ -65,9 +71,12 @@ void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
   p.state = SentPacket::State::kLost;
   --inFlight_;
   inFlightBytes_ -= p.bytes;
+  if (p.content.kind == PacketContent::Kind::kData) {
+    lostData_.insert(p.number);
+    if (lostData_.size() > kRememberedLost) lostData_.erase(lostData_.begin());
+  }
   lost.push_back(std::move(p));
-  p.content = {};  // moved out; the record only needs its state and kind now
-  p.content.kind = lost.back().content.kind;
+  p.content = {};  // moved out; the record only needs its state now
 }
 
 void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
