@@ -43,6 +43,27 @@ const Registration kRegistry[] = {
 
 }  // namespace
 
+PacketWindow::PacketWindow(uint64_t initial, uint64_t minimum)
+    : minimum_(static_cast<double>(std::max<uint64_t>(1, minimum))),
+      window_(std::max(static_cast<double>(initial), minimum_)) {}
+
+void PacketWindow::grow(double packets) {
+  window_ = std::min(static_cast<double>(kMaxWindow), window_ + packets);
+}
+
+void PacketWindow::cut(double factor, TimeUs now) {
+  if (cutBefore_ && now < lastCut_ + roundTripUs_) return;
+  window_ = std::max(minimum_, window_ * factor);
+  lastCut_ = now;
+  cutBefore_ = true;
+}
+
+void PacketWindow::reset(TimeUs now) {
+  window_ = minimum_;
+  lastCut_ = now;
+  cutBefore_ = true;
+}
+
 AimdCongestionControl::AimdCongestionControl(uint64_t initialWindow, uint64_t minWindow)
     : minWindow_(std::max<uint64_t>(1, minWindow)),
       window_(std::max(initialWindow, minWindow_)) {}

@@ -47,6 +47,32 @@ class CongestionControl {
   virtual void onRetransmissionTimeout(TimeUs now) = 0;
 };
 
+// A window in (fractional) packets, between a floor and a ceiling far beyond any send window,
+// cut at most once per round trip: a cut reacts to the queue the last window built, not to
+// every ACK that reports it again. The building block of the delay and ecn policies.
+class PacketWindow {
+ public:
+  PacketWindow(uint64_t initial, uint64_t minimum);
+  uint64_t packets() const { return static_cast<uint64_t>(window_); }
+  double size() const { return window_; }
+  void grow(double packets);
+  // The spacing of cuts; ignored while 0 (no RTT sample yet).
+  void setRoundTrip(DurationUs rtt) {
+    if (rtt > 0) roundTripUs_ = rtt;
+  }
+  // Multiplies the window by `factor`, unless it was cut less than a round trip ago.
+  void cut(double factor, TimeUs now);
+  // Back to the floor (a retransmission timeout), and a cut now.
+  void reset(TimeUs now);
+
+ private:
+  const double minimum_;
+  double window_;
+  DurationUs roundTripUs_ = 0;
+  TimeUs lastCut_ = 0;
+  bool cutBefore_ = false;
+};
+
 // `none`: no limit beyond the connection's fixed send window. For links known to be
 // uncongested, and as the baseline of experiments.
 class NoCongestionControl final : public CongestionControl {

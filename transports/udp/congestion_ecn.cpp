@@ -1,30 +1,18 @@
 #include "transports/udp/congestion_ecn.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace ucxb::udp {
-namespace {
-
-constexpr double kMaxWindow = double(uint64_t{1} << 24);
-
-}  // namespace
 
 EcnCongestionControl::EcnCongestionControl(uint64_t initialWindow, uint64_t minWindow,
                                            double gain)
-    : minWindow_(static_cast<double>(std::max<uint64_t>(1, minWindow))),
-      gain_(gain),
-      window_(std::max(static_cast<double>(initialWindow), minWindow_)) {}
-
-uint64_t EcnCongestionControl::windowPackets() const {
-  return static_cast<uint64_t>(std::floor(window_));
-}
+    : gain_(gain), window_(initialWindow, minWindow) {}
 
 void EcnCongestionControl::onAck(const AckSignal& ack) {
-  if (ack.smoothedRttUs > 0) roundTripUs_ = ack.smoothedRttUs;
+  window_.setRoundTrip(ack.smoothedRttUs);
   ackedInRound_ += ack.ackedPackets;
   markedInRound_ += ack.markedPackets;
-  if (static_cast<double>(ackedInRound_) >= window_) {
+  if (static_cast<double>(ackedInRound_) >= window_.size()) {
     const double fraction =
         std::min(1.0, static_cast<double>(markedInRound_) / static_cast<double>(ackedInRound_));
     alpha_ = (1.0 - gain_) * alpha_ + gain_ * fraction;
@@ -33,30 +21,21 @@ void EcnCongestionControl::onAck(const AckSignal& ack) {
   }
   if (ack.markedPackets > 0) {
     slowStart_ = false;
-    decrease(1.0 - alpha_ / 2.0, ack.now);
+    window_.cut(1.0 - alpha_ / 2.0, ack.now);
     return;
   }
-  const double growth = slowStart_ ? 1.0 : 1.0 / window_;
-  window_ = std::min(kMaxWindow, window_ + growth * static_cast<double>(ack.ackedPackets));
+  const double perAck = slowStart_ ? 1.0 : 1.0 / window_.size();
+  window_.grow(perAck * static_cast<double>(ack.ackedPackets));
 }
 
 void EcnCongestionControl::onPacketsLost(TimeUs, TimeUs now) {
   slowStart_ = false;
-  decrease(0.5, now);
+  window_.cut(0.5, now);
 }
 
 void EcnCongestionControl::onRetransmissionTimeout(TimeUs now) {
   slowStart_ = false;
-  window_ = minWindow_;
-  lastDecrease_ = now;
-  decreased_ = true;
-}
-
-void EcnCongestionControl::decrease(double factor, TimeUs now) {
-  if (decreased_ && now < lastDecrease_ + roundTripUs_) return;
-  window_ = std::max(minWindow_, window_ * factor);
-  lastDecrease_ = now;
-  decreased_ = true;
+  window_.reset(now);
 }
 
 }  // namespace ucxb::udp

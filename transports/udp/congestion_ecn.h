@@ -14,7 +14,7 @@ class EcnCongestionControl final : public CongestionControl {
  public:
   EcnCongestionControl(uint64_t initialWindow, uint64_t minWindow, double gain);
   const char* name() const override { return "ecn"; }
-  uint64_t windowPackets() const override;
+  uint64_t windowPackets() const override { return window_.packets(); }
   void onPacketAcked(TimeUs, TimeUs) override {}
   void onAck(const AckSignal& ack) override;
   void onPacketsLost(TimeUs newestLostSentTime, TimeUs now) override;
@@ -23,17 +23,11 @@ class EcnCongestionControl final : public CongestionControl {
   double alpha() const { return alpha_; }
 
  private:
-  void decrease(double factor, TimeUs now);
-
-  const double minWindow_;
   const double gain_;
-  double window_;
+  PacketWindow window_;
   double alpha_ = 1.0;  // DCTCP's start: assume congestion until the marks say otherwise
   bool slowStart_ = true;
   uint64_t ackedInRound_ = 0, markedInRound_ = 0;  // the current observation window
-  DurationUs roundTripUs_ = 0;
-  TimeUs lastDecrease_ = 0;
-  bool decreased_ = false;
 };
 
 }  // namespace ucxb::udp
