@@ -360,14 +360,7 @@ TransferOutcome runTransfer(const TransferPlan& plan) {
   for (int a = 0; a < plan.nodes; ++a) {
     for (int b = 0; b < plan.nodes; ++b) {
       const FaultInjector* f = a == b ? nullptr : sim.faults(a, b);
-      if (f == nullptr) continue;
-      const FaultInjector::Counters k = f->counters();
-      out.faults.seen += k.seen;
-      out.faults.queueDropped += k.queueDropped;
-      out.faults.marked += k.marked;
-      out.faults.trimmed += k.trimmed;
-      out.faults.burstDropped += k.burstDropped;
-      out.faults.queueHighWater = std::max(out.faults.queueHighWater, k.queueHighWater);
+      if (f != nullptr) out.faults.add(f->counters());
     }
   }
   if (plan.verbose) {

@@ -137,22 +137,23 @@ FaultInjector::FaultInjector(std::vector<FaultConfig> paths) {
   for (const FaultConfig& c : paths) paths_.emplace_back(c);
 }
 
+void FaultInjector::Counters::add(const Counters& o) {
+  seen += o.seen;
+  dropped += o.dropped;
+  duplicated += o.duplicated;
+  reordered += o.reordered;
+  delayed += o.delayed;
+  corrupted += o.corrupted;
+  burstDropped += o.burstDropped;
+  queueDropped += o.queueDropped;
+  marked += o.marked;
+  trimmed += o.trimmed;
+  queueHighWater = std::max(queueHighWater, o.queueHighWater);
+}
+
 FaultInjector::Counters FaultInjector::counters() const {
   Counters sum;
-  for (const Path& p : paths_) {
-    const Counters& c = p.counters;
-    sum.seen += c.seen;
-    sum.dropped += c.dropped;
-    sum.duplicated += c.duplicated;
-    sum.reordered += c.reordered;
-    sum.delayed += c.delayed;
-    sum.corrupted += c.corrupted;
-    sum.burstDropped += c.burstDropped;
-    sum.queueDropped += c.queueDropped;
-    sum.marked += c.marked;
-    sum.trimmed += c.trimmed;
-    sum.queueHighWater = std::max(sum.queueHighWater, c.queueHighWater);
-  }
+  for (const Path& p : paths_) sum.add(p.counters);
   return sum;
 }
 

@@ -105,6 +105,8 @@ class FaultInjector {
     uint64_t marked = 0;          // DATA marked Congestion Experienced
     uint64_t trimmed = 0;         // DATA cut to its header
     uint64_t queueHighWater = 0;  // most packets ever queued at the bottleneck
+    // Sums another's counts into these (queueHighWater: the larger).
+    void add(const Counters& other);
   };
 
   // Appends to `out` what arrives of `datagram`, which reaches the path's bottleneck at `now`:
