@@ -50,6 +50,7 @@ GROUPS = [
     "lab_fault_matrix",
     "lab_bottleneck_flow",
     "trim_nack",
+    "incast",
     "rack_reordering",
     "lab_determinism",
 ]
