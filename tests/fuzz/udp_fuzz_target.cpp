@@ -1204,6 +1204,10 @@ std::vector<std::vector<uint8_t>> seedInputs() {
       PeerConnection* to = from == &ca ? &cb : &ca;
       while (size_t n = from->pollTransmit(now, out)) {
         seeds.emplace_back(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
+        // What a congested switch makes of DATA: marked, and trimmed to its header.
+        std::vector<uint8_t> marked = seeds.back(), trimmed = seeds.back();
+        if (markCongestionExperienced(marked)) seeds.push_back(std::move(marked));
+        if (trimData(trimmed)) seeds.push_back(std::move(trimmed));
         to->onDatagram(std::span<const uint8_t>(out.data(), n), now);
       }
     }
@@ -1214,6 +1218,10 @@ std::vector<std::vector<uint8_t>> seedInputs() {
       }
     }
   }
+
+  const PacketNumber nacked[] = {1, 4, 5};
+  seeds.emplace_back(nackBytes(3));
+  encodeNack(seeds.back(), PacketHeader{PacketType::kNack, 1, kToken}, nacked);
 
   uint64_t x = 0x243f6a8885a308d3ull;
   for (size_t len : {0, 1, 16, 24, 60, 100, 700}) {
