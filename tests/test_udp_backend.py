@@ -203,11 +203,14 @@ def test_bottleneck_marks_trims_and_nacks_over_sockets() -> None:
     tr = {k: sum(r["transport"][k] for r in res) for k in ("faults_marked", "faults_trimmed")}
     tot = {k: sum(r["total"][k] for r in res)
            for k in ("ce_received", "ce_echoed", "trimmed_received", "packets_nacked")}
+    # Each rank publishes its counters on its own schedule, so a datagram still in an
+    # emulated queue, or an echo newer than the receiver's snapshot, can make counts of two
+    # places differ by a few: equality is checked in the simulator (udp_core_test), here that
+    # every signal made it through.
     assert tr["faults_marked"] > 0 and tr["faults_trimmed"] > 0, tr
-    assert tot["ce_received"] == tr["faults_marked"], (tot, tr)
-    assert tot["trimmed_received"] == tr["faults_trimmed"], (tot, tr)
-    assert 0 < tot["ce_echoed"] <= tot["ce_received"], tot
-    assert 0 < tot["packets_nacked"] <= tot["trimmed_received"], tot
+    assert 0 < tot["ce_received"] <= tr["faults_marked"], (tot, tr)
+    assert 0 < tot["trimmed_received"] <= tr["faults_trimmed"], (tot, tr)
+    assert tot["ce_echoed"] > 0 and tot["packets_nacked"] > 0, tot
     for r in res:
         assert r["transport"]["faults_queue_high_water"] <= 32
 
