@@ -17,6 +17,7 @@
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_info.h"
 #include "transports/udp/crc32c.h"
+#include "transports/udp/datagram_auth.h"
 #include "transports/udp/faults.h"
 #include "transports/config/key_values.h"
 #include "transports/config/schema.h"
@@ -183,7 +184,10 @@ PYBIND11_MODULE(_C, m) {
     return std::map<std::string, std::string>{
         {"ucx_home", UCXB_UCX_HOME},
         {"torch_version", UCXB_TORCH_VERSION},
-        {"udp_crc32c", ucxb::udp::crc32cKernelName(ucxb::udp::crc32cActiveKernel())}};
+        {"udp_crc32c", ucxb::udp::crc32cKernelName(ucxb::udp::crc32cActiveKernel())},
+        // udp_auth: whether secret_file can work here (transports/udp/datagram_auth.h).
+        {"udp_auth", ucxb::udp::authAvailable() ? "openssl (aes-256-gcm)"
+                                                : "unavailable (built without OpenSSL)"}};
   });
 
   auto algos = m.def_submodule("algorithms", "Algorithm selection (csrc/collectives/selection.h).");

@@ -13,6 +13,7 @@
 #include "csrc/handshake.h"
 #include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
+#include "csrc/udp_auth_setup.hpp"
 #include "transports/tag.h"
 
 namespace ucxb {
@@ -82,13 +83,15 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   std::unique_ptr<StagingArea> staging;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
-    transport = makeTransport(options_, rank, size, exchange, timeout);
+    const auto groupKey = udpGroupKey(options_, groupId_, exchange);
+    transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
     // One Store round carries every rank's address, transport and must-agree settings; all
     // are checked before the transport sees a peer's address.
-    const Handshake mine{options_.transport, agreedSettings(options_),
+    const Handshake mine{options_.transport,
+                         withKeyCheck(agreedSettings(options_), options_, groupKey),
                          transport->localAddress()};
     const auto addresses = checkHandshakes(rank, mine, exchange.exchange(encodeHandshake(mine)));
     for (int p = 0; p < size; ++p) {

@@ -15,6 +15,8 @@ const char* dropReasonName(DropReason reason) {
     case DropReason::kStale: return "stale";
     case DropReason::kAfterGap: return "after_gap";
     case DropReason::kClosed: return "closed";
+    case DropReason::kAuthFailed: return "auth_failed";
+    case DropReason::kReplayed: return "replayed";
     case DropReason::kCount: break;
   }
   return "unknown";

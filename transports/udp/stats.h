@@ -13,7 +13,8 @@
 namespace ucxb::udp {
 
 // Why an incoming datagram was dropped. Every datagram handed to a connection is either
-// accepted or counted under exactly one of these.
+// accepted or counted under exactly one of these (the last two are counted by the Endpoint,
+// which authenticates a datagram before its connection sees it).
 enum class DropReason : uint8_t {
   kTruncated,     // decoder: shorter than its header or its declared lengths
   kBadVersion,    // decoder: unknown wire version
@@ -28,6 +29,10 @@ enum class DropReason : uint8_t {
   kAfterGap,      // go-back-N (the sender's kInOrder flag): DATA that follows a packet not yet
                   // received is discarded, and the sender will send it again
   kClosed,        // the connection has failed
+  kAuthFailed,    // authenticated mode: the datagram does not verify under the peer's key
+                  // (forged, altered, another group's or instance's, no trailer)
+  kReplayed,      // authenticated mode: genuine, but its counter was accepted before (or is
+                  // older than the replay window)
   kCount,
 };
 

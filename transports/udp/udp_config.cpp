@@ -10,7 +10,6 @@ namespace ucxb::udp {
 namespace {
 
 constexpr std::string_view kWhat = "udp config";
-constexpr uint64_t kMinMtuPayload = 256;  // room for a DATA header and a useful fragment
 
 }  // namespace
 

@@ -18,6 +18,9 @@ namespace ucxb::udp {
 using config::ConfigError;
 using config::joinNames;
 
+// The smallest mtu_payload: room for a DATA header and a useful fragment.
+constexpr uint64_t kMinMtuPayload = 256;
+
 struct UdpConfig {
   // Largest datagram sent (UDP payload bytes, our header included). 1472 = 1500-byte Ethernet
   // MTU minus IPv4 (20) and UDP (8) headers; 8972 for 9000-byte jumbo frames; up to 65507

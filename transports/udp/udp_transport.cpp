@@ -284,6 +284,8 @@ Counters UdpTransport::transportCounters() const {
       {"segmentation_offload", socket_.segmentationOffload() ? 1u : 0u},
       {"receive_offload", socket_.receiveOffload() ? 1u : 0u},
       {"mtu_payload", endpoint_.options().config.mtuPayload},
+      // 1: every datagram is sealed and checked (secret_file; datagram_auth.h)
+      {"authenticated", endpoint_.options().groupKey ? 1u : 0u},
       {"socket_receive_buffer", static_cast<uint64_t>(socket_.receiveBufferBytes())},
       {"socket_send_buffer", static_cast<uint64_t>(socket_.sendBufferBytes())},
   };

@@ -394,6 +394,7 @@ def header_lines(
     ]
     lines += [
         f"# udp variant {v.label}: udp_config={v.udp_config!r} udp_faults={v.udp_faults!r}"
+        + (f" secret_file={v.secret_file!r}" if v.secret_file else "")
         for v in opts.udp_variants
     ]
     if mpi.status == "ok":
