@@ -7,6 +7,7 @@
 // ``./udp_auth_test GROUP`` (see ``--list``). Built by tests/test_udp_auth.py.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <set>
 #include <string>
@@ -225,6 +227,28 @@ void testSecretFile() {
   }
   CHECK_THROWS(readSecretFile(path), config::ConfigError, "secret_file (UCXBACKEND_SECRET_FILE)");
   ::unlink(path.c_str());
+  // A FIFO (or a device) under the knob: refused at once, never an open() that waits for a
+  // writer and hangs the group's creation. If the read does hang, this side opens the FIFO
+  // for writing, so that the check fails instead of the test hanging.
+  const std::string fifo = std::string(dir) + "/fifo";
+  CHECK(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto read = std::async(std::launch::async, [&] {
+    try {
+      readSecretFile(fifo);
+      return std::string("accepted");
+    } catch (const config::ConfigError& e) {
+      return std::string(e.what());
+    }
+  });
+  const bool promptly = read.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  CHECK_MSG(promptly, "readSecretFile hung on a FIFO (open() waits for a writer)");
+  if (!promptly) {
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  const std::string why = read.get();
+  CHECK_MSG(why.find("is not a regular file") != std::string::npos, why);
+  ::unlink(fifo.c_str());
   ::rmdir(dir);
 }
 

@@ -28,7 +28,9 @@ struct Fd {
 }  // namespace
 
 std::vector<uint8_t> readSecretFile(const std::string& path) {
-  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY)};
+  // O_NONBLOCK: a FIFO (or a device) under the knob must be refused below as not a regular
+  // file, not wait in open() for a writer that never comes; a regular file reads the same.
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)};
   if (file.fd < 0) {
     refuse(path, std::string("cannot be read: ") + std::strerror(errno) +
                      " (create it with: head -c 64 /dev/urandom > FILE; chmod 600 FILE)");
