@@ -16,14 +16,9 @@ std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std
                                         AddressExchange& exchange) {
   if (options.transport != "udp" || options.secretFile.empty()) return std::nullopt;
   if (!udp::authAvailable()) throw udp::AuthUnavailable();
-  std::vector<uint8_t> secret = udp::readSecretFile(options.secretFile);
-  const udp::AuthKey key =
-      udp::deriveGroupKey(secret, exchange.creationSalt(), groupId, exchange.instance());
-  // No copy of the secret outlives the derivation (volatile: the stores must not be dropped
-  // as dead because the vector is freed next).
-  volatile uint8_t* wipe = secret.data();
-  for (size_t i = 0; i < secret.size(); ++i) wipe[i] = 0;
-  return key;
+  // SecretBytes zeroes itself when freed, on every path out of here (exceptions included).
+  const udp::SecretBytes secret = udp::readSecretFile(options.secretFile);
+  return udp::deriveGroupKey(secret, exchange.creationSalt(), groupId, exchange.instance());
 }
 
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,

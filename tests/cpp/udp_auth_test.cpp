@@ -12,12 +12,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +34,30 @@
 #include "transports/udp/secret_file.h"
 #include "transports/udp/udp_transport.h"
 #include "transports/udp/wire_format.h"
+
+// While `gScanFreed` is set, every heap block freed with its size (what std::vector's
+// allocator does) is searched for kSecretMarker: the secret_file group checks that no copy of
+// a secret is left behind in freed memory (a vector's old buffer after it grew, or the buffer
+// of a file refused for its length).
+namespace {
+std::atomic<bool> gScanFreed{false};
+std::atomic<int> gFreedWithSecret{0};
+constexpr char kSecretMarker[] = "ucxb-secret-marker";
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t n) noexcept {
+  if (p != nullptr && gScanFreed.load() &&
+      std::search(static_cast<char*>(p), static_cast<char*>(p) + n, kSecretMarker,
+                  kSecretMarker + sizeof kSecretMarker - 1) != static_cast<char*>(p) + n) {
+    ++gFreedWithSecret;
+  }
+  std::free(p);
+}
 
 using namespace ucxb;
 using namespace ucxb::udp;
@@ -227,6 +255,32 @@ void testSecretFile() {
   }
   CHECK_THROWS(readSecretFile(path), config::ConfigError, "secret_file (UCXBACKEND_SECRET_FILE)");
   ::unlink(path.c_str());
+  // No copy of a secret is left in freed heap memory: not the buffers a growing read leaves
+  // behind, not the secret once its holder is done with it, not a file refused as too long.
+  // The files are written with write(2) and their text allocated once, before the scan, so
+  // that no stdio buffer or string of the test's own leaves the marker in a heap chunk that
+  // is reused while the scan is on.
+  const std::string longPath = std::string(dir) + "/long";
+  std::string marked;
+  marked.reserve(20000 + sizeof kSecretMarker + kMaxSecretBytes);
+  while (marked.size() < 20000) marked += kSecretMarker;
+  const size_t markedBytes = marked.size();
+  const auto writeRaw = [](const std::string& to, const char* data, size_t n) {
+    const int fd = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0 && ::write(fd, data, n) == static_cast<ssize_t>(n));
+    ::close(fd);
+  };
+  writeRaw(path, marked.data(), markedBytes);
+  marked.append(kMaxSecretBytes, 'x');  // no reallocation: reserved
+  writeRaw(longPath, marked.data(), marked.size());
+  gFreedWithSecret = 0;
+  gScanFreed = true;
+  CHECK_EQ(readSecretFile(path).size(), markedBytes);
+  CHECK_THROWS(readSecretFile(longPath), config::ConfigError, "is longer than 65536 bytes");
+  gScanFreed = false;
+  CHECK_EQ(gFreedWithSecret.load(), 0);
+  ::unlink(path.c_str());
+  ::unlink(longPath.c_str());
   // A FIFO (or a device) under the knob: refused at once, never an open() that waits for a
   // writer and hangs the group's creation. If the read does hang, this side opens the FIFO
   // for writing, so that the check fails instead of the test hanging.

@@ -5,8 +5,11 @@
 // group or to others) is a ConfigError naming the knob, the path and the fix. Torch-free.
 #pragma once
 
+#include <string.h>  // explicit_bzero
+
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,25 @@ namespace ucxb::udp {
 constexpr size_t kMinSecretBytes = 32;           // 256 bits: the strength of the keys
 constexpr size_t kMaxSecretBytes = size_t{1} << 16;  // a secret, not a data file
 
-std::vector<uint8_t> readSecretFile(const std::string& path);
+// Zeroes memory before giving it back, so that no copy of a secret outlives its holder: not
+// the buffers a vector leaves behind as it grows, not one dropped by an exception.
+template <typename T>
+struct WipingAllocator {
+  using value_type = T;
+  WipingAllocator() = default;
+  template <typename U>
+  WipingAllocator(const WipingAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) {
+    ::explicit_bzero(p, n * sizeof(T));  // not optimised away as a dead store
+    ::operator delete(p, n * sizeof(T));
+  }
+  template <typename U>
+  bool operator==(const WipingAllocator<U>&) const { return true; }
+};
+
+using SecretBytes = std::vector<uint8_t, WipingAllocator<uint8_t>>;
+
+SecretBytes readSecretFile(const std::string& path);
 
 }  // namespace ucxb::udp
