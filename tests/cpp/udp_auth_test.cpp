@@ -254,6 +254,15 @@ void testSecretFile() {
     CHECK_THROWS(readSecretFile(path), config::ConfigError, "Permission denied");
   }
   CHECK_THROWS(readSecretFile(path), config::ConfigError, "secret_file (UCXBACKEND_SECRET_FILE)");
+  // Owned by another user (only root can read such a file with mode 600): that user could
+  // replace the secret with one they know, so it is refused, as ssh refuses such a key.
+  if (::geteuid() == 0) {
+    write(std::string(64, 's'), 0600);
+    CHECK(::chown(path.c_str(), 65534, 65534) == 0);
+    CHECK_THROWS(readSecretFile(path), config::ConfigError, "is owned by uid 65534");
+    CHECK(::chown(path.c_str(), 0, 0) == 0);
+    CHECK_EQ(readSecretFile(path).size(), size_t{64});  // root's own: fine
+  }
   ::unlink(path.c_str());
   // No copy of a secret is left in freed heap memory: not the buffers a growing read leaves
   // behind, not the secret once its holder is done with it, not a file refused as too long.

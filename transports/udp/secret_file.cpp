@@ -38,6 +38,13 @@ SecretBytes readSecretFile(const std::string& path) {
   struct stat st {};
   if (::fstat(file.fd, &st) != 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) refuse(path, "is not a regular file");
+  // Its owner can change it at will: it must be this user (or root, as for a mounted
+  // secret), as ssh demands of a private key. Matters for root, which reads any file.
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    refuse(path, "is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+                     std::to_string(::geteuid()) +
+                     ") or root: whoever owns it can change the secret (chown it)");
+  }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));

@@ -1,8 +1,9 @@
 // Reading the user's secret for the udp transport's authenticated mode (the `secret_file`
 // knob): a file of at least kMinSecretBytes bytes (any bytes; `head -c 64 /dev/urandom` makes
-// one) that only its owner may read or write, as ssh demands of a private key. Whatever is
-// wrong with it (missing, not a regular file, unreadable, too short, too long, open to the
-// group or to others) is a ConfigError naming the knob, the path and the fix. Torch-free.
+// one), owned by this user or root, that only its owner may read or write, as ssh demands of
+// a private key. Whatever is wrong with it (missing, not a regular file, unreadable, too
+// short, too long, open to the group or to others, owned by another user) is a ConfigError
+// naming the knob, the path and the fix. Torch-free.
 #pragma once
 
 #include <string.h>  // explicit_bzero
