@@ -23,12 +23,15 @@ std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std
 
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,
                                           const BackendOptions& options,
-                                          const std::optional<udp::AuthKey>& groupKey) {
+                                          const std::optional<udp::AuthKey>& groupKey,
+                                          const std::string& unusable) {
   const auto it = std::find_if(settings.begin(), settings.end(),
                                [](const config::Setting& s) { return s.name == kSecretFile; });
   if (it == settings.end()) return settings;
   if (options.transport != "udp") {
     settings.erase(it);  // never read by another transport
+  } else if (!unusable.empty()) {
+    it->value = "unusable on that rank: " + unusable;
   } else {
     it->value = groupKey ? "on, key check " + udp::keyCheck(*groupKey) : std::string("off");
   }
