@@ -304,16 +304,29 @@ std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds
 c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10d::OpType type,
                                                              std::optional<c10::Device> device,
                                                              std::vector<at::Tensor> outputs,
-                                                             std::string tensors,
+                                                             OpInputs inputs,
                                                              std::chrono::milliseconds timeout) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                    type == c10d::OpType::RECVANYSOURCE;
-  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
-                backendName_};
+  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_,
+                std::move(inputs.text), backendName_};
+  std::shared_ptr<FlightEntry> flight;
+  if (flight_) {
+    FlightOp f;
+    f.pgName = getGroupUid();
+    f.pgDesc = getGroupDesc();
+    (p2p ? f.p2pSeq : f.collectiveSeq) = ctx.seq;
+    f.profilingName = backendName_ + ":" + op;
+    f.inputs = inputs.tensors;
+    f.outputs = outputs;
+    f.timeout = timeout;
+    flight = FlightRecorder::instance().record(flight_, std::move(f));
+  }
   std::vector<c10::Device> devices;
   if (device) devices.push_back(*device);
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
+  work->setFlightEntry(std::move(flight));
   work->setSpin(engineConfig_.spin);
   // cuda_wait=stream (docs/cuda.md): wait() holds the caller's stream through the gate.
   // Collectives end in issue order, which the gate's one word per device relies on; sends
@@ -355,10 +368,10 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
 c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::OpType type,
                                                         std::optional<c10::Device> device,
                                                         std::vector<at::Tensor> outputs,
-                                                        std::string tensors,
+                                                        OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
                                                         Body body) {
-  auto work = makeWork(op, type, device, std::move(outputs), std::move(tensors), timeout);
+  auto work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
   if (refuseIfFailed(*work)) return work;
   // Ordered after what the caller queued on its current stream (device_op.hpp).
   std::optional<DeviceOp> deviceOp;
@@ -373,6 +386,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());
+    work->markStarted();
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
@@ -424,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            std::optional<c10::Device> device,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
-  auto work = makeWork(op, type, device, {tensor}, describe(tensor), timeout_.load());
+  auto work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
   if (refuseIfFailed(*work)) return work;
   std::optional<DeviceOp> deviceOp;
   if (!issueOrFail(device, *work, deviceOp)) return work;
@@ -467,6 +481,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes, mem)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes, mem);
       *posted = req;
+      work->markStarted();
       // Runs on this thread during a later progress(); it owns `staged` until then.
       req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp, timeout](Request& r) {
         // A CUDA recv's copy back runs on the group's stream and is final before the Work
@@ -572,7 +587,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::barrier(const c10d::BarrierOptions& opts) {
   // Ops run in issue order, so the barrier also waits for every collective issued before it.
-  return enqueue("barrier", c10d::OpType::BARRIER, std::nullopt, {}, "", timeoutFor(opts.timeout),
+  return enqueue("barrier", c10d::OpType::BARRIER, std::nullopt, {}, {}, timeoutFor(opts.timeout),
                  [](Comm& comm) { algo::barrier(comm); });
 }
 

@@ -211,7 +211,9 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
       continue;
     }
     faultOut_.clear();
-    faults_->apply(piece, faultOut_);
+    // One socket per rank today: every datagram takes path 0 (multipath will pass its
+    // socket's index).
+    faults_->apply(piece, now, faultOut_, 0);
     for (auto& copy : faultOut_) {
       if (copy.extraDelayUs == 0) {
         deliver(peer, copy.bytes, now);

@@ -58,6 +58,10 @@ struct Stats {
   uint64_t packetsDeclaredLost = 0;   // by reordering threshold, time threshold or timeout,
                                       // plus go-back-N's give-ups
   uint64_t lateAcks = 0;              // ACKs of packets already declared lost (spurious losses)
+  uint64_t spuriousRetransmissions = 0;  // of those, DATA whose content was resent for nothing
+  uint64_t nacksReceived = 0;         // NACK datagrams (trimmed DATA reported by the peer)
+  uint64_t packetsNacked = 0;         // packets they declared lost at once
+  uint64_t ceEchoed = 0;              // our DATA the peer saw marked Congestion Experienced
   uint64_t rtoExpiries = 0;
   uint64_t tailLossProbes = 0;        // PINGs sent because ACKs stopped with packets in flight
   uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
@@ -67,6 +71,9 @@ struct Stats {
   uint64_t duplicatePackets = 0;    // a packet number received before
   uint64_t duplicateFragments = 0;  // DATA whose bytes had all arrived already (retransmissions)
   uint64_t outOfOrderPackets = 0;   // arrived after a higher-numbered packet
+  uint64_t ceReceived = 0;          // DATA that arrived marked Congestion Experienced
+  uint64_t trimmedReceived = 0;     // DATA that arrived trimmed (payload cut by the network)
+  uint64_t nacksSent = 0;           // NACK datagrams sent for them
   uint64_t unexpectedMessages = 0;  // messages that arrived before their receive was posted
   uint64_t unexpectedBytesHighWater = 0;  // most unexpected budget ever in use
 

@@ -290,13 +290,18 @@ Counters UdpTransport::transportCounters() const {
       {"socket_send_buffer", static_cast<uint64_t>(socket_.sendBufferBytes())},
   };
   if (const FaultInjector* faults = endpoint_.faults()) {
-    const auto& f = faults->counters();
+    const auto f = faults->counters();
     c.insert(c.end(), {{"faults_seen", f.seen},
                        {"faults_dropped", f.dropped},
                        {"faults_duplicated", f.duplicated},
                        {"faults_reordered", f.reordered},
                        {"faults_delayed", f.delayed},
-                       {"faults_corrupted", f.corrupted}});
+                       {"faults_corrupted", f.corrupted},
+                       {"faults_burst_dropped", f.burstDropped},
+                       {"faults_queue_dropped", f.queueDropped},
+                       {"faults_marked", f.marked},
+                       {"faults_trimmed", f.trimmed},
+                       {"faults_queue_high_water", f.queueHighWater}});
   }
   return c;
 }

@@ -26,12 +26,14 @@ UDP: Final = "udp"
 UDP_POLICIES: Final[Mapping[str, str]] = {"selective_repeat": "sr", "go_back_n": "gbn"}
 DEFAULT_UDP_POLICY: Final = "selective_repeat"
 DEFAULT_UDP_SEED: Final = 1
-_UDP_PROBABILITIES: Final = frozenset({"drop", "dup", "reorder", "delay", "corrupt"})
+_UDP_PROBABILITIES: Final = frozenset(
+    {"drop", "dup", "reorder", "delay", "corrupt", "ge_enter", "ge_leave", "ge_drop"}
+)
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9_.@%+:-]+")
 # The one variant key that is a knob of its own rather than a udp_config or udp_faults key:
 # a variant measured in the authenticated mode ('auth:secret_file=/path/to/secret').
 SECRET_FILE_KEY: Final = "secret_file"
-# Per-op counters of a udp column: udp stats() "total" keys (and "faults_dropped", from
+# Per-op counters of a udp column: udp stats() "total" keys (and the "faults_*" ones, from
 # "transport"), the change over the timed iterations summed over ranks, divided by -n.
 UDP_COUNTERS: Final = (
     "retransmitted_packets",
@@ -39,6 +41,10 @@ UDP_COUNTERS: Final = (
     "declared_lost",
     "rto_expiries",
     "faults_dropped",
+    "faults_queue_dropped",  # the emulated bottleneck's drop-tail
+    "faults_marked",
+    "faults_trimmed",
+    "spurious_retransmissions",
     "data_packets_sent",
     "datagrams_sent",
     "duplicate_packets",
