@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/device_memory.hpp"
@@ -85,7 +86,17 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
     clock.mark("join");
-    const auto groupKey = udpGroupKey(options_, groupId_, exchange);
+    // A secret file this rank cannot use (or a build without OpenSSL) fails the creation on
+    // every rank: the reason goes into this rank's record, where every other rank finds it as
+    // a disagreeing setting, and is thrown here only after the exchange, instead of this rank
+    // leaving before it and the others waiting for the Store's timeout.
+    std::optional<udp::AuthKey> groupKey;
+    std::optional<config::ConfigError> unusableSecret;
+    try {
+      groupKey = udpGroupKey(options_, groupId_, exchange);
+    } catch (const config::ConfigError& e) {
+      unusableSecret = e;
+    }
     transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
@@ -96,11 +107,13 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     // One Store round carries every rank's address, transport, must-agree settings and
     // shared-memory offer; all are checked before the transport sees a peer's address.
     const Handshake mine{options_.transport,
-                         withKeyCheck(agreedSettings(options_), options_, groupKey),
+                         withKeyCheck(agreedSettings(options_), options_, groupKey,
+                                      unusableSecret ? unusableSecret->what() : ""),
                          transport->localAddress()};
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
+    if (unusableSecret) throw *unusableSecret;
     std::vector<std::vector<uint8_t>> handshakes;
     std::vector<std::string> offers;
     for (const auto& parts : records) {

@@ -122,7 +122,7 @@ bool UdpTransport::progress() {
   bool active = false;
   const TimeUs now = nowUs();
   receiveDatagrams(now, active);
-  if (socket_.errorsReported() && receiveRefusals()) active = true;
+  if (socket_.errorsReported() && receiveRefusals(now)) active = true;
   if (endpoint_.handleTimeout(now)) active = true;
   transmit(now, active);
   if (endpoint_.completeRequests()) active = true;
@@ -152,11 +152,11 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
   }
 }
 
-bool UdpTransport::receiveRefusals() {
+bool UdpTransport::receiveRefusals(TimeUs now) {
   refused_.clear();
   const size_t errors = socket_.receiveRefusals(refused_);
   counts_.socketErrors += errors;
-  for (const SocketAddress& to : refused_) endpoint_.handlePortUnreachable(to);
+  for (const SocketAddress& to : refused_) endpoint_.handlePortUnreachable(now, to);
   return errors > 0;
 }
 
@@ -248,7 +248,7 @@ bool UdpTransport::arm() {
   // An error left in the queue keeps the socket reporting EPOLLERR, which would wake the
   // sleeper at once forever: read it before sleeping (one system call per sleep), and come
   // back to progress() if it failed a peer.
-  if (receiveRefusals()) return false;
+  if (receiveRefusals(nowUs())) return false;
   const auto deadline = endpoint_.nextTimeout();
   if (deadline && *deadline <= nowUs()) return false;
   itimerspec spec{};

@@ -80,7 +80,7 @@ class UdpTransport final : public Transport {
   void receiveDatagrams(TimeUs now, bool& active);
   // Hands the endpoint the peers whose port turned out closed; returns whether any error
   // was read.
-  bool receiveRefusals();
+  bool receiveRefusals(TimeUs now);
   void transmit(TimeUs now, bool& active);
   bool flushOutgoing();
   void buildTrains();
