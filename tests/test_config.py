@@ -53,6 +53,7 @@ TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
 DEFAULTS = {
     "progress_mode": "sleep",
     "spin_us": 250,
+    "inline_bytes": 32768,
     "log_level": "WARNING",
     **TUNING_DEFAULTS,
 }
@@ -73,6 +74,7 @@ def test_knob_env_var_names() -> None:
     assert {k.env_var for k in KNOBS.values()} == {
         "UCXBACKEND_PROGRESS_MODE",
         "UCXBACKEND_SPIN_US",
+        "UCXBACKEND_INLINE_BYTES",
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
