@@ -37,8 +37,9 @@ needs_native = pytest.mark.skipif(
     reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
 )
 
-# Algorithm selection, chunking, staging and network knobs, at their defaults.
+# The inline path, algorithm selection, chunking, staging and network knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
+    "inline_bytes": 32 << 10,
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
@@ -53,7 +54,6 @@ TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
 DEFAULTS = {
     "progress_mode": "sleep",
     "spin_us": 250,
-    "inline_bytes": 32768,
     "log_level": "WARNING",
     **TUNING_DEFAULTS,
 }
