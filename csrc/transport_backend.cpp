@@ -55,6 +55,19 @@ std::shared_ptr<FaultSwitch> faultSwitch() {
   return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
 }
 
+// A task of `work`'s op, without its body: if the engine stops before running it, the Work
+// fails naming why; until it has run, the Work (and so its tensors) stays alive.
+Task taskFor(const c10::intrusive_ptr<TransportWork>& work, const char* op) {
+  Task task;
+  task.op = op;
+  task.seq = work->context().seq;
+  task.abandon = [work](const std::string& why) {
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  };
+  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
+  return task;
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -383,9 +396,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
 void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
                                  std::optional<DeviceOp> deviceOp,
                                  std::chrono::milliseconds timeout, Body body) {
-  Task task;
-  task.op = op;
-  task.seq = work->context().seq;
+  Task task = taskFor(work, op);
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
@@ -430,10 +441,6 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
     work->finishOk();
     running->store(nullptr);
   };
-  task.abandon = [work](const std::string& why) {
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
-  };
-  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
   engine_->post(std::move(task));
 }
 
@@ -453,9 +460,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
         // A peer is late: the progress thread waits for the rest, so that an async caller
         // is not held. The continuation owns the posted requests and the Comm (which gives
         // up whatever is still posted if the op fails).
-        Task task;
-        task.op = op;
-        task.seq = work->context().seq;
+        Task task = taskFor(work, op);
         task.run = [engine = engine_.get(), running = running_, work, comm, posted]() {
           running->store(work.get());
           at::NoGradGuard noGrad;
@@ -471,10 +476,6 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
           work->finishOk();
           running->store(nullptr);
         };
-        task.abandon = [work](const std::string& why) {
-          work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
-        };
-        task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
         running_->store(nullptr);
         lease->handOver(std::move(task));
         return;

@@ -249,9 +249,10 @@ def test_inline_results_match_reference(inline_world: list[dict[str, Any]], back
     for rank, out in enumerate(inline_world):
         m = out[f"matrix/{backend}"]
         assert not m["bad"], f"rank {rank}: {m['bad'][:5]}"
-        # Every op started inline; a loaded machine hands some over (a peer descheduled for
-        # longer than spin_us), so only "some finished inline" is certain.
-        assert m["inline"] + m["handed_over"] == m["ops"], (rank, m)
+        # On a loaded machine some ops are handed over (a peer descheduled for longer than
+        # spin_us), and the op after one may find the thread still finishing it and queue;
+        # so only "some finished inline" is certain.
+        assert m["inline"] + m["handed_over"] <= m["ops"], (rank, m)
         assert m["inline"] > 0, (rank, m)
 
 
