@@ -65,14 +65,6 @@ ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfi
   }
   addToEpoll(idleEpollFd_, wakeFd_);
   addToEpoll(parkEpollFd_, wakeFd_);
-  // A borrower polls without yielding for a few microseconds first, but only where that
-  // cannot take a core from a peer: every rank on this host (staging) and a core for each.
-  cpu_set_t cpus;
-  const bool coreEach = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 &&
-                        CPU_COUNT(&cpus) >= transport_->size();
-  if (staging_ != nullptr && coreEach) {
-    leaseBareSpin_ = std::min<std::chrono::microseconds>(config_.spin, kLeaseBareSpin);
-  }
   if (transport_->eventFd() >= 0) {
     addToEpoll(idleEpollFd_, transport_->eventFd());
     addToEpoll(waitEpollFd_, transport_->eventFd());
@@ -374,8 +366,7 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 }
 
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
-                               Clock::time_point deadline, Clock::time_point giveUpAt,
-                               std::chrono::microseconds bareSpin) {
+                               Clock::time_point deadline, Clock::time_point giveUpAt) {
   auto lastEvent = Clock::now();
   bool published = false;
   for (;;) {
@@ -412,9 +403,6 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     }
     if (now >= giveUpAt) {
       return false;
-    }
-    if (now - lastEvent < bareSpin) {
-      continue;  // a peer that answers within microseconds is not worth a system call
     }
     if (config_.mode == ProgressMode::kPoll) {
       sched_yield();
@@ -493,7 +481,7 @@ ProgressEngine::Lease::Lease(ProgressEngine& engine, std::unique_lock<std::mutex
 
 bool ProgressEngine::Lease::wait(const std::vector<RequestPtr>& requests,
                                  Clock::time_point deadline) {
-  return engine_.waitUntil(requests, deadline, handOverAt_, engine_.leaseBareSpin_);
+  return engine_.waitUntil(requests, deadline, handOverAt_);
 }
 
 void ProgressEngine::Lease::handOver(Task continuation) {

@@ -199,10 +199,8 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   void setWaitingFor(std::string what);
   // waitAll that returns false once `giveUpAt` has passed with requests still pending (left
   // posted); only an inline op's first attempt gives up early.
-  // For `bareSpin` after each event it polls without yielding the core.
   bool waitUntil(const std::vector<RequestPtr>& requests, Clock::time_point deadline,
-                 Clock::time_point giveUpAt,
-                 std::chrono::microseconds bareSpin = std::chrono::microseconds{0});
+                 Clock::time_point giveUpAt);
   // The thread, while a lease is out: wait on the eventfd (never the transport's fd).
   void park();
   void endLease(Lease& lease);
@@ -216,12 +214,6 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // How often a parked thread looks again: a burst of inline ops keeps it parked (so their
   // traffic never wakes it), and within this long after the burst it listens again.
   static constexpr int kParkMs = 1;
-  // How long a borrower polls without yielding (leaseBareSpin_: only with a core per rank of
-  // the group, all on this host; 0 elsewhere): a yield costs a system call, and on a busy
-  // host it hands the core to another process for a time slice, while a peer on another
-  // core answers a small message within a few microseconds.
-  static constexpr std::chrono::microseconds kLeaseBareSpin{20};
-  std::chrono::microseconds leaseBareSpin_{0};
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
