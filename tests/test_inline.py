@@ -18,6 +18,7 @@ One world runs every scenario: starting ranks is what costs here.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from datetime import timedelta
@@ -55,20 +56,27 @@ def _inputs(rank: int, n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
     return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
 
 
+# How two ranks' values combine, per reduce op; bool's sum and max are "or", its product and
+# min "and" (torch's and Gloo's convention).
+_COMBINE: dict[str, Any] = {
+    "SUM": torch.add,
+    "AVG": torch.add,
+    "PRODUCT": torch.mul,
+    "MIN": torch.minimum,
+    "MAX": torch.maximum,
+}
+_BOOL_COMBINE: dict[str, Any] = {
+    "SUM": torch.logical_or,
+    "MAX": torch.logical_or,
+    "PRODUCT": torch.logical_and,
+    "MIN": torch.logical_and,
+}
+
+
 def _reference(xs: list[torch.Tensor], op: str) -> torch.Tensor:
     """The reduction of the ranks' inputs, in rank order, in their dtype."""
-    acc = xs[0].clone()
-    for x in xs[1:]:
-        if acc.dtype == torch.bool:
-            acc = acc | x if op in ("SUM", "MAX") else acc & x
-        elif op in ("SUM", "AVG"):
-            acc = acc + x
-        elif op == "PRODUCT":
-            acc = acc * x
-        elif op == "MIN":
-            acc = torch.minimum(acc, x)
-        else:
-            acc = torch.maximum(acc, x)
+    table = _BOOL_COMBINE if xs[0].dtype == torch.bool else _COMBINE
+    acc = functools.reduce(table[op], xs)
     return acc / len(xs) if op == "AVG" else acc
 
 
