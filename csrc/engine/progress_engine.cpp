@@ -443,10 +443,11 @@ std::unique_ptr<ProgressEngine::Lease> ProgressEngine::lend(const std::string& o
     lent_.store(true);
   }
   // From here the thread starts no task and begins no idle pass; one may be under way (a
-  // progress() call). Never wait for it unbounded: it may be running a callback that issues
-  // an op, and the caller may hold the backend's issue lock. A few yields cover a pass.
+  // progress() call). Never wait for it long: it may be running a callback that issues an
+  // op, and the caller may hold the backend's issue lock. A few yields cover a pass.
   std::unique_lock<std::mutex> owner(ownerMu_, std::try_to_lock);
-  for (int i = 0; i < 64 && !owner.owns_lock(); ++i) {
+  const auto until = Clock::now() + kLendWait;
+  while (!owner.owns_lock() && Clock::now() < until) {
     sched_yield();
     owner.try_lock();
   }

@@ -214,6 +214,8 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // How often a parked thread looks again: a burst of inline ops keeps it parked (so their
   // traffic never wakes it), and within this long after the burst it listens again.
   static constexpr int kParkMs = 1;
+  // How long lend() waits for an idle pass of the thread to end before the op is queued.
+  static constexpr std::chrono::microseconds kLendWait{50};
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
