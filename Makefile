@@ -74,6 +74,18 @@ deps:
 	else \
 		echo "deps: all present"; \
 	fi
+	@# OpenSSL's headers for the udp backend's authenticated mode (secret_file): optional, the
+	@# extension builds without them. Installed where apt-get can (as root), else named.
+	@if ! echo '#include <openssl/evp.h>' | $${CXX:-c++} -x c++ -E - -o /dev/null 2>/dev/null; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "deps: installing libssl-dev (udp authentication)"; \
+			(apt-get update -qq && apt-get install -y -qq libssl-dev) \
+				|| echo "deps: apt-get could not install libssl-dev: udp authentication will be off"; \
+		else \
+			echo "deps: <openssl/evp.h> not found: install libssl-dev (Debian/Ubuntu) or" \
+				"openssl-devel (Fedora/RHEL) for udp authentication (secret_file)"; \
+		fi; \
+	fi
 
 build:
 	$(PYTHON) setup.py build_ext --inplace -j $(MAX_JOBS) $(BUILD_EXT_FLAGS)

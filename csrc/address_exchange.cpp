@@ -77,12 +77,16 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
   // Rank 0 publishes the token whatever its own transport: a udp rank in a group whose rank 0
   // runs another backend must find one, get to the address records and fail there naming
   // both backends, not wait for the token until the Store times out.
+  // With the token, the creation's salt for the udp transport's authenticated mode
+  // (transports/udp/auth_keys.h): public, but new for every creation.
   if (rank_ == 0) {
     std::random_device entropy;
-    token_ = (uint64_t{entropy()} << 32) ^ entropy();
-    std::vector<uint8_t> bytes(sizeof(token_));
-    std::memcpy(bytes.data(), &token_, sizeof(token_));
-    store_.set(scope_ + "token", bytes);
+    tokenRecord_.resize(sizeof(uint64_t) + kCreationSaltBytes);
+    for (size_t i = 0; i < tokenRecord_.size(); i += sizeof(uint32_t)) {
+      const uint32_t word = entropy();
+      std::memcpy(tokenRecord_.data() + i, &word, sizeof word);
+    }
+    store_.set(scope_ + "token", tokenRecord_);
   }
 }
 
@@ -99,12 +103,26 @@ std::string AddressExchange::key(const std::string& family, int index) const {
   return scope_ + family + "/" + std::to_string(index);
 }
 
+const std::vector<uint8_t>& AddressExchange::tokenRecord() {
+  if (tokenRecord_.empty()) tokenRecord_ = store_.get(scope_ + "token");
+  return tokenRecord_;
+}
+
 uint64_t AddressExchange::sessionToken() {
-  if (rank_ == 0) return token_;
-  const std::vector<uint8_t> bytes = store_.get(scope_ + "token");
+  const std::vector<uint8_t>& bytes = tokenRecord();
   uint64_t token = 0;
   std::memcpy(&token, bytes.data(), std::min(bytes.size(), sizeof(token)));
   return token;
+}
+
+std::vector<uint8_t> AddressExchange::creationSalt() {
+  const std::vector<uint8_t>& bytes = tokenRecord();
+  if (bytes.size() != sizeof(uint64_t) + kCreationSaltBytes) {
+    throw SetupError("rank 0 published a session token of " + std::to_string(bytes.size()) +
+                     " bytes, without the salt that authenticated udp needs (is rank 0 running "
+                     "an older ucxbackend?)");
+  }
+  return {bytes.begin() + sizeof(uint64_t), bytes.end()};
 }
 
 std::vector<std::vector<uint8_t>> AddressExchange::allGather(const std::string& family,

@@ -39,6 +39,10 @@ class AddressExchange {
   // A random 64-bit number drawn by rank 0 and shared through the Store: the same on every rank
   // of this group instance, different for the next instance (the UDP transport's session token).
   uint64_t sessionToken();
+  // kCreationSaltBytes random bytes drawn by rank 0 with the token: what makes the udp
+  // transport's authentication keys new for every creation (transports/udp/auth_keys.h).
+  std::vector<uint8_t> creationSalt();
+  static constexpr size_t kCreationSaltBytes = 32;
 
   // Publishes this rank's address record (csrc/handshake.h) and returns every rank's,
   // indexed by rank.
@@ -73,7 +77,10 @@ class AddressExchange {
   std::string base_;   // "ucxbackend/<group id>/"
   std::string scope_;  // base_ + "<instance>/"
   int64_t instance_ = 0;
-  uint64_t token_ = 0;  // rank 0's, drawn and published at construction
+  // The token and the salt as rank 0 published them (rank 0: drawn at construction; the
+  // others: read once from the Store).
+  const std::vector<uint8_t>& tokenRecord();
+  std::vector<uint8_t> tokenRecord_;
   std::vector<std::string> families_;  // the per-rank key families this creation used
   bool completed_ = false;
 };

@@ -149,6 +149,19 @@ std::vector<config::Field<BackendOptions>> fields() {
                           "udp backend only: seeded fault injection on received datagrams, "
                           "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'"),
              &O::udpFaults, keyValuesOf(faultSchema)),
+      // Must agree, but not as text: each rank may keep the secret at its own path. The
+      // ranks compare a key check derived from the secret instead: withKeyCheck
+      // (csrc/udp_auth_setup.hpp) replaces the path in the agreed settings with it.
+      member(config::sameOnEveryRank(config::text(
+                 "secret_file", "'' (off) or the path of a file of at least 32 secret bytes "
+                                "that only its owner can read (chmod 600)",
+                 "udp backend only: authenticate every datagram (AES-256-GCM, keys derived "
+                 "from this file's secret, the group and its instance) and drop forged and "
+                 "replayed ones; every rank needs the same secret (compared at creation as a "
+                 "key check, not as a path). '' (default): unauthenticated, anyone who can "
+                 "reach the ports and read the Store can inject traffic. The ucx backend "
+                 "ignores it (UCX has no authentication). docs/failure-model.md#security")),
+             &O::secretFile),
       // Per rank: a rank's choice of device is its own (like NCCL, a group may mix devices).
       member(config::integer("cuda", 0, 1,
                              "1: carry CUDA tensors (experimental; ucx moves device memory "

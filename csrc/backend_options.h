@@ -35,6 +35,7 @@ struct BackendOptions {
   std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
   std::string udpConfig;
   std::string udpFaults;
+  std::string secretFile;  // udp: authenticated mode (csrc/udp_auth_setup.hpp)
   uint64_t cuda = 0;  // 1: carry CUDA tensors (opt-in until verified on a GPU)
   std::string cudaWait = "host";  // what Work.wait() on a CUDA collective blocks
 
@@ -48,7 +49,8 @@ struct BackendOptions {
 const config::Schema<BackendOptions>& backendOptionsSchema();
 
 // The settings every rank of the group must share (FieldInfo::mustAgree), canonical, in
-// schema order: what the group's address records carry (csrc/handshake.h).
+// schema order: what the group's address records carry (csrc/handshake.h), once withKeyCheck
+// (csrc/udp_auth_setup.hpp) has put secret_file's key check in place of its path.
 std::vector<config::Setting> agreedSettings(const BackendOptions& options);
 
 // The options of one group from the name -> text map Python hands over. Throws

@@ -147,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
               }};
     };
   }
-  return enqueue(op, type, c.device(), tensors, describe(tensors), timeout,
+  return enqueue(op, type, c.device(), tensors, tensors, timeout,
                  [tensors, spec, reduceOp, size](Comm& comm) {
                    // One tensor is reduced in place (staged if strided); several are packed.
                    const bool single = tensors.size() == 1;
@@ -194,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
   const auto reduceOp = opts.reduceOp;
   const int size = getSize();
   at::Tensor t = tensors[0];
-  return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors, describe(t), timeoutFor(opts.timeout),
+  return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors, t, timeoutFor(opts.timeout),
                  [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
                    // Only the root's tensor receives the result. The algorithm never writes
                    // the other ranks' inputs, so they are sent as they are, except under
@@ -221,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tenso
   c.tensor(tensors[0]);
   const int root = rootOf(c, opts.rootRank);
   at::Tensor t = tensors[0];
-  return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors, describe(t),
+  return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors, t,
                  timeoutFor(opts.timeout), [t, root](Comm& comm) {
                    Staged s(t);
                    algo::broadcast(comm, s.data(), s.bytes(), root);
@@ -248,7 +248,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
     c.tensor(o, "output");
     c.sameAs(in, o, "output");
   }
-  return enqueue("allgather", c10d::OpType::ALLGATHER, c.device(), outs, describe(in),
+  return enqueue("allgather", c10d::OpType::ALLGATHER, c.device(), outs, in,
                  timeoutFor(opts.timeout), [in, outs](Comm& comm) {
                    Staged src(in);
                    std::vector<Staged> dst;
@@ -283,7 +283,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
              " elements (input " + describe(inputs[i]) + ")");
     }
   }
-  return enqueue(op, c10d::OpType::_ALLGATHER_BASE, c.device(), outputs, describe(inputs), timeout,
+  return enqueue(op, c10d::OpType::_ALLGATHER_BASE, c.device(), outputs, inputs, timeout,
                  [outputs, inputs](Comm& comm) {
                    const int n = comm.size();
                    if (inputs.size() == 1 && outputs[0].is_contiguous()) {
@@ -368,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
   auto inner = allgatherFlat("allgather_coalesced", flatOutputs, inputs, timeoutFor(opts.timeout));
   // Scatter the flat results into the user's lists once gathered, before the Work completes.
   auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, c.device(), {},
-                       describe(inputs), timeoutFor(opts.timeout));
+                       inputs, timeoutFor(opts.timeout));
   std::vector<std::vector<at::Tensor>> lists = outputLists;
   inner->getFuture()->addCallback([work, lists, flatOutputs, device = c.device(),
                                    timeout = timeoutFor(opts.timeout)](c10::ivalue::Future& f) {
@@ -407,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
   c.tensor(in, "input");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> outs = rootList(c, root, outputs, in, "output");
-  return enqueue("gather", c10d::OpType::GATHER, c.device(), outs, describe(in), timeoutFor(opts.timeout),
+  return enqueue("gather", c10d::OpType::GATHER, c.device(), outs, in, timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
                    Staged src(in);
                    std::vector<Staged> dst;
@@ -430,7 +430,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
-  return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs, describe(out),
+  return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs, out,
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
                    std::vector<Staged> src;
                    std::vector<const void*> ptrs;
@@ -492,7 +492,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                           return t.numel() == outputs[0].numel();
                         })));
   if (direct) {
-    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, describe(all), timeout,
+    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, all, timeout,
                    [output = outputs[0], parts = inputs[0], spec, reduceOp, size](Comm& comm) {
                      const int n = comm.size();
                      const size_t blockBytes = output.nbytes();
@@ -512,7 +512,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                      dst.copyBack();
                    });
   }
-  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, describe(all), timeout,
+  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, all, timeout,
                  [outputs, inputs, spec, reduceOp, size](Comm& comm) {
                    const int n = comm.size();
                    std::vector<at::Tensor> rows;  // input i as [n, block_i] views
@@ -625,7 +625,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall_base(
     c.fail("this rank sends itself " + std::to_string(inSplits[me] * inRow) +
            " bytes but expects " + std::to_string(outSplits[me] * outRow) + " from itself");
   }
-  return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, c.device(), {output}, describe(input),
+  return enqueue("alltoall_base", c10d::OpType::ALLTOALL_BASE, c.device(), {output}, input,
                  timeoutFor(opts.timeout),
                  [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
                    // In place (input is output): send from a copy, as receives overwrite it.
@@ -672,7 +672,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
     c.fail("input " + describe(inputs[me]) + " that this rank sends itself does not match output " +
            describe(outputs[me]));
   }
-  return enqueue("alltoall", c10d::OpType::ALLTOALL, c.device(), outputs, describe(inputs),
+  return enqueue("alltoall", c10d::OpType::ALLTOALL, c.device(), outputs, inputs,
                  timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {
                    std::vector<Staged> src;
                    std::vector<Staged> dst;

@@ -17,6 +17,7 @@
 #include "transports/ucx/ucx_context.h"
 #include "transports/ucx/ucx_info.h"
 #include "transports/udp/crc32c.h"
+#include "transports/udp/datagram_auth.h"
 #include "transports/udp/faults.h"
 #include "transports/config/key_values.h"
 #include "transports/config/schema.h"
@@ -178,6 +179,48 @@ PYBIND11_MODULE(_C, m) {
       "Test-only: the group's transport throws from its next progress() or arm() (the group "
       "must have been created with UCXBACKEND_TEST_FAULT_INJECTION=1).");
 
+  m.def(
+      "flight_recorder_capacity",
+      [] { return ucxb::FlightRecorder::instance().capacity(); },
+      "Entries the Flight Recorder of ucx/udp groups keeps (0: off; TORCH_FR_BUFFER_SIZE).");
+  m.def(
+      "flight_recorder_entries",
+      [] {
+        const auto records = ucxb::FlightRecorder::instance().dump();
+        py::list out;
+        for (const auto& r : records) {
+          py::dict e;
+          e["record_id"] = r.recordId;
+          e["pg_id"] = r.pgId;
+          e["pg_name"] = r.pgName;
+          e["pg_desc"] = r.pgDesc;
+          e["pg_ranks"] = r.pgRanks;
+          e["last_enqueued_collective"] = r.lastEnqueued;
+          e["last_started_collective"] = r.lastStarted;
+          e["last_completed_collective"] = r.lastCompleted;
+          e["thread_name"] = r.threadName;
+          e["thread_id"] = r.threadId;
+          e["collective_seq_id"] = r.collectiveSeq;
+          e["p2p_seq_id"] = r.p2pSeq;
+          e["op_id"] = r.opId;
+          e["profiling_name"] = r.profilingName;
+          e["time_created_ns"] = r.createdNs;
+          e["time_started_ns"] = r.startedNs;
+          e["time_completed_ns"] = r.completedNs;
+          e["retired"] = r.retired;
+          e["timeout_ms"] = r.timeoutMs;
+          e["is_p2p"] = r.p2p;
+          e["input_sizes"] = r.inputSizes;
+          e["input_dtypes"] = r.inputDtypes;
+          e["output_sizes"] = r.outputSizes;
+          e["output_dtypes"] = r.outputDtypes;
+          out.append(e);
+        }
+        return out;
+      },
+      "The Flight Recorder's entries, oldest first, as raw fields (ucxbackend.flight_recorder "
+      "lays them out as torch's dump).");
+
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
@@ -196,7 +239,10 @@ PYBIND11_MODULE(_C, m) {
     return std::map<std::string, std::string>{
         {"ucx_home", UCXB_UCX_HOME},
         {"torch_version", UCXB_TORCH_VERSION},
-        {"udp_crc32c", ucxb::udp::crc32cKernelName(ucxb::udp::crc32cActiveKernel())}};
+        {"udp_crc32c", ucxb::udp::crc32cKernelName(ucxb::udp::crc32cActiveKernel())},
+        // udp_auth: whether secret_file can work here (transports/udp/datagram_auth.h).
+        {"udp_auth", ucxb::udp::authAvailable() ? "openssl (aes-256-gcm)"
+                                                : "unavailable (built without OpenSSL)"}};
   });
 
   auto algos = m.def_submodule("algorithms", "Algorithm selection (csrc/collectives/selection.h).");

@@ -19,6 +19,17 @@ std::optional<DType> toDType(at::ScalarType type);
 std::string describe(const at::Tensor& t);
 std::string describe(const std::vector<at::Tensor>& ts);
 
+// An op's input tensors, for the call that issues the op (a view: nothing is copied, and
+// the caller's tensors outlive the call), and their description for messages (describe()).
+// The Flight Recorder records their sizes and dtypes.
+struct OpInputs {
+  OpInputs() = default;
+  OpInputs(const at::Tensor& t) : tensors(t), text(describe(t)) {}  // NOLINT: implicit
+  OpInputs(const std::vector<at::Tensor>& ts) : tensors(ts), text(describe(ts)) {}  // NOLINT
+  c10::ArrayRef<at::Tensor> tensors;
+  std::string text;
+};
+
 struct Checker {
   std::string op;
   int rank;

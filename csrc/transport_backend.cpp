@@ -13,6 +13,7 @@
 #include "csrc/handshake.h"
 #include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
+#include "csrc/udp_auth_setup.hpp"
 #include "transports/tag.h"
 
 namespace ucxb {
@@ -95,13 +96,15 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   std::unique_ptr<StagingArea> staging;
   try {
     AddressExchange exchange(*store_, groupId_, rank, size);
-    transport = makeTransport(options_, rank, size, exchange, timeout);
+    const auto groupKey = udpGroupKey(options_, groupId_, exchange);
+    transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
     // One Store round carries every rank's address, transport and must-agree settings; all
     // are checked before the transport sees a peer's address.
-    const Handshake mine{options_.transport, agreedSettings(options_),
+    const Handshake mine{options_.transport,
+                         withKeyCheck(agreedSettings(options_), options_, groupKey),
                          transport->localAddress()};
     const auto addresses = checkHandshakes(rank, mine, exchange.exchange(encodeHandshake(mine)));
     for (int p = 0; p < size; ++p) {
@@ -300,16 +303,29 @@ std::chrono::milliseconds TransportBackend::timeoutFor(std::chrono::milliseconds
 c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10d::OpType type,
                                                              std::optional<c10::Device> device,
                                                              std::vector<at::Tensor> outputs,
-                                                             std::string tensors,
+                                                             OpInputs inputs,
                                                              std::chrono::milliseconds timeout) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                    type == c10d::OpType::RECVANYSOURCE;
-  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_, std::move(tensors),
-                backendName_};
+  OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_,
+                std::move(inputs.text), backendName_};
+  std::shared_ptr<FlightEntry> flight;
+  if (flight_) {
+    FlightOp f;
+    f.pgName = getGroupUid();
+    f.pgDesc = getGroupDesc();
+    (p2p ? f.p2pSeq : f.collectiveSeq) = ctx.seq;
+    f.profilingName = backendName_ + ":" + op;
+    f.inputs = inputs.tensors;
+    f.outputs = outputs;
+    f.timeout = timeout;
+    flight = FlightRecorder::instance().record(flight_, std::move(f));
+  }
   std::vector<c10::Device> devices;
   if (device) devices.push_back(*device);
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
+  work->setFlightEntry(std::move(flight));
   work->setSpin(engineConfig_.spin);
   // cuda_wait=stream (docs/cuda.md): wait() holds the caller's stream through the gate.
   // Collectives end in issue order, which the gate's one word per device relies on; sends
@@ -351,7 +367,7 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
 c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::OpType type,
                                                         std::optional<c10::Device> device,
                                                         std::vector<at::Tensor> outputs,
-                                                        std::string tensors,
+                                                        OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
                                                         Body body, PostBody inlineBody) {
   // From its sequence number to its place in the queue (or its lease), an op is issued
@@ -363,7 +379,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   std::exception_ptr deviceError;
   {
     std::lock_guard<std::mutex> issue(issueMu_);
-    work = makeWork(op, type, device, std::move(outputs), std::move(tensors), timeout);
+    work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
     if (!engine_->failed()) {
       if (inlineBody && !device) {
         lease = engine_->lend(op, work->context().seq,
@@ -404,6 +420,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());
+    work->markStarted();
     // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
     at::NoGradGuard noGrad;
     std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
@@ -448,6 +465,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
                                  std::chrono::milliseconds timeout, const PostBody& post,
                                  std::unique_ptr<ProgressEngine::Lease> lease) {
   running_->store(work.get());
+  work->markStarted();  // on this thread: it is the one running the op
   at::NoGradGuard noGrad;  // as on the progress thread: the caller's grad mode is not ours
   std::exception_ptr failure;
   {
@@ -507,7 +525,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            std::optional<c10::Device> device,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
-  auto work = makeWork(op, type, device, {tensor}, describe(tensor), timeout_.load());
+  auto work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
   if (refuseIfFailed(*work)) return work;
   std::optional<DeviceOp> deviceOp;
   if (!issueOrFail(device, *work, deviceOp)) return work;
@@ -550,6 +568,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes, mem)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes, mem);
       *posted = req;
+      work->markStarted();
       // Runs on this thread during a later progress(); it owns `staged` until then.
       req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp, timeout](Request& r) {
         // A CUDA recv's copy back runs on the group's stream and is final before the Work
@@ -655,7 +674,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::T
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::barrier(const c10d::BarrierOptions& opts) {
   // Ops run in issue order, so the barrier also waits for every collective issued before it.
-  return enqueue("barrier", c10d::OpType::BARRIER, std::nullopt, {}, "", timeoutFor(opts.timeout),
+  return enqueue("barrier", c10d::OpType::BARRIER, std::nullopt, {}, {}, timeoutFor(opts.timeout),
                  [](Comm& comm) { algo::barrier(comm); });
 }
 

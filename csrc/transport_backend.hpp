@@ -20,6 +20,7 @@
 #include "csrc/collectives/comm.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
+#include "csrc/flight_recorder.hpp"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
 #include "transports/fault_injection.h"
@@ -172,15 +173,16 @@ class TransportBackend : public c10d::Backend {
   bool issueOrFail(const std::optional<c10::Device>& device, TransportWork& work,
                    std::optional<DeviceOp>& deviceOp);
   // `device`: the CUDA device of the op's tensors (Checker::device()); none for a CPU op.
+  // Also records the op in the Flight Recorder (flight_recorder.hpp) when it is on.
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
                                              std::optional<c10::Device> device,
-                                             std::vector<at::Tensor> outputs, std::string tensors,
+                                             std::vector<at::Tensor> outputs, OpInputs inputs,
                                              std::chrono::milliseconds timeout);
   // `inlineBody`, when set, is the same op split for the inline path: tried first (runInline)
   // unless the op is a CUDA one; `body` runs on the progress thread otherwise.
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
                                          std::optional<c10::Device> device,
-                                         std::vector<at::Tensor> outputs, std::string tensors,
+                                         std::vector<at::Tensor> outputs, OpInputs inputs,
                                          std::chrono::milliseconds timeout, Body body,
                                          PostBody inlineBody = nullptr);
   // The task that runs `body` for `work` on the progress thread, queued.
@@ -226,6 +228,8 @@ class TransportBackend : public c10d::Backend {
   const std::string groupId_;
   const uint32_t groupHash_;
   const std::vector<int64_t> globalRanks_;
+  // This group in the Flight Recorder; null when it is off (TORCH_FR_BUFFER_SIZE unset).
+  const std::shared_ptr<FlightGroup> flight_ = FlightRecorder::instance().addGroup(globalRanks_);
   EngineConfig engineConfig_;
   algo::Tuning tuning_;
   std::shared_ptr<ProgressEngine> engine_;

@@ -10,7 +10,8 @@ namespace ucxb {
 
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
-                                         std::chrono::milliseconds opTimeout) {
+                                         std::chrono::milliseconds opTimeout,
+                                         const std::optional<udp::AuthKey>& groupKey) {
   if (options.transport == "ucx") {
     return std::make_unique<ucx::UcxTransport>(rank, size, options.ucxNetDevices);
   }
@@ -19,6 +20,7 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
   udpOptions.faults = udp::parseFaultConfig(options.udpFaults);
   udpOptions.bindHost = options.udpHost;
   udpOptions.sessionToken = exchange.sessionToken();
+  udpOptions.groupKey = groupKey;
   udpOptions.opTimeoutUs =
       static_cast<udp::DurationUs>(std::max<int64_t>(0, opTimeout.count())) * 1000;
   return std::make_unique<udp::UdpTransport>(rank, size, std::move(udpOptions));

@@ -5,18 +5,22 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/backend_options.h"
 #include "transports/transport.h"
+#include "transports/udp/datagram_auth.h"
 
 namespace ucxb {
 
 // options.transport picks it; udp takes udp_config, udp_faults and udp_host. A bad udp_config
 // (against this interface's MTU) is a config::ConfigError. `opTimeout` is the group's op
 // timeout: udp never fails a merely silent peer before it (EndpointOptions::opTimeoutUs).
+// `groupKey`: udp's authenticated mode (csrc/udp_auth_setup.hpp), nullopt for none.
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
-                                         std::chrono::milliseconds opTimeout);
+                                         std::chrono::milliseconds opTimeout,
+                                         const std::optional<udp::AuthKey>& groupKey);
 
 }  // namespace ucxb

@@ -85,11 +85,21 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+void TransportWork::release_resources() {
+  outputs_.clear();
+  future_.reset();
+  gate_.reset();
+  flight_.reset();
+  waitingFor_ = nullptr;
+  onWaitTimeout_ = nullptr;
+}
+
 // Future callbacks run inside markCompleted/setError, on the progress thread, often within a
 // UCX callback: an exception thrown by one must not unwind through UCX or end the thread. The
 // op's own outcome is already recorded by then.
 void TransportWork::finishOk() {
   if (settled_.exchange(true)) return;
+  if (flight_) flight_->completed();  // before any waiter wakes and may dump
   try {
     future_->markCompleted(c10::IValue(outputs_));
   } catch (...) {
@@ -101,6 +111,7 @@ void TransportWork::finishOk() {
 
 void TransportWork::finishError(std::exception_ptr error) {
   if (settled_.exchange(true)) return;
+  if (flight_) flight_->retired();
   try {
     future_->setError(error);
   } catch (...) {

@@ -46,8 +46,16 @@ def run_bench(
     *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
     """``python -m ucxbackend bench ARGS``; the whole process group is killed on timeout."""
+    return run_command("bench", *args, env=env, timeout=timeout)
+
+
+def run_command(
+    command: str, *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ucxbackend COMMAND ARGS`` (``bench``, ``soak``) in :func:`bench_env`; the
+    whole process group is killed on timeout."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ucxbackend", "bench", *args],
+        [sys.executable, "-m", "ucxbackend", command, *args],
         env=bench_env() if env is None else env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -60,7 +68,7 @@ def run_bench(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
-        pytest.fail(f"bench did not finish within {timeout}s\n{out}\n{err}")
+        pytest.fail(f"{command} did not finish within {timeout}s\n{out}\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -137,6 +137,20 @@ def _compiler() -> str:
 
 
 @functools.cache
+def link_libraries() -> list[str]:
+    """What every program links after the project's objects: libcrypto when g++ finds
+    <openssl/evp.h>, as the udp transport's authentication does (transports/udp/have_openssl.h
+    decides from the same header, so the two never disagree)."""
+    probe = subprocess.run(
+        [_compiler(), "-x", "c++", "-E", "-", "-o", os.devnull],
+        input="#include <openssl/evp.h>\n",
+        capture_output=True,
+        text=True,
+    )
+    return ["-lcrypto"] if probe.returncode == 0 else []
+
+
+@functools.cache
 def _compiler_identity() -> str:
     """Part of every object's key: another compiler gives other objects."""
     version = subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout
@@ -301,7 +315,13 @@ def build(
     library_objects = [objects[s] for s in library]
     key = hashlib.sha256(
         "\0".join(
-            [*common, *(o.name for o in own_objects), "|", *(o.name for o in library_objects)]
+            [
+                *common,
+                *link_libraries(),
+                *(o.name for o in own_objects),
+                "|",
+                *(o.name for o in library_objects),
+            ]
         ).encode()
     ).hexdigest()[:20]
     archive = BUILD / "obj" / f"lib{name}-{key}.a"
@@ -313,7 +333,10 @@ def build(
         return exe
     link = [*map(str, own_objects), *([str(archive)] if library_objects else [])]
     _replace_atomically(
-        lambda out: _run([_compiler(), *common, *link, "-o", str(out)], f"linking {name}"), exe
+        lambda out: _run(
+            [_compiler(), *common, *link, *link_libraries(), "-o", str(out)], f"linking {name}"
+        ),
+        exe,
     )
     stamp.write_text(key)
     return exe

@@ -90,6 +90,16 @@ def timed_failure(call: Callable[[], object]) -> tuple[float, str | None]:
     return time.monotonic() - start, None
 
 
+def error_of(create: Callable[[], object]) -> str:
+    """``create()``'s error as "<type>: <message>", or "created" when it returned: for tests
+    that check what creating a group raises on each rank."""
+    try:
+        create()
+    except Exception as exc:  # any error is the answer here
+        return f"{type(exc).__name__}: {exc}"
+    return "created"
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

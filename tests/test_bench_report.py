@@ -187,6 +187,10 @@ def test_transport_block() -> None:
         "lost/op",
         "rto/op",
         "drops/op",
+        "qdrops/op",
+        "marks/op",
+        "trims/op",
+        "spur/op",
         "data/op",
         "srtt(us)",
     ]
@@ -198,6 +202,10 @@ def test_transport_block() -> None:
         "12.40",
         "0.00",
         "9.20",
+        "0.00",
+        "0.00",
+        "0.00",
+        "0.00",
         "0.0",
         "123",
     ]

@@ -56,8 +56,18 @@ from ucxbackend.bench import udp as bench_udp
 def test_udp_variant_parse(text: str, label: str, config: str, faults: str) -> None:
     v = bench_udp.parse_udp_variant(text)
     assert (v.label, v.udp_config, v.udp_faults) == (label, config, faults)
-    assert v.pg_options() == {"udp_config": config, "udp_faults": faults}
+    # secret_file always passed, '' here: UCXBACKEND_SECRET_FILE does not reach a variant
+    assert v.pg_options() == {"udp_config": config, "udp_faults": faults, "secret_file": ""}
     assert bench_udp.parse_udp_variant(v.spec()) == v  # what the ranks we start are given
+
+
+def test_udp_variant_with_secret_file() -> None:
+    """The authenticated mode as a variant of its own ('auth:secret_file=PATH')."""
+    v = bench_udp.parse_udp_variant("auth:secret_file=/run/secret,drop=0.01")
+    assert (v.label, v.secret_file, v.udp_faults) == ("auth", "/run/secret", "drop=0.01,seed=1")
+    assert v.pg_options()["secret_file"] == "/run/secret"
+    assert v.describe()["secret_file"] == "/run/secret"
+    assert bench_udp.parse_udp_variant(v.spec()) == v
 
 
 def test_udp_variants_list_and_seed() -> None:
@@ -147,6 +157,7 @@ def test_udp_variant_options() -> None:
     assert sweep["udp:gbn@10%"].pg_options() == {
         "udp_config": "loss_recovery=go_back_n",
         "udp_faults": "drop=0.1,seed=3",
+        "secret_file": "",
     }
     assert sweep["gbn5"].udp_faults == "drop=0.05,seed=3"
     again = bench_options.BenchOptions.from_args(parse_args(*opts.to_argv()))

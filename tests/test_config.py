@@ -47,6 +47,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "ifname": "",
     "udp_config": "",
     "udp_faults": "",
+    "secret_file": "",
     "cuda": 0,
     "cuda_wait": "host",
 }
@@ -83,6 +84,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_IFNAME",
         "UCXBACKEND_UDP_CONFIG",
         "UCXBACKEND_UDP_FAULTS",
+        "UCXBACKEND_SECRET_FILE",
         "UCXBACKEND_CUDA",
         "UCXBACKEND_CUDA_WAIT",
     }

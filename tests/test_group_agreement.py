@@ -14,7 +14,7 @@ import cpp_build
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import run_world
+from dist_harness import error_of, run_world
 
 import ucxbackend
 
@@ -28,20 +28,11 @@ pytestmark = pytest.mark.skipif(
 _WORLD = {"backend": "gloo", "timeout": 60.0, "pg_timeout": 20.0}
 
 
-def _error_of(create: Any) -> str:
-    """``create()``'s error as "<type>: <message>", or "created" when it made a group."""
-    try:
-        create()
-    except Exception as exc:  # any error is the answer here
-        return f"{type(exc).__name__}: {exc}"
-    return "created"
-
-
 def _mixed_backends(rank: int, world_size: int) -> list[str]:
     """Two groups whose ranks run different backends, each way round (rank 0 is udp, then
     rank 1): what creating each one raised on this rank."""
     return [
-        _error_of(lambda u=udp_rank: dist.new_group(backend="udp" if rank == u else "ucx"))
+        error_of(lambda u=udp_rank: dist.new_group(backend="udp" if rank == u else "ucx"))
         for udp_rank in (0, 1)
     ]
 
@@ -74,7 +65,7 @@ def _disagreeing_settings(rank: int, world_size: int) -> dict[str, str]:
     whose ranks differ only in settings that may differ (they work)."""
     out: dict[str, str] = {}
     first = rank == 0
-    out["ucx"] = _error_of(
+    out["ucx"] = error_of(
         lambda: dist.new_group(
             backend="ucx",
             pg_options={
@@ -84,7 +75,7 @@ def _disagreeing_settings(rank: int, world_size: int) -> dict[str, str]:
             },
         )
     )
-    out["udp"] = _error_of(
+    out["udp"] = error_of(
         lambda: dist.new_group(
             backend="udp",
             pg_options={
@@ -159,7 +150,8 @@ def test_must_agree_is_in_the_schema() -> None:
     flagged = {r["name"] for r in rows if r["must_agree"]}
     algos = {f"algo_{op}" for op in cfg.ALGORITHMS}
     # udp_config is flagged for the udp_config keys flagged in their own table.
-    assert flagged == {"transport", "chunk_bytes", "udp_config", *algos}, flagged
+    # secret_file: the ranks compare a key check derived from it (csrc/udp_auth_setup.hpp).
+    assert flagged == {"transport", "chunk_bytes", "udp_config", "secret_file", *algos}, flagged
     assert {k for k, knob in cfg.KNOBS.items() if knob.must_agree} == flagged - {"transport"}
     udp_flagged = {r["name"] for r in _C.udp.config_schema() if r["must_agree"]}
     assert udp_flagged == {"unexpected_bytes", "eager_max_bytes", "max_message_bytes"}

@@ -45,6 +45,14 @@ GROUPS = [
     "fuzz",
     "peer_failure",
     "soak",
+    "bottleneck",
+    "lab_policies",
+    "lab_fault_matrix",
+    "lab_bottleneck_flow",
+    "trim_nack",
+    "incast",
+    "rack_reordering",
+    "lab_determinism",
 ]
 
 RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1

@@ -80,7 +80,13 @@ def _run(
 
 
 def _fuzz(
-    binary: Path, work: Path, runs: int, seed: int, seconds: int = 0, corpus: bool = True
+    binary: Path,
+    work: Path,
+    runs: int,
+    seed: int,
+    seconds: int = 0,
+    corpus: bool = True,
+    env: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Runs `runs` inputs (-1: until `seconds`) after the seeds and, with `corpus`, after
     tests/fuzz/corpus/; inputs that reach a new edge go to work/new, crashes to work/."""
@@ -93,7 +99,7 @@ def _fuzz(
         str(work / "new"),
         *([str(CORPUS)] if corpus else []),
     ]
-    result = _run(binary, args, timeout=(seconds or 300) + 120)
+    result = _run(binary, args, timeout=(seconds or 300) + 120, env=env)
     crashes = sorted(work.glob("*-*"))
     assert result.returncode == 0, (
         f"the fuzzer failed (exit code {result.returncode}, seed {seed}); "
@@ -137,6 +143,17 @@ def test_fuzz_quick(udp_fuzz: Path, loaded: int, tmp_path: Path) -> None:
         "the target or the core has become much slower"
     )
     assert summary["edges"] >= 1000  # the coverage instrumentation is there
+
+
+def test_fuzz_authenticated(udp_fuzz: Path, loaded: int, tmp_path: Path) -> None:
+    """The corpus and 500 more inputs with every endpoint in the authenticated mode
+    (UDP_FUZZ_AUTH=1, tests/fuzz/endpoint_fuzz.cpp): nothing an attacker makes is accepted,
+    a forged packet with the right token, rank and address included."""
+    runs = loaded + 500
+    summary = _fuzz(
+        udp_fuzz, tmp_path, runs=runs, seed=_seed(2), seconds=300, env={"UDP_FUZZ_AUTH": "1"}
+    )
+    assert summary["runs"] == runs, "stopped at its 300 s limit: far too slow"
 
 
 def test_coverage_guides_the_fuzzer(udp_fuzz: Path, tmp_path: Path) -> None:

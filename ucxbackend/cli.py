@@ -16,6 +16,12 @@ Commands:
     ``gloo``, an optional mpi4py reference): time, algbw, busbw, #wrong per size; ``--json``,
     ``--plot``. Implemented in :mod:`ucxbackend.bench`, whose docstring has examples.
 
+``soak``
+    A long run of mixed ops, sizes, subgroups and create/destroy cycles on ``ucx`` and/or
+    ``udp``, every result checked against numpy, printing each rank's fds, threads, RSS and
+    ``/dev/shm`` segments over time, and a verdict: flat or growing (exit 1). Implemented in
+    :mod:`ucxbackend.soak`.
+
 ``doctor``
     Preflight for multi-node runs: the interface chosen and its MTU, UCX built with verbs when
     RDMA devices exist, the RoCE v2 GID index (``UCX_IB_GID_INDEX``), the memlock limit,
@@ -335,6 +341,18 @@ def _cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return bench.run(args, out, err)
 
 
+def _soak_arguments(parser: argparse.ArgumentParser) -> None:
+    from ucxbackend import soak
+
+    soak.add_arguments(parser)
+
+
+def _cmd_soak(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from ucxbackend import soak
+
+    return soak.run(args, out, err)
+
+
 def _cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from ucxbackend import doctor
 
@@ -374,6 +392,12 @@ COMMANDS: tuple[_Command, ...] = (
         help="nccl-tests-style benchmark of collectives, ucx and other backends side by side",
         add_arguments=_bench_arguments,
         run=_cmd_bench,
+    ),
+    _Command(
+        name="soak",
+        help="long mixed run of ucx/udp that checks every result and watches for leaks",
+        add_arguments=_soak_arguments,
+        run=_cmd_soak,
     ),
     _Command(
         name="config",

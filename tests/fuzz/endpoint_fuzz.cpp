@@ -116,6 +116,15 @@ class EndpointHarness {
     o.config.rtoMaxUs = 4000;
     o.lingerQuietUs = 1000;
     o.lingerMaxUs = 8000;
+    // UDP_FUZZ_AUTH=1: every endpoint in the authenticated mode (secret_file). Then nothing the
+    // attacker makes may be accepted, not even a packet with the right token, rank and address
+    // (which the unauthenticated mode must accept), and the content checks stay on throughout.
+    if (const char* auth = std::getenv("UDP_FUZZ_AUTH"); auth != nullptr && auth[0] == '1') {
+      AuthKey key{};
+      for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(0xA0 + i);
+      o.groupKey = key;
+      auth_ = true;
+    }
     for (int r = 0; r < kRanks; ++r) {
       addresses_[r] = SocketAddress::parse("10.0.0." + std::to_string(r + 1), 7000);
     }
@@ -241,7 +250,7 @@ class EndpointHarness {
   void attack(const SocketAddress& from, std::span<const uint8_t> bytes) {
     bool known = false;
     for (const auto& a : addresses_) known = known || a == from;
-    const bool authenticLooking = authentic(bytes, from);
+    const bool authenticLooking = !auth_ && authentic(bytes, from);
     if (authenticLooking) tainted_ = true;  // content checks are off from here on
     const uint64_t unknownBefore = victim().unknownSourceDrops();
     const uint64_t receivedBefore = receivedByVictim();
@@ -399,6 +408,7 @@ class EndpointHarness {
   std::vector<uint8_t> scratch_;
   TimeUs now_ = 1;
   bool tainted_ = false;
+  bool auth_ = false;  // UDP_FUZZ_AUTH=1: the authenticated mode
 };
 
 }  // namespace

@@ -196,6 +196,19 @@ void checkDecoded(std::span<const uint8_t> datagram, const DecodedPacket& p) {
                  hex(datagram));
       FUZZ_CHECK(!(d.flags & data_flags::kRestart) || (d.flags & data_flags::kInOrder),
                  hex(datagram));
+      if (d.flags & data_flags::kTrimmed) {
+        // Cut by a switch: the header alone, its fragment length that of the lost payload.
+        FUZZ_CHECK(p.payload.empty() && n == kDataHeaderBytes && d.fragmentLength > 0,
+                   hex(datagram));
+        DataHeader whole = d;
+        whole.flags &= static_cast<uint8_t>(~data_flags::kTrimmed);
+        std::vector<uint8_t> zeros(d.fragmentLength), full(kDataHeaderBytes + d.fragmentLength);
+        encodeData(full, p.header, p.packetNumber, whole, zeros.data());
+        FUZZ_CHECK(trimData(full), hex(datagram));
+        std::memcpy(again.data(), full.data(), full.size());
+        m = full.size();
+        break;
+      }
       FUZZ_CHECK(p.payload.size() == d.fragmentLength, hex(datagram));
       // The payload must lie inside the datagram, at its end: the receiver copies from it.
       FUZZ_CHECK(p.payload.empty() ||
@@ -224,6 +237,11 @@ void checkDecoded(std::span<const uint8_t> datagram, const DecodedPacket& p) {
       break;
     case PacketType::kPing:
       m = encodePing(again, p.header, p.packetNumber);
+      break;
+    case PacketType::kNack:
+      FUZZ_CHECK(p.nack.count >= 1 && p.nack.count <= kMaxNackNumbers, hex(datagram));
+      m = encodeNack(again, p.header,
+                     std::span<const PacketNumber>(p.nack.numbers.data(), p.nack.count));
       break;
     default:
       FUZZ_CHECK(false, "decoded an unknown packet type: " + hex(datagram));
@@ -556,7 +574,7 @@ class Harness {
     FUZZ_CHECK(e == DecodeError::kNone, std::string(decodeErrorName(e)) + ": " + what());
     checkDecoded(d, p);
     FUZZ_CHECK(p.header.token == kToken && p.header.sourceRank == me.rank, what());
-    if (p.header.type != PacketType::kAck) {
+    if (p.header.type != PacketType::kAck && p.header.type != PacketType::kNack) {
       // One number per reliable packet, retransmissions included, never reused.
       FUZZ_CHECK(p.packetNumber == me.nextPacketNumber,
                  "expected packet number " + std::to_string(me.nextPacketNumber) + ": " + what());
@@ -589,6 +607,14 @@ class Harness {
         }
         break;
       case PacketType::kPing: break;
+      case PacketType::kNack:
+        if (!tainted_) {
+          for (uint16_t i = 0; i < p.nack.count; ++i) {
+            FUZZ_CHECK(p.nack.numbers[i] < peerOf(side).nextPacketNumber,
+                       "NACK of a packet the peer never sent: " + what());
+          }
+        }
+        break;
     }
   }
 
@@ -649,7 +675,8 @@ class Harness {
       return;
     }
     FUZZ_CHECK(!reason || *reason == DropReason::kProtocol ||
-                   (*reason == DropReason::kStale && p.header.type != PacketType::kAck) ||
+                   (*reason == DropReason::kStale && p.header.type != PacketType::kAck &&
+                    p.header.type != PacketType::kNack) ||
                    (*reason == DropReason::kAfterGap && p.header.type == PacketType::kData &&
                     (p.data.flags & data_flags::kInOrder)),
                "unexpected drop reason " + got + ": " + what());
@@ -1177,6 +1204,10 @@ std::vector<std::vector<uint8_t>> seedInputs() {
       PeerConnection* to = from == &ca ? &cb : &ca;
       while (size_t n = from->pollTransmit(now, out)) {
         seeds.emplace_back(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(n));
+        // What a congested switch makes of DATA: marked, and trimmed to its header.
+        std::vector<uint8_t> marked = seeds.back(), trimmed = seeds.back();
+        if (markCongestionExperienced(marked)) seeds.push_back(std::move(marked));
+        if (trimData(trimmed)) seeds.push_back(std::move(trimmed));
         to->onDatagram(std::span<const uint8_t>(out.data(), n), now);
       }
     }
@@ -1187,6 +1218,10 @@ std::vector<std::vector<uint8_t>> seedInputs() {
       }
     }
   }
+
+  const PacketNumber nacked[] = {1, 4, 5};
+  seeds.emplace_back(nackBytes(3));
+  encodeNack(seeds.back(), PacketHeader{PacketType::kNack, 1, kToken}, nacked);
 
   uint64_t x = 0x243f6a8885a308d3ull;
   for (size_t len : {0, 1, 16, 24, 60, 100, 700}) {

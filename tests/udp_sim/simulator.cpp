@@ -15,6 +15,7 @@ constexpr uint64_t kMaxStepsWithoutProgress = 1'000'000;
 Simulator::Simulator(int nodes, const UdpConfig& config, const LinkConfig& link, uint64_t token)
     : nodes_(nodes), link_(link), buffer_(kMaxDatagramBytes) {
   conns_.resize(static_cast<size_t>(nodes * nodes));
+  downlinks_.resize(static_cast<size_t>(nodes));
   links_.resize(static_cast<size_t>(nodes * nodes));
   for (int n = 0; n < nodes; ++n) {
     for (int p = 0; p < nodes; ++p) {
@@ -30,6 +31,10 @@ Simulator::Simulator(int nodes, const UdpConfig& config, const LinkConfig& link,
 
 void Simulator::setFaults(int from, int to, const FaultConfig& faults) {
   links_[index(from, to)].faults = std::make_unique<FaultInjector>(faults);
+}
+
+void Simulator::setDownlink(int node, const FaultConfig& faults) {
+  downlinks_[static_cast<size_t>(node)] = std::make_unique<FaultInjector>(faults);
 }
 
 void Simulator::setLinkUp(int from, int to, bool up) { links_[index(from, to)].up = up; }
@@ -57,7 +62,9 @@ void Simulator::transmit(int from, int to, std::span<const uint8_t> bytes) {
   const uint64_t arrivesNs = static_cast<uint64_t>(link.freeAtNs) + link_.oneWayDelayNs;
   deliveries_.clear();
   if (link.faults) {
-    link.faults->apply(bytes, deliveries_);
+    // The bottleneck (if the faults have one) sits at the far end of the link: the datagram
+    // reaches it when it arrives.
+    link.faults->apply(bytes, arrivesNs / 1000, deliveries_);
   } else {
     deliveries_.push_back({std::vector<uint8_t>(bytes.begin(), bytes.end()), 0});
   }
@@ -113,6 +120,16 @@ bool Simulator::step(uint64_t limitNs) {
   while (!arrivals_.empty() && arrivals_.top().timeNs <= nowNs_) {
     Arrival a = arrivals_.top();
     arrivals_.pop();
+    if (FaultInjector* downlink = downlinks_[static_cast<size_t>(a.to)].get();
+        downlink != nullptr && !a.pastDownlink) {
+      deliveries_.clear();
+      downlink->apply(a.bytes, nowUs(), deliveries_);
+      for (auto& d : deliveries_) {
+        arrivals_.push(Arrival{nowNs_ + d.extraDelayUs * 1000, sequence_++, a.from, a.to,
+                               std::move(d.bytes), /*pastDownlink=*/true});
+      }
+      continue;
+    }
     ++links_[index(a.from, a.to)].counters.delivered;
     connection(a.to, a.from).onDatagram(a.bytes, nowUs());
   }

@@ -22,9 +22,8 @@ namespace ucxb::udp::sim {
 struct LinkConfig {
   double bitsPerSecond = 10e9;
   uint64_t oneWayDelayNs = 50'000;
-  // Bytes on the wire per datagram beyond the UDP payload: IPv4 20 + UDP 8 + Ethernet
-  // header and FCS 18 + preamble and inter-frame gap 20.
-  uint64_t perPacketOverheadBytes = 66;
+  // Bytes on the wire per datagram beyond the UDP payload (faults.h).
+  uint64_t perPacketOverheadBytes = kFramingOverheadBytes;
   // Datagrams arriving at a fuller queue are dropped (a switch buffer).
   uint64_t queueLimitBytes = uint64_t{16} << 20;
 };
@@ -52,6 +51,11 @@ class Simulator {
   PeerConnection& connection(int node, int peer) { return *conns_[index(node, peer)]; }
 
   void setFaults(int from, int to, const FaultConfig& faults);
+  // Faults (a bottleneck, typically) in front of `node` that every link into it shares: its
+  // downlink, the port an incast fights over. Applied when a datagram reaches the node, after
+  // the link's own faults.
+  void setDownlink(int node, const FaultConfig& faults);
+  const FaultInjector* downlink(int node) const { return downlinks_[static_cast<size_t>(node)].get(); }
   // A down link swallows everything (a dead or partitioned peer).
   void setLinkUp(int from, int to, bool up);
   // Sees every datagram a connection sends, before the link and faults.
@@ -92,6 +96,7 @@ class Simulator {
     int from;
     int to;
     std::vector<uint8_t> bytes;
+    bool pastDownlink = false;
     bool operator>(const Arrival& o) const {
       return timeNs != o.timeNs ? timeNs > o.timeNs : sequence > o.sequence;
     }
@@ -111,6 +116,7 @@ class Simulator {
   const LinkConfig link_;
   std::vector<std::unique_ptr<PeerConnection>> conns_;  // [node * nodes + peer], null on the diagonal
   std::vector<Link> links_;                             // [from * nodes + to]
+  std::vector<std::unique_ptr<FaultInjector>> downlinks_;  // [node], null: none
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> arrivals_;
   uint64_t nowNs_ = 0;
   uint64_t sequence_ = 0;

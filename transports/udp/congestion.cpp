@@ -3,6 +3,9 @@
 #include <algorithm>
 
 #include "transports/config/key_values.h"
+#include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_delay.h"
+#include "transports/udp/congestion_ecn.h"
 
 namespace ucxb::udp {
 namespace {
@@ -15,7 +18,8 @@ struct Registration {
   std::unique_ptr<CongestionControl> (*make)(const UdpConfig&);
 };
 
-// Adding a policy: write its class above, add its row here.
+// Adding a policy: write its class in a file of its own (congestion_delay.h is the example),
+// add its row here.
 const Registration kRegistry[] = {
     {"none", [](const UdpConfig&) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<NoCongestionControl>();
@@ -23,9 +27,42 @@ const Registration kRegistry[] = {
     {"aimd", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<AimdCongestionControl>(c.initialCwndPackets, c.minCwndPackets);
      }},
+    {"delay", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<DelayCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                       c.ccTargetDelayUs, c.ccBeta);
+     }},
+    {"ecn", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<EcnCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                     c.ccEcnGain);
+     }},
+    {"bdp", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<BdpCapCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
+                                                        c.ccLinkMbps, c.mtuPayload);
+     }},
 };
 
 }  // namespace
+
+PacketWindow::PacketWindow(uint64_t initial, uint64_t minimum)
+    : minimum_(static_cast<double>(std::max<uint64_t>(1, minimum))),
+      window_(std::max(static_cast<double>(initial), minimum_)) {}
+
+void PacketWindow::grow(double packets) {
+  window_ = std::min(static_cast<double>(kMaxWindow), window_ + packets);
+}
+
+void PacketWindow::cut(double factor, TimeUs now) {
+  if (cutBefore_ && now < lastCut_ + roundTripUs_) return;
+  window_ = std::max(minimum_, window_ * factor);
+  lastCut_ = now;
+  cutBefore_ = true;
+}
+
+void PacketWindow::reset(TimeUs now) {
+  window_ = minimum_;
+  lastCut_ = now;
+  cutBefore_ = true;
+}
 
 AimdCongestionControl::AimdCongestionControl(uint64_t initialWindow, uint64_t minWindow)
     : minWindow_(std::max<uint64_t>(1, minWindow)),

@@ -1,6 +1,7 @@
 // Congestion control: how many reliable packets may be in flight. A policy is one small class
-// plus one row in the registry (congestion.cpp), chosen by name with `congestion=` in the
-// config. The connection also caps the bytes in flight at send_window_bytes.
+// (in its own file beside this one: congestion_delay.h is the worked example) plus one row in
+// the registry (congestion.cpp), chosen by name with `congestion=` in the config. The
+// connection also caps the bytes in flight at send_window_bytes.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,18 @@
 
 namespace ucxb::udp {
 
+// What one ACK frame told the sender, after the per-packet onPacketAcked calls.
+struct AckSignal {
+  TimeUs now = 0;
+  uint64_t ackedPackets = 0;  // newly acknowledged reliable packets
+  uint64_t markedPackets = 0; // newly echoed Congestion Experienced marks (the ECN echo)
+  // This frame's RTT sample (its largest packet's, less the peer's ACK delay), 0 if it gave
+  // none; the connection's minimum and smoothed RTT so far (0 before the first sample).
+  DurationUs rttSampleUs = 0;
+  DurationUs minRttUs = 0;
+  DurationUs smoothedRttUs = 0;
+};
+
 class CongestionControl {
  public:
   virtual ~CongestionControl() = default;
@@ -21,10 +34,43 @@ class CongestionControl {
   virtual uint64_t windowPackets() const = 0;
   // Once per newly acknowledged reliable packet.
   virtual void onPacketAcked(TimeUs sentTime, TimeUs now) = 0;
+  // Once per ACK frame that acknowledged something or echoed marks: RTT and ECN signals.
+  virtual void onAck(const AckSignal&) {}
   // Once per batch of packets declared lost; `newestLostSentTime` lets a policy react once per
   // round trip rather than once per packet.
   virtual void onPacketsLost(TimeUs newestLostSentTime, TimeUs now) = 0;
+  // Once per batch of packets the peer NACKed because a switch trimmed them: congestion, but
+  // news of it one queue earlier than a loss. By default the same reaction as to a loss.
+  virtual void onPacketsTrimmed(TimeUs newestTrimmedSentTime, TimeUs now) {
+    onPacketsLost(newestTrimmedSentTime, now);
+  }
   virtual void onRetransmissionTimeout(TimeUs now) = 0;
+};
+
+// A window in (fractional) packets, between a floor and a ceiling far beyond any send window,
+// cut at most once per round trip: a cut reacts to the queue the last window built, not to
+// every ACK that reports it again. The building block of the delay and ecn policies.
+class PacketWindow {
+ public:
+  PacketWindow(uint64_t initial, uint64_t minimum);
+  uint64_t packets() const { return static_cast<uint64_t>(window_); }
+  double size() const { return window_; }
+  void grow(double packets);
+  // The spacing of cuts; ignored while 0 (no RTT sample yet).
+  void setRoundTrip(DurationUs rtt) {
+    if (rtt > 0) roundTripUs_ = rtt;
+  }
+  // Multiplies the window by `factor`, unless it was cut less than a round trip ago.
+  void cut(double factor, TimeUs now);
+  // Back to the floor (a retransmission timeout), and a cut now.
+  void reset(TimeUs now);
+
+ private:
+  const double minimum_;
+  double window_;
+  DurationUs roundTripUs_ = 0;
+  TimeUs lastCut_ = 0;
+  bool cutBefore_ = false;
 };
 
 // `none`: no limit beyond the connection's fixed send window. For links known to be

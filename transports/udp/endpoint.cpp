@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "transports/udp/auth_keys.h"
+
 namespace ucxb::udp {
 namespace {
 
@@ -22,9 +24,20 @@ std::string cancelledMessage(int peer) {
 
 // What each connection runs with: the group's udp_config, with peer_timeout_us raised to the
 // op timeout, so that silence alone never fails a peer before the op waiting on it times out.
+// With authentication the connections write datagrams a trailer shorter, so that sealed
+// ones are still at most mtu_payload (and full-size ones still make GSO trains).
 UdpConfig connectionConfig(const EndpointOptions& options) {
   UdpConfig c = options.config;
   c.peerTimeoutUs = std::max(c.peerTimeoutUs, options.opTimeoutUs);
+  if (options.groupKey) {
+    if (c.mtuPayload < kMinMtuPayload + kAuthTrailerBytes) {
+      throw ConfigError("udp config: mtu_payload=" + std::to_string(c.mtuPayload) +
+                        " leaves no room for the " + std::to_string(kAuthTrailerBytes) +
+                        "-byte authentication trailer (secret_file): at least " +
+                        std::to_string(kMinMtuPayload + kAuthTrailerBytes));
+    }
+    c.mtuPayload -= kAuthTrailerBytes;
+  }
   return c;
 }
 
@@ -64,8 +77,14 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     id.localRank = static_cast<uint16_t>(rank_);
     id.peerRank = static_cast<uint16_t>(p);
     id.sessionToken = options_.sessionToken;
-    peers_[static_cast<size_t>(p)].connection =
-        std::make_unique<PeerConnection>(connectionConfig(options_), id);
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    peer.connection = std::make_unique<PeerConnection>(connectionConfig(options_), id);
+    if (options_.groupKey) {
+      peer.sealer = std::make_unique<DatagramSealer>(
+          deriveDirectionKey(*options_.groupKey, rank_, p), id.localRank, id.peerRank);
+      peer.opener = std::make_unique<DatagramOpener>(
+          deriveDirectionKey(*options_.groupKey, p, rank_), id.peerRank, id.localRank);
+    }
   }
   if (options_.faults.any()) {
     FaultConfig perRank = options_.faults;
@@ -192,7 +211,9 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
       continue;
     }
     faultOut_.clear();
-    faults_->apply(piece, faultOut_);
+    // One socket per rank today: every datagram takes path 0 (multipath will pass its
+    // socket's index).
+    faults_->apply(piece, now, faultOut_, 0);
     for (auto& copy : faultOut_) {
       if (copy.extraDelayUs == 0) {
         deliver(peer, copy.bytes, now);
@@ -220,7 +241,16 @@ bool Endpoint::handlePortUnreachable(const SocketAddress& to) {
 }
 
 void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
-  peers_[static_cast<size_t>(peer)].connection->onDatagram(bytes, now);
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.opener) {
+    // Nothing unauthenticated reaches the connection: not even its decoder sees it.
+    if (p.opener->open(bytes) != OpenResult::kAccepted) {
+      p.authDroppedBytes += bytes.size();
+      return;
+    }
+    bytes = bytes.first(bytes.size() - kAuthTrailerBytes);
+  }
+  p.connection->onDatagram(bytes, now);
 }
 
 bool Endpoint::handleTimeout(TimeUs now) {
@@ -256,7 +286,7 @@ size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress&
         if (const size_t n = peer.connection->pollTransmit(now, out)) {
           ++turnBurst_;
           to = peer.address;
-          return n;
+          return peer.sealer ? peer.sealer->seal(out, n) : n;
         }
       }
       ++emptyInARow;
@@ -455,7 +485,19 @@ bool Endpoint::lingerDone(TimeUs now) {
 }
 
 Stats Endpoint::peerStats(int peer) const {
-  return peers_.at(static_cast<size_t>(peer)).connection->stats();
+  const Peer& p = peers_.at(static_cast<size_t>(peer));
+  Stats s = p.connection->stats();
+  if (p.opener) {
+    // Dropped before the connection saw them: added here, so that every datagram received
+    // is still accepted or counted under one drop reason.
+    const uint64_t failed = p.opener->authFailed(), replayed = p.opener->replayed();
+    s.droppedBy[static_cast<size_t>(DropReason::kAuthFailed)] += failed;
+    s.droppedBy[static_cast<size_t>(DropReason::kReplayed)] += replayed;
+    s.datagramsDropped += failed + replayed;
+    s.datagramsReceived += failed + replayed;
+    s.bytesReceived += p.authDroppedBytes;
+  }
+  return s;
 }
 
 }  // namespace ucxb::udp

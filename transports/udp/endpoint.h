@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "transports/transport.h"
+#include "transports/udp/datagram_auth.h"
 #include "transports/udp/faults.h"
 #include "transports/udp/reliability.h"
 #include "transports/udp/socket_address.h"
@@ -49,6 +50,11 @@ struct EndpointOptions {
   UdpConfig config;
   FaultConfig faults;  // applied to every datagram this rank receives
   uint64_t sessionToken = 0;  // the same on every rank of the group instance
+  // The authenticated mode (datagram_auth.h): the group instance's key (auth_keys.h), from
+  // which each direction's key is derived. With it every datagram is sealed on its way out
+  // and opened before a connection sees it; without it (nullopt) anyone who can reach the
+  // socket and knows the token can inject traffic (docs/failure-model.md#security).
+  std::optional<AuthKey> groupKey;
   // After the group is closed, keep answering the peers (acknowledging their retransmissions)
   // until nothing has arrived for this long (for rto_max_us once a peer has retransmitted
   // during the linger: our ACK was lost and its timer may be backing off), so that a peer
@@ -145,6 +151,9 @@ class Endpoint {
 
   struct Peer {
     std::unique_ptr<PeerConnection> connection;
+    std::unique_ptr<DatagramSealer> sealer;  // authenticated mode only
+    std::unique_ptr<DatagramOpener> opener;
+    uint64_t authDroppedBytes = 0;  // what the opener refused (its counters count datagrams)
     SocketAddress address;
     bool connected = false;
     std::string error;  // why the connection failed (empty while healthy)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "transports/config/key_values.h"
+#include "transports/udp/loss_recovery_rack.h"
 
 namespace ucxb::udp {
 namespace {
@@ -12,15 +13,25 @@ struct Registration {
   std::unique_ptr<LossRecovery> (*make)();
 };
 
-// Adding a policy: write its class in loss_recovery.h, add its row here.
+// Adding a policy: write its class in loss_recovery.h or a file of its own, add its row here.
 const Registration kRegistry[] = {
     {"selective_repeat", []() -> std::unique_ptr<LossRecovery> {
        return std::make_unique<SelectiveRepeat>();
      }},
     {"go_back_n", []() -> std::unique_ptr<LossRecovery> { return std::make_unique<GoBackN>(); }},
+    {"rack", []() -> std::unique_ptr<LossRecovery> { return std::make_unique<Rack>(); }},
 };
 
+// Floor of the time threshold: below this, timer and scheduling noise would declare packets
+// lost that are merely a little late.
+constexpr DurationUs kMinLossDelayUs = 10;
+
 }  // namespace
+
+DurationUs LossRecovery::lossDelay(const RttEstimator& rtt) const {
+  const DurationUs r = std::max(rtt.smoothed(), rtt.latest());
+  return std::max(kMinLossDelayUs, r + r / 8);  // 9/8 RTT (RFC 9002's kTimeThreshold)
+}
 
 void GoBackN::chooseResends(std::span<const PacketNumber> lost,
                             std::span<const PacketNumber> inFlight,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "transports/udp/rtt.h"
 #include "transports/udp/udp_config.h"
 #include "transports/udp/udp_types.h"
 
@@ -28,6 +29,19 @@ class LossRecovery {
   // packet). The sender marks its DATA so (data_flags::kInOrder): the receiving side obeys
   // the flag whatever its own policy is, so two ranks configured differently still agree.
   virtual bool inOrderOnly() const { return false; }
+
+  // Loss detection (sent_packets.h): a packet is lost once this many later packets are
+  // acknowledged (the configured reorder_threshold unless the policy detects by time alone)
+  // ...
+  virtual uint32_t reorderThreshold(uint32_t configured) const { return configured; }
+  // ... or once it is this much older than an acknowledged later packet (by default RFC
+  // 9002's 9/8 of the larger of the smoothed and the latest RTT).
+  virtual DurationUs lossDelay(const RttEstimator& rtt) const;
+  // A packet declared lost was acknowledged after all: its retransmission was spurious
+  // (reordering longer than detection allowed for). Once per ACK frame that shows any.
+  virtual void onSpuriousRetransmission() {}
+  // Once per batch of packets declared lost (not by timeout).
+  virtual void onLossDeclared() {}
 };
 
 // `selective_repeat`: resend exactly what was lost; everything else the receiver has, or will

@@ -6,9 +6,6 @@
 namespace ucxb::udp {
 namespace {
 
-// Floor of the time threshold for loss detection: below this, timer and scheduling noise
-// would declare packets lost that are merely a little late.
-constexpr DurationUs kMinLossDelayUs = 10;
 // The RTO stops doubling after this many consecutive expiries (it is capped at rto_max_us
 // long before anyway).
 constexpr uint32_t kMaxBackoff = 20;
@@ -82,6 +79,12 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
     ++stats_.datagramsAccepted;
     return;
   }
+  if (p.header.type == PacketType::kNack) {
+    if (!onNack(p.nack, now)) return drop(DropReason::kProtocol);
+    ++stats_.nacksReceived;
+    ++stats_.datagramsAccepted;
+    return;
+  }
 
   const PacketNumber pn = p.packetNumber;
   if (!acks_.plausible(pn)) return drop(DropReason::kProtocol);
@@ -95,6 +98,20 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
       ++stats_.datagramsAccepted;
       return;
     case AckTracker::Arrival::kNew: break;
+  }
+  if (p.header.type == PacketType::kData && (p.data.flags & data_flags::kCongestionExperienced)) {
+    ++ceReceived_;
+    ++stats_.ceReceived;
+  }
+  if (p.header.type == PacketType::kData && (p.data.flags & data_flags::kTrimmed)) {
+    // The header of a packet whose payload a congested switch cut: never recorded (so never
+    // acknowledged: to SACK it is a loss like any other), and with trim_nack reported at once,
+    // so the sender resends it without waiting for later packets or a timer. A NACK list
+    // that is full waits for the next pollTransmit; the rest are found by SACK.
+    ++stats_.trimmedReceived;
+    if (config_.trimNack && pendingNacks_.size() < kMaxNackNumbers) pendingNacks_.push_back(pn);
+    ++stats_.datagramsAccepted;
+    return;
   }
   if (p.header.type == PacketType::kData && !acceptInOrder(pn, p.data.flags)) {
     // Not recorded, so never acknowledged: the sender's timeout sends it again. Repeat the
@@ -127,7 +144,8 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
       // probe timeout already counted our ACK delay once.
       acks_.ackSoon();
       break;
-    case PacketType::kAck: break;
+    case PacketType::kAck:
+    case PacketType::kNack: break;
   }
   if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
   ++stats_.datagramsAccepted;
@@ -152,12 +170,33 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   lastActivity_ = now;
   if (sender_.onCreditLimit(ack.creditLimit)) probeBackoff_ = 0;
   stats_.lateAcks += ackResult_.lateAcks;
+  stats_.spuriousRetransmissions += ackResult_.lateDataAcks;
+  if (ackResult_.lateDataAcks > 0) lossRecovery_->onSpuriousRetransmission();
+  AckSignal signal;
+  signal.now = now;
   if (ackResult_.rttSampleSentTime && now >= *ackResult_.rttSampleSentTime) {
-    rtt_.onSample(now - *ackResult_.rttSampleSentTime, ack.ackDelayUs, config_.maxAckDelayUs);
+    const DurationUs rtt = now - *ackResult_.rttSampleSentTime;
+    rtt_.onSample(rtt, ack.ackDelayUs, config_.maxAckDelayUs);
+    const DurationUs delay = std::min<DurationUs>(ack.ackDelayUs, config_.maxAckDelayUs);
+    signal.rttSampleUs = std::max(rtt_.min(), rtt > delay ? rtt - delay : rtt);
+  }
+  // The echo counts up modulo 2^16; an older frame (reordered ACKs) shows a count behind the
+  // one seen, a "difference" past half the range, and brings no news.
+  const uint16_t newMarks = static_cast<uint16_t>(ack.ceCount - ceEchoSeen_);
+  if (newMarks < 0x8000) {
+    ceEchoSeen_ = ack.ceCount;
+    signal.markedPackets = newMarks;
+    stats_.ceEchoed += newMarks;
   }
   for (const SentPacket& p : ackResult_.newlyAcked) {
     congestion_->onPacketAcked(p.sentTime, now);
     if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
+  }
+  signal.ackedPackets = ackResult_.newlyAcked.size();
+  if (signal.ackedPackets > 0 || signal.markedPackets > 0) {
+    signal.minRttUs = rtt_.hasSample() ? rtt_.min() : 0;
+    signal.smoothedRttUs = rtt_.hasSample() ? rtt_.smoothed() : 0;
+    congestion_->onAck(signal);
   }
   if (!ackResult_.newlyAcked.empty() || ackResult_.lateAcks > 0) {
     // The peer is alive and the path works: timeouts start from scratch. A late ACK (of a
@@ -173,13 +212,25 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   return true;
 }
 
-void PeerConnection::detectAndRecover(TimeUs now) {
+bool PeerConnection::onNack(const NackFrame& nack, TimeUs now) {
+  for (uint16_t i = 0; i < nack.count; ++i) {
+    if (nack.numbers[i] >= sent_.nextNumber()) return false;
+  }
   lost_.clear();
-  sent_.detectLosses(now, lossDelay(), config_.reorderThreshold, lost_);
-  if (!lost_.empty()) recover(lost_, now, /*byTimeout=*/false);
+  sent_.declareLost(std::span<const PacketNumber>(nack.numbers.data(), nack.count), lost_);
+  stats_.packetsNacked += lost_.size();
+  recover(lost_, now, LossCause::kNacked);
+  return true;
 }
 
-void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, bool byTimeout) {
+void PeerConnection::detectAndRecover(TimeUs now) {
+  lost_.clear();
+  sent_.detectLosses(now, lossDelay(), lossRecovery_->reorderThreshold(config_.reorderThreshold),
+                     lost_);
+  if (!lost_.empty()) recover(lost_, now, LossCause::kDetected);
+}
+
+void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCause cause) {
   if (lost.empty()) return;
   lostNumbers_.clear();
   for (const SentPacket& p : lost) lostNumbers_.push_back(p.number);
@@ -200,13 +251,17 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, bool byT
     }
   }
   lost.clear();
-  if (!byTimeout) congestion_->onPacketsLost(newestSent, now);
+  switch (cause) {
+    case LossCause::kDetected:
+      lossRecovery_->onLossDeclared();
+      congestion_->onPacketsLost(newestSent, now);
+      break;
+    case LossCause::kNacked: congestion_->onPacketsTrimmed(newestSent, now); break;
+    case LossCause::kTimeout: break;
+  }
 }
 
-DurationUs PeerConnection::lossDelay() const {
-  const DurationUs rtt = std::max(rtt_.smoothed(), rtt_.latest());
-  return std::max(kMinLossDelayUs, rtt + rtt / 8);  // 9/8 RTT (RFC 9002's kTimeThreshold)
-}
+DurationUs PeerConnection::lossDelay() const { return lossRecovery_->lossDelay(rtt_); }
 
 DurationUs PeerConnection::currentRto() const {
   const DurationUs base =
@@ -270,7 +325,7 @@ std::optional<TimeUs> PeerConnection::nextTimeout() const {
   consider(probeDeadline());
   consider(tailProbeDeadline());
   consider(keepaliveDeadline());
-  if (receiver_.creditUpdateUrgent()) consider(lastNow_);
+  if (receiver_.creditUpdateUrgent() || !pendingNacks_.empty()) consider(lastNow_);
   return next;
 }
 
@@ -301,7 +356,7 @@ void PeerConnection::onTimeout(TimeUs now) {
     sent_.expireSentAtOrBefore(now - rto, lost_);
     rtoBackoff_ = std::min(rtoBackoff_ + 1, kMaxBackoff);
     congestion_->onRetransmissionTimeout(now);
-    recover(lost_, now, /*byTimeout=*/true);
+    recover(lost_, now, LossCause::kTimeout);
     // Two ack-eliciting packets per timeout, not one (RFC 9002 6.2.4): with a single packet
     // in flight, one loss either way costs a doubled timeout, and at 30% loss a run of those
     // backed a live peer off to rto_max and past peer_timeout_us.
@@ -335,8 +390,18 @@ size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
   acks_.buildAck(now, maxAckRangesFor(config_.mtuPayload), ackFrame_);
   ackFrame_.creditLimit = receiver_.creditLimit();
   receiver_.noteCreditAdvertised(ackFrame_.creditLimit);
+  ackFrame_.ceCount = static_cast<uint16_t>(ceReceived_);
   const size_t n = encodeAck(out, header(), ackFrame_);
   ++stats_.ackPacketsSent;
+  ++stats_.datagramsSent;
+  stats_.bytesSent += n;
+  return n;
+}
+
+size_t PeerConnection::sendNack(std::span<uint8_t> out) {
+  const size_t n = encodeNack(out, header(), pendingNacks_);
+  pendingNacks_.clear();
+  ++stats_.nacksSent;
   ++stats_.datagramsSent;
   stats_.bytesSent += n;
   return n;
@@ -353,6 +418,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
   lastNow_ = std::max(lastNow_, now);
   // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
   if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
+  if (!pendingNacks_.empty()) return sendNack(out);
   if (probeDue_ || keepaliveDue_ || timeoutProbeDue_) {
     // A PING is reliable: if the peer never acknowledges it, the RTO path gives up on it.
     if (probeDue_) ++probeBackoff_;
@@ -419,6 +485,7 @@ void PeerConnection::fail(const std::string& why) {
 
 bool PeerConnection::idle() const {
   return sender_.idle() && sent_.inFlightCount() == 0 && !acks_.ackDeadline() &&
+         pendingNacks_.empty() &&
          receiver_.activeMessages() == 0 && !receiver_.hasClearToSend();
 }
 

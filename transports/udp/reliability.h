@@ -100,12 +100,16 @@ class PeerConnection {
   PacketHeader header() const;
   void drop(DropReason reason);
   bool onAck(const AckFrame& ack, TimeUs now);
+  // The peer saw these DATA trimmed: false (a protocol violation) for a number never sent.
+  bool onNack(const NackFrame& nack, TimeUs now);
   // go-back-N's receive window of one: false if this DATA must be discarded.
   bool acceptInOrder(PacketNumber pn, uint8_t flags);
   void detectAndRecover(TimeUs now);
-  // Hands lost content back to whoever produced it. `byTimeout`: the RTO already told the
+  // What declared packets lost: which congestion signal it is.
+  enum class LossCause { kDetected, kTimeout, kNacked };
+  // Hands lost content back to whoever produced it. kTimeout: the RTO already told the
   // congestion controller.
-  void recover(std::vector<SentPacket>& lost, TimeUs now, bool byTimeout);
+  void recover(std::vector<SentPacket>& lost, TimeUs now, LossCause cause);
   DurationUs lossDelay() const;
   DurationUs currentRto() const;
   std::optional<TimeUs> rtoDeadline() const;
@@ -115,6 +119,7 @@ class PeerConnection {
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
   size_t sendAck(TimeUs now, std::span<uint8_t> out);
+  size_t sendNack(std::span<uint8_t> out);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
                         bool ackedAtOnce);
 
@@ -157,6 +162,13 @@ class PeerConnection {
   // started, or the next number it needed when last looked up (acceptInOrder).
   bool restartPending_ = true;
   PacketNumber inOrderNext_ = 0;
+
+  // ECN echo: DATA received marked (sent back in every ACK), and the peer's echo of ours as
+  // last seen (both modulo 2^16 on the wire).
+  uint64_t ceReceived_ = 0;
+  uint16_t ceEchoSeen_ = 0;
+  // Trimmed DATA received and not yet NACKed.
+  std::vector<PacketNumber> pendingNacks_;
 
   // Scratch, kept to avoid allocating per datagram.
   DecodedPacket decoded_;

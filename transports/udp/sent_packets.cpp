@@ -24,6 +24,7 @@ SentPacket* SentPackets::find(PacketNumber pn) {
 bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   out.newlyAcked.clear();
   out.lateAcks = 0;
+  out.lateDataAcks = 0;
   out.rttSampleSentTime.reset();
   if (ack.rangeCount == 0) return true;
   // Ranges are descending: the first one holds the largest number.
@@ -52,6 +53,13 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
       }
     }
   }
+  for (uint16_t i = 0; i < ack.rangeCount && !lostData_.empty(); ++i) {
+    auto it = lostData_.lower_bound(ack.ranges[i].smallest);
+    while (it != lostData_.end() && *it <= ack.ranges[i].largest) {
+      ++out.lateDataAcks;
+      it = lostData_.erase(it);
+    }
+  }
   if (!largestAcked_ || ack.ranges[0].largest > *largestAcked_) {
     largestAcked_ = ack.ranges[0].largest;
   }
@@ -63,6 +71,10 @@ void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
   p.state = SentPacket::State::kLost;
   --inFlight_;
   inFlightBytes_ -= p.bytes;
+  if (p.content.kind == PacketContent::Kind::kData) {
+    lostData_.insert(p.number);
+    if (lostData_.size() > kRememberedLost) lostData_.erase(lostData_.begin());
+  }
   lost.push_back(std::move(p));
   p.content = {};  // moved out; the record only needs its state now
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -50,6 +51,10 @@ class SentPackets {
   struct AckResult {
     std::vector<SentPacket> newlyAcked;
     uint64_t lateAcks = 0;  // acknowledged after being declared lost
+    // DATA declared lost (among the last kRememberedLost) and acknowledged after all: their
+    // content was resent for nothing (spurious retransmissions). Counted even after the
+    // record itself is gone, which for a loss at the front of the window is at once.
+    uint64_t lateDataAcks = 0;
     // Send time of the frame's largest packet if this frame is the first to acknowledge it:
     // the one RTT sample the frame yields (RFC 9002 5.1).
     std::optional<TimeUs> rttSampleSentTime;
@@ -86,6 +91,10 @@ class SentPackets {
   size_t inFlight_ = 0;
   uint64_t inFlightBytes_ = 0;
   std::optional<PacketNumber> largestAcked_;
+  // Numbers of the DATA packets declared lost most recently, to tell a spurious
+  // retransmission when one of them is acknowledged after all.
+  static constexpr size_t kRememberedLost = 1024;
+  std::set<PacketNumber> lostData_;
 };
 
 }  // namespace ucxb::udp

@@ -15,6 +15,8 @@ const char* dropReasonName(DropReason reason) {
     case DropReason::kStale: return "stale";
     case DropReason::kAfterGap: return "after_gap";
     case DropReason::kClosed: return "closed";
+    case DropReason::kAuthFailed: return "auth_failed";
+    case DropReason::kReplayed: return "replayed";
     case DropReason::kCount: break;
   }
   return "unknown";
@@ -28,7 +30,7 @@ double goodputBitsPerSecond(const Stats& s) {
 
 std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   std::vector<std::pair<std::string, uint64_t>> out;
-  out.reserve(48);
+  out.reserve(64);
   const auto add = [&out](const char* name, uint64_t v) { out.emplace_back(name, v); };
   add("datagrams_sent", s.datagramsSent);
   add("bytes_sent", s.bytesSent);
@@ -48,6 +50,10 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("retransmitted_bytes", s.retransmittedBytes);
   add("declared_lost", s.packetsDeclaredLost);
   add("late_acks", s.lateAcks);
+  add("spurious_retransmissions", s.spuriousRetransmissions);
+  add("nacks_received", s.nacksReceived);
+  add("packets_nacked", s.packetsNacked);
+  add("ce_echoed", s.ceEchoed);
   add("rto_expiries", s.rtoExpiries);
   add("tail_loss_probes", s.tailLossProbes);
   add("credit_stalls", s.creditStalls);
@@ -55,6 +61,9 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("duplicate_packets", s.duplicatePackets);
   add("duplicate_fragments", s.duplicateFragments);
   add("out_of_order", s.outOfOrderPackets);
+  add("ce_received", s.ceReceived);
+  add("trimmed_received", s.trimmedReceived);
+  add("nacks_sent", s.nacksSent);
   add("unexpected_messages", s.unexpectedMessages);
   add("unexpected_high_water", s.unexpectedBytesHighWater);
   add("messages_sent", s.messagesSent);

@@ -13,7 +13,8 @@
 namespace ucxb::udp {
 
 // Why an incoming datagram was dropped. Every datagram handed to a connection is either
-// accepted or counted under exactly one of these.
+// accepted or counted under exactly one of these (the last two are counted by the Endpoint,
+// which authenticates a datagram before its connection sees it).
 enum class DropReason : uint8_t {
   kTruncated,     // decoder: shorter than its header or its declared lengths
   kBadVersion,    // decoder: unknown wire version
@@ -28,6 +29,10 @@ enum class DropReason : uint8_t {
   kAfterGap,      // go-back-N (the sender's kInOrder flag): DATA that follows a packet not yet
                   // received is discarded, and the sender will send it again
   kClosed,        // the connection has failed
+  kAuthFailed,    // authenticated mode: the datagram does not verify under the peer's key
+                  // (forged, altered, another group's or instance's, no trailer)
+  kReplayed,      // authenticated mode: genuine, but its counter was accepted before (or is
+                  // older than the replay window)
   kCount,
 };
 
@@ -53,6 +58,10 @@ struct Stats {
   uint64_t packetsDeclaredLost = 0;   // by reordering threshold, time threshold or timeout,
                                       // plus go-back-N's give-ups
   uint64_t lateAcks = 0;              // ACKs of packets already declared lost (spurious losses)
+  uint64_t spuriousRetransmissions = 0;  // of those, DATA whose content was resent for nothing
+  uint64_t nacksReceived = 0;         // NACK datagrams (trimmed DATA reported by the peer)
+  uint64_t packetsNacked = 0;         // packets they declared lost at once
+  uint64_t ceEchoed = 0;              // our DATA the peer saw marked Congestion Experienced
   uint64_t rtoExpiries = 0;
   uint64_t tailLossProbes = 0;        // PINGs sent because ACKs stopped with packets in flight
   uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
@@ -62,6 +71,9 @@ struct Stats {
   uint64_t duplicatePackets = 0;    // a packet number received before
   uint64_t duplicateFragments = 0;  // DATA whose bytes had all arrived already (retransmissions)
   uint64_t outOfOrderPackets = 0;   // arrived after a higher-numbered packet
+  uint64_t ceReceived = 0;          // DATA that arrived marked Congestion Experienced
+  uint64_t trimmedReceived = 0;     // DATA that arrived trimmed (payload cut by the network)
+  uint64_t nacksSent = 0;           // NACK datagrams sent for them
   uint64_t unexpectedMessages = 0;  // messages that arrived before their receive was posted
   uint64_t unexpectedBytesHighWater = 0;  // most unexpected budget ever in use
 

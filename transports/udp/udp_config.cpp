@@ -10,7 +10,6 @@ namespace ucxb::udp {
 namespace {
 
 constexpr std::string_view kWhat = "udp config";
-constexpr uint64_t kMinMtuPayload = 256;  // room for a DATA header and a useful fragment
 
 }  // namespace
 
@@ -19,6 +18,7 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
   using config::choice;
   using config::integer;
   using config::member;
+  using config::probability;
   using config::sameOnEveryRank;
   constexpr uint64_t kMaxUs = 600'000'000;  // 10 minutes
   constexpr uint64_t kMaxCount = uint64_t{1} << 20;
@@ -80,15 +80,33 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                         "out-of-order data) or go_back_n (the receiver drops what follows a "
                         "gap; the sender resends from the lost packet on)"),
                  &UdpConfig::lossRecovery),
-          member(choice("congestion", congestionControlNames(), "none (a fixed window) or aimd (a Reno-style window in "
-                        "packets)"),
+          member(choice("congestion", congestionControlNames(),
+                        "none (a fixed window), aimd (a Reno-style window in packets), delay "
+                        "(Swift-style, from the queueing delay), ecn (DCQCN-style, from the "
+                        "echoed marks) or bdp (IRN's cap at the bandwidth-delay product)"),
                  &UdpConfig::congestion),
           member(integer("initial_cwnd_packets", 1, kMaxCount,
-                         "aimd: window at start and its slow-start origin"),
+                         "congestion window at start (aimd: its slow-start origin)"),
                  &UdpConfig::initialCwndPackets),
           member(integer("min_cwnd_packets", 1, kMaxCount,
-                         "aimd: floor after losses and timeouts"),
+                         "congestion window floor after losses and timeouts"),
                  &UdpConfig::minCwndPackets),
+          member(integer("cc_target_delay_us", 1, kMaxUs,
+                         "delay: queueing delay (RTT less min RTT) the window aims at"),
+                 &UdpConfig::ccTargetDelayUs),
+          member(probability("cc_beta", "delay: decrease per unit of excess delay, "
+                                        "w *= 1 - beta * (delay - target) / delay"),
+                 &UdpConfig::ccBeta),
+          member(probability("cc_ecn_gain", "ecn: weight g of the latest marked fraction in "
+                                            "alpha = (1 - g) alpha + g F"),
+                 &UdpConfig::ccEcnGain),
+          member(integer("cc_link_mbps", 1, 10'000'000,
+                         "bdp: bottleneck rate in Mbit/s; the cap is it times the min RTT"),
+                 &UdpConfig::ccLinkMbps),
+          member(integer("trim_nack", 0, 1,
+                         "1: NACK a trimmed DATA at once so the sender resends it; 0: treat it "
+                         "as lost (SACK finds it)"),
+                 &UdpConfig::trimNack),
           member(integer("keepalive_us", 0, kMaxUs,
                          "silence before a PING while a receive waits on the peer (0: off)"),
                  &UdpConfig::keepaliveUs),

@@ -18,6 +18,9 @@ namespace ucxb::udp {
 using config::ConfigError;
 using config::joinNames;
 
+// The smallest mtu_payload: room for a DATA header and a useful fragment.
+constexpr uint64_t kMinMtuPayload = 256;
+
 struct UdpConfig {
   // Largest datagram sent (UDP payload bytes, our header included). 1472 = 1500-byte Ethernet
   // MTU minus IPv4 (20) and UDP (8) headers; 8972 for 9000-byte jumbo frames; up to 65507
@@ -84,8 +87,21 @@ struct UdpConfig {
 
   std::string lossRecovery = "selective_repeat";  // see lossRecoveryNames()
   std::string congestion = "none";                // see congestionControlNames()
-  uint32_t initialCwndPackets = 32;  // aimd: window at start and its slow-start origin
-  uint32_t minCwndPackets = 2;       // aimd: floor after losses and timeouts
+  uint32_t initialCwndPackets = 32;  // window at start (aimd: its slow-start origin)
+  uint32_t minCwndPackets = 2;       // floor after losses and timeouts
+  // delay: the queueing delay (RTT sample less min RTT) the window aims at, and how hard it
+  // backs off per unit of excess (Swift's beta).
+  DurationUs ccTargetDelayUs = 50;
+  double ccBeta = 0.8;
+  // ecn: weight of the latest window's marked fraction in alpha (DCTCP's g).
+  double ccEcnGain = 1.0 / 16;
+  // bdp: the bottleneck's rate, which times the min RTT is the cap on bytes in flight.
+  uint64_t ccLinkMbps = 10'000;
+
+  // A DATA datagram that arrives trimmed (a congested switch cut its payload) is answered at
+  // once with a NACK, on which the sender resends it: loss news one queue early. 0: the
+  // trimmed packet is treated as lost, and found by SACK like any loss.
+  uint32_t trimNack = 1;
 };
 
 // Every knob above, declared once: name, range, help (defaults: the initializers above).

@@ -284,17 +284,24 @@ Counters UdpTransport::transportCounters() const {
       {"segmentation_offload", socket_.segmentationOffload() ? 1u : 0u},
       {"receive_offload", socket_.receiveOffload() ? 1u : 0u},
       {"mtu_payload", endpoint_.options().config.mtuPayload},
+      // 1: every datagram is sealed and checked (secret_file; datagram_auth.h)
+      {"authenticated", endpoint_.options().groupKey ? 1u : 0u},
       {"socket_receive_buffer", static_cast<uint64_t>(socket_.receiveBufferBytes())},
       {"socket_send_buffer", static_cast<uint64_t>(socket_.sendBufferBytes())},
   };
   if (const FaultInjector* faults = endpoint_.faults()) {
-    const auto& f = faults->counters();
+    const auto f = faults->counters();
     c.insert(c.end(), {{"faults_seen", f.seen},
                        {"faults_dropped", f.dropped},
                        {"faults_duplicated", f.duplicated},
                        {"faults_reordered", f.reordered},
                        {"faults_delayed", f.delayed},
-                       {"faults_corrupted", f.corrupted}});
+                       {"faults_corrupted", f.corrupted},
+                       {"faults_burst_dropped", f.burstDropped},
+                       {"faults_queue_dropped", f.queueDropped},
+                       {"faults_marked", f.marked},
+                       {"faults_trimmed", f.trimmed},
+                       {"faults_queue_high_water", f.queueHighWater}});
   }
   return c;
 }

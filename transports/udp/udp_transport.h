@@ -14,7 +14,9 @@
 // Addresses: each rank binds one socket to the address it was given (the interface chosen in
 // Python) and a free port; the blob exchanged through the Store carries that address. A
 // datagram from any other address is dropped and counted, as is one with another group
-// instance's session token (the core checks the token and the source rank).
+// instance's session token (the core checks the token and the source rank). In the
+// authenticated mode (secret_file) the endpoint first checks each datagram's tag and counter
+// (datagram_auth.h).
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,9 @@ constexpr size_t kOffPacketNumber = 16;
 constexpr size_t kOffTag = 24, kOffMessageId = 32, kOffMessageLength = 40, kOffOffset = 48,
                  kOffFragmentLength = 56, kOffFlags = 58, kOffDataReserved = 59;
 constexpr size_t kOffLargest = 16, kOffCredit = 24, kOffAckDelay = 32, kOffRangeCount = 36,
-                 kOffAckReserved = 38, kOffFirstRange = 40;
+                 kOffCeCount = 38, kOffFirstRange = 40;
 constexpr size_t kOffCtsCount = 24, kOffCtsReserved = 26;
+constexpr size_t kOffNackCount = 16, kOffNackReserved = 18;
 
 // Explicit little-endian stores and loads: the format does not depend on the host.
 void put8(uint8_t* p, uint8_t v) { p[0] = v; }
@@ -74,8 +75,12 @@ DecodeError decodeData(const uint8_t* p, size_t n, DecodedPacket& out) {
   d.fragmentLength = get16(p + kOffFragmentLength);
   d.flags = p[kOffFlags];
   const size_t carried = n - kDataHeaderBytes;
-  if (carried < d.fragmentLength) return DecodeError::kTruncated;
-  if (carried > d.fragmentLength) return DecodeError::kMalformed;  // trailing bytes
+  const bool trimmed = d.flags & data_flags::kTrimmed;
+  // A trimmed fragment keeps its length but carries nothing (its payload was cut).
+  if (trimmed ? carried != 0 : carried < d.fragmentLength) {
+    return trimmed ? DecodeError::kMalformed : DecodeError::kTruncated;
+  }
+  if (!trimmed && carried > d.fragmentLength) return DecodeError::kMalformed;  // trailing bytes
   if (p[kOffDataReserved] != 0 || (d.flags & ~data_flags::kKnown) != 0) {
     return DecodeError::kMalformed;
   }
@@ -99,7 +104,8 @@ DecodeError decodeData(const uint8_t* p, size_t n, DecodedPacket& out) {
       return DecodeError::kMalformed;
     }
   }
-  out.payload = std::span<const uint8_t>(p + kDataHeaderBytes, d.fragmentLength);
+  if (trimmed && d.fragmentLength == 0) return DecodeError::kMalformed;  // nothing to cut
+  out.payload = std::span<const uint8_t>(p + kDataHeaderBytes, trimmed ? 0 : d.fragmentLength);
   return DecodeError::kNone;
 }
 
@@ -111,7 +117,8 @@ DecodeError decodeAck(const uint8_t* p, size_t n, DecodedPacket& out) {
   a.ackDelayUs = get32(p + kOffAckDelay);
   const uint16_t count = get16(p + kOffRangeCount);
   const uint32_t firstLength = get32(p + kOffFirstRange);
-  if (get16(p + kOffAckReserved) != 0 || count > kMaxAckRanges) return DecodeError::kMalformed;
+  a.ceCount = get16(p + kOffCeCount);
+  if (count > kMaxAckRanges) return DecodeError::kMalformed;
   const size_t expected = ackBytes(count);
   if (n < expected) return DecodeError::kTruncated;
   if (n > expected) return DecodeError::kMalformed;
@@ -148,6 +155,30 @@ DecodeError decodeCts(const uint8_t* p, size_t n, DecodedPacket& out) {
   return DecodeError::kNone;
 }
 
+DecodeError decodeNack(const uint8_t* p, size_t n, DecodedPacket& out) {
+  if (n < kNackFixedBytes) return DecodeError::kTruncated;
+  const uint16_t count = get16(p + kOffNackCount);
+  if (get16(p + kOffNackReserved) != 0 || count == 0 || count > kMaxNackNumbers) {
+    return DecodeError::kMalformed;
+  }
+  const size_t expected = nackBytes(count);
+  if (n < expected) return DecodeError::kTruncated;
+  if (n > expected) return DecodeError::kMalformed;
+  out.nack.count = count;
+  for (uint16_t i = 0; i < count; ++i) {
+    out.nack.numbers[i] = get64(p + kNackFixedBytes + 8 * i);
+    if (out.nack.numbers[i] > kMaxPacketNumber) return DecodeError::kMalformed;
+  }
+  return DecodeError::kNone;
+}
+
+// A DATA datagram whose checksum holds (an emulated switch leaves anything else alone).
+bool isIntactData(std::span<const uint8_t> d) {
+  return d.size() >= kDataHeaderBytes && d[kOffVersion] == kWireVersion &&
+         d[kOffType] == static_cast<uint8_t>(PacketType::kData) &&
+         get32(d.data() + kOffCrc) == datagramChecksum(d.data(), d.size());
+}
+
 }  // namespace
 
 const char* decodeErrorName(DecodeError e) {
@@ -170,7 +201,7 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   if (p[kOffVersion] != kWireVersion) return DecodeError::kBadVersion;
   const uint8_t type = p[kOffType];
   if (type < static_cast<uint8_t>(PacketType::kData) ||
-      type > static_cast<uint8_t>(PacketType::kPing)) {
+      type > static_cast<uint8_t>(PacketType::kNack)) {
     return DecodeError::kBadType;
   }
   // The checksum before any other field: a corrupted length must not be believed.
@@ -180,6 +211,7 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   out.header.token = get64(p + kOffToken);
   out.payload = {};
   if (out.header.type == PacketType::kAck) return decodeAck(p, n, out);
+  if (out.header.type == PacketType::kNack) return decodeNack(p, n, out);
   if (n < kReliableHeaderBytes) return DecodeError::kTruncated;
   out.packetNumber = get64(p + kOffPacketNumber);
   if (out.packetNumber > kMaxPacketNumber) return DecodeError::kMalformed;
@@ -188,7 +220,8 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
     case PacketType::kCts: return decodeCts(p, n, out);
     case PacketType::kPing:
       return n == kPingBytes ? DecodeError::kNone : DecodeError::kMalformed;
-    case PacketType::kAck: break;
+    case PacketType::kAck:
+    case PacketType::kNack: break;
   }
   return DecodeError::kBadType;
 }
@@ -226,7 +259,7 @@ size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFr
   put64(p + kOffCredit, ack.creditLimit);
   put32(p + kOffAckDelay, ack.ackDelayUs);
   put16(p + kOffRangeCount, ack.rangeCount);
-  put16(p + kOffAckReserved, 0);
+  put16(p + kOffCeCount, ack.ceCount);
   if (ack.rangeCount == 0) {
     put64(p + kOffLargest, 0);
     put32(p + kOffFirstRange, 0);
@@ -269,6 +302,22 @@ size_t encodePing(std::span<uint8_t> out, const PacketHeader& header, PacketNumb
   return kPingBytes;
 }
 
+size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
+                  std::span<const PacketNumber> numbers) {
+  if (numbers.empty() || numbers.size() > kMaxNackNumbers) {
+    throw std::length_error("udp wire format: a NACK packet carries 1 to 64 packet numbers");
+  }
+  const size_t n = nackBytes(numbers.size());
+  requireRoom(out, n, "NACK packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kNack);
+  put16(p + kOffNackCount, static_cast<uint16_t>(numbers.size()));
+  put16(p + kOffNackReserved, 0);
+  for (size_t i = 0; i < numbers.size(); ++i) put64(p + kNackFixedBytes + 8 * i, numbers[i]);
+  put32(p + kOffCrc, datagramChecksum(p, n));
+  return n;
+}
+
 size_t maxAckRangesFor(size_t mtuPayload) {
   if (mtuPayload < kAckFixedBytes) return 0;
   return std::min(kMaxAckRanges, (mtuPayload - kAckFixedBytes) / kAckRangeBytes + 1);
@@ -282,6 +331,28 @@ size_t maxCtsIdsFor(size_t mtuPayload) {
 void sealChecksum(std::span<uint8_t> datagram) {
   if (datagram.size() < kCommonHeaderBytes) return;
   put32(datagram.data() + kOffCrc, datagramChecksum(datagram.data(), datagram.size()));
+}
+
+}  // namespace ucxb::udp
+
+namespace ucxb::udp {
+
+bool markCongestionExperienced(std::span<uint8_t> datagram) {
+  if (!isIntactData(datagram)) return false;
+  datagram[kOffFlags] |= data_flags::kCongestionExperienced;
+  sealChecksum(datagram);
+  return true;
+}
+
+bool trimData(std::vector<uint8_t>& datagram) {
+  if (!isIntactData(datagram) || datagram.size() == kDataHeaderBytes ||
+      (datagram[kOffFlags] & data_flags::kTrimmed)) {
+    return false;
+  }
+  datagram.resize(kDataHeaderBytes);
+  datagram[kOffFlags] |= data_flags::kTrimmed;
+  sealChecksum(datagram);
+  return true;
 }
 
 }  // namespace ucxb::udp

@@ -17,10 +17,13 @@
 //   24 u64 tag   32 u64 message id   40 u64 message length   48 u64 offset
 //   56 u16 fragment length   58 u8 flags (data_flags)   59 u8 reserved (0)
 //   Every fragment repeats the message's tag and length, so whichever fragment arrives first
-//   can be matched to a posted receive and written straight into it.
+//   can be matched to a posted receive and written straight into it. A trimmed DATA (flag
+//   kTrimmed, set by a congested switch) is the header alone: its payload was cut on the way,
+//   and its fragment length still says how long the payload was.
 // ACK (44 bytes + 8 per extra range; not reliable, never acknowledged):
 //   16 u64 largest acknowledged   24 u64 credit limit   32 u32 ack delay (us)
-//   36 u16 range count   38 u16 reserved (0)   40 u32 first range length
+//   36 u16 range count   38 u16 CE count (DATA received marked kCongestionExperienced, since
+//   the start, modulo 2^16: the ECN echo)   40 u32 first range length
 //   44 (range count - 1) x { u32 gap, u32 length }
 //   The first range is [largest - first range length, largest]; each next range ends `gap`+1
 //   below the previous range's smallest (gap = missing numbers in between, >= 1) and spans
@@ -29,6 +32,8 @@
 // CTS (clear to send; 28 bytes + 8 per id): 24 u16 count   26 u16 reserved (0)   28 count x u64
 //   message id: the receiver has posted the buffer for these rendezvous messages.
 // PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
+// NACK (20 bytes + 8 per number; not reliable): 16 u16 count   18 u16 reserved (0)
+//   20 count x u64 packet number: DATA that arrived trimmed; the sender resends at once.
 #pragma once
 
 #include <array>
@@ -36,6 +41,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "transports/udp/udp_types.h"
 
@@ -43,7 +49,7 @@ namespace ucxb::udp {
 
 constexpr uint8_t kWireVersion = 1;
 
-enum class PacketType : uint8_t { kData = 1, kAck = 2, kCts = 3, kPing = 4 };
+enum class PacketType : uint8_t { kData = 1, kAck = 2, kCts = 3, kPing = 4, kNack = 5 };
 
 // DATA flags. A message is sent either eagerly (fragments go out at once; the receiver
 // buffers them if no receive is posted yet) or by rendezvous (a request-to-send carrying only
@@ -58,7 +64,13 @@ constexpr uint8_t kInOrder = 0x04;
 // With kInOrder: the sender went back and abandoned every earlier packet the receiver has not
 // seen; in-order delivery restarts here.
 constexpr uint8_t kRestart = 0x08;
-constexpr uint8_t kKnown = kRendezvousRequest | kRendezvousData | kInOrder | kRestart;
+// Set by the network, never by a sender (the fault layer's emulated bottleneck, which reseals
+// the checksum): the packet found a queue above its marking threshold (ECN's CE) ...
+constexpr uint8_t kCongestionExperienced = 0x10;
+// ... or above its trimming threshold, and lost its payload on the way (UET packet trimming).
+constexpr uint8_t kTrimmed = 0x20;
+constexpr uint8_t kKnown =
+    kRendezvousRequest | kRendezvousData | kInOrder | kRestart | kCongestionExperienced | kTrimmed;
 }  // namespace data_flags
 
 constexpr size_t kCommonHeaderBytes = 16;
@@ -68,6 +80,8 @@ constexpr size_t kAckFixedBytes = 44;
 constexpr size_t kAckRangeBytes = 8;
 constexpr size_t kCtsFixedBytes = 28;
 constexpr size_t kPingBytes = 24;
+constexpr size_t kNackFixedBytes = 20;
+constexpr size_t kMaxNackNumbers = 64;
 constexpr size_t kMaxDatagramBytes = 65507;  // largest UDP payload over IPv4
 constexpr size_t kMaxAckRanges = 64;
 constexpr size_t kMaxCtsIds = 64;
@@ -106,6 +120,7 @@ struct AckFrame {
   uint64_t creditLimit = 0;
   uint32_t ackDelayUs = 0;
   uint16_t rangeCount = 0;  // 0: no packet acknowledged, only the credit limit
+  uint16_t ceCount = 0;     // DATA received marked Congestion Experienced, modulo 2^16
   std::array<PacketRange, kMaxAckRanges> ranges{};  // descending, disjoint, non-adjacent
   PacketNumber largest() const { return rangeCount ? ranges[0].largest : 0; }
 };
@@ -113,6 +128,11 @@ struct AckFrame {
 struct CtsFrame {
   uint16_t count = 0;
   std::array<MessageId, kMaxCtsIds> ids{};
+};
+
+struct NackFrame {
+  uint16_t count = 0;
+  std::array<PacketNumber, kMaxNackNumbers> numbers{};
 };
 
 // Why a datagram could not be decoded. Connections add the reasons that need state
@@ -135,6 +155,7 @@ struct DecodedPacket {
   std::span<const uint8_t> payload;  // DATA: points into the datagram
   AckFrame ack;                   // ACK
   CtsFrame cts;                   // CTS
+  NackFrame nack;                 // NACK
 };
 
 // Checks and decodes one datagram. On kNone, `out` describes it; otherwise `out` is
@@ -153,11 +174,14 @@ size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFr
 size_t encodeCts(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn,
                  std::span<const MessageId> ids);
 size_t encodePing(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn);
+size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
+                  std::span<const PacketNumber> numbers);
 
 constexpr size_t ackBytes(size_t ranges) {
   return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0);
 }
 constexpr size_t ctsBytes(size_t ids) { return kCtsFixedBytes + ids * 8; }
+constexpr size_t nackBytes(size_t numbers) { return kNackFixedBytes + numbers * 8; }
 
 // Most payload bytes one DATA datagram of at most `mtuPayload` bytes can carry.
 constexpr size_t maxFragmentBytes(size_t mtuPayload) { return mtuPayload - kDataHeaderBytes; }
@@ -168,5 +192,11 @@ size_t maxCtsIdsFor(size_t mtuPayload);
 // Recomputes the checksum of an encoded datagram in place (tests and fault injection use it
 // to make a mutated datagram pass the CRC and reach the deeper checks).
 void sealChecksum(std::span<uint8_t> datagram);
+
+// What an emulated switch does to a DATA datagram with a valid checksum (anything else is
+// left alone and false returned); both reseal the checksum. Sets kCongestionExperienced:
+bool markCongestionExperienced(std::span<uint8_t> datagram);
+// Cuts the payload off and sets kTrimmed (the fragment length stays):
+bool trimData(std::vector<uint8_t>& datagram);
 
 }  // namespace ucxb::udp

@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -98,20 +99,20 @@ class RankProcess(Protocol):
 
 
 class ForkedRank:
-    """A rank forked from this process, running ``ucxbackend bench`` with ``argv`` in ``env``;
-    polled, killed and reaped like a ``subprocess.Popen``."""
+    """A rank forked from this process, running ``ucxbackend <command>`` (``bench``, ``soak``)
+    with ``argv`` in ``env``; polled, killed and reaped like a ``subprocess.Popen``."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], command: str = "bench") -> None:
         self.returncode: int | None = None
         sys.stdout.flush()  # or the child would write this process's buffered output again
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._run_rank(argv, env)  # never returns
+            self._run_rank(command, argv, env)  # never returns
         self.pid = pid
 
     @staticmethod
-    def _run_rank(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    def _run_rank(command: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
         code = EXIT_FAILED
         try:
             os.environ.clear()
@@ -122,7 +123,7 @@ class ForkedRank:
             torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
             from ucxbackend.cli import main
 
-            code = main(["bench", *argv])  # a rank leaves by os._exit() itself
+            code = main([command, *argv])  # a rank leaves by os._exit() itself
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else EXIT_FAILED
         except BaseException:
@@ -165,9 +166,12 @@ def _kill_all(procs: Sequence[RankProcess]) -> None:
         p.wait()
 
 
-def supervise(procs: Sequence[RankProcess], timeout: float, err: TextIO) -> int:
+def supervise(
+    procs: Sequence[RankProcess], timeout: float, err: TextIO, command: str = "bench"
+) -> int:
     """Wait for the ranks; kill them all past the deadline, or when one failed and the others
-    have not exited ``_FAIL_GRACE_S`` later. Returns the bench's exit status."""
+    have not exited ``_FAIL_GRACE_S`` later. Returns the command's exit status (a rank's
+    exit status is the bench's: :data:`.common.EXIT_OK` ... ``EXIT_FAILED``)."""
     deadline = time.monotonic() + timeout
     grace_end = math.inf  # set once a rank has failed
     timed_out = False
@@ -189,7 +193,7 @@ def supervise(procs: Sequence[RankProcess], timeout: float, err: TextIO) -> int:
         alive = [r for r, p in enumerate(procs) if p.poll() is None]
         _kill_all(procs)
     if timed_out:
-        err.write(f"bench: error: timed out after {timeout:g}s; killed ranks {alive}\n")
+        err.write(f"{command}: error: timed out after {timeout:g}s; killed ranks {alive}\n")
         return EXIT_FAILED
     codes = [p.returncode for p in procs]
     if all(c == EXIT_OK for c in codes):
@@ -201,7 +205,7 @@ def supervise(procs: Sequence[RankProcess], timeout: float, err: TextIO) -> int:
     for rank, code in enumerate(codes):
         if code not in (EXIT_OK, EXIT_WRONG):
             what = "was killed" if rank in alive else f"exited with status {code}"
-            err.write(f"bench: error: rank {rank} {what}\n")
+            err.write(f"{command}: error: rank {rank} {what}\n")
     return EXIT_FAILED
 
 
@@ -209,18 +213,40 @@ def launch(opts: BenchOptions, err: TextIO) -> int:
     """Start ``--nproc`` ranks on this host (a free port picked now) and supervise them."""
     world = opts.nproc or 2
     validate_environment(opts, world)
+    return launch_ranks("bench", opts.to_argv(), world, opts.timeout, err)
+
+
+def launch_ranks(command: str, argv: Sequence[str], world: int, timeout: float, err: TextIO) -> int:
+    """Fork ``world`` ranks of ``ucxbackend <command> <argv>`` (a free port picked now) and
+    supervise them; ``timeout``: the ranks' own deadline, which they stop themselves at."""
     port = free_port()
-    argv = opts.to_argv()
-    logger.info("forking %d ranks: bench %s", world, " ".join(argv))
+    logger.info("forking %d ranks: %s %s", world, command, " ".join(argv))
     procs: list[RankProcess] = []
     try:
         for rank in range(world):
-            procs.append(ForkedRank(argv, child_env(os.environ, rank, world, port)))
+            procs.append(ForkedRank(argv, child_env(os.environ, rank, world, port), command))
     except OSError as exc:
         _kill_all(procs)
         raise BenchError(f"could not start rank {len(procs)}: {exc}") from exc
-    # The ranks stop themselves at --timeout; the margin lets them say so first.
-    return supervise(procs, opts.timeout + 5.0, err)
+    # The margin lets the ranks say they timed out first.
+    return supervise(procs, timeout + 5.0, err, command)
+
+
+def start_watchdog(
+    timeout: float, rank: int, err: TextIO, command: str = "bench"
+) -> threading.Timer:
+    """Ends this rank (exit status EXIT_FAILED) once ``timeout`` seconds have passed: a rank
+    stops itself at ``--timeout``, before its launcher kills it, and says so."""
+
+    def expire() -> None:
+        err.write(f"{command}: rank {rank}: timed out after {timeout:g}s (--timeout); exiting\n")
+        err.flush()
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def under_launcher(env: Mapping[str, str] | None = None) -> bool:

@@ -213,7 +213,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     udp = parser.add_argument_group(
         "udp protocol variants",
         "Each variant is a column of its own: a udp group created with its own pg_options "
-        "(udp_config and udp_faults; UCXBACKEND_UDP_CONFIG/_FAULTS do not reach it). Variant "
+        "(udp_config, udp_faults and secret_file; UCXBACKEND_UDP_CONFIG/_FAULTS/SECRET_FILE "
+        "do not reach it). Variant "
         "columns come first, in order (the first column is the reference of the ratios), then "
         "--backends. A transport statistics block (retransmissions, losses, RTOs, injected "
         "drops per op, smoothed RTT) follows each table for every udp column.",
@@ -228,7 +229,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(each key goes where it belongs, e.g. 'gbn5:drop=0.05,loss_recovery=go_back_n'); "
         "'LABEL:' alone = udp defaults, lossless; without 'LABEL:' only loss_recovery and drop "
         "may be set and the label is made as the sweep's; several variants: repeat the option "
-        "or separate them with ';' ('lossless:;sr1:drop=0.01')",
+        "or separate them with ';' ('lossless:;sr1:drop=0.01'); 'auth:secret_file=PATH' "
+        "measures the authenticated mode",
     )
     udp.add_argument(
         "--udp-drop",

@@ -170,6 +170,10 @@ _UDP_BLOCK: Final = (
     ("lost/op", "declared_lost", "{:.2f}"),
     ("rto/op", "rto_expiries", "{:.2f}"),
     ("drops/op", "faults_dropped", "{:.2f}"),
+    ("qdrops/op", "faults_queue_dropped", "{:.2f}"),
+    ("marks/op", "faults_marked", "{:.2f}"),
+    ("trims/op", "faults_trimmed", "{:.2f}"),
+    ("spur/op", "spurious_retransmissions", "{:.2f}"),
     ("data/op", "data_packets_sent", "{:.1f}"),
     ("srtt(us)", "rtt_smoothed_us", "{:.0f}"),
 )
@@ -188,7 +192,8 @@ def format_transport_block(
     fmt = "#{:>11}  {:<" + str(width) + "}" + "".join("  {:>10}" for _ in _UDP_BLOCK)
     lines = [
         f"# udp transport statistics ({collective}): per op over the timed iterations, summed "
-        "over ranks (drops: injected; data: data packets, resends included); srtt: max over ranks",
+        "over ranks (drops: injected; qdrops, marks, trims: at the emulated bottleneck; spur: "
+        "spurious retransmissions; data: data packets, resends included); srtt: max over ranks",
         fmt.format("size", "column", *(h for h, _, _ in _UDP_BLOCK)),
     ]
     for row in rows:
@@ -389,6 +394,7 @@ def header_lines(
     ]
     lines += [
         f"# udp variant {v.label}: udp_config={v.udp_config!r} udp_faults={v.udp_faults!r}"
+        + (f" secret_file={v.secret_file!r}" if v.secret_file else "")
         for v in opts.udp_variants
     ]
     if mpi.status == "ok":

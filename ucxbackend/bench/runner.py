@@ -23,7 +23,6 @@ import logging
 import os
 import platform
 import socket
-import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, TextIO
@@ -47,7 +46,7 @@ from .common import (
     BenchError,
     UsageError,
 )
-from .launcher import recorded_command
+from .launcher import recorded_command, start_watchdog
 from .mpi import MpiOutcome, run_mpi_reference
 from .ops import column_label
 from .options import BenchOptions, validate_environment
@@ -171,18 +170,6 @@ def nccl_skip_reason(nccl_available: bool, ranks: Sequence[Mapping[str, Any]]) -
                 "and NCCL cannot run two ranks on one GPU"
             )
     return None
-
-
-def _start_watchdog(timeout: float, rank: int, err: TextIO) -> threading.Timer:
-    def expire() -> None:
-        err.write(f"bench: rank {rank}: timed out after {timeout:g}s (--timeout); exiting\n")
-        err.flush()
-        os._exit(EXIT_FAILED)
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 class _Sweep:
@@ -313,7 +300,7 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
     if opts.nproc is not None and opts.nproc != world and ARGV_ENV not in os.environ:
         logger.warning("--nproc %d ignored: the launcher started %d ranks", opts.nproc, world)
     validate_environment(opts, world)  # importing this module registered "ucx"
-    _start_watchdog(opts.timeout, rank, err)
+    start_watchdog(opts.timeout, rank, err)
     cuda_env(os.environ, opts.device)  # read when the ucx groups are created
     device, sync = _device(opts, local_rank)
     timeout = timedelta(seconds=opts.timeout)

@@ -26,9 +26,14 @@ UDP: Final = "udp"
 UDP_POLICIES: Final[Mapping[str, str]] = {"selective_repeat": "sr", "go_back_n": "gbn"}
 DEFAULT_UDP_POLICY: Final = "selective_repeat"
 DEFAULT_UDP_SEED: Final = 1
-_UDP_PROBABILITIES: Final = frozenset({"drop", "dup", "reorder", "delay", "corrupt"})
+_UDP_PROBABILITIES: Final = frozenset(
+    {"drop", "dup", "reorder", "delay", "corrupt", "ge_enter", "ge_leave", "ge_drop"}
+)
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9_.@%+:-]+")
-# Per-op counters of a udp column: udp stats() "total" keys (and "faults_dropped", from
+# The one variant key that is a knob of its own rather than a udp_config or udp_faults key:
+# a variant measured in the authenticated mode ('auth:secret_file=/path/to/secret').
+SECRET_FILE_KEY: Final = "secret_file"
+# Per-op counters of a udp column: udp stats() "total" keys (and the "faults_*" ones, from
 # "transport"), the change over the timed iterations summed over ranks, divided by -n.
 UDP_COUNTERS: Final = (
     "retransmitted_packets",
@@ -36,6 +41,10 @@ UDP_COUNTERS: Final = (
     "declared_lost",
     "rto_expiries",
     "faults_dropped",
+    "faults_queue_dropped",  # the emulated bottleneck's drop-tail
+    "faults_marked",
+    "faults_trimmed",
+    "spurious_retransmissions",
     "data_packets_sent",
     "datagrams_sent",
     "duplicate_packets",
@@ -58,16 +67,28 @@ class UdpVariant:
     label: str
     udp_config: str = ""
     udp_faults: str = ""
+    # The authenticated mode's secret file ('': off); passed always, so that
+    # UCXBACKEND_SECRET_FILE does not reach a variant either.
+    secret_file: str = ""
 
     def pg_options(self) -> dict[str, str]:
-        return {"udp_config": self.udp_config, "udp_faults": self.udp_faults}
+        return {
+            "udp_config": self.udp_config,
+            "udp_faults": self.udp_faults,
+            "secret_file": self.secret_file,
+        }
 
     def spec(self) -> str:
         """``LABEL:KEY=VALUE,...``, which :func:`parse_udp_variants` reads back."""
-        return f"{self.label}:{','.join(s for s in (self.udp_config, self.udp_faults) if s)}"
+        secret = f"{SECRET_FILE_KEY}={self.secret_file}" if self.secret_file else ""
+        parts = (self.udp_config, self.udp_faults, secret)
+        return f"{self.label}:{','.join(s for s in parts if s)}"
 
     def describe(self) -> dict[str, str]:
-        return {"label": self.label, "backend": UDP, **self.pg_options()}
+        described = {"label": self.label, "backend": UDP, **self.pg_options()}
+        if not self.secret_file:
+            del described[SECRET_FILE_KEY]
+        return described
 
 
 def _percent(drop: float) -> str:
@@ -101,10 +122,10 @@ def parse_udp_settings(where: str, body: str, *, labelled: bool = True) -> dict[
         if not sep:
             hint = f" (a variant named {item!r} with the defaults is '{item}:')"
             raise ValueError(f"{where}: {item!r} is not KEY=VALUE{'' if labelled else hint}")
-        if key not in config_keys and key not in fault_keys:
+        if key not in config_keys and key not in fault_keys and key != SECRET_FILE_KEY:
             raise ValueError(
                 f"{where}: unknown key {key!r}; udp_config keys: {', '.join(config_keys)}; "
-                f"udp_faults keys: {', '.join(fault_keys)}"
+                f"udp_faults keys: {', '.join(fault_keys)}; and {SECRET_FILE_KEY}"
             )
         if not value:
             raise ValueError(f"{where}: {key}= has no value")
@@ -131,7 +152,8 @@ def parse_udp_variant(
     variant with the udp defaults (lossless). Each key goes to ``udp_config`` or
     ``udp_faults`` by name (the two key sets are disjoint). ``common`` settings
     (``--udp-common``) apply where the variant does not set the key itself. Without a
-    ``seed`` key, faults get ``seed=<seed>``. An unlabelled variant may only set
+    ``seed`` key, faults get ``seed=<seed>``. ``secret_file=PATH`` measures the variant in the
+    authenticated mode (the ``secret_file`` knob). An unlabelled variant may only set
     ``loss_recovery`` and ``drop``; it is labelled as the sweep labels (``udp:gbn@5%``).
     Raises ValueError naming the bad part.
     """
@@ -169,6 +191,7 @@ def parse_udp_variant(
             raise ValueError(f"{where}: drop={own['drop']} is not a probability") from None
         label = f"udp:{UDP_POLICIES.get(policy, policy)}@{_percent(drop)}"
     settings = {**own, **{k: v for k, v in (common or {}).items() if k not in own}}
+    secret_file = settings.pop(SECRET_FILE_KEY, "")
     config = {k: v for k, v in settings.items() if k in config_keys}
     faults = {k: v for k, v in settings.items() if k not in config_keys}
     if faults and "seed" not in faults:
@@ -180,7 +203,7 @@ def parse_udp_variant(
         _validate_udp("faults", udp_faults)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    return UdpVariant(label, udp_config, udp_faults)
+    return UdpVariant(label, udp_config, udp_faults, secret_file)
 
 
 def parse_udp_variants(
