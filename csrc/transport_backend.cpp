@@ -94,25 +94,43 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   }
   std::unique_ptr<Transport> transport;
   std::unique_ptr<StagingArea> staging;
+  PhaseClock clock(profile_);
   try {
-    AddressExchange exchange(*store_, groupId_, rank, size);
+    AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
+    clock.mark("join");
     const auto groupKey = udpGroupKey(options_, groupId_, exchange);
     transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
-    // One Store round carries every rank's address, transport and must-agree settings; all
-    // are checked before the transport sees a peer's address.
+    clock.mark("transport");
+    StagingOffer offer = offerStaging(options_, *transport, tuning_.chunkBytes);
+    clock.mark("shm_offer");
+    // One Store round carries every rank's address, transport, must-agree settings and
+    // shared-memory offer; all are checked before the transport sees a peer's address.
     const Handshake mine{options_.transport,
                          withKeyCheck(agreedSettings(options_), options_, groupKey),
                          transport->localAddress()};
-    const auto addresses = checkHandshakes(rank, mine, exchange.exchange(encodeHandshake(mine)));
+    const auto records =
+        exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
+    clock.mark("exchange");
+    std::vector<std::vector<uint8_t>> handshakes;
+    std::vector<std::string> offers;
+    for (const auto& parts : records) {
+      handshakes.push_back(parts[0]);
+      offers.emplace_back(parts[1].begin(), parts[1].end());
+    }
+    const auto addresses = checkHandshakes(rank, mine, handshakes);
+    // Hands the transport every address; ucx connects a peer on first use (no all-to-all
+    // connection, hence no barrier: see ucx_transport.h).
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
     }
-    exchange.allConnected();
-    staging = setUpStaging(options_, *transport, tuning_.chunkBytes, exchange);
+    clock.mark("connect");
+    staging = setUpStaging(options_, std::move(offer), offers, rank, exchange);
+    clock.mark("shm_agree");
     exchange.complete();  // the last rank here deletes the creation's Store keys
+    clock.mark("cleanup");
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {
@@ -125,6 +143,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
+  clock.mark("engine");
 }
 
 TransportBackend::~TransportBackend() { shutdown(); }

@@ -21,6 +21,7 @@
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
 #include "csrc/flight_recorder.hpp"
+#include "csrc/startup_profile.hpp"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
 #include "transports/fault_injection.h"
@@ -136,6 +137,8 @@ class TransportBackend : public c10d::Backend {
   // Whether large ring ops stage through shared memory (every rank on this host; see
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }
+  // Where this rank's creation of the group spent its time (filled by the constructor).
+  const StartupProfile& startupProfile() const { return profile_; }
   const EngineConfig& engineConfig() const { return engineConfig_; }
   // Ops of this group that ran on the caller's thread, and those handed over to the progress
   // thread after an inline start. Any thread.
@@ -255,6 +258,7 @@ class TransportBackend : public c10d::Backend {
   std::mutex coalesceMu_;
   bool coalescing_ = false;
   bool sharedMemory_ = false;
+  StartupProfile profile_;
   std::vector<c10::intrusive_ptr<TransportWork>> coalesced_;
   // Every Work made and maybe not settled yet, for abort(); settled and dropped ones are
   // pruned when the list has doubled since the last pruning.

@@ -50,6 +50,7 @@ __all__ = [
     "is_available",
     "load_error",
     "shared_memory",
+    "startup_profile",
     "stats",
 ]
 
@@ -294,6 +295,22 @@ def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     assert _C is not None
     raw = _C.inline_stats(backend)
     return {"inline": int(raw["inline"]), "handed_over": int(raw["handed_over"])}
+
+
+def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
+    """Where this rank's creation of a ``ucx`` or ``udp`` group spent its time.
+
+    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n}``: the phases
+    of the backend's constructor in order (they sum to its time; torch's own part of
+    ``init_process_group`` is not in them, nor is the first op, where ucx connects each peer
+    on first use), the c10d Store calls it made (a multi-key read is one call) and the bytes
+    of keys and values they carried. See docs/bench.md (``bench startup``, which prints it per
+    phase) and docs/performance.md#start-up.
+    """
+    backend = _native_backend(group, "startup_profile")
+    assert _C is not None
+    profile: dict[str, Any] = _C.startup_profile(backend)
+    return profile
 
 
 def get_error(group: dist.ProcessGroup | None = None) -> ErrorType:

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,10 +96,10 @@ class UdpTransport final : public Transport {
   Counts counts_;
 
   // Receive side: one buffer per batch slot, large enough for any UDP datagram.
-  std::vector<uint8_t> receiveArena_;
+  std::unique_ptr<uint8_t[]> receiveArena_;
   std::vector<Datagram> receiveBatch_;
   // Send side: datagrams written by the endpoint and not yet accepted by the socket.
-  std::vector<uint8_t> sendArena_;
+  std::unique_ptr<uint8_t[]> sendArena_;
   std::vector<Datagram> outgoing_;  // slots [0, outgoingCount_) are filled
   size_t outgoingSent_ = 0;        // of those, already sent (the socket was full)
   size_t outgoingCount_ = 0;

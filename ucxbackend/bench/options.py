@@ -36,6 +36,7 @@ from .common import (
     split_list,
 )
 from .sizes import parse_size, size_sweep
+from .startup_options import STARTUP, add_startup_arguments
 from .udp import (
     DEFAULT_UDP_POLICY,
     DEFAULT_UDP_SEED,
@@ -114,6 +115,8 @@ def parse_collectives(words: Iterable[str]) -> tuple[str, ...]:
 
 
 def _collectives_arg(text: str) -> str:
+    if STARTUP in split_list(text):
+        return text  # the start-up mode (.startup) validates its own words
     try:
         parse_collectives([text])
     except ValueError as exc:
@@ -163,7 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` command's options (nccl-tests' short options where they exist)."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
-        "collectives: " + ", ".join(COLLECTIVES) + ", or all (default: all_reduce)\n"
+        "collectives: " + ", ".join(COLLECTIVES) + ", or all (default: all_reduce); "
+        "'startup' instead times init_process_group + the first all_reduce (see below)\n"
         "exit status: 0 ok, 1 wrong results, 2 bad options, 3 a rank failed or timed out"
     )
     parser.add_argument(
@@ -301,6 +305,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="progress lines and log messages on stderr"
     )
+    add_startup_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -467,7 +472,7 @@ class BenchOptions:
         }
 
 
-def _backend_problem(name: str, device: str) -> str | None:
+def backend_problem(name: str, device: str) -> str | None:
     """Why backend ``name`` cannot be measured here (None when it can)."""
     import ucxbackend
 
@@ -499,7 +504,7 @@ def _backend_problem(name: str, device: str) -> str | None:
 def validate_environment(opts: BenchOptions, world: int | None) -> None:
     """Checks that need torch or the machine; raises UsageError."""
     for name in (*opts.backends, *((UDP,) if opts.udp_variants else ())):
-        problem = _backend_problem(name, opts.device)
+        problem = backend_problem(name, opts.device)
         if problem is not None:
             raise UsageError(problem)
     # device_count(), not is_available(): it asks NVML and leaves CUDA uninitialised, so the
