@@ -57,6 +57,19 @@ std::shared_ptr<FaultSwitch> faultSwitch() {
   return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
 }
 
+// A task of `work`'s op, without its body: if the engine stops before running it, the Work
+// fails naming why; until it has run, the Work (and so its tensors) stays alive.
+Task taskFor(const c10::intrusive_ptr<TransportWork>& work, const char* op) {
+  Task task;
+  task.op = op;
+  task.seq = work->context().seq;
+  task.abandon = [work](const std::string& why) {
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  };
+  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
+  return task;
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -388,15 +401,50 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::vector<at::Tensor> outputs,
                                                         OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
-                                                        Body body) {
-  auto work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+                                                        Body body, PostBody inlineBody) {
+  // From its sequence number to its place in the queue (or its lease), an op is issued
+  // under issueMu_: ops that threads issue concurrently then run in the order of their
+  // numbers on every rank. Peers match ops by number, so two ranks running a pair in
+  // opposite orders would each wait in the op the other has queued behind.
+  c10::intrusive_ptr<TransportWork> work;
+  std::unique_ptr<ProgressEngine::Lease> lease;
+  std::exception_ptr deviceError;
+  {
+    std::lock_guard<std::mutex> issue(issueMu_);
+    work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+    if (!engine_->failed()) {
+      if (inlineBody && !device) {
+        lease = engine_->lend(op, work->context().seq,
+                              std::make_shared<c10::intrusive_ptr<TransportWork>>(work));
+      }
+      if (!lease) {
+        // Ordered after what the caller queued on its current stream (device_op.hpp).
+        std::optional<DeviceOp> deviceOp;
+        try {
+          deviceOp = issueOnDevice(device, devices_);
+          queueTask(work, op, std::move(deviceOp), timeout, std::move(body));
+        } catch (...) {
+          deviceError = std::current_exception();
+        }
+      }
+    }
+  }
+  // Settled outside issueMu_: Future callbacks may issue ops.
   if (refuseIfFailed(*work)) return work;
-  // Ordered after what the caller queued on its current stream (device_op.hpp).
-  std::optional<DeviceOp> deviceOp;
-  if (!issueOrFail(device, *work, deviceOp)) return work;
-  Task task;
-  task.op = op;
-  task.seq = work->context().seq;
+  if (deviceError) {
+    // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
+    // was posted), and the Work ends like every other.
+    work->finishError(toDistError(work->context(), deviceError));
+    return work;
+  }
+  if (lease) runInline(work, op, timeout, inlineBody, std::move(lease));
+  return work;
+}
+
+void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                                 std::optional<DeviceOp> deviceOp,
+                                 std::chrono::milliseconds timeout, Body body) {
+  Task task = taskFor(work, op);
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
@@ -442,12 +490,65 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     work->finishOk();
     running->store(nullptr);
   };
-  task.abandon = [work](const std::string& why) {
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
-  };
-  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
   engine_->post(std::move(task));
-  return work;
+}
+
+void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                                 std::chrono::milliseconds timeout, const PostBody& post,
+                                 std::unique_ptr<ProgressEngine::Lease> lease) {
+  running_->store(work.get());
+  work->markStarted();  // on this thread: it is the one running the op
+  at::NoGradGuard noGrad;  // as on the progress thread: the caller's grad mode is not ours
+  std::exception_ptr failure;
+  {
+    const auto deadline = Clock::now() + timeout;
+    auto comm = std::make_shared<Comm>(lease->transport(), *engine_, groupHash_,
+                                       work->context().seq & tagSeqMask_, deadline, tuning_);
+    try {
+      auto posted = std::make_shared<Posted>(post(*comm));
+      if (!lease->wait(posted->requests, deadline)) {
+        // A peer is late: the progress thread waits for the rest, so that an async caller
+        // is not held. The continuation owns the posted requests and the Comm (which gives
+        // up whatever is still posted if the op fails).
+        Task task = taskFor(work, op);
+        task.run = [engine = engine_.get(), running = running_, work, comm, posted]() {
+          running->store(work.get());
+          at::NoGradGuard noGrad;
+          try {
+            posted->finish(*comm);
+          } catch (...) {
+            const auto error = toDistError(work->context(), std::current_exception());
+            engine->fail(messageOf(error), failureKindOf(std::current_exception()));
+            work->finishError(error);
+            running->store(nullptr);
+            return;
+          }
+          work->finishOk();
+          running->store(nullptr);
+        };
+        running_->store(nullptr);
+        lease->handOver(std::move(task));
+        return;
+      }
+      posted->finish(*comm);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }  // the Comm gives up what is still posted while this thread owns the transport
+  // As on the normal path, a failure fails the group before the Work, so that the caller's
+  // next op already finds it failed.
+  std::exception_ptr error;
+  if (failure) {
+    error = toDistError(work->context(), failure);
+    engine_->fail(messageOf(error), failureKindOf(failure));
+  }
+  running_->store(nullptr);
+  lease.reset();  // Future callbacks below may issue ops: those may go inline too
+  if (error) {
+    work->finishError(error);
+  } else {
+    work->finishOk();
+  }
 }
 
 // --- point-to-point ---------------------------------------------------------------------------

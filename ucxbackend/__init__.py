@@ -46,6 +46,7 @@ __all__ = [
     "__version__",
     "get_config",
     "get_error",
+    "inline_stats",
     "is_available",
     "load_error",
     "shared_memory",
@@ -280,6 +281,20 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
     backend = _native_backend(group, "shared_memory")
     assert _C is not None
     return bool(_C.shared_memory(backend))
+
+
+def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
+    """How many ops of a ``ucx`` or ``udp`` group ran on the caller's thread.
+
+    Returns ``{"inline": n, "handed_over": m}``: ``inline`` ops were posted and completed on
+    the thread that issued them, ``handed_over`` ones were posted there but a peer was late,
+    so the progress thread finished them. See docs/architecture.md#inline-ops (the
+    ``inline_bytes`` knob).
+    """
+    backend = _native_backend(group, "inline_stats")
+    assert _C is not None
+    raw = _C.inline_stats(backend)
+    return {"inline": int(raw["inline"]), "handed_over": int(raw["handed_over"])}
 
 
 def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:

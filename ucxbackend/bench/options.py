@@ -25,6 +25,8 @@ import torch.distributed as dist
 from .common import (
     COLLECTIVES,
     DTYPE_NAMES,
+    FAKE,
+    FAKE_MODULE,
     MPI,
     NCCL,
     OPS,
@@ -207,7 +209,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_backends_arg,
         default=None,
         help="comma-separated backends measured side by side, the first is the reference of "
-        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo; "
+        "the ratio columns; 'mpi' adds an mpi4py Allreduce column, 'fake' torch's dispatch floor "
+        "(its fake backend, which moves nothing) (default: ucx,gloo; "
         "ucx,gloo,nccl with --device cuda; with udp variants: none, give it to add columns "
         "after the variants)",
     )
@@ -473,7 +476,7 @@ def backend_problem(name: str, device: str) -> str | None:
     """Why backend ``name`` cannot be measured here (None when it can)."""
     import ucxbackend
 
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    known = [b for b in dist.Backend.backend_list if b != "undefined"]
     if name not in known:
         choices = ", ".join(sorted({*known, MPI}))
         return f"unknown backend {name!r}; known: {choices}"
@@ -493,6 +496,8 @@ def backend_problem(name: str, device: str) -> str | None:
         return f"backend {name!r} is not available in this torch build"
     if name == NCCL:
         return "backend 'nccl' needs --device cuda"
+    if name == FAKE and importlib.util.find_spec(FAKE_MODULE.rpartition(".")[0]) is None:
+        return f"backend 'fake' needs {FAKE_MODULE} (part of torch's test utilities)"
     return None
 
 
