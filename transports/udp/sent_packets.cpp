@@ -4,11 +4,13 @@
 
 namespace ucxb::udp {
 
-PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent content) {
+PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent content,
+                                 uint32_t path) {
   SentPacket p;
   p.number = next_;
   p.sentTime = now;
   p.bytes = bytes;
+  p.path = path;
   p.content = std::move(content);
   packets_.push_back(std::move(p));
   ++inFlight_;

@@ -36,6 +36,7 @@ struct SentPacket {
   TimeUs sentTime = 0;
   uint32_t bytes = 0;  // datagram size
   State state = State::kInFlight;
+  uint32_t path = 0;  // which of the peer's paths it took (path_selector.h)
   PacketContent content;
 };
 
@@ -43,7 +44,7 @@ class SentPackets {
  public:
   PacketNumber nextNumber() const { return next_; }
   // Records a packet of `bytes` just sent with number nextNumber(); returns that number.
-  PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content);
+  PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content, uint32_t path = 0);
 
   size_t inFlightCount() const { return inFlight_; }
   uint64_t inFlightBytes() const { return inFlightBytes_; }
