@@ -84,7 +84,7 @@ class UdpVariant:
     def spec(self) -> str:
         """``LABEL:KEY=VALUE,...``, which :func:`parse_udp_variants` reads back."""
         secret = f"{SECRET_FILE_KEY}={self.secret_file}" if self.secret_file else ""
-        parts = (self.udp_config, self.udp_faults, secret)
+        parts = (self.udp_config, _path_items(self.udp_faults), secret)
         return f"{self.label}:{','.join(s for s in parts if s)}"
 
     def describe(self) -> dict[str, str]:
@@ -231,6 +231,16 @@ def _fault_sections(faults: Mapping[str, str]) -> str:
         plain += sections.pop(0)
     last = max(sections, default=0)
     return ";".join([",".join(plain)] + [",".join(sections.get(p, [])) for p in range(1, last + 1)])
+
+
+def _path_items(udp_faults: str) -> str:
+    """The inverse of :func:`_fault_sections`: udp_faults with ';'-separated path sections ->
+    ``KEY=VALUE,...`` with pathN.KEY items (a variant body, which may not hold a ';')."""
+    sections = udp_faults.split(";")
+    items = [item for item in sections[0].split(",") if item]
+    for path, section in enumerate(sections[1:], start=1):
+        items += [f"path{path}.{item}" for item in section.split(",") if item]
+    return ",".join(items)
 
 
 def parse_udp_variants(
