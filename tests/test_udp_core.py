@@ -173,6 +173,7 @@ ENDPOINT_GROUPS = [
     "faults",
     "multipath_fault_matrix",
     "multipath_adaptive",
+    "multipath_reordering",
 ]
 
 

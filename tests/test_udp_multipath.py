@@ -1,6 +1,7 @@
 """Multipath spraying over real sockets (udp_config ``paths``, ``path_policy``): two ranks on
-127.0.0.1, each with one socket per path, one path losing 5% (its own fault section,
-``UCXBACKEND_UDP_FAULTS="...;drop=0.05"``). all_reduce results are compared with numpy, and
+127.0.0.1, each with one socket per path, one path losing 10% (its own fault section,
+``UCXBACKEND_UDP_FAULTS="...;drop=0.1"``), Ethernet-sized datagrams (loopback's 64 KiB ones
+would make too few packets for a path to lose any). all_reduce results are compared with numpy, and
 the per-path statistics must show every path in use and the losses on the lossy one.
 The policies' behaviour in detail (shares, retransmission paths, the fault matrix) is checked
 in the simulator: tests/cpp/udp_endpoint_test.cpp multipath_*."""
@@ -44,8 +45,8 @@ def _all_reduce_against_numpy(rank: int, ws: int) -> dict[str, Any]:
 @pytest.mark.parametrize(("paths", "policy"), [(2, "spray"), (4, "adaptive")])
 def test_two_ranks_spray_over_paths_one_lossy(paths: int, policy: str) -> None:
     env = {
-        "UCXBACKEND_UDP_CONFIG": f"paths={paths},path_policy={policy}",
-        "UCXBACKEND_UDP_FAULTS": "seed=5;drop=0.05",
+        "UCXBACKEND_UDP_CONFIG": f"paths={paths},path_policy={policy},mtu_payload=1472",
+        "UCXBACKEND_UDP_FAULTS": "seed=5;drop=0.1",
     }
     res = run_world(_all_reduce_against_numpy, 2, backend="udp", env=env, timeout=120,
                     pg_timeout=60)

@@ -33,7 +33,9 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
       rtt_(config_.initialRttUs),
       congestion_(makeCongestionControl(config_)),
       lossRecovery_(makeLossRecovery(config_)),
-      paths_(config_.paths, config_.pathPolicy) {}
+      paths_(config_.paths, config_.pathPolicy) {
+  sent_.setPerPathDetection(config_.paths > 1);
+}
 
 MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
   const MessageId id = sender_.send(tag, data, length);
@@ -191,6 +193,8 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   }
   for (const SentPacket& p : ackResult_.newlyAcked) {
     paths_.onAcked(p.path, now >= p.sentTime ? now - p.sentTime : 0);
+    // RFC 9002's 9/8 of the RTT, of this path's own.
+    if (paths_.paths() > 1) sent_.setPathLossDelay(p.path, paths_.stats(p.path).rttSmoothedUs * 9 / 8);
     congestion_->onPacketAcked(p.sentTime, now);
     if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
   }

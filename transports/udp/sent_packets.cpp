@@ -1,6 +1,13 @@
 #include "transports/udp/sent_packets.h"
 
 #include <algorithm>
+#include <array>
+
+#include "transports/udp/path_selector.h"
+
+namespace ucxb::udp {
+static_assert(kMaxPaths <= 16, "SentPackets::pathLossDelay_ holds 16 paths");
+}
 
 namespace ucxb::udp {
 
@@ -84,6 +91,11 @@ void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
 void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
                                std::vector<SentPacket>& lost) {
   if (!largestAcked_) return;
+  if (perPath_) {
+    detectLossesPerPath(now, lossDelay, reorderThreshold, lost);
+    trimFront();
+    return;
+  }
   const PacketNumber largest = *largestAcked_;
   for (SentPacket& p : packets_) {
     if (p.number >= largest) break;
@@ -97,6 +109,7 @@ void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorde
 
 std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
   if (!largestAcked_) return std::nullopt;
+  if (perPath_) return nextLossTimePerPath(lossDelay);
   // Send times grow with packet numbers: the first in-flight packet below the largest
   // acknowledged one is the first to cross the time threshold.
   for (const SentPacket& p : packets_) {
@@ -104,6 +117,44 @@ std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
     if (p.state == SentPacket::State::kInFlight) return p.sentTime + lossDelay;
   }
   return std::nullopt;
+}
+
+// Newest to oldest: once a path's largest acknowledged packet is passed, every packet of that
+// path is counted (the packets of the path sent after it, up to that one).
+void SentPackets::detectLossesPerPath(TimeUs now, DurationUs lossDelay,
+                                      uint32_t reorderThreshold, std::vector<SentPacket>& lost) {
+  std::array<bool, kMaxPaths> ackedLater{};
+  std::array<uint64_t, kMaxPaths> sentLater{};
+  for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
+    SentPacket& p = *it;
+    const uint32_t path = p.path % kMaxPaths;
+    if (!ackedLater[path]) {
+      if (p.state == SentPacket::State::kAcked) ackedLater[path] = true;
+      continue;
+    }
+    const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
+    if (p.state == SentPacket::State::kInFlight &&
+        (sentLater[path] >= reorderThreshold || p.sentTime + delay <= now)) {
+      markLost(p, lost);
+    }
+    ++sentLater[path];
+  }
+}
+
+std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) const {
+  std::array<bool, kMaxPaths> ackedLater{};
+  std::optional<TimeUs> next;
+  for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
+    const SentPacket& p = *it;
+    const uint32_t path = p.path % kMaxPaths;
+    if (!ackedLater[path]) {
+      if (p.state == SentPacket::State::kAcked) ackedLater[path] = true;
+      continue;
+    }
+    const TimeUs due = p.sentTime + std::max(lossDelay, pathLossDelay_[path]);
+    if (p.state == SentPacket::State::kInFlight && (!next || due < *next)) next = due;
+  }
+  return next;
 }
 
 void SentPackets::expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost) {

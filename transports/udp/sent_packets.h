@@ -7,6 +7,7 @@
 // leaves in a new packet with a new number.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -64,6 +65,17 @@ class SentPackets {
   // never sent (a confused or forged peer).
   bool onAck(const AckFrame& ack, AckResult& out);
 
+  // Multipath (packets sprayed over several paths): the thresholds count per path, i.e. a
+  // packet is lost only once later packets on its own path are acknowledged. Paths of
+  // different delay, or a receiver that reads one path's socket after another's, reorder
+  // packets across paths, and counted globally that reordering looks like loss.
+  void setPerPathDetection(bool on) { perPath_ = on; }
+  // The time threshold of one path, when its RTT is above the connection's (spraying over
+  // paths of unequal delay): at least the lossDelay passed to detectLosses() is used.
+  void setPathLossDelay(uint32_t path, DurationUs delay) {
+    pathLossDelay_[path % pathLossDelay_.size()] = delay;
+  }
+
   // Moves to `lost` every in-flight packet below the largest acknowledged one that the
   // packet or time threshold declares lost.
   void detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
@@ -92,6 +104,11 @@ class SentPackets {
   size_t inFlight_ = 0;
   uint64_t inFlightBytes_ = 0;
   std::optional<PacketNumber> largestAcked_;
+  bool perPath_ = false;
+  std::array<DurationUs, 16> pathLossDelay_{};  // kMaxPaths (path_selector.h)
+  void detectLossesPerPath(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
+                           std::vector<SentPacket>& lost);
+  std::optional<TimeUs> nextLossTimePerPath(DurationUs lossDelay) const;
   // Numbers of the DATA packets declared lost most recently, to tell a spurious
   // retransmission when one of them is acknowledged after all.
   static constexpr size_t kRememberedLost = 1024;
