@@ -119,40 +119,40 @@ std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
   return std::nullopt;
 }
 
-// Newest to oldest: once a path's largest acknowledged packet is passed, every packet of that
-// path is counted (the packets of the path sent after it, up to that one).
+// Newest to oldest. The packet threshold counts, once a path's largest acknowledged packet is
+// passed, the packets of that path sent after it. The time threshold needs a later packet on
+// any path acknowledged, but waits out the packet's own path's RTT: a path that carries few
+// packets (adaptive moves traffic off a lossy one) may have no later packet of its own, and
+// its losses would wait for a timeout.
 void SentPackets::detectLossesPerPath(TimeUs now, DurationUs lossDelay,
                                       uint32_t reorderThreshold, std::vector<SentPacket>& lost) {
   std::array<bool, kMaxPaths> ackedLater{};
   std::array<uint64_t, kMaxPaths> sentLater{};
+  bool anyAckedLater = false;
   for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
     SentPacket& p = *it;
     const uint32_t path = p.path % kMaxPaths;
-    if (!ackedLater[path]) {
-      if (p.state == SentPacket::State::kAcked) ackedLater[path] = true;
-      continue;
+    if (p.state == SentPacket::State::kInFlight && anyAckedLater) {
+      const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
+      if ((ackedLater[path] && sentLater[path] >= reorderThreshold) ||
+          p.sentTime + delay <= now) {
+        markLost(p, lost);
+      }
     }
-    const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
-    if (p.state == SentPacket::State::kInFlight &&
-        (sentLater[path] >= reorderThreshold || p.sentTime + delay <= now)) {
-      markLost(p, lost);
-    }
-    ++sentLater[path];
+    if (ackedLater[path]) ++sentLater[path];
+    if (p.state == SentPacket::State::kAcked) ackedLater[path] = anyAckedLater = true;
   }
 }
 
 std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) const {
-  std::array<bool, kMaxPaths> ackedLater{};
+  bool anyAckedLater = false;
   std::optional<TimeUs> next;
   for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
     const SentPacket& p = *it;
-    const uint32_t path = p.path % kMaxPaths;
-    if (!ackedLater[path]) {
-      if (p.state == SentPacket::State::kAcked) ackedLater[path] = true;
-      continue;
-    }
-    const TimeUs due = p.sentTime + std::max(lossDelay, pathLossDelay_[path]);
-    if (p.state == SentPacket::State::kInFlight && (!next || due < *next)) next = due;
+    if (p.state == SentPacket::State::kAcked) anyAckedLater = true;
+    if (p.state != SentPacket::State::kInFlight || !anyAckedLater) continue;
+    const TimeUs due = p.sentTime + std::max(lossDelay, pathLossDelay_[p.path % kMaxPaths]);
+    if (!next || due < *next) next = due;
   }
   return next;
 }
