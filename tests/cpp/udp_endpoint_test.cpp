@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -547,37 +548,56 @@ void testTransmitTurns() {
 
 // -------------------------------------------------------------------------------- faults
 
-void testFaults() {
-  EndpointOptions options = smallOptions();
-  options.faults = parseFaultConfig("drop=0.05,dup=0.02,reorder=0.05,delay=0.02,corrupt=0.01,seed=11");
-  EndpointNetwork net(3, options);
-  std::vector<std::vector<uint8_t>> outs;
-  std::vector<std::unique_ptr<Inbox>> inboxes;
-  std::vector<RequestPtr> requests;
+// Every rank of `net` sends every other one a message of each size in `sizes` (received by
+// source, or any-source); run() waits for all of them and checks every byte arrived where it
+// belongs.
+class AllPairsExchange {
+ public:
+  AllPairsExchange(EndpointNetwork& net, std::initializer_list<size_t> sizes, bool anySource)
+      : net_(net) {
+    for (int from = 0; from < net.nodes(); ++from) {
+      for (int to = 0; to < net.nodes(); ++to) {
+        if (from == to) continue;
+        for (size_t bytes : sizes) {
+          const Tag tag = static_cast<Tag>(from * 1'000'000 + to * 1000 + bytes % 997);
+          outs_.push_back(message(from, tag, bytes));
+          inboxes_.push_back(std::make_unique<Inbox>(bytes));
+          requests_.push_back(net.endpoint(to)->recv(anySource ? kAnySource : from, tag, ~Tag{0},
+                                                     inboxes_.back()->data.data(), bytes));
+          requests_.push_back(net.endpoint(from)->send(to, tag, outs_.back().data(), bytes));
+          expects_.push_back({from, tag, bytes, inboxes_.back().get()});
+        }
+      }
+    }
+  }
+
+  void run(DurationUs limitUs, const std::string& what) {
+    CHECK_MSG(net_.runUntil([&] { return allDone(requests_); }, limitUs),
+              what + ": " + net_.stuckReason());
+    for (const auto& r : requests_) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    for (const auto& e : expects_) CHECK_MSG(e.inbox->holds(e.from, e.tag, e.bytes), what);
+  }
+
+ private:
   struct Expect {
     int from;
     Tag tag;
     size_t bytes;
     Inbox* inbox;
   };
-  std::vector<Expect> expects;
-  for (int from = 0; from < 3; ++from) {
-    for (int to = 0; to < 3; ++to) {
-      if (from == to) continue;
-      for (size_t bytes : {size_t{10}, size_t{4000}, size_t{60'000}}) {
-        const Tag tag = static_cast<Tag>(from * 1'000'000 + to * 1000 + bytes);
-        outs.push_back(message(from, tag, bytes));
-        inboxes.push_back(std::make_unique<Inbox>(bytes));
-        requests.push_back(net.endpoint(to)->recv(kAnySource, tag, ~Tag{0},
-                                                  inboxes.back()->data.data(), bytes));
-        requests.push_back(net.endpoint(from)->send(to, tag, outs.back().data(), bytes));
-        expects.push_back({from, tag, bytes, inboxes.back().get()});
-      }
-    }
-  }
-  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
-  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
-  for (const auto& e : expects) CHECK(e.inbox->holds(e.from, e.tag, e.bytes));
+  EndpointNetwork& net_;
+  std::vector<std::vector<uint8_t>> outs_;
+  std::vector<std::unique_ptr<Inbox>> inboxes_;
+  std::vector<RequestPtr> requests_;
+  std::vector<Expect> expects_;
+};
+
+void testFaults() {
+  EndpointOptions options = smallOptions();
+  options.faults = parseFaultConfig("drop=0.05,dup=0.02,reorder=0.05,delay=0.02,corrupt=0.01,seed=11");
+  EndpointNetwork net(3, options);
+  AllPairsExchange exchange(net, {size_t{10}, size_t{4000}, size_t{60'000}}, /*anySource=*/true);
+  exchange.run(60 * kSecond, "faults");
   for (int n = 0; n < 3; ++n) {
     const FaultInjector* f = net.endpoint(n)->faults();
     CHECK(f != nullptr);
@@ -598,34 +618,9 @@ void multipathExchange(const std::string& policy, int nodes, const std::string& 
   options.pathFaults = parseFaultPaths(faults);
   options.faults = options.pathFaults.front();
   EndpointNetwork net(nodes, options);
-  std::vector<std::vector<uint8_t>> outs;
-  std::vector<std::unique_ptr<Inbox>> inboxes;
-  std::vector<RequestPtr> requests;
-  struct Expect {
-    int from;
-    Tag tag;
-    size_t bytes;
-    Inbox* inbox;
-  };
-  std::vector<Expect> expects;
-  for (int from = 0; from < nodes; ++from) {
-    for (int to = 0; to < nodes; ++to) {
-      if (from == to) continue;
-      for (size_t bytes : {size_t{10}, size_t{4000}, size_t{60'000}, size_t{300'000}}) {
-        const Tag tag = static_cast<Tag>(from * 1'000'000 + to * 1000 + bytes % 997);
-        outs.push_back(message(from, tag, bytes));
-        inboxes.push_back(std::make_unique<Inbox>(bytes));
-        requests.push_back(net.endpoint(to)->recv(from, tag, ~Tag{0},
-                                                  inboxes.back()->data.data(), bytes));
-        requests.push_back(net.endpoint(from)->send(to, tag, outs.back().data(), bytes));
-        expects.push_back({from, tag, bytes, inboxes.back().get()});
-      }
-    }
-  }
-  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 120 * kSecond),
-            policy + " " + faults + ": " + net.stuckReason());
-  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
-  for (const auto& e : expects) CHECK_MSG(e.inbox->holds(e.from, e.tag, e.bytes), policy + " " + faults);
+  AllPairsExchange exchange(net, {size_t{10}, size_t{4000}, size_t{60'000}, size_t{300'000}},
+                            /*anySource=*/false);
+  exchange.run(120 * kSecond, policy + " " + faults);
   for (int n = 0; n < nodes; ++n) {
     const Stats s = net.endpoint(n)->peerStats((n + 1) % nodes);
     CHECK_EQ(s.paths.size(), size_t{3});
