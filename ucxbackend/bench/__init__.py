@@ -58,6 +58,7 @@ runner)::
     report     the table (header, rows, footer, udp statistics) and the --json document
     progress   the progress line on rank 0's stderr
     plot       --plot: busbw vs size from the JSON document
+    trace      --trace: udp time series per op, peer and path as JSON lines, and their plots
 """
 
 from __future__ import annotations
