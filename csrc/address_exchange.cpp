@@ -11,53 +11,92 @@ namespace ucxb {
 
 namespace {
 
-// Every per-rank key family a creation may write under its instance
-// ("<instance>/<family>/<rank>"): complete() deletes them all, also those of instances that
-// failed. A new round must be added here (allGather and add refuse any other family).
-constexpr std::array<const char*, 5> kFamilies = {"addr", "connected", "shm_offer", "shm_mapped",
-                                                  "shm_opened"};
-// And the instance's single keys.
-constexpr std::array<const char*, 3> kSingles = {"token", "done", "closed"};
+// The keys a creation writes under its instance, all single keys whatever the group's size
+// (and the two of each question, "<question>_yes" and "<question>_answer"): complete()
+// deletes them all, also those of instances that failed. A new key must be added here.
+constexpr std::array<const char*, 1> kQuestions = {"shm"};
+constexpr std::array<const char*, 6> kSingles = {"token",  "records", "arrived",
+                                                 "all_in", "done",    "closed"};
 
-void checkFamily(const std::string& family) {
-  if (std::none_of(kFamilies.begin(), kFamilies.end(),
-                   [&](const char* f) { return family == f; })) {
-    throw std::logic_error("address exchange: key family '" + family +
-                           "' is not in kFamilies (csrc/address_exchange.cpp)");
+void checkQuestion(const std::string& question) {
+  if (std::none_of(kQuestions.begin(), kQuestions.end(),
+                   [&](const char* q) { return question == q; })) {
+    throw std::logic_error("address exchange: question '" + question +
+                           "' is not in kQuestions (csrc/address_exchange.cpp)");
   }
 }
 
-std::vector<uint8_t> numberBytes(int64_t n) {
-  const std::string s = std::to_string(n);
-  return {s.begin(), s.end()};
+// A record's parts, each preceded by its length (u32, little-endian), after this magic: a
+// value without it is not a record of this layout (see exchange()).
+constexpr uint8_t kRecordMagic[4] = {'U', 'X', 'R', '1'};
+
+void putU32(std::vector<uint8_t>& out, size_t n) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(n >> (8 * i)));
 }
 
-int64_t numberOf(const std::vector<uint8_t>& bytes) {
-  return std::strtoll(std::string(bytes.begin(), bytes.end()).c_str(), nullptr, 10);
+uint32_t readU32(const std::vector<uint8_t>& in, size_t at) {
+  uint32_t n = 0;
+  for (int b = 0; b < 4; ++b) n |= uint32_t{in[at + b]} << (8 * b);
+  return n;
+}
+
+std::vector<uint8_t> frame(const std::vector<std::vector<uint8_t>>& parts) {
+  std::vector<uint8_t> out(std::begin(kRecordMagic), std::end(kRecordMagic));
+  for (const auto& part : parts) {
+    putU32(out, part.size());
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+std::vector<std::vector<uint8_t>> unframe(const std::vector<uint8_t>& value, size_t count) {
+  std::vector<std::vector<uint8_t>> parts(count);
+  const bool magic = value.size() >= sizeof(kRecordMagic) &&
+                     std::equal(std::begin(kRecordMagic), std::end(kRecordMagic), value.begin());
+  size_t at = sizeof(kRecordMagic);
+  for (size_t i = 0; magic && i < count; ++i) {
+    if (value.size() - at < 4) break;
+    const uint32_t n = readU32(value, at);
+    at += 4;
+    if (value.size() - at < n) break;
+    parts[i].assign(value.begin() + static_cast<std::ptrdiff_t>(at),
+                    value.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+    if (i + 1 == count && at == value.size()) return parts;
+  }
+  // Not a record of this layout: whole, as the first part.
+  std::vector<std::vector<uint8_t>> whole(count);
+  whole[0] = value;
+  return whole;
 }
 
 }  // namespace
 
 AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId, int rank,
-                                 int size)
-    : store_(store), rank_(rank), size_(size), base_("ucxbackend/" + groupId + "/") {
+                                 int size, StoreTraffic& traffic)
+    : store_(store),
+      traffic_(traffic),
+      rank_(rank),
+      size_(size),
+      base_("ucxbackend/" + groupId + "/") {
   if (rank_ == 0) {
-    instance_ = store_.add(base_ + "instances", 1);
+    instance_ = add(base_ + "instances", 1);
   } else {
     // The newest instance that this rank has not joined yet and that nobody has given up on.
     // Rank 0 may not have opened it yet: wait for the next instance's first key (rank 0 writes
     // the token right after opening one), at most the Store's timeout, and look again.
+    // "seen/<rank>" is a counter: adding 0 reads it (0 when this rank never joined).
     const std::string seenKey = base_ + "seen/" + std::to_string(rank_);
-    const int64_t seen = store_.check({seenKey}) ? numberOf(store_.get(seenKey)) : 0;
+    const int64_t seen = add(seenKey, 0);
     for (;;) {
-      const int64_t newest = store_.add(base_ + "instances", 0);
-      if (newest > seen && !store_.check({base_ + std::to_string(newest) + "/closed"})) {
+      const int64_t newest = add(base_ + "instances", 0);
+      if (newest > seen && !check(base_ + std::to_string(newest) + "/closed")) {
         instance_ = newest;
         break;
       }
       std::string waitError;
       try {
-        store_.wait({base_ + std::to_string(newest + 1) + "/token"});
+        wait(base_ + std::to_string(newest + 1) + "/token");
         continue;
       } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
         waitError = e.what_without_backtrace();
@@ -71,7 +110,7 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
                        (newest > seen ? ", and it failed" : "") + "; the Store said: " +
                        waitError + ")");
     }
-    store_.set(seenKey, numberBytes(instance_));
+    add(seenKey, instance_ - seen);
   }
   scope_ = base_ + std::to_string(instance_) + "/";
   // Rank 0 publishes the token whatever its own transport: a udp rank in a group whose rank 0
@@ -86,25 +125,79 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
       const uint32_t word = entropy();
       std::memcpy(tokenRecord_.data() + i, &word, sizeof word);
     }
-    store_.set(scope_ + "token", tokenRecord_);
+    set(scope_ + "token", tokenRecord_);
   }
 }
 
 AddressExchange::~AddressExchange() {
   if (completed_) return;
   try {
-    store_.set(scope_ + "closed", std::vector<uint8_t>{1});
+    set(scope_ + "closed", std::vector<uint8_t>{1});
   } catch (...) {
     // The Store itself is gone: nobody can join this instance either.
   }
 }
 
-std::string AddressExchange::key(const std::string& family, int index) const {
-  return scope_ + family + "/" + std::to_string(index);
+void AddressExchange::set(const std::string& k, const std::vector<uint8_t>& value) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size() + value.size();
+  store_.set(k, value);
+}
+
+std::vector<uint8_t> AddressExchange::get(const std::string& k) {
+  ++traffic_.calls;
+  auto value = store_.get(k);
+  traffic_.bytes += k.size() + value.size();
+  return value;
+}
+
+int64_t AddressExchange::add(const std::string& k, int64_t delta) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size() + sizeof(delta);
+  return store_.add(k, delta);
+}
+
+bool AddressExchange::check(const std::string& k) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size();
+  return store_.check({k});
+}
+
+void AddressExchange::wait(const std::string& k) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size();
+  store_.wait({k});
+}
+
+std::vector<std::vector<uint8_t>> AddressExchange::multiGet(const std::vector<std::string>& keys) {
+  // A Store without the extended API (c10d's own fallback also reads key by key) costs a
+  // call per key.
+  std::vector<std::vector<uint8_t>> values;
+  if (store_.hasExtendedApi()) {
+    ++traffic_.calls;
+    values = store_.multiGet(keys);
+  } else {
+    traffic_.calls += keys.size();
+    for (const auto& k : keys) values.push_back(store_.get(k));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) traffic_.bytes += keys[i].size() + values[i].size();
+  return values;
+}
+
+void AddressExchange::append(const std::string& k, const std::vector<uint8_t>& value) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size() + value.size();
+  store_.append(k, value);
+}
+
+void AddressExchange::deleteKey(const std::string& k) {
+  ++traffic_.calls;
+  traffic_.bytes += k.size();
+  store_.deleteKey(k);
 }
 
 const std::vector<uint8_t>& AddressExchange::tokenRecord() {
-  if (tokenRecord_.empty()) tokenRecord_ = store_.get(scope_ + "token");
+  if (tokenRecord_.empty()) tokenRecord_ = get(scope_ + "token");
   return tokenRecord_;
 }
 
@@ -125,43 +218,77 @@ std::vector<uint8_t> AddressExchange::creationSalt() {
   return {bytes.begin() + sizeof(uint64_t), bytes.end()};
 }
 
-std::vector<std::vector<uint8_t>> AddressExchange::allGather(const std::string& family,
-                                                             const std::vector<uint8_t>& mine) {
-  checkFamily(family);
-  store_.set(key(family, rank_), mine);
-  std::vector<std::vector<uint8_t>> all(size_);
-  for (int p = 0; p < size_; ++p) {
-    all[p] = p == rank_ ? mine : store_.get(key(family, p));
+std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
+    const std::vector<std::vector<uint8_t>>& parts) {
+  // Every rank appends "<rank:u32><length:u32><record>" to one key; the rank whose arrival
+  // completes the count says so under "all_in", and every rank reads both in one multi-key
+  // get (which waits for "all_in"): the records key then holds every rank's.
+  std::vector<uint8_t> entry;
+  const auto record = frame(parts);
+  putU32(entry, static_cast<size_t>(rank_));
+  putU32(entry, record.size());
+  entry.insert(entry.end(), record.begin(), record.end());
+  append(scope_ + "records", entry);
+  if (add(scope_ + "arrived", 1) == size_) set(scope_ + "all_in", {1});
+  const auto values = multiGet({scope_ + "all_in", scope_ + "records"});
+  const std::vector<uint8_t>& blob = values[1];
+  std::vector<std::vector<std::vector<uint8_t>>> all(size_);
+  std::vector<bool> found(size_, false);
+  size_t at = 0;
+  while (blob.size() - at >= 8) {
+    const uint32_t p = readU32(blob, at);
+    const uint32_t n = readU32(blob, at + 4);
+    at += 8;
+    if (p >= static_cast<uint32_t>(size_) || found[p] || blob.size() - at < n) break;
+    found[p] = true;
+    all[p] = unframe({blob.begin() + static_cast<std::ptrdiff_t>(at),
+                      blob.begin() + static_cast<std::ptrdiff_t>(at + n)},
+                     parts.size());
+    at += n;
   }
+  const auto missing = std::find(found.begin(), found.end(), false);
+  if (at != blob.size() || missing != found.end()) {
+    throw SetupError("the Store key " + scope_ + "records holds " + std::to_string(blob.size()) +
+                     " bytes that are not the records of ranks 0.." + std::to_string(size_ - 1) +
+                     (missing != found.end()
+                          ? " (none from rank " + std::to_string(missing - found.begin()) + ")"
+                          : "") +
+                     ": another program writing the same Store keys, or ranks of different "
+                     "ucxbackend releases?");
+  }
+  all[rank_] = parts;
   return all;
 }
 
-int64_t AddressExchange::add(const std::string& family, int index, int64_t delta) {
-  checkFamily(family);
-  return store_.add(key(family, index), delta);
-}
-
-void AddressExchange::allConnected() {
-  store_.set(key("connected", rank_), std::vector<uint8_t>{1});
-  std::vector<std::string> keys;
-  for (int p = 0; p < size_; ++p) keys.push_back(key("connected", p));
-  store_.wait(keys);
+bool AddressExchange::everyoneSays(const std::string& question, bool mine,
+                                   const std::function<void()>& lastYes) {
+  checkQuestion(question);
+  const std::string answer = scope_ + question + "_answer";
+  if (!mine) {
+    set(answer, {0});
+  } else if (add(scope_ + question + "_yes", 1) == size_) {
+    lastYes();
+    set(answer, {1});
+  }
+  const auto said = get(answer);
+  return !said.empty() && said[0] == 1;
 }
 
 void AddressExchange::complete() {
   completed_ = true;
-  if (store_.add(scope_ + "done", 1) < size_) return;
+  if (add(scope_ + "done", 1) < size_) return;
   // Every rank has read all it will: delete this instance's keys, and those of the instances
   // that failed since the last completed one (no rank is in them any more: every rank is here).
-  const int64_t cleaned = store_.add(base_ + "cleaned", 0);
+  const int64_t cleaned = add(base_ + "cleaned", 0);
   for (int64_t inst = cleaned + 1; inst <= instance_; ++inst) {
     const std::string prefix = base_ + std::to_string(inst) + "/";
-    for (const char* single : kSingles) store_.deleteKey(prefix + single);
-    for (const char* family : kFamilies) {
-      for (int p = 0; p < size_; ++p) store_.deleteKey(prefix + family + "/" + std::to_string(p));
+    for (const char* single : kSingles) deleteKey(prefix + single);
+    for (const char* question : kQuestions) {
+      deleteKey(prefix + question + "_yes");
+      deleteKey(prefix + question + "_answer");
     }
   }
-  if (instance_ > cleaned) store_.add(base_ + "cleaned", instance_ - cleaned);
+  if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
 }
 
 }  // namespace ucxb

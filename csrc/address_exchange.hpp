@@ -1,21 +1,32 @@
 // Rendezvous of worker addresses through the c10d Store.
 //
-// Keys: "ucxbackend/<group id>/<instance>/addr/<rank>" (an address record, csrc/handshake.h),
-// and the other rounds of a group's creation under the same prefix. The instance numbers the
-// creations of a group id on one Store, so that a group re-created with the same id never
-// reads a stale key. Rank 0 alone counts them ("instances"); every other rank joins the
-// newest instance it has not joined before ("seen/<rank>") that no rank has given up on
-// ("<instance>/closed"). So a creation that failed half-way on some rank (before or after it
-// reached the Store) costs that creation only: the next one finds every rank in step. A
-// creation that completes deletes its keys; one that fails marks its instance closed.
+// Keys: "ucxbackend/<group id>/<instance>/records", to which every rank appends its record
+// (its address record, csrc/handshake.h, and its shared-memory offer,
+// csrc/staging_setup.hpp), and the few other single keys of the creation under the same
+// prefix. A creation costs each rank a fixed number of Store calls whatever the group's size
+// (about ten; the last rank, which deletes the keys, about ten more): one append of its
+// record, one counter, one multi-key read of everyone's (c10d's multiGet: one request to a
+// TCPStore), a counter instead of an all-to-all round for shared memory, and no barrier (peers
+// connect on first use, so nobody needs to know that the others have connected).
+//
+// The instance numbers the creations of a group id on one Store, so that a group re-created
+// with the same id never reads a stale key. Rank 0 alone counts them ("instances"); every
+// other rank joins the newest instance it has not joined before ("seen/<rank>") that no rank
+// has given up on ("<instance>/closed"). So a creation that failed half-way on some rank
+// (before or after it reached the Store) costs that creation only: the next one finds every
+// rank in step. A creation that completes deletes its keys; one that fails marks its
+// instance closed.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "csrc/startup_profile.hpp"
 
 namespace ucxb {
 
@@ -28,8 +39,10 @@ class SetupError : public std::runtime_error {
 class AddressExchange {
  public:
   // Joins this creation's instance (rank 0 opens it; the others wait for it, at most the
-  // Store's timeout, then throw SetupError).
-  AddressExchange(c10d::Store& store, const std::string& groupId, int rank, int size);
+  // Store's timeout, then throw SetupError). Every Store call it makes is counted in
+  // `traffic`, which must outlive it.
+  AddressExchange(c10d::Store& store, const std::string& groupId, int rank, int size,
+                  StoreTraffic& traffic);
   // A creation that did not reach complete(): marks the instance closed, so that no rank
   // joins it later. Never throws.
   ~AddressExchange();
@@ -44,23 +57,20 @@ class AddressExchange {
   std::vector<uint8_t> creationSalt();
   static constexpr size_t kCreationSaltBytes = 32;
 
-  // Publishes this rank's address record (csrc/handshake.h) and returns every rank's,
-  // indexed by rank.
-  std::vector<std::vector<uint8_t>> exchange(const std::vector<uint8_t>& mine) {
-    return allGather("addr", mine);
-  }
+  // Publishes this rank's record, made of `parts`, and returns every rank's parts, indexed by
+  // rank (an append, a counter and one multi-key read, which waits for every rank's record at
+  // most the Store's timeout). A record whose parts cannot be told apart comes back whole as
+  // its first part, the others empty, for the address record's own check to name it; a
+  // records key that is not every rank's records throws SetupError.
+  std::vector<std::vector<std::vector<uint8_t>>> exchange(
+      const std::vector<std::vector<uint8_t>>& parts);
 
-  // Publishes `mine` under `key` and returns every rank's value for it, indexed by rank.
-  std::vector<std::vector<uint8_t>> allGather(const std::string& key,
-                                              const std::vector<uint8_t>& mine);
-
-  // Adds `delta` to the instance's counter `key`/`index` and returns the new value.
-  int64_t add(const std::string& key, int index, int64_t delta);
-
-  // Returns once every rank has connected to all the others. Without it a rank that has
-  // nothing to receive (a broadcast root) could finish its first ops and destroy its worker
-  // before a slower peer has even connected to it, and that peer's connect would fail.
-  void allConnected();
+  // Whether every rank says yes to `question` (a name of kQuestions), through one counter and
+  // one answer key instead of an all-to-all round: the rank whose yes completes the count runs
+  // `lastYes` and then publishes the answer; a rank that says no publishes "no" at once.
+  // Waits for the answer, at most the Store's timeout (then the Store's error propagates).
+  bool everyoneSays(const std::string& question, bool mine,
+                    const std::function<void()>& lastYes);
 
   // This rank has read every key of the creation it will ever read. The last rank to say so
   // deletes them all: a created group leaves only "instances" and "seen/<rank>" behind.
@@ -69,9 +79,18 @@ class AddressExchange {
   int64_t instance() const { return instance_; }
 
  private:
-  std::string key(const std::string& family, int index) const;
+  // The Store calls, each counted in traffic_.
+  void set(const std::string& key, const std::vector<uint8_t>& value);
+  std::vector<uint8_t> get(const std::string& key);
+  int64_t add(const std::string& key, int64_t delta);
+  bool check(const std::string& key);
+  void wait(const std::string& key);
+  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys);
+  void append(const std::string& key, const std::vector<uint8_t>& value);
+  void deleteKey(const std::string& key);
 
   c10d::Store& store_;
+  StoreTraffic& traffic_;
   const int rank_;
   const int size_;
   std::string base_;   // "ucxbackend/<group id>/"
@@ -81,7 +100,6 @@ class AddressExchange {
   // others: read once from the Store).
   const std::vector<uint8_t>& tokenRecord();
   std::vector<uint8_t> tokenRecord_;
-  std::vector<std::string> families_;  // the per-rank key families this creation used
   bool completed_ = false;
 };
 

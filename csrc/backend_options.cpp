@@ -104,6 +104,13 @@ std::vector<config::Field<BackendOptions>> fields() {
                              "sleeping: the progress thread while an op waits and after its "
                              "last op, the caller in Work.wait()"),
              &O::spinUs),
+      member(config::bytes("inline_bytes", 0, kChunkBytesMax,
+                           "largest op that runs on the caller's thread while the group is "
+                           "idle, two thread hops fewer (today a CPU all_reduce of one "
+                           "contiguous tensor between 2 ranks, up to 32 KiB); one not done "
+                           "after spin_us is handed to the progress thread; 0: off "
+                           "(docs/architecture.md#inline-ops)"),
+             &O::inlineBytes),
       member(choice("log_level", {"DEBUG", "INFO", "WARNING", "ERROR"},
                     "level of the 'ucxbackend' logger (standard Python logging)"),
              &O::logLevel),

@@ -25,6 +25,7 @@ struct BackendOptions {
 
   std::string progressMode = "sleep";
   uint64_t spinUs = 250;
+  uint64_t inlineBytes = uint64_t{32} << 10;
   std::string logLevel = "WARNING";  // read by the Python layer only (the logging module)
   uint64_t chunkBytes = uint64_t{4} << 20;
   std::array<std::string, algo::kOpCount> algorithms = {"auto", "auto", "auto",

@@ -149,6 +149,35 @@ PYBIND11_MODULE(_C, m) {
       "Whether the group stages large ring ops through shared memory (all ranks on one host).");
 
   m.def(
+      "inline_stats",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* group = asGroup(backend, "inline_stats");
+        py::dict out;
+        out["inline"] = group->inlineOps();
+        out["handed_over"] = group->handedOver();
+        return out;
+      },
+      py::arg("backend"),
+      "How many ops of the group ran on the caller's thread ('inline') and how many of those "
+      "started there and were handed to the progress thread ('handed_over').");
+
+  m.def(
+      "startup_profile",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        const auto& profile = asGroup(backend, "startup_profile")->startupProfile();
+        py::dict phases;  // insertion-ordered: the order the phases ran in
+        for (const auto& [name, seconds] : profile.phases) phases[py::str(name)] = seconds;
+        py::dict out;
+        out["phases"] = phases;
+        out["store_calls"] = profile.store.calls;
+        out["store_bytes"] = profile.store.bytes;
+        return out;
+      },
+      py::arg("backend"),
+      "Where this rank's creation of a ucx/udp group spent its time: its phases in seconds, "
+      "in order, and the Store calls and bytes it made (ucxbackend.startup_profile).");
+
+  m.def(
       "get_error",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
         return asGroup(backend, "get_error")->getError();

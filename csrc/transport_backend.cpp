@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/device_memory.hpp"
@@ -56,6 +57,19 @@ std::shared_ptr<FaultSwitch> faultSwitch() {
   return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
 }
 
+// A task of `work`'s op, without its body: if the engine stops before running it, the Work
+// fails naming why; until it has run, the Work (and so its tensors) stays alive.
+Task taskFor(const c10::intrusive_ptr<TransportWork>& work, const char* op) {
+  Task task;
+  task.op = op;
+  task.seq = work->context().seq;
+  task.abandon = [work](const std::string& why) {
+    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  };
+  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
+  return task;
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -81,25 +95,55 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   }
   std::unique_ptr<Transport> transport;
   std::unique_ptr<StagingArea> staging;
+  PhaseClock clock(profile_);
   try {
-    AddressExchange exchange(*store_, groupId_, rank, size);
-    const auto groupKey = udpGroupKey(options_, groupId_, exchange);
+    AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
+    clock.mark("join");
+    // A secret file this rank cannot use (or a build without OpenSSL) fails the creation on
+    // every rank: the reason goes into this rank's record, where every other rank finds it as
+    // a disagreeing setting, and is thrown here only after the exchange, instead of this rank
+    // leaving before it and the others waiting for the Store's timeout.
+    std::optional<udp::AuthKey> groupKey;
+    std::optional<config::ConfigError> unusableSecret;
+    try {
+      groupKey = udpGroupKey(options_, groupId_, exchange);
+    } catch (const config::ConfigError& e) {
+      unusableSecret = e;
+    }
     transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
     if (faults_) {
       transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
     }
-    // One Store round carries every rank's address, transport and must-agree settings; all
-    // are checked before the transport sees a peer's address.
+    clock.mark("transport");
+    StagingOffer offer = offerStaging(options_, *transport, tuning_.chunkBytes);
+    clock.mark("shm_offer");
+    // One Store round carries every rank's address, transport, must-agree settings and
+    // shared-memory offer; all are checked before the transport sees a peer's address.
     const Handshake mine{options_.transport,
-                         withKeyCheck(agreedSettings(options_), options_, groupKey),
+                         withKeyCheck(agreedSettings(options_), options_, groupKey,
+                                      unusableSecret ? unusableSecret->what() : ""),
                          transport->localAddress()};
-    const auto addresses = checkHandshakes(rank, mine, exchange.exchange(encodeHandshake(mine)));
+    const auto records =
+        exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
+    clock.mark("exchange");
+    if (unusableSecret) throw *unusableSecret;
+    std::vector<std::vector<uint8_t>> handshakes;
+    std::vector<std::string> offers;
+    for (const auto& parts : records) {
+      handshakes.push_back(parts[0]);
+      offers.emplace_back(parts[1].begin(), parts[1].end());
+    }
+    const auto addresses = checkHandshakes(rank, mine, handshakes);
+    // Hands the transport every address; ucx connects a peer on first use (no all-to-all
+    // connection, hence no barrier: see ucx_transport.h).
     for (int p = 0; p < size; ++p) {
       transport->connect(p, addresses[p]);
     }
-    exchange.allConnected();
-    staging = setUpStaging(options_, *transport, tuning_.chunkBytes, exchange);
+    clock.mark("connect");
+    staging = setUpStaging(options_, std::move(offer), offers, rank, exchange);
+    clock.mark("shm_agree");
     exchange.complete();  // the last rank here deletes the creation's Store keys
+    clock.mark("cleanup");
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {
@@ -112,6 +156,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
+  clock.mark("engine");
 }
 
 TransportBackend::~TransportBackend() { shutdown(); }
@@ -356,15 +401,50 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::vector<at::Tensor> outputs,
                                                         OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
-                                                        Body body) {
-  auto work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+                                                        Body body, PostBody inlineBody) {
+  // From its sequence number to its place in the queue (or its lease), an op is issued
+  // under issueMu_: ops that threads issue concurrently then run in the order of their
+  // numbers on every rank. Peers match ops by number, so two ranks running a pair in
+  // opposite orders would each wait in the op the other has queued behind.
+  c10::intrusive_ptr<TransportWork> work;
+  std::unique_ptr<ProgressEngine::Lease> lease;
+  std::exception_ptr deviceError;
+  {
+    std::lock_guard<std::mutex> issue(issueMu_);
+    work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+    if (!engine_->failed()) {
+      if (inlineBody && !device) {
+        lease = engine_->lend(op, work->context().seq,
+                              std::make_shared<c10::intrusive_ptr<TransportWork>>(work));
+      }
+      if (!lease) {
+        // Ordered after what the caller queued on its current stream (device_op.hpp).
+        std::optional<DeviceOp> deviceOp;
+        try {
+          deviceOp = issueOnDevice(device, devices_);
+          queueTask(work, op, std::move(deviceOp), timeout, std::move(body));
+        } catch (...) {
+          deviceError = std::current_exception();
+        }
+      }
+    }
+  }
+  // Settled outside issueMu_: Future callbacks may issue ops.
   if (refuseIfFailed(*work)) return work;
-  // Ordered after what the caller queued on its current stream (device_op.hpp).
-  std::optional<DeviceOp> deviceOp;
-  if (!issueOrFail(device, *work, deviceOp)) return work;
-  Task task;
-  task.op = op;
-  task.seq = work->context().seq;
+  if (deviceError) {
+    // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
+    // was posted), and the Work ends like every other.
+    work->finishError(toDistError(work->context(), deviceError));
+    return work;
+  }
+  if (lease) runInline(work, op, timeout, inlineBody, std::move(lease));
+  return work;
+}
+
+void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                                 std::optional<DeviceOp> deviceOp,
+                                 std::chrono::milliseconds timeout, Body body) {
+  Task task = taskFor(work, op);
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
@@ -410,12 +490,65 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     work->finishOk();
     running->store(nullptr);
   };
-  task.abandon = [work](const std::string& why) {
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
-  };
-  task.keepAlive = std::make_shared<c10::intrusive_ptr<TransportWork>>(work);
   engine_->post(std::move(task));
-  return work;
+}
+
+void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                                 std::chrono::milliseconds timeout, const PostBody& post,
+                                 std::unique_ptr<ProgressEngine::Lease> lease) {
+  running_->store(work.get());
+  work->markStarted();  // on this thread: it is the one running the op
+  at::NoGradGuard noGrad;  // as on the progress thread: the caller's grad mode is not ours
+  std::exception_ptr failure;
+  {
+    const auto deadline = Clock::now() + timeout;
+    auto comm = std::make_shared<Comm>(lease->transport(), *engine_, groupHash_,
+                                       work->context().seq & tagSeqMask_, deadline, tuning_);
+    try {
+      auto posted = std::make_shared<Posted>(post(*comm));
+      if (!lease->wait(posted->requests, deadline)) {
+        // A peer is late: the progress thread waits for the rest, so that an async caller
+        // is not held. The continuation owns the posted requests and the Comm (which gives
+        // up whatever is still posted if the op fails).
+        Task task = taskFor(work, op);
+        task.run = [engine = engine_.get(), running = running_, work, comm, posted]() {
+          running->store(work.get());
+          at::NoGradGuard noGrad;
+          try {
+            posted->finish(*comm);
+          } catch (...) {
+            const auto error = toDistError(work->context(), std::current_exception());
+            engine->fail(messageOf(error), failureKindOf(std::current_exception()));
+            work->finishError(error);
+            running->store(nullptr);
+            return;
+          }
+          work->finishOk();
+          running->store(nullptr);
+        };
+        running_->store(nullptr);
+        lease->handOver(std::move(task));
+        return;
+      }
+      posted->finish(*comm);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }  // the Comm gives up what is still posted while this thread owns the transport
+  // As on the normal path, a failure fails the group before the Work, so that the caller's
+  // next op already finds it failed.
+  std::exception_ptr error;
+  if (failure) {
+    error = toDistError(work->context(), failure);
+    engine_->fail(messageOf(error), failureKindOf(failure));
+  }
+  running_->store(nullptr);
+  lease.reset();  // Future callbacks below may issue ops: those may go inline too
+  if (error) {
+    work->finishError(error);
+  } else {
+    work->finishOk();
+  }
 }
 
 // --- point-to-point ---------------------------------------------------------------------------

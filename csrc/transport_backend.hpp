@@ -21,6 +21,7 @@
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
 #include "csrc/flight_recorder.hpp"
+#include "csrc/startup_profile.hpp"
 #include "csrc/tensor_checks.hpp"
 #include "csrc/transport_work.hpp"
 #include "transports/fault_injection.h"
@@ -136,7 +137,15 @@ class TransportBackend : public c10d::Backend {
   // Whether large ring ops stage through shared memory (every rank on this host; see
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }
+  // Where this rank's creation of the group spent its time (filled by the constructor).
+  const StartupProfile& startupProfile() const { return profile_; }
   const EngineConfig& engineConfig() const { return engineConfig_; }
+  // Ops of this group that ran on the caller's thread, and those handed over to the progress
+  // thread after an inline start. Any thread.
+  uint64_t inlineOps() const { return engine_ ? engine_->inlineOps() : 0; }
+  uint64_t handedOver() const { return engine_ ? engine_->handedOver() : 0; }
+  // Whether a small all_reduce of `bytes` may try the inline path (inline_bytes).
+  bool inlineWanted(size_t bytes) const { return bytes <= options_.inlineBytes; }
   // Test-only (UCXBACKEND_TEST_FAULT_INJECTION=1 at creation, else ValueError): the group's
   // transport throws from its next progress() ("progress") or arm() ("arm"), and the
   // progress thread is woken to make that call. Any thread.
@@ -145,6 +154,14 @@ class TransportBackend : public c10d::Backend {
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
+  // A small op split where it waits, for the inline path (engine/progress_engine.h): the
+  // requests it posted, and what completes the op once they have arrived (it waits for them
+  // through the Comm first), on whichever thread drives the transport by then.
+  struct Posted {
+    std::vector<RequestPtr> requests;
+    std::function<void(Comm&)> finish;
+  };
+  using PostBody = std::function<Posted(Comm&)>;
 
   // If the group has failed (ProgressEngine::fail), fails `work` with GroupFailed naming the
   // first failure and returns true: on the caller's thread when the op is issued, and on the
@@ -164,10 +181,22 @@ class TransportBackend : public c10d::Backend {
                                              std::optional<c10::Device> device,
                                              std::vector<at::Tensor> outputs, OpInputs inputs,
                                              std::chrono::milliseconds timeout);
+  // `inlineBody`, when set, is the same op split for the inline path: tried first (runInline)
+  // unless the op is a CUDA one; `body` runs on the progress thread otherwise.
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
                                          std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs, OpInputs inputs,
-                                         std::chrono::milliseconds timeout, Body body);
+                                         std::chrono::milliseconds timeout, Body body,
+                                         PostBody inlineBody = nullptr);
+  // The task that runs `body` for `work` on the progress thread, queued.
+  void queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                 std::optional<DeviceOp> deviceOp, std::chrono::milliseconds timeout, Body body);
+  // Runs `work`'s op on this thread, which holds the transport through `lease`: posts it,
+  // drives it for up to spin_us, then finishes it here or hands the waiting to the progress
+  // thread.
+  void runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                 std::chrono::milliseconds timeout, const PostBody& post,
+                 std::unique_ptr<ProgressEngine::Lease> lease);
   // Point-to-point: the body posts one request; the Work completes with it, not with the task.
   c10::intrusive_ptr<c10d::Work> enqueueP2P(const char* op, c10d::OpType type,
                                             std::optional<c10::Device> device,
@@ -223,10 +252,13 @@ class TransportBackend : public c10d::Backend {
   // (null unless UCXBACKEND_TEST_FAULT_INJECTION=1).
   const uint64_t tagSeqMask_;
   std::shared_ptr<FaultSwitch> faults_;
+  // Held from an op's sequence number to its place in the queue (enqueue).
+  std::mutex issueMu_;
   // Ops may also be issued from Future callbacks on the progress thread.
   std::mutex coalesceMu_;
   bool coalescing_ = false;
   bool sharedMemory_ = false;
+  StartupProfile profile_;
   std::vector<c10::intrusive_ptr<TransportWork>> coalesced_;
   // Every Work made and maybe not settled yet, for abort(); settled and dropped ones are
   // pruned when the list has doubled since the last pruning.

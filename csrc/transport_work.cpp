@@ -7,14 +7,23 @@
 
 namespace ucxb {
 
+namespace {
+
+// Every Future holds a list of tensors: one type for all of them, not one allocated per op.
+const c10::TypePtr& tensorListType() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
+}  // namespace
+
 TransportWork::TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                              std::chrono::milliseconds timeout, std::vector<c10::Device> devices)
     : c10d::Work(ctx.rank, type),
       ctx_(std::move(ctx)),
       outputs_(std::move(outputs)),
       timeout_(timeout),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(tensorListType(), std::move(devices))) {}
 
 void TransportWork::setDeviceGate(c10::Device device, std::shared_ptr<StreamGate> gate) {
   device_ = device;

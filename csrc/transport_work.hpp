@@ -34,7 +34,8 @@ class TransportWork : public c10d::Work {
   // ends within microseconds, sooner than a blocked thread could be woken.
   void setSpin(std::chrono::microseconds spin) { spin_ = spin; }
   // The op's Flight Recorder entry (null: the recorder is off): marked started by
-  // markStarted() on the progress thread, completed or retired as the Work settles.
+  // markStarted() on the thread that runs the op (the progress thread, or the caller's for an
+  // inline op), completed or retired as the Work settles.
   void setFlightEntry(std::shared_ptr<FlightEntry> entry) { flight_ = std::move(entry); }
   void markStarted() {
     if (flight_) flight_->started();

@@ -16,24 +16,22 @@ std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std
                                         AddressExchange& exchange) {
   if (options.transport != "udp" || options.secretFile.empty()) return std::nullopt;
   if (!udp::authAvailable()) throw udp::AuthUnavailable();
-  std::vector<uint8_t> secret = udp::readSecretFile(options.secretFile);
-  const udp::AuthKey key =
-      udp::deriveGroupKey(secret, exchange.creationSalt(), groupId, exchange.instance());
-  // No copy of the secret outlives the derivation (volatile: the stores must not be dropped
-  // as dead because the vector is freed next).
-  volatile uint8_t* wipe = secret.data();
-  for (size_t i = 0; i < secret.size(); ++i) wipe[i] = 0;
-  return key;
+  // SecretBytes zeroes itself when freed, on every path out of here (exceptions included).
+  const udp::SecretBytes secret = udp::readSecretFile(options.secretFile);
+  return udp::deriveGroupKey(secret, exchange.creationSalt(), groupId, exchange.instance());
 }
 
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,
                                           const BackendOptions& options,
-                                          const std::optional<udp::AuthKey>& groupKey) {
+                                          const std::optional<udp::AuthKey>& groupKey,
+                                          const std::string& unusable) {
   const auto it = std::find_if(settings.begin(), settings.end(),
                                [](const config::Setting& s) { return s.name == kSecretFile; });
   if (it == settings.end()) return settings;
   if (options.transport != "udp") {
     settings.erase(it);  // never read by another transport
+  } else if (!unusable.empty()) {
+    it->value = "unusable on that rank: " + unusable;
   } else {
     it->value = groupKey ? "on, key check " + udp::keyCheck(*groupKey) : std::string("off");
   }

@@ -22,9 +22,12 @@ std::optional<udp::AuthKey> udpGroupKey(const BackendOptions& options, const std
 
 // `settings` (agreedSettings()) with the secret_file entry's value, a path that may differ
 // per rank, replaced by what must match: "off" or "on, key check <hex>" (a MAC of a fixed
-// label, never the secret or a key); in a group of another transport the entry is dropped.
+// label, never the secret or a key), or, where `unusable` says why this rank's secret file
+// cannot be used, "unusable on that rank: <why>" (which no other rank can match, so every
+// rank fails naming it); in a group of another transport the entry is dropped.
 std::vector<config::Setting> withKeyCheck(std::vector<config::Setting> settings,
                                           const BackendOptions& options,
-                                          const std::optional<udp::AuthKey>& groupKey);
+                                          const std::optional<udp::AuthKey>& groupKey,
+                                          const std::string& unusable = "");
 
 }  // namespace ucxb

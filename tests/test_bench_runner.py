@@ -71,6 +71,21 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
             assert rec["wrong"] == 0
 
 
+def test_fake_column_is_the_dispatch_floor() -> None:
+    # torch's fake backend moves nothing: its column is timed but never checked (#wrong n/a),
+    # so a run with it still passes, and no real backend is needed for it.
+    proc = run_bench("all_reduce", *TINY, "--backends", "gloo,fake", "-c", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_clean(proc)
+    table = parse_tables(proc.stdout)["all_reduce"]
+    assert table["columns"] == ["gloo", "fake"]
+    for row in table["rows"]:
+        assert cell(table, row, "gloo", "wrong") == "0"
+        assert cell(table, row, "fake", "wrong") == "n/a"
+        assert float(cell(table, row, "fake", "time")) > 0
+    assert "# #wrong (all columns) : 0 OK" in table["footer"]
+
+
 @needs_native
 def test_other_collectives() -> None:
     others = [c for c in bench_common.COLLECTIVES if c != "all_reduce"]

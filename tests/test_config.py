@@ -37,8 +37,9 @@ needs_native = pytest.mark.skipif(
     reason=f"ucxbackend._C not built ({ucxbackend.load_error()}); run `make build`",
 )
 
-# Algorithm selection, chunking, staging and network knobs, at their defaults.
+# The inline path, algorithm selection, chunking, staging and network knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
+    "inline_bytes": 32 << 10,
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
@@ -74,6 +75,7 @@ def test_knob_env_var_names() -> None:
     assert {k.env_var for k in KNOBS.values()} == {
         "UCXBACKEND_PROGRESS_MODE",
         "UCXBACKEND_SPIN_US",
+        "UCXBACKEND_INLINE_BYTES",
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),

@@ -139,10 +139,8 @@ def test_edge_shapes_and_self_mismatch() -> None:
 _CREATION_KEYS = (
     "token",
     "addr/<p>",
-    "connected/<p>",
-    "shm_offer/<p>",
-    "shm_mapped/<p>",
-    "shm_opened/<p>",
+    "shm_yes",
+    "shm_answer",
     "done",
     "closed",
 )

@@ -102,9 +102,12 @@ def test_pending_op_spins_briefly_then_sleeps() -> None:
 
 def test_pending_op_spins_throughout_with_a_long_spin() -> None:
     # With spin_us longer than the wait, both sides poll the whole time: the knob reaches the
-    # progress thread and the caller's Work.wait (measured on the calling thread alone).
+    # progress thread and the caller's Work.wait (measured on the calling thread alone). The
+    # op goes through the progress thread (inline_bytes=0): inline, the caller alone would
+    # spin, for up to spin_us, before handing the op over (test_inline.py).
     skip_unless_ucx("measures the ucx progress thread")
-    result = run_world(waiting_cpu, 2, timeout=90, env={"UCXBACKEND_SPIN_US": "10000000"})[0]
+    env = {"UCXBACKEND_SPIN_US": "10000000", "UCXBACKEND_INLINE_BYTES": "0"}
+    result = run_world(waiting_cpu, 2, timeout=90, env=env)[0]
     assert result is not None, "rank 0 returned nothing"
     _, busy, caller = result
     # Two threads spin the whole time: busy ~2.0 and the caller ~1.0, however loaded.

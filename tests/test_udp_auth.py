@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,34 @@ def test_bad_secret_file_is_a_clear_error(tmp_path: Path, case: str, fragment: s
 
 def _bad_secret(rank: int, world_size: int, path: str) -> str:
     return error_of(lambda: dist.new_group(backend="udp", pg_options={"secret_file": path}))
+
+
+def _one_bad_secret(rank: int, world_size: int, good: str, bad: str) -> dict[str, Any]:
+    start = time.monotonic()
+    path = bad if rank == 1 else good
+    message = error_of(lambda: dist.new_group(backend="udp", pg_options={"secret_file": path}))
+    return {"message": message, "seconds": time.monotonic() - start}
+
+
+@needs_extension
+def test_one_bad_secret_file_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """A secret file that one rank cannot use fails the creation on every rank, naming that
+    rank's reason, as a disagreeing setting does: never the others waiting for the Store's
+    timeout (pg_timeout, 20 s here) for a record that rank never publishes."""
+    if not _openssl():
+        pytest.skip("built without OpenSSL")
+    good = _write_secret(tmp_path / "good", os.urandom(64))
+    bad = _write_secret(tmp_path / "bad", os.urandom(64), 0o644)
+    world = run_world(_one_bad_secret, 2, args=(good, bad), **_WORLD)
+    mine = world[1]["message"]
+    assert mine.startswith("ValueError: udp: secret_file (UCXBACKEND_SECRET_FILE)"), mine
+    assert "mode 644" in mine, mine
+    other = world[0]["message"]
+    assert other.startswith("DistBackendError: udp: setting up group"), other
+    assert "secret_file is 'on, key check " in other and "on rank 1" in other, other
+    assert "is accessible by group or others (mode 644)" in other, other
+    for r in world:
+        assert r["seconds"] < 10.0, r
 
 
 def test_build_without_openssl_refuses_the_mode() -> None:

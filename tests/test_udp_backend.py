@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
+import cpp_build
 import pytest
 import torch
 import torch.distributed as dist
@@ -260,18 +262,30 @@ def _killed_peer(rank: int, ws: int) -> tuple[float, str]:
     return time.monotonic() - start, ""
 
 
-def test_killed_peer_fails_before_the_timeout() -> None:
+@pytest.mark.parametrize("authenticated", [False, True])
+def test_killed_peer_fails_before_the_timeout(tmp_path: Path, authenticated: bool) -> None:
+    env = {}
+    if authenticated:
+        if cpp_build.link_libraries() != ["-lcrypto"]:
+            pytest.skip("built without OpenSSL")
+        secret = tmp_path / "secret"
+        secret.write_bytes(os.urandom(64))
+        secret.chmod(0o600)
+        env["UCXBACKEND_SECRET_FILE"] = str(secret)
     pg_timeout = 60.0
     res = run_world(
         _killed_peer, 2, backend="udp", pg_timeout=pg_timeout, expect_fail_ranks={1},
-        timeout=120,
+        timeout=120, env=env,
     )
     elapsed, msg = res[0]
     assert msg, "all_reduce with a dead peer returned"
     # Found by the transport: the killed rank's closed port refuses the first datagram sent to
     # it (an ICMP port unreachable), long before the op's timeout; silence alone would wait it.
+    # Authenticated, the unauthenticated ICMP is checked with a PING that goes unanswered.
     assert elapsed < 2.0, (elapsed, msg)
     assert "rank 1" in msg and "is closed (ICMP port unreachable)" in msg, msg
+    if authenticated:
+        assert "nothing authenticated came from it" in msg, msg
     assert msg.startswith("udp all_reduce") or "udp allreduce" in msg, msg
 
 

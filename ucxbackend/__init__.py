@@ -46,9 +46,11 @@ __all__ = [
     "__version__",
     "get_config",
     "get_error",
+    "inline_stats",
     "is_available",
     "load_error",
     "shared_memory",
+    "startup_profile",
     "stats",
 ]
 
@@ -279,6 +281,36 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
     backend = _native_backend(group, "shared_memory")
     assert _C is not None
     return bool(_C.shared_memory(backend))
+
+
+def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
+    """How many ops of a ``ucx`` or ``udp`` group ran on the caller's thread.
+
+    Returns ``{"inline": n, "handed_over": m}``: ``inline`` ops were posted and completed on
+    the thread that issued them, ``handed_over`` ones were posted there but a peer was late,
+    so the progress thread finished them. See docs/architecture.md#inline-ops (the
+    ``inline_bytes`` knob).
+    """
+    backend = _native_backend(group, "inline_stats")
+    assert _C is not None
+    raw = _C.inline_stats(backend)
+    return {"inline": int(raw["inline"]), "handed_over": int(raw["handed_over"])}
+
+
+def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
+    """Where this rank's creation of a ``ucx`` or ``udp`` group spent its time.
+
+    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n}``: the phases
+    of the backend's constructor in order (they sum to its time; torch's own part of
+    ``init_process_group`` is not in them, nor is the first op, where ucx connects each peer
+    on first use), the c10d Store calls it made (a multi-key read is one call) and the bytes
+    of keys and values they carried. See docs/bench.md (``bench startup``, which prints it per
+    phase) and docs/performance.md#start-up.
+    """
+    backend = _native_backend(group, "startup_profile")
+    assert _C is not None
+    profile: dict[str, Any] = _C.startup_profile(backend)
+    return profile
 
 
 def get_error(group: dist.ProcessGroup | None = None) -> ErrorType:

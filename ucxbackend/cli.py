@@ -14,7 +14,8 @@ Commands:
 ``bench``
     nccl-tests-style benchmark of collectives on several backends side by side (``ucx``,
     ``gloo``, an optional mpi4py reference): time, algbw, busbw, #wrong per size; ``--json``,
-    ``--plot``. Implemented in :mod:`ucxbackend.bench`, whose docstring has examples.
+    ``--plot``; ``bench startup`` times ``init_process_group`` and the first all_reduce at
+    growing world sizes. Implemented in :mod:`ucxbackend.bench`, whose docstring has examples.
 
 ``soak``
     A long run of mixed ops, sizes, subgroups and create/destroy cycles on ``ucx`` and/or

@@ -35,7 +35,6 @@ added too; otherwise restricting UCX to ``eth0`` would turn RoCE off.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import fcntl
 import ipaddress
 import logging
@@ -160,7 +159,9 @@ def _mtu(name: str) -> int:
 
 def list_interfaces() -> list[Interface]:
     """Every interface of this network namespace, in kernel order, with its IPv4 addresses."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The C library this process has loaded already: ctypes.util.find_library would run
+    # `ldconfig -p` in a child process, milliseconds of every group's creation.
+    libc = ctypes.CDLL(None, use_errno=True)
     head = ctypes.POINTER(_Ifaddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
         err = ctypes.get_errno()

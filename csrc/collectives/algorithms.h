@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "csrc/collectives/comm.h"
@@ -22,6 +23,28 @@ using ucxb::Reduction;
 
 // In place over `data`.
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);
+
+// An all_reduce that is one exchange (two ranks, recursive doubling, one chunk: the automatic
+// choice for small messages), split where it waits: the constructor posts the receive of
+// the peer's vector and the send of this rank's, and finish() waits for requests() (at once
+// if they have completed) and folds the peer's vector into `data`. allreduce() runs such an
+// op through this class too, so a rank that drives it on the caller's thread (the backend's
+// inline path, which may hand the waiting to the progress thread) and a rank that runs it on
+// its progress thread exchange the same messages.
+class PostedAllreduce {
+ public:
+  static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize);
+  PostedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red);
+  const std::vector<RequestPtr>& requests() const { return requests_; }
+  void finish(Comm& comm);
+
+ private:
+  void* data_;
+  size_t count_;
+  Reduction red_;
+  uint8_t* peerData_;
+  std::vector<RequestPtr> requests_;
+};
 
 // blocks[r] is this rank's contribution to rank r's block (`blockCount` elements each; never
 // modified); the reduction of every rank's block rank() is written to `out`.

@@ -74,6 +74,11 @@ void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t s
 
 // log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k.
 void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
+  if (PostedAllreduce::applies(c.tuning(), count, red.elementSize, c.size())) {
+    PostedAllreduce op(c, data, count, red);
+    op.finish(c);
+    return;
+  }
   const Pow2Fold f(c.rank(), c.size());
   const size_t chunk =
       chunkElems(c, count, red.elementSize, kStepSpace / static_cast<size_t>(f.levels() + 2));
@@ -108,6 +113,31 @@ void rabenseifner(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
 }
 
 }  // namespace
+
+bool PostedAllreduce::applies(const Tuning& tuning, size_t count, size_t elementSize,
+                              int worldSize) {
+  return worldSize == 2 &&
+         choose(tuning, Op::kAllreduce, count * elementSize, worldSize) ==
+             Algorithm::kRecursiveDoubling &&
+         count <= chunkElems(tuning, count, elementSize, kStepSpace / 3);  // one level + 2
+}
+
+// The step recursive doubling gives its one exchange at two ranks: after foldIn's (empty)
+// phase of one step, its only chunk, which is also its last.
+PostedAllreduce::PostedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
+    : data_(data), count_(count), red_(red) {
+  const uint32_t step = chunkStep(1, 0, 1);
+  const size_t bytes = count * red.elementSize;
+  const int peer = 1 - comm.rank();
+  peerData_ = comm.scratch(bytes);
+  requests_.push_back(comm.recv(peer, step, peerData_, bytes));
+  requests_.push_back(comm.send(peer, step, data, bytes));
+}
+
+void PostedAllreduce::finish(Comm& comm) {
+  comm.wait(requests_);
+  comm.reduce(red_, data_, peerData_, count_);
+}
 
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
   if (comm.size() == 1) return;

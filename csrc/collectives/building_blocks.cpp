@@ -6,8 +6,8 @@
 
 namespace ucxb::algo::detail {
 
-size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChunks) {
-  const size_t elems = std::max<size_t>(1, c.tuning().chunkBytes / esz);
+size_t chunkElems(const Tuning& tuning, size_t count, size_t esz, size_t maxChunks) {
+  const size_t elems = std::max<size_t>(1, tuning.chunkBytes / esz);
   maxChunks = std::max<size_t>(1, maxChunks);
   const size_t needed = count == 0 ? 0 : (count + maxChunks - 1) / maxChunks;
   return std::max(elems, needed);

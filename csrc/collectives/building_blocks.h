@@ -26,7 +26,10 @@ constexpr uint32_t kWholeMessage = kLastChunk;
 
 // Elements per chunk: the group's chunk size, or more when `count` would otherwise need more
 // than `maxChunks` chunks (each chunk takes one tag step).
-size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChunks);
+size_t chunkElems(const Tuning& tuning, size_t count, size_t esz, size_t maxChunks);
+inline size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChunks) {
+  return chunkElems(c.tuning(), count, esz, maxChunks);
+}
 
 // A 0-element message still travels, so ranks that disagree on sizes find out.
 inline size_t chunksOf(size_t count, size_t chunk) {

@@ -55,14 +55,16 @@ ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfi
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   idleEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
   waitEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wakeFd_ < 0 || idleEpollFd_ < 0 || waitEpollFd_ < 0) {
+  parkEpollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wakeFd_ < 0 || idleEpollFd_ < 0 || waitEpollFd_ < 0 || parkEpollFd_ < 0) {
     const std::string msg = errnoMessage("eventfd/epoll_create1");
-    for (int fd : {wakeFd_, idleEpollFd_, waitEpollFd_}) {
+    for (int fd : {wakeFd_, idleEpollFd_, waitEpollFd_, parkEpollFd_}) {
       if (fd >= 0) close(fd);
     }
     throw TransportError(msg);
   }
   addToEpoll(idleEpollFd_, wakeFd_);
+  addToEpoll(parkEpollFd_, wakeFd_);
   if (transport_->eventFd() >= 0) {
     addToEpoll(idleEpollFd_, transport_->eventFd());
     addToEpoll(waitEpollFd_, transport_->eventFd());
@@ -84,6 +86,7 @@ ProgressEngine::~ProgressEngine() {
   close(wakeFd_);
   close(idleEpollFd_);
   close(waitEpollFd_);
+  close(parkEpollFd_);
 }
 
 void ProgressEngine::stop() {
@@ -173,11 +176,15 @@ void ProgressEngine::failThread(const std::string& what, Task* running) {
 }
 
 void ProgressEngine::runTask(Task& task) {
+  std::lock_guard<std::mutex> owner(ownerMu_);
   currentKeepAlive_ = task.keepAlive;
   const bool counted = traffic_.enabled() && !task.op.empty();
   if (counted) traffic_.beforeOp(*transport_);
   task.run();  // reports its own errors to its Work
   if (counted) traffic_.afterOp(*transport_, task.op, task.seq);
+  // Destroyed while this thread owns the transport: a handed-over op's Comm gives up what
+  // is still posted as it goes.
+  task.run = nullptr;
   currentKeepAlive_.reset();
   setWaitingFor({});
 }
@@ -193,11 +200,13 @@ void ProgressEngine::threadMain() {
       if (stopping_.load()) {
         break;
       }
-      if (!queue_.empty()) {
+      // Tasks posted while a lease is out wait for it (they were issued after its op).
+      if (!queue_.empty() && !lent_.load()) {
         task = std::move(queue_.front());
         queue_.pop_front();
         queued_.fetch_sub(1, std::memory_order_release);
         haveTask = true;
+        taskRunning_ = true;
       }
     }
     // Nothing may escape this thread (that would be std::terminate): an exception from the
@@ -206,6 +215,10 @@ void ProgressEngine::threadMain() {
     try {
       if (haveTask) {
         runTask(task);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          taskRunning_ = false;
+        }
         lastActivity = Clock::now();
         continue;
       }
@@ -218,6 +231,8 @@ void ProgressEngine::threadMain() {
       break;
     }
   }
+  // A borrowing caller notices stopping_ within one poll and gives the transport back.
+  std::lock_guard<std::mutex> owner(ownerMu_);
   std::deque<Task> abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -228,12 +243,27 @@ void ProgressEngine::threadMain() {
   for (auto& t : abandoned) {
     if (t.abandon) t.abandon(why);
   }
+  // Before the transport: a handed-over op's continuation gives up its requests as it goes.
+  abandoned.clear();
   // The transport goes with its thread (its owner): requests still posted, such as an
   // irecv nobody matched, fail now instead of waiting for the last reference to the group.
   transport_.reset();
 }
 
+void ProgressEngine::park() {
+  epoll_event ev;
+  if (epoll_wait(parkEpollFd_, &ev, 1, kParkMs) == 1) {
+    uint64_t count;
+    (void)!read(wakeFd_, &count, sizeof(count));
+  }
+}
+
 bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
+  if (lent_.load()) {
+    park();
+    return true;
+  }
+  std::unique_lock<std::mutex> owner(ownerMu_);
   if (transport_->progress()) {
     trafficDirty_ = true;
     lastActivity = Clock::now();
@@ -244,12 +274,14 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
     trafficDirty_ = false;
   }
   if (config_.mode == ProgressMode::kPoll) {
+    owner.unlock();
     if (stopping_.load()) return false;
     // On a machine with fewer cores than spinning threads, give the caller's thread a turn.
     sched_yield();
     return true;
   }
   if (Clock::now() - lastActivity < config_.spin) {
+    owner.unlock();
     // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
     // `spin` after the last one, so the next is picked up without a wake-up.
     sched_yield();
@@ -258,6 +290,7 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
   if (!transport_->arm()) {
     return true;
   }
+  owner.unlock();
   sleeping_.store(true, std::memory_order_seq_cst);
   if (queued_.load(std::memory_order_seq_cst) > 0 || stopping_.load()) {
     sleeping_.store(false);
@@ -332,7 +365,8 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
   return scratch_.get();
 }
 
-void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) {
+bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
+                               Clock::time_point deadline, Clock::time_point giveUpAt) {
   auto lastEvent = Clock::now();
   bool published = false;
   for (;;) {
@@ -346,7 +380,7 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
       done = done && !r->pending();
     }
     if (done) {
-      return;
+      return true;
     }
     if (stopping_.load()) {
       abandonPending(requests);
@@ -366,6 +400,9 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
       }
       abandonPending(requests);
       throw OpTimeout("no progress before the timeout; still waiting for: " + what);
+    }
+    if (now >= giveUpAt) {
+      return false;
     }
     if (config_.mode == ProgressMode::kPoll) {
       sched_yield();
@@ -388,8 +425,97 @@ void ProgressEngine::waitAll(const std::vector<RequestPtr>& requests, Clock::tim
       setWaitingFor(std::move(what));
       published = true;
     }
-    sleepUntilEvent(waitEpollFd_, deadline);
+    sleepUntilEvent(waitEpollFd_, std::min(deadline, giveUpAt));
     lastEvent = Clock::now();
+  }
+}
+
+// --- inline ops ---------------------------------------------------------------------------------
+
+std::unique_ptr<ProgressEngine::Lease> ProgressEngine::lend(const std::string& op, uint64_t seq,
+                                                            std::shared_ptr<void> keepAlive) {
+  if (std::this_thread::get_id() == threadId_.load()) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!queue_.empty() || taskRunning_ || lent_.load() || stopping_.load() || failed()) {
+      return nullptr;
+    }
+    lent_.store(true);
+  }
+  // From here the thread starts no task and begins no idle pass; one may be under way (a
+  // progress() call). Never wait for it long: it may be running a callback that issues an
+  // op, and the caller may hold the backend's issue lock. A few yields cover a pass.
+  std::unique_lock<std::mutex> owner(ownerMu_, std::try_to_lock);
+  const auto until = Clock::now() + kLendWait;
+  while (!owner.owns_lock() && Clock::now() < until) {
+    sched_yield();
+    owner.try_lock();
+  }
+  if (!owner.owns_lock() || !transport_ || stopping_.load()) {
+    // Busy, or the thread ended between the check and here: the op is queued instead.
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lent_.store(false);
+      wake = !queue_.empty();
+    }
+    if (wake) {
+      const uint64_t one = 1;
+      (void)!write(wakeFd_, &one, sizeof(one));
+    }
+    return nullptr;
+  }
+  currentKeepAlive_ = std::move(keepAlive);
+  return std::unique_ptr<Lease>(new Lease(*this, std::move(owner), op, seq));
+}
+
+ProgressEngine::Lease::Lease(ProgressEngine& engine, std::unique_lock<std::mutex> owner,
+                             std::string op, uint64_t seq)
+    : engine_(engine),
+      owner_(std::move(owner)),
+      op_(std::move(op)),
+      seq_(seq),
+      handOverAt_(Clock::now() + engine.config_.spin) {
+  counted_ = engine_.traffic_.enabled() && !op_.empty();
+  if (counted_) engine_.traffic_.beforeOp(*engine_.transport_);
+}
+
+bool ProgressEngine::Lease::wait(const std::vector<RequestPtr>& requests,
+                                 Clock::time_point deadline) {
+  return engine_.waitUntil(requests, deadline, handOverAt_);
+}
+
+void ProgressEngine::Lease::handOver(Task continuation) {
+  std::lock_guard<std::mutex> lock(engine_.mu_);
+  engine_.queue_.push_front(std::move(continuation));
+  engine_.queued_.fetch_add(1, std::memory_order_seq_cst);
+  handedOver_ = true;
+}
+
+ProgressEngine::Lease::~Lease() { engine_.endLease(*this); }
+
+void ProgressEngine::endLease(Lease& lease) {
+  if (lease.counted_) {
+    try {
+      traffic_.afterOp(*transport_, lease.op_, lease.seq_);
+    } catch (...) {
+    }
+  }
+  (lease.handedOver_ ? handedOver_ : inlineOps_).fetch_add(1, std::memory_order_relaxed);
+  trafficDirty_ = true;
+  currentKeepAlive_.reset();
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lent_.store(false);
+    wake = !queue_.empty();
+  }
+  lease.owner_.unlock();
+  // Queued work (a handed-over op, ops posted meanwhile) must not wait for the thread's next
+  // look. Without it the parked thread resumes listening within kParkMs by itself.
+  if (wake) {
+    const uint64_t one = 1;
+    (void)!write(wakeFd_, &one, sizeof(one));
   }
 }
 

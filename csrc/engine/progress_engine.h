@@ -13,7 +13,16 @@
 //   or keeps polling (mode "poll").
 // * With no task queued the thread arms the transport and sleeps on {transport fd, eventfd}, so
 //   an idle group costs nothing. Point-to-point requests complete from this idle loop too.
-//
+// * Inline ops: a caller may borrow the transport while the group is idle (no task queued or
+//   running, no other borrower), post a small op and drive it on its own thread, which saves
+//   the two thread hops (lend(); the backend decides which ops qualify). The transport has
+//   one driver at a time: the thread holds ownerMu_ while it runs a task or polls, and while
+//   a Lease is out it touches nothing of the transport and runs no task; it parks on its
+//   eventfd (re-checking every kParkMs) instead of listening on the transport's fd, so a
+//   burst of inline ops does not wake it. An op that does not finish within `spin` (a
+//   caller is held no longer than Work.wait() would poll) is handed over: its continuation
+//   (the requests already posted, and what completes the op) is queued first and the thread
+//   finishes it, so nothing is posted twice and nothing is lost.
 // * A group that has failed (an op failed or timed out, a point-to-point request failed, an
 //   exception escaped the transport on this thread) refuses every later op: fail() records
 //   the first reason, and the backend fails each later Work with GroupFailed naming it. So a
@@ -101,6 +110,44 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
 
   // Any thread.
   void post(Task task);
+
+  // The transport lent to one caller's thread for one inline op (see the top of this file).
+  // Destroying it gives the transport back. Used on the borrowing thread only.
+  class Lease {
+   public:
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    Transport& transport() { return *engine_.transport_; }
+    // Drives progress on this thread until every request has completed (true) or `spin` has
+    // passed since the lease began (false: hand the op over). Failures as waitAll.
+    bool wait(const std::vector<RequestPtr>& requests, Clock::time_point deadline);
+    // Queues `continuation` ahead of every task posted meanwhile; the thread runs it once the
+    // lease has ended. The lease counts as handed over.
+    void handOver(Task continuation);
+
+   private:
+    friend class ProgressEngine;
+    Lease(ProgressEngine& engine, std::unique_lock<std::mutex> owner, std::string op,
+          uint64_t seq);
+    ProgressEngine& engine_;
+    std::unique_lock<std::mutex> owner_;
+    const std::string op_;
+    const uint64_t seq_;
+    const Clock::time_point handOverAt_;
+    bool counted_ = false;
+    bool handedOver_ = false;
+  };
+  // Lends the transport to the calling thread when the group is idle (nothing queued, no
+  // task running, no other lease, not stopping or failed); null otherwise, and the caller
+  // queues its op as a task. Never on the progress thread (a Future callback): there the
+  // thread is busy by definition. `keepAlive`: what a failing op's requests keep (waitAll).
+  std::unique_ptr<Lease> lend(const std::string& op, uint64_t seq,
+                              std::shared_ptr<void> keepAlive);
+  // How many ops completed on a borrowing thread, and how many were handed over to this
+  // thread (for tests and the bench). Any thread.
+  uint64_t inlineOps() const { return inlineOps_.load(std::memory_order_relaxed); }
+  uint64_t handedOver() const { return handedOver_.load(std::memory_order_relaxed); }
   // Describes what the running op is waiting for (empty when idle). Any thread.
   std::string waitingFor() const;
   // The transport's traffic counters as last published (after each op, and whenever the
@@ -129,7 +176,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   Transport& transport() { return *transport_; }
   // Drives progress until every request has completed. Throws OpFailed on the first failed
   // request and OpTimeout at the deadline; either way the rest are cancelled first.
-  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override;
+  void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override {
+    waitUntil(requests, deadline, Clock::time_point::max());
+  }
   // Gives up on requests outside a waitAll (see waitAll for what that entails).
   void abandon(const std::vector<RequestPtr>& requests) override { abandonPending(requests); }
   // A buffer of at least `bytes`, reused by every op of the group (grow-only, so its size is
@@ -148,15 +197,36 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   void sleepUntilEvent(int epollFd, Clock::time_point deadline);
   void abandonPending(const std::vector<RequestPtr>& requests);
   void setWaitingFor(std::string what);
+  // waitAll that returns false once `giveUpAt` has passed with requests still pending (left
+  // posted); only an inline op's first attempt gives up early.
+  bool waitUntil(const std::vector<RequestPtr>& requests, Clock::time_point deadline,
+                 Clock::time_point giveUpAt);
+  // The thread, while a lease is out: wait on the eventfd (never the transport's fd).
+  void park();
+  void endLease(Lease& lease);
 
   std::unique_ptr<Transport> transport_;
   const EngineConfig config_;
   int wakeFd_ = -1;        // eventfd: "a task was posted"
   int idleEpollFd_ = -1;   // {transport fd, wakeFd_}
   int waitEpollFd_ = -1;   // {transport fd}: a running op ignores new posts
+  int parkEpollFd_ = -1;   // {wakeFd_}: the thread while a caller has borrowed the transport
+  // How often a parked thread looks again: a burst of inline ops keeps it parked (so their
+  // traffic never wakes it), and within this long after the burst it listens again.
+  static constexpr int kParkMs = 1;
+  // How long lend() waits for an idle pass of the thread to end before the op is queued.
+  static constexpr std::chrono::microseconds kLendWait{50};
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
+  bool taskRunning_ = false;  // guarded by mu_
+  std::atomic<bool> lent_{false};  // a Lease is out (written under mu_)
+  // Held by whoever drives the transport: the thread while it runs a task or polls, a
+  // borrowing caller while its Lease lives. Never taken while holding mu_ (the other order is
+  // fine: a lease ends by taking mu_).
+  std::mutex ownerMu_;
+  std::atomic<uint64_t> inlineOps_{0};
+  std::atomic<uint64_t> handedOver_{0};
   std::atomic<bool> stopping_{false};
   mutable std::mutex failMu_;
   std::string failure_;  // the first failure (guarded by failMu_)

@@ -7,15 +7,22 @@
 // ``./udp_auth_test GROUP`` (see ``--list``). Built by tests/test_udp_auth.py.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <memory>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +35,30 @@
 #include "transports/udp/secret_file.h"
 #include "transports/udp/udp_transport.h"
 #include "transports/udp/wire_format.h"
+
+// While `gScanFreed` is set, every heap block freed with its size (what std::vector's
+// allocator does) is searched for kSecretMarker: the secret_file group checks that no copy of
+// a secret is left behind in freed memory (a vector's old buffer after it grew, or the buffer
+// of a file refused for its length).
+namespace {
+std::atomic<bool> gScanFreed{false};
+std::atomic<int> gFreedWithSecret{0};
+constexpr char kSecretMarker[] = "ucxb-secret-marker";
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t n) noexcept {
+  if (p != nullptr && gScanFreed.load() &&
+      std::search(static_cast<char*>(p), static_cast<char*>(p) + n, kSecretMarker,
+                  kSecretMarker + sizeof kSecretMarker - 1) != static_cast<char*>(p) + n) {
+    ++gFreedWithSecret;
+  }
+  std::free(p);
+}
 
 using namespace ucxb;
 using namespace ucxb::udp;
@@ -224,7 +255,64 @@ void testSecretFile() {
     CHECK_THROWS(readSecretFile(path), config::ConfigError, "Permission denied");
   }
   CHECK_THROWS(readSecretFile(path), config::ConfigError, "secret_file (UCXBACKEND_SECRET_FILE)");
+  // Owned by another user (only root can read such a file with mode 600): that user could
+  // replace the secret with one they know, so it is refused, as ssh refuses such a key.
+  if (::geteuid() == 0) {
+    write(std::string(64, 's'), 0600);
+    CHECK(::chown(path.c_str(), 65534, 65534) == 0);
+    CHECK_THROWS(readSecretFile(path), config::ConfigError, "is owned by uid 65534");
+    CHECK(::chown(path.c_str(), 0, 0) == 0);
+    CHECK_EQ(readSecretFile(path).size(), size_t{64});  // root's own: fine
+  }
   ::unlink(path.c_str());
+  // No copy of a secret is left in freed heap memory: not the buffers a growing read leaves
+  // behind, not the secret once its holder is done with it, not a file refused as too long.
+  // The files are written with write(2) and their text allocated once, before the scan, so
+  // that no stdio buffer or string of the test's own leaves the marker in a heap chunk that
+  // is reused while the scan is on.
+  const std::string longPath = std::string(dir) + "/long";
+  std::string marked;
+  marked.reserve(20000 + sizeof kSecretMarker + kMaxSecretBytes);
+  while (marked.size() < 20000) marked += kSecretMarker;
+  const size_t markedBytes = marked.size();
+  const auto writeRaw = [](const std::string& to, const char* data, size_t n) {
+    const int fd = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0 && ::write(fd, data, n) == static_cast<ssize_t>(n));
+    ::close(fd);
+  };
+  writeRaw(path, marked.data(), markedBytes);
+  marked.append(kMaxSecretBytes, 'x');  // no reallocation: reserved
+  writeRaw(longPath, marked.data(), marked.size());
+  gFreedWithSecret = 0;
+  gScanFreed = true;
+  CHECK_EQ(readSecretFile(path).size(), markedBytes);
+  CHECK_THROWS(readSecretFile(longPath), config::ConfigError, "is longer than 65536 bytes");
+  gScanFreed = false;
+  CHECK_EQ(gFreedWithSecret.load(), 0);
+  ::unlink(path.c_str());
+  ::unlink(longPath.c_str());
+  // A FIFO (or a device) under the knob: refused at once, never an open() that waits for a
+  // writer and hangs the group's creation. If the read does hang, this side opens the FIFO
+  // for writing, so that the check fails instead of the test hanging.
+  const std::string fifo = std::string(dir) + "/fifo";
+  CHECK(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto read = std::async(std::launch::async, [&] {
+    try {
+      readSecretFile(fifo);
+      return std::string("accepted");
+    } catch (const config::ConfigError& e) {
+      return std::string(e.what());
+    }
+  });
+  const bool promptly = read.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  CHECK_MSG(promptly, "readSecretFile hung on a FIFO (open() waits for a writer)");
+  if (!promptly) {
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  const std::string why = read.get();
+  CHECK_MSG(why.find("is not a regular file") != std::string::npos, why);
+  ::unlink(fifo.c_str());
   ::rmdir(dir);
 }
 
@@ -270,6 +358,35 @@ void testForgery() {
   CHECK_EQ(sealed.stats.datagramsAccepted, uint64_t{0});
   CHECK_EQ(sealed.stats.datagramsDropped, uint64_t{2});
   CHECK_EQ(sealed.stats.datagramsReceived, uint64_t{2});
+
+  // ICMP carries no tag: a forged port unreachable must not fail a live peer (without
+  // authentication it does at once; the network is trusted there). Authenticated, the peer is
+  // pinged, answers, and the receive still completes with its message.
+  for (const bool authenticated : {false, true}) {
+    EndpointNetwork net(2, authOptions(authenticated ? std::optional(groupKey(1)) : std::nullopt));
+    std::vector<uint8_t> inbox(64, 0);
+    auto r = net.endpoint(0)->recv(1, 78, ~Tag{0}, inbox.data(), inbox.size());
+    net.endpoint(0)->handlePortUnreachable(net.nowUs(), net.address(1));
+    net.runUntil([&] { return !r->pending(); }, kSecond);
+    CHECK_EQ(r->pending(), authenticated);
+    if (!authenticated) continue;
+    CHECK(net.endpoint(0)->peerError(1).empty());
+    const std::vector<uint8_t> real(64, 0x33);
+    auto s = net.endpoint(1)->send(0, 78, real.data(), real.size());
+    CHECK(net.runUntil([&] { return !r->pending() && !s->pending(); }, kSecond));
+    CHECK(r->state() == RequestState::kDone && inbox == real);
+  }
+  // A peer that is really gone is still failed by its closed port, a grace period later.
+  EndpointNetwork net(2, authOptions(groupKey(1)));
+  std::vector<uint8_t> inbox(64, 0);
+  auto r = net.endpoint(0)->recv(1, 79, ~Tag{0}, inbox.data(), inbox.size());
+  net.kill(1);
+  const TimeUs start = net.nowUs();
+  CHECK(net.runUntil([&] { return !r->pending(); }, 20 * kSecond));
+  CHECK_MSG(check::contains(r->error(), "is closed (ICMP port unreachable) and nothing "
+                                        "authenticated came from it"),
+            r->error());
+  CHECK(net.nowUs() - start < 2 * kSecond);
 }
 
 // A datagram sealed by the genuine key, delivered twice: the copy is dropped and counted. And
@@ -426,15 +543,53 @@ uint64_t counter(const Counters& counters, const std::string& name) {
   return ~uint64_t{0};
 }
 
+// An ICMP port unreachable to 127.0.0.1, quoting a UDP datagram from port `from` to port
+// `to`: what the kernel hands the socket bound to `from` as "`to` is closed".
+bool sendSpoofedPortUnreachable(uint16_t from, uint16_t to) {
+  const int fd = ::socket(AF_INET, SOCK_RAW, IPPROTO_ICMP);  // the kernel writes the IP header
+  if (fd < 0) return false;
+  std::vector<uint8_t> m(8 + 20 + 8, 0);  // ICMP header, quoted IP header, quoted UDP header
+  const auto put16 = [&m](size_t at, uint16_t v) {
+    m[at] = static_cast<uint8_t>(v >> 8);
+    m[at + 1] = static_cast<uint8_t>(v);
+  };
+  const auto checksum = [&m](size_t from, size_t n) {
+    uint32_t sum = 0;
+    for (size_t i = from; i < from + n; i += 2) sum += uint32_t{m[i]} << 8 | m[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return static_cast<uint16_t>(~sum);
+  };
+  m[0] = 3;  // destination unreachable
+  m[1] = 3;  // port unreachable
+  m[8] = 0x45;
+  put16(10, 28 + 40);
+  m[16] = 64;
+  m[17] = IPPROTO_UDP;
+  const uint8_t loopback[4] = {127, 0, 0, 1};
+  std::memcpy(&m[20], loopback, 4);
+  std::memcpy(&m[24], loopback, 4);
+  put16(18, checksum(8, 20));
+  put16(28, from);
+  put16(30, to);
+  put16(32, 48);
+  put16(2, checksum(0, m.size()));
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool sent = ::sendto(fd, m.data(), m.size(), 0, reinterpret_cast<const sockaddr*>(&dst),
+                             sizeof dst) == static_cast<ssize_t>(m.size());
+  ::close(fd);
+  return sent;
+}
+
 struct SocketForgery {
   bool sent = false;
   bool landed = false;
   uint64_t authFailed = 0;
 };
 
-// Two UdpTransports on 127.0.0.1; rank 0 waits for a message from rank 1, and a third party
-// forges it with the token, from rank 1's address.
-SocketForgery forgeOverSockets(std::optional<AuthKey> key) {
+// Two UdpTransports on 127.0.0.1, connected to each other.
+std::vector<std::unique_ptr<UdpTransport>> loopbackPair(std::optional<AuthKey> key) {
   UdpTransportOptions options;
   options.sessionToken = kToken;
   options.groupKey = key;
@@ -446,6 +601,13 @@ SocketForgery forgeOverSockets(std::optional<AuthKey> key) {
   for (int r = 0; r < 2; ++r) {
     for (int p = 0; p < 2; ++p) ts[r]->connect(p, ts[p]->localAddress());
   }
+  return ts;
+}
+
+// Two UdpTransports on 127.0.0.1; rank 0 waits for a message from rank 1, and a third party
+// forges it with the token, from rank 1's address.
+SocketForgery forgeOverSockets(std::optional<AuthKey> key) {
+  const auto ts = loopbackPair(key);
   std::vector<uint8_t> inbox(64, 0);
   auto r = ts[0]->recv(1, 77, ~Tag{0}, inbox.data(), inbox.size());
   const std::vector<uint8_t> evil(64, 0xEE);
@@ -475,6 +637,27 @@ void testSpoofedSocket() {
   CHECK(sealed.sent);
   CHECK(!sealed.landed);
   CHECK_EQ(sealed.authFailed, uint64_t{1});
+
+  // A forged ICMP port unreachable for rank 1's port, while rank 0 waits for rank 1: the
+  // authenticated connection stays up (rank 1 answers the PING it gets), and the message
+  // then arrives.
+  const auto ts = loopbackPair(groupKey(1));
+  std::vector<uint8_t> inbox(64, 0);
+  auto r = ts[0]->recv(1, 77, ~Tag{0}, inbox.data(), inbox.size());
+  CHECK(sendSpoofedPortUnreachable(ts[0]->boundAddress().port(), ts[1]->boundAddress().port()));
+  const auto progressFor = [&](std::chrono::milliseconds ms, const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + ms;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      for (auto& t : ts) t->progress();
+    }
+  };
+  // Past the grace period (keepalive_us, 200 ms) the forged report is contradicted.
+  progressFor(std::chrono::milliseconds(400), [&] { return !r->pending(); });
+  CHECK_MSG(r->pending(), "a forged ICMP failed the authenticated connection: " + r->error());
+  const std::vector<uint8_t> real(64, 0x44);
+  auto s = ts[1]->send(0, 77, real.data(), real.size());
+  progressFor(std::chrono::seconds(5), [&] { return !r->pending() && !s->pending(); });
+  CHECK(r->state() == RequestState::kDone && inbox == real);
 }
 
 // Not a test: what sealing and opening cost per byte on this machine, for the docs

@@ -422,8 +422,8 @@ void testKilledPeer() {
   // that closed the group after its last op); the next request then finds the port closed.
   EndpointNetwork quiet(2, silenceOptions(20 * kSecond));
   Endpoint& q0 = *quiet.endpoint(0);
-  CHECK(!q0.handlePortUnreachable(quiet.address(1)));
-  CHECK(!q0.handlePortUnreachable(SocketAddress::parse("10.9.9.9", 1)));  // no peer's
+  CHECK(!q0.handlePortUnreachable(quiet.nowUs(), quiet.address(1)));
+  CHECK(!q0.handlePortUnreachable(quiet.nowUs(), SocketAddress::parse("10.9.9.9", 1)));
   CHECK(q0.peerError(1).empty());
   CHECK_EQ(q0.portUnreachableReports(), uint64_t{2});
   quiet.kill(1);

@@ -94,7 +94,7 @@ void EndpointNetwork::round() {
     Node& to = nodes_[static_cast<size_t>(a.to)];
     if (a.refusal) {
       // `from` is the address the refused datagram was sent to.
-      if (Endpoint* e = endpoint(a.to)) e->handlePortUnreachable(a.from);
+      if (Endpoint* e = endpoint(a.to)) e->handlePortUnreachable(nowUs_, a.from);
     } else if (to.frozen && to.endpoint) {
       to.held.emplace_back(a.from, std::move(a.bytes));
     } else if (Endpoint* e = endpoint(a.to)) {

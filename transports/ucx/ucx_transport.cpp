@@ -167,18 +167,30 @@ void UcxTransport::closeEndpoints() {
 
 void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
   PeerSlot& slot = *peers_.at(peer);
-  if (slot.ep != nullptr) {
-    return;
+  if (slot.ep == nullptr) slot.address = address;
+}
+
+ucp_ep_h UcxTransport::endpoint(PeerSlot& slot, bool forSend) {
+  if (slot.ep != nullptr || !slot.error.empty()) return slot.ep;
+  if (slot.address.empty()) {
+    if (forSend) slot.error = "rank " + std::to_string(slot.peer) + " is not connected";
+    return nullptr;
   }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.address = reinterpret_cast<const ucp_address_t*>(slot.address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxTransport::onPeerError;
   params.err_handler.arg = &slot;
-  check(ucp_ep_create(worker(), &params, &slot.ep),
-        "ucp_ep_create to rank " + std::to_string(peer), peer);
+  const ucs_status_t status = ucp_ep_create(worker(), &params, &slot.ep);
+  if (status != UCS_OK) {
+    slot.ep = nullptr;
+    if (forSend) {
+      slot.error = describe(status, "ucp_ep_create to rank " + std::to_string(slot.peer));
+    }
+  }
+  return slot.ep;
 }
 
 void UcxTransport::onPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -253,10 +265,9 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
                               MemoryType mem) {
   auto req = track(true, peer, bytes);
   PeerSlot& slot = *peers_.at(peer);
-  if (!slot.error.empty() || slot.ep == nullptr) {
+  if (endpoint(slot, true) == nullptr || !slot.error.empty()) {
     untrack(req.get());
-    req->fail(slot.error.empty() ? "rank " + std::to_string(peer) + " is not connected"
-                                 : slot.error);
+    req->fail(slot.error);
     return req;
   }
   ucp_request_param_t param{};
@@ -271,6 +282,11 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
 
 RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                               MemoryType mem) {
+  // The endpoint is not needed to receive, but its keepalive tells a dead peer from a slow
+  // one. One that cannot be created now (the peer destroyed its worker after sending what
+  // this receive may match) is no error: the receive waits as any other, and a send to the
+  // peer tries again.
+  if (peer >= 0) endpoint(*peers_.at(peer), false);
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |

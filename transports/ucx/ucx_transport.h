@@ -1,5 +1,12 @@
 // Transport over UCP tag matching: one worker per group, one endpoint per peer, peer error
 // handling on every endpoint so that a dead peer fails its requests instead of hanging them.
+//
+// Endpoints are created on first use: connect() only records the peer's address, and the
+// first send to or receive from a peer creates its endpoint. A group's creation then costs no
+// all-to-all wire-up (a ring op talks to two peers, a recursive-doubling one to log2(n)), and
+// no barrier is needed after it: a rank only connects to a peer it exchanges a message with,
+// which cannot have left before that message. A receive creates the endpoint too, so that
+// UCX's keepalive watches every peer this rank waits for.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -52,6 +59,7 @@ class UcxTransport final : public Transport {
     int peer;
     ucp_ep_h ep = nullptr;
     std::string error;
+    std::vector<uint8_t> address;  // from connect(); the endpoint is made from it on first use
   };
   struct WorkerDeleter {
     void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
@@ -63,6 +71,9 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   ucp_worker_h worker() const { return worker_.get(); }
+  // The peer's endpoint, created now if this is its first use; null when it cannot be
+  // created or the peer was never connected (then, for a send, with slot.error set).
+  ucp_ep_h endpoint(PeerSlot& slot, bool forSend);
   std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
   void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
   std::shared_ptr<UcxRequest> untrack(UcxRequest* req);

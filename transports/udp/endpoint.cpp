@@ -249,7 +249,7 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
   return true;
 }
 
-bool Endpoint::handlePortUnreachable(const SocketAddress& to) {
+bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   ++portUnreachable_;
   const auto it = peerByAddress_.find(to);
   if (it == peerByAddress_.end() || it->second.peer == rank_) return false;
@@ -257,10 +257,41 @@ bool Endpoint::handlePortUnreachable(const SocketAddress& to) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
   if (p.sends.empty() && p.receives.empty()) return false;
+  if (p.opener) {
+    // Pinged once per suspicion: a dead peer's port answers every PING with another ICMP.
+    if (!p.unreachableSince) {
+      p.unreachableSince = now;
+      p.connection->pingSoon();
+    }
+    return false;
+  }
   // Through the connection, so that handleEvents names the peer like any connection failure.
   p.connection->fail("its port " + to.toString() +
                      " is closed (ICMP port unreachable): the process is gone");
   return true;
+}
+
+DurationUs Endpoint::unreachableGraceUs() const {
+  // A live peer acknowledges the PING within an RTT; keepalive_us is how long silence is
+  // tolerated before a PING anyway.
+  const UdpConfig& c = options_.config;
+  return c.keepaliveUs != 0 ? c.keepaliveUs : c.rtoMaxUs;
+}
+
+bool Endpoint::failUnreachable(TimeUs now) {
+  bool failed = false;
+  for (auto& p : peers_) {
+    if (!p.unreachableSince || now - *p.unreachableSince < unreachableGraceUs()) continue;
+    p.unreachableSince.reset();
+    if (!p.error.empty() || p.connection->failed()) continue;
+    if (p.sends.empty() && p.receives.empty()) continue;
+    p.connection->fail("its port " + p.addresses.front().toString() +
+                       " is closed (ICMP port unreachable) and nothing authenticated came from "
+                       "it for " + std::to_string(unreachableGraceUs() / 1000) +
+                       " ms after a PING: the process is gone");
+    failed = true;
+  }
+  return failed;
 }
 
 void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
@@ -272,6 +303,7 @@ void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
       return;
     }
     bytes = bytes.first(bytes.size() - kAuthTrailerBytes);
+    p.unreachableSince.reset();  // it is alive: whatever the ICMP said was not from it
   }
   p.connection->onDatagram(bytes, now);
 }
@@ -285,6 +317,7 @@ bool Endpoint::handleTimeout(TimeUs now) {
     deliver(d.peer, d.bytes, now);
     delivered = true;
   }
+  if (failUnreachable(now)) delivered = true;
   if (linger_ && (!linger_->lastAckRepeat || now - *linger_->lastAckRepeat >= kAckRepeatUs)) {
     for (auto& peer : peers_) {
       if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
@@ -464,6 +497,7 @@ std::optional<TimeUs> Endpoint::nextTimeout() const {
   for (const auto& peer : peers_) {
     if (!peer.connected) continue;
     if (const auto t = peer.connection->nextTimeout()) consider(*t);
+    if (peer.unreachableSince) consider(*peer.unreachableSince + unreachableGraceUs());
   }
   if (!delayed_.empty()) consider(delayed_.top().dueUs);
   if (linger_) {

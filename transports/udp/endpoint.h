@@ -118,7 +118,10 @@ class Endpoint {
   // and requests to or from it are pending, its connection fails now and they fail with an
   // error saying so; with nothing pending it is only counted (a late ACK to a peer that
   // closed the group after its last op is no failure). Returns whether a connection failed.
-  bool handlePortUnreachable(const SocketAddress& to);
+  // In the authenticated mode the report is not trusted on its own (ICMP carries no tag, and
+  // anyone who can spoof packets can forge one): the peer is sent a PING and fails only if
+  // nothing authenticated comes from it within unreachableGraceUs() (handleTimeout).
+  bool handlePortUnreachable(TimeUs now, const SocketAddress& to);
   uint64_t portUnreachableReports() const { return portUnreachable_; }
 
   // Delivers the datagrams fault injection held back, fires the connections' due timers and,
@@ -162,6 +165,9 @@ class Endpoint {
     std::unique_ptr<DatagramSealer> sealer;  // authenticated mode only
     std::unique_ptr<DatagramOpener> opener;
     uint64_t authDroppedBytes = 0;  // what the opener refused (its counters count datagrams)
+    // Authenticated mode: when an ICMP port unreachable named this peer's port, while nothing
+    // authenticated has come from it since (handlePortUnreachable).
+    std::optional<TimeUs> unreachableSince;
     std::vector<SocketAddress> addresses;  // one per path (or one for all)
     bool connected = false;
     std::string error;  // why the connection failed (empty while healthy)
@@ -198,6 +204,10 @@ class Endpoint {
   void deliver(int peer, std::span<const uint8_t> bytes, TimeUs now);
   void cancelRequest(EndpointRequest& request);
   void failPeer(int peer, const std::string& why);
+  // Authenticated mode: fails the peers whose closed port no authenticated datagram
+  // contradicted within unreachableGraceUs(); returns whether one failed.
+  bool failUnreachable(TimeUs now);
+  DurationUs unreachableGraceUs() const;
   bool handleEvents();
   bool matchAnySource();
   bool completeCancelled();

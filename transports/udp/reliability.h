@@ -72,6 +72,11 @@ class PeerConnection {
   void acknowledgeAgain() {
     if (acks_.anyReceived()) acks_.ackSoon();
   }
+  // Sends a PING at the next pollTransmit, which a live peer acknowledges at once: how an
+  // authenticated endpoint checks an (unauthenticated) ICMP port unreachable against the peer.
+  void pingSoon() {
+    if (!failed_) keepaliveDue_ = true;
+  }
 
   // One datagram from the peer. Anything malformed, forged or stale is counted and dropped.
   void onDatagram(std::span<const uint8_t> datagram, TimeUs now);

@@ -27,8 +27,10 @@ struct Fd {
 
 }  // namespace
 
-std::vector<uint8_t> readSecretFile(const std::string& path) {
-  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY)};
+SecretBytes readSecretFile(const std::string& path) {
+  // O_NONBLOCK: a FIFO (or a device) under the knob must be refused below as not a regular
+  // file, not wait in open() for a writer that never comes; a regular file reads the same.
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)};
   if (file.fd < 0) {
     refuse(path, std::string("cannot be read: ") + std::strerror(errno) +
                      " (create it with: head -c 64 /dev/urandom > FILE; chmod 600 FILE)");
@@ -36,20 +38,30 @@ std::vector<uint8_t> readSecretFile(const std::string& path) {
   struct stat st {};
   if (::fstat(file.fd, &st) != 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) refuse(path, "is not a regular file");
+  // Its owner can change it at will: it must be this user (or root, as for a mounted
+  // secret), as ssh demands of a private key. Matters for root, which reads any file.
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    refuse(path, "is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+                     std::to_string(::geteuid()) +
+                     ") or root: whoever owns it can change the secret (chown it)");
+  }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
     refuse(path, std::string("is accessible by group or others (mode ") + mode +
                      "): a secret must be readable by its owner only (chmod 600 FILE)");
   }
-  std::vector<uint8_t> secret;
-  uint8_t buffer[4096];
+  // Read straight into the (wiping) vector: no other buffer ever holds the secret.
+  SecretBytes secret;
+  constexpr size_t kChunk = 4096;
   for (;;) {
-    const ssize_t n = ::read(file.fd, buffer, sizeof buffer);
+    const size_t had = secret.size();
+    secret.resize(had + kChunk);
+    const ssize_t n = ::read(file.fd, secret.data() + had, kChunk);
+    secret.resize(had + static_cast<size_t>(n > 0 ? n : 0));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) refuse(path, std::string("cannot be read: ") + std::strerror(errno));
     if (n == 0) break;
-    secret.insert(secret.end(), buffer, buffer + n);
     if (secret.size() > kMaxSecretBytes) {
       refuse(path, "is longer than " + std::to_string(kMaxSecretBytes) + " bytes: not a secret");
     }

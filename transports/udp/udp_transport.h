@@ -83,7 +83,7 @@ class UdpTransport final : public Transport {
   void receiveFrom(UdpSocket& socket, TimeUs now, bool& active);
   // Hands the endpoint the peers whose port turned out closed; returns whether any error
   // was read.
-  bool receiveRefusals();
+  bool receiveRefusals(TimeUs now);
   void transmit(TimeUs now, bool& active);
   bool flushOutgoing();
   void buildTrains();
@@ -105,10 +105,10 @@ class UdpTransport final : public Transport {
   Counts counts_;
 
   // Receive side: one buffer per batch slot, large enough for any UDP datagram.
-  std::vector<uint8_t> receiveArena_;
+  std::unique_ptr<uint8_t[]> receiveArena_;
   std::vector<Datagram> receiveBatch_;
   // Send side: datagrams written by the endpoint and not yet accepted by the socket.
-  std::vector<uint8_t> sendArena_;
+  std::unique_ptr<uint8_t[]> sendArena_;
   std::vector<Datagram> outgoing_;  // slots [0, outgoingCount_) are filled
   std::vector<uint32_t> outgoingPath_;  // the path of each slot
   size_t outgoingSent_ = 0;        // of those, already sent (the socket was full)

@@ -32,6 +32,9 @@ Examples::
     # a sweep: selective repeat and go-back-N at 0, 1 and 10% drop (six columns)
     python -m ucxbackend bench -b 1M -f 4 --udp-drop 0,1%,10% --udp-policy sr,gbn
 
+    # start-up: init_process_group + first all_reduce at 2..32 ranks, ucx, udp and gloo
+    OMP_NUM_THREADS=1 python -m ucxbackend bench startup --world-sizes 2,4,8,16,32
+
 Exit status: 0 success; 1 wrong results (``#wrong`` > 0); 2 bad options; 3 a rank failed or
 the run went past ``--timeout``.
 
@@ -57,8 +60,10 @@ runner)::
     mpi_worker the program mpirun starts: mpi4py Allreduce timed as the bench times a backend
     report     the table (header, rows, footer, udp statistics) and the --json document
     progress   the progress line on rank 0's stderr
-    plot       --plot: busbw vs size from the JSON document
+    plot       --plot: busbw vs size from the JSON document (and start-up time vs ranks)
     trace      --trace: udp time series per op, peer and path as JSON lines, and their plots
+    startup_options  ``bench startup``: its options
+    startup    ``bench startup``: each rank's timed start, the launcher's loop, table, breakdown
 """
 
 from __future__ import annotations

@@ -15,10 +15,13 @@ from .common import EXIT_FAILED, EXIT_USAGE, BenchError, UsageError
 from .launcher import launch, under_launcher
 from .options import BenchOptions
 from .runner import init_logging, run_rank_reporting
+from .startup_options import startup_requested
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """The ``bench`` command."""
+    if startup_requested(args):
+        return _run_startup(args, out, err)
     try:
         opts = BenchOptions.from_args(args)
     except UsageError as exc:
@@ -41,3 +44,19 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except BenchError as exc:
         err.write(f"bench: error: {exc}\n")
         return EXIT_FAILED
+
+
+def _run_startup(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``bench startup``: the launcher, or one rank of one start (which leaves as a bench rank
+    does, without interpreter teardown)."""
+    from . import startup
+
+    if not under_launcher():
+        return startup.run(args, out, err)
+    code = EXIT_FAILED
+    try:
+        code = startup.run_rank()
+    finally:
+        out.flush()
+        err.flush()
+        os._exit(code)

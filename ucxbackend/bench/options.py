@@ -25,6 +25,8 @@ import torch.distributed as dist
 from .common import (
     COLLECTIVES,
     DTYPE_NAMES,
+    FAKE,
+    FAKE_MODULE,
     MPI,
     NCCL,
     OPS,
@@ -34,6 +36,7 @@ from .common import (
     split_list,
 )
 from .sizes import parse_size, size_sweep
+from .startup_options import STARTUP, add_startup_arguments
 from .udp import (
     DEFAULT_UDP_POLICY,
     DEFAULT_UDP_SEED,
@@ -112,6 +115,8 @@ def parse_collectives(words: Iterable[str]) -> tuple[str, ...]:
 
 
 def _collectives_arg(text: str) -> str:
+    if STARTUP in split_list(text):
+        return text  # the start-up mode (.startup) validates its own words
     try:
         parse_collectives([text])
     except ValueError as exc:
@@ -161,7 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench`` command's options (nccl-tests' short options where they exist)."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
-        "collectives: " + ", ".join(COLLECTIVES) + ", or all (default: all_reduce)\n"
+        "collectives: " + ", ".join(COLLECTIVES) + ", or all (default: all_reduce); "
+        "'startup' instead times init_process_group + the first all_reduce (see below)\n"
         "exit status: 0 ok, 1 wrong results, 2 bad options, 3 a rank failed or timed out"
     )
     parser.add_argument(
@@ -203,7 +209,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_backends_arg,
         default=None,
         help="comma-separated backends measured side by side, the first is the reference of "
-        "the ratio columns; 'mpi' adds an mpi4py Allreduce column (default: ucx,gloo; "
+        "the ratio columns; 'mpi' adds an mpi4py Allreduce column, 'fake' torch's dispatch floor "
+        "(its fake backend, which moves nothing) (default: ucx,gloo; "
         "ucx,gloo,nccl with --device cuda; with udp variants: none, give it to add columns "
         "after the variants)",
     )
@@ -304,6 +311,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="progress lines and log messages on stderr"
     )
+    add_startup_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -474,11 +482,11 @@ class BenchOptions:
         }
 
 
-def _backend_problem(name: str, device: str) -> str | None:
+def backend_problem(name: str, device: str) -> str | None:
     """Why backend ``name`` cannot be measured here (None when it can)."""
     import ucxbackend
 
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")]
+    known = [b for b in dist.Backend.backend_list if b != "undefined"]
     if name not in known:
         choices = ", ".join(sorted({*known, MPI}))
         return f"unknown backend {name!r}; known: {choices}"
@@ -498,13 +506,15 @@ def _backend_problem(name: str, device: str) -> str | None:
         return f"backend {name!r} is not available in this torch build"
     if name == NCCL:
         return "backend 'nccl' needs --device cuda"
+    if name == FAKE and importlib.util.find_spec(FAKE_MODULE.rpartition(".")[0]) is None:
+        return f"backend 'fake' needs {FAKE_MODULE} (part of torch's test utilities)"
     return None
 
 
 def validate_environment(opts: BenchOptions, world: int | None) -> None:
     """Checks that need torch or the machine; raises UsageError."""
     for name in (*opts.backends, *((UDP,) if opts.udp_variants else ())):
-        problem = _backend_problem(name, opts.device)
+        problem = backend_problem(name, opts.device)
         if problem is not None:
             raise UsageError(problem)
     # device_count(), not is_available(): it asks NVML and leaves CUDA uninitialised, so the

@@ -17,6 +17,7 @@ share a GPU) and gets ``UCXBACKEND_CUDA=1`` unless the user set it (:func:`cuda_
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -37,6 +38,8 @@ from .common import (
     EXIT_OK,
     EXIT_USAGE,
     EXIT_WRONG,
+    FAKE,
+    FAKE_MODULE,
     LAUNCH_ENV,
     MPI,
     NCCL,
@@ -317,6 +320,8 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
             v.label: dist.new_group(backend=UDP, timeout=timeout, pg_options=v.pg_options())
             for v in opts.udp_variants
         }
+        if FAKE in opts.backends:
+            importlib.import_module(FAKE_MODULE)  # registers the backend with torch
         groups.update(
             {
                 name: dist.new_group(backend=name, timeout=timeout)

@@ -1,0 +1,43 @@
+// Where a group's creation spent its time: the phases of TransportBackend's constructor and
+// the Store traffic it made. Read by ucxbackend.startup_profile() and printed per phase by
+// `python -m ucxbackend bench startup` (docs/performance.md#start-up).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ucxb {
+
+// The Store traffic of one creation: every call (a multi-key get, set or wait is one) and the
+// bytes of the keys and values it carried, both ways.
+struct StoreTraffic {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+};
+
+struct StartupProfile {
+  std::vector<std::pair<std::string, double>> phases;  // seconds, in the order they ran
+  StoreTraffic store;
+};
+
+// Cuts the time since construction into consecutive named phases: each mark() ends one.
+class PhaseClock {
+ public:
+  explicit PhaseClock(StartupProfile& profile)
+      : profile_(profile), last_(std::chrono::steady_clock::now()) {}
+
+  void mark(const char* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    profile_.phases.emplace_back(phase, std::chrono::duration<double>(now - last_).count());
+    last_ = now;
+  }
+
+ private:
+  StartupProfile& profile_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+}  // namespace ucxb
