@@ -27,6 +27,21 @@ config::TextCheck keyValuesOf(const config::Schema<T>& schema,
   };
 }
 
+// udp_faults: one "key=value,..." section per path, ';'-separated (transports/udp/faults.h).
+config::TextCheck faultPathsOf(const config::Schema<udp::FaultConfig>& schema) {
+  return [check = keyValuesOf(schema)](const std::string& value) {
+    std::string out;
+    size_t start = 0;
+    for (;;) {
+      const size_t end = value.find(';', start);
+      out += check(value.substr(start, end == std::string::npos ? std::string::npos : end - start));
+      if (end == std::string::npos) return out;
+      out += ";";
+      start = end + 1;
+    }
+  };
+}
+
 // For a "key=value,..." knob that `transport` reads: its keys that must agree, with their
 // defaults filled in (a rank that leaves a key unset and one that sets it to its default
 // agree). None in a group of another transport, which never reads the knob.
@@ -147,8 +162,10 @@ std::vector<config::Field<BackendOptions>> fields() {
       }(),
       member(config::text("udp_faults", keyValuesAllowed(faultSchema),
                           "udp backend only: seeded fault injection on received datagrams, "
-                          "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'"),
-             &O::udpFaults, keyValuesOf(faultSchema)),
+                          "e.g. 'drop=0.01,dup=0.001,reorder=0.02,seed=7'; with udp_config "
+                          "paths > 1, ';'-separated sections are the paths' own "
+                          "('seed=7;drop=0.05': path 1 loses 5%)"),
+             &O::udpFaults, faultPathsOf(faultSchema)),
       // Must agree, but not as text: each rank may keep the secret at its own path. The
       // ranks compare a key check derived from the secret instead: withKeyCheck
       // (csrc/udp_auth_setup.hpp) replaces the path in the agreed settings with it.

@@ -347,7 +347,14 @@ PYBIND11_MODULE(_C, m) {
   udp.def(
       "describe_faults",
       [](const std::string& text) {
-        return configCall([&] { return ucxb::udp::describe(ucxb::udp::parseFaultConfig(text)); });
+        return configCall([&] {
+          // One section per path, ';'-separated (faults.h).
+          std::string out;
+          for (const auto& path : ucxb::udp::parseFaultPaths(text)) {
+            out += (out.empty() ? "" : ";") + ucxb::udp::describe(path);
+          }
+          return out;
+        });
       },
       py::arg("text") = "");
 

@@ -17,7 +17,11 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
   }
   udp::UdpTransportOptions udpOptions;
   udpOptions.config = udp::parseUdpConfig(options.udpConfig);
-  udpOptions.faults = udp::parseFaultConfig(options.udpFaults);
+  // One section per path ("...;..."): the first is every path's unless a later one says
+  // otherwise (EndpointOptions::pathFaults).
+  auto faultPaths = udp::parseFaultPaths(options.udpFaults);
+  udpOptions.faults = faultPaths.front();
+  if (faultPaths.size() > 1) udpOptions.pathFaults = std::move(faultPaths);
   udpOptions.bindHost = options.udpHost;
   udpOptions.sessionToken = exchange.sessionToken();
   udpOptions.groupKey = groupKey;

@@ -51,6 +51,14 @@ from ucxbackend.bench import udp as bench_udp
         ("loss_recovery=sr", "udp:sr@0%", "loss_recovery=selective_repeat", ""),
         ("udp:sr@1%:drop=0.01", "udp:sr@1%", "", "drop=0.01,seed=1"),  # ':' inside a label
         ("udp:sr@0%:", "udp:sr@0%", "", ""),
+        # Multipath: pathN.KEY is a fault key for path N only (its own ';' section).
+        (
+            "ad:paths=4,path_policy=adaptive,path1.drop=5%",
+            "ad",
+            "paths=4,path_policy=adaptive",
+            "seed=1;drop=0.05",
+        ),
+        ("p3:paths=4,path3.drop=0.1,dup=0.01", "p3", "paths=4", "dup=0.01,seed=1;;;drop=0.1"),
     ],
 )
 def test_udp_variant_parse(text: str, label: str, config: str, faults: str) -> None:
@@ -98,6 +106,7 @@ def test_udp_variants_list_and_seed() -> None:
         ("sr:drop=", "drop= has no value"),
         ("sr:drop=0.1,drop=0.2", "key 'drop' given twice"),
         ("sr:drop=x%", "drop=x% is not a percentage"),
+        ("mp:path1.paths=2", "'path1.paths': only udp_faults keys may be given per path"),
         ("drop=0.1,congestion=aimd", "give it a label (LABEL:drop=0.1,congestion=aimd)"),
     ],
 )

@@ -171,6 +171,9 @@ ENDPOINT_GROUPS = [
     "linger",
     "transmit_turns",
     "faults",
+    "multipath_fault_matrix",
+    "multipath_adaptive",
+    "multipath_reordering",
 ]
 
 

@@ -5,8 +5,12 @@
 namespace ucxb {
 namespace {
 
+// Levels, not counts: the largest over peers, never differenced per op (a path's RTT and
+// weight too: path<i>_rtt_us, path<i>_weight_permille).
 bool isGauge(const std::string& name) {
-  return name.rfind("rtt_", 0) == 0 || name.find("_high_water") != std::string::npos;
+  return name.rfind("rtt_", 0) == 0 || name.find("_high_water") != std::string::npos ||
+         name.find("_rtt_us") != std::string::npos ||
+         name.find("_weight_permille") != std::string::npos;
 }
 
 }  // namespace

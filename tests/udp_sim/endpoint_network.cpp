@@ -19,11 +19,18 @@ EndpointNetwork::EndpointNetwork(int nodes, const EndpointOptions& options,
       buffer_(options.config.mtuPayload) {
   for (int n = 0; n < nodes; ++n) {
     Node& node = nodes_[static_cast<size_t>(n)];
-    node.address = SocketAddress::parse("10.0.0." + std::to_string(n + 1), 7000);
+    // One socket per path (udp_config paths), as the real transport opens them.
+    for (uint32_t p = 0; p < options.config.paths; ++p) {
+      node.paths.push_back(SocketAddress::parse("10.0.0." + std::to_string(n + 1),
+                                                static_cast<uint16_t>(7000 + p)));
+    }
+    node.address = node.paths.front();
     node.endpoint = std::make_unique<Endpoint>(n, nodes, options);
   }
   for (auto& node : nodes_) {
-    for (int p = 0; p < nodes; ++p) node.endpoint->connect(p, address(p));
+    for (int p = 0; p < nodes; ++p) {
+      node.endpoint->connect(p, std::span<const SocketAddress>(nodes_[static_cast<size_t>(p)].paths));
+    }
   }
 }
 
@@ -63,7 +70,9 @@ void EndpointNetwork::thaw(int node) {
 
 int EndpointNetwork::nodeAt(const SocketAddress& address) const {
   for (int n = 0; n < nodes(); ++n) {
-    if (nodes_[static_cast<size_t>(n)].address == address) return n;
+    for (const SocketAddress& a : nodes_[static_cast<size_t>(n)].paths) {
+      if (a == address) return n;
+    }
   }
   return -1;
 }
@@ -104,7 +113,8 @@ void EndpointNetwork::round() {
     if (e == nullptr || nodes_[static_cast<size_t>(n)].frozen) continue;
     e->handleTimeout(nowUs_);
     SocketAddress to;
-    while (const size_t length = e->pollTransmit(nowUs_, buffer_, to)) {
+    uint32_t path = 0;
+    while (const size_t length = e->pollTransmit(nowUs_, buffer_, to, path)) {
       const int dest = nodeAt(to);
       if (dest < 0) {
         ++undeliverable_;
@@ -120,7 +130,8 @@ void EndpointNetwork::round() {
         deliveries_.push_back({std::vector<uint8_t>(bytes.begin(), bytes.end()), 0});
       }
       for (auto& d : deliveries_) {
-        arrivals_.push(Arrival{nowUs_ + delayUs_ + d.extraDelayUs, sequence_++, address(n), dest,
+        arrivals_.push(Arrival{nowUs_ + delayUs_ + d.extraDelayUs, sequence_++,
+                               nodes_[static_cast<size_t>(n)].paths[path], dest,
                                std::move(d.bytes)});
       }
     }

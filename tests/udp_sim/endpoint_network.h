@@ -70,7 +70,8 @@ class EndpointNetwork {
  private:
   struct Node {
     std::unique_ptr<Endpoint> endpoint;
-    SocketAddress address;
+    SocketAddress address;  // of path 0
+    std::vector<SocketAddress> paths;  // one per path (udp_config paths)
     TimeUs lingerEndedUs = 0;
     bool refuses = false;  // gone, and its port answers with ICMP port unreachable
     bool frozen = false;

@@ -86,12 +86,22 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
           deriveDirectionKey(*options_.groupKey, p, rank_), id.peerRank, id.localRank);
     }
   }
-  if (options_.faults.any()) {
-    FaultConfig perRank = options_.faults;
-    // Same seed on every rank would drop the same datagram numbers in both directions.
-    perRank.seed = options_.faults.seed * 1000003u + static_cast<uint64_t>(rank_);
-    faults_ = std::make_unique<FaultInjector>(perRank);
+  const uint32_t paths = options_.config.paths;
+  if (options_.pathFaults.size() > paths) {
+    throw ConfigError("udp faults: " + std::to_string(options_.pathFaults.size()) +
+                      " ';'-separated path sections, but udp_config paths=" +
+                      std::to_string(paths) + " (one section per path at most)");
   }
+  std::vector<FaultConfig> perPath(paths, options_.faults);
+  bool anyFaults = false;
+  for (uint32_t p = 0; p < paths; ++p) {
+    if (p < options_.pathFaults.size()) perPath[p] = options_.pathFaults[p];
+    // Same seed on every rank would drop the same datagram numbers in both directions.
+    perPath[p].seed = perPath[p].seed * 1000003u + static_cast<uint64_t>(rank_);
+    if (p >= options_.pathFaults.size() && p > 0) perPath[p].seed += 7919u * p;
+    anyFaults = anyFaults || perPath[p].any();
+  }
+  if (anyFaults) faults_ = std::make_unique<FaultInjector>(std::move(perPath));
 }
 
 Endpoint::~Endpoint() {
@@ -106,19 +116,33 @@ Endpoint::~Endpoint() {
 }
 
 void Endpoint::connect(int peer, const SocketAddress& address) {
+  connect(peer, std::span<const SocketAddress>(&address, 1));
+}
+
+void Endpoint::connect(int peer, std::span<const SocketAddress> addresses) {
   if (peer < 0 || peer >= size_) {
     throw TransportError("udp: connect to rank " + std::to_string(peer) + " outside the group of " +
                              std::to_string(size_),
                          peer);
   }
-  auto [it, inserted] = peerByAddress_.emplace(address, peer);
-  if (!inserted && it->second != peer) {
-    throw TransportError("udp: ranks " + std::to_string(it->second) + " and " +
-                             std::to_string(peer) + " both claim " + address.toString(),
+  const size_t paths = options_.config.paths;
+  if (addresses.empty() || (addresses.size() != 1 && addresses.size() != paths)) {
+    throw TransportError("udp: rank " + std::to_string(peer) + " has " +
+                             std::to_string(addresses.size()) + " path addresses, this rank " +
+                             std::to_string(paths) + " (udp_config paths must agree)",
                          peer);
   }
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const Route route{peer, static_cast<uint32_t>(i)};
+    auto [it, inserted] = peerByAddress_.emplace(addresses[i], route);
+    if (!inserted && (it->second.peer != peer || it->second.path != route.path)) {
+      throw TransportError("udp: ranks " + std::to_string(it->second.peer) + " and " +
+                               std::to_string(peer) + " both claim " + addresses[i].toString(),
+                           peer);
+    }
+  }
   Peer& p = peers_[static_cast<size_t>(peer)];
-  p.address = address;
+  p.addresses.assign(addresses.begin(), addresses.end());
   p.connected = true;
 }
 
@@ -200,7 +224,8 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
     ++unknownSource_;
     return false;
   }
-  const int peer = it->second;
+  const int peer = it->second.peer;
+  const uint32_t path = it->second.path;
   // A train is cut back into the datagrams it was sent as; anything else (an empty datagram
   // too, which the core then counts as truncated) is one piece.
   const size_t step = segmentSize != 0 ? segmentSize : std::max<size_t>(bytes.size(), 1);
@@ -211,9 +236,7 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
       continue;
     }
     faultOut_.clear();
-    // One socket per rank today: every datagram takes path 0 (multipath will pass its
-    // socket's index).
-    faults_->apply(piece, now, faultOut_, 0);
+    faults_->apply(piece, now, faultOut_, path);
     for (auto& copy : faultOut_) {
       if (copy.extraDelayUs == 0) {
         deliver(peer, copy.bytes, now);
@@ -229,8 +252,8 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
 bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   ++portUnreachable_;
   const auto it = peerByAddress_.find(to);
-  if (it == peerByAddress_.end() || it->second == rank_) return false;
-  const int peer = it->second;
+  if (it == peerByAddress_.end() || it->second.peer == rank_) return false;
+  const int peer = it->second.peer;
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
   if (p.sends.empty() && p.receives.empty()) return false;
@@ -262,7 +285,7 @@ bool Endpoint::failUnreachable(TimeUs now) {
     p.unreachableSince.reset();
     if (!p.error.empty() || p.connection->failed()) continue;
     if (p.sends.empty() && p.receives.empty()) continue;
-    p.connection->fail("its port " + p.address.toString() +
+    p.connection->fail("its port " + p.addresses.front().toString() +
                        " is closed (ICMP port unreachable) and nothing authenticated came from "
                        "it for " + std::to_string(unreachableGraceUs() / 1000) +
                        " ms after a PING: the process is gone");
@@ -310,6 +333,12 @@ bool Endpoint::handleTimeout(TimeUs now) {
 }
 
 size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to) {
+  uint32_t path = 0;
+  return pollTransmit(now, out, to, path);
+}
+
+size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to,
+                              uint32_t& path) {
   // Ends after every peer in a row had nothing; a peer that used up its burst is passed over
   // without counting, so it gets another turn when the others are done.
   for (int emptyInARow = 0; emptyInARow < size_;) {
@@ -318,7 +347,8 @@ size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress&
       if (peer.connected) {
         if (const size_t n = peer.connection->pollTransmit(now, out)) {
           ++turnBurst_;
-          to = peer.address;
+          path = peer.connection->transmitPath();
+          to = peer.addresses[peer.addresses.size() == 1 ? 0 : path];
           return peer.sealer ? peer.sealer->seal(out, n) : n;
         }
       }

@@ -48,7 +48,10 @@ namespace ucxb::udp {
 
 struct EndpointOptions {
   UdpConfig config;
-  FaultConfig faults;  // applied to every datagram this rank receives
+  FaultConfig faults;  // applied to every datagram this rank receives, on every path
+  // Several paths (config.paths > 1, faults "...;...", parseFaultPaths): path p's faults are
+  // pathFaults[p], or `faults` for a path beyond them. Empty: `faults` on every path.
+  std::vector<FaultConfig> pathFaults;
   uint64_t sessionToken = 0;  // the same on every rank of the group instance
   // The authenticated mode (datagram_auth.h): the group instance's key (auth_keys.h), from
   // which each direction's key is derived. With it every datagram is sealed on its way out
@@ -90,6 +93,9 @@ class Endpoint {
   // Datagrams from `address` belong to `peer` from now on. Throws TransportError for a rank
   // outside the group or an address another rank already has.
   void connect(int peer, const SocketAddress& address);
+  // Multipath: the peer's socket of each path, in path order (as many as config.paths, or
+  // one, which then serves every path). A datagram from addresses[p] arrived over path p.
+  void connect(int peer, std::span<const SocketAddress> addresses);
 
   // The Transport calls (transport.h), host memory only. Throw TransportError for a rank
   // outside the group or not connected yet; to a failed peer they return a failed request.
@@ -126,6 +132,8 @@ class Endpoint {
   // datagrams each, so that no peer's backlog starves the others; consecutive datagrams to one
   // peer come out together (a GSO train).
   size_t pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to);
+  // The same, also saying which path (socket) it must leave from (0 .. config.paths-1).
+  size_t pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress& to, uint32_t& path);
   static constexpr size_t kPeerBurst = 64;
   // Turns the connections' events into request completions and peer failures, and binds
   // any-source receives to the first peer holding a matching message. Returns whether
@@ -160,7 +168,7 @@ class Endpoint {
     // Authenticated mode: when an ICMP port unreachable named this peer's port, while nothing
     // authenticated has come from it since (handlePortUnreachable).
     std::optional<TimeUs> unreachableSince;
-    SocketAddress address;
+    std::vector<SocketAddress> addresses;  // one per path (or one for all)
     bool connected = false;
     std::string error;  // why the connection failed (empty while healthy)
     std::unordered_map<MessageId, EndpointRequestPtr> sends;
@@ -210,7 +218,11 @@ class Endpoint {
   const int size_;
   const EndpointOptions options_;
   std::vector<Peer> peers_;
-  std::unordered_map<SocketAddress, int, SocketAddressHash> peerByAddress_;
+  struct Route {
+    int peer = 0;
+    uint32_t path = 0;
+  };
+  std::unordered_map<SocketAddress, Route, SocketAddressHash> peerByAddress_;
   std::unique_ptr<FaultInjector> faults_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;
   uint64_t delayedOrder_ = 0;

@@ -32,7 +32,10 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
       acks_(config_),
       rtt_(config_.initialRttUs),
       congestion_(makeCongestionControl(config_)),
-      lossRecovery_(makeLossRecovery(config_)) {}
+      lossRecovery_(makeLossRecovery(config_)),
+      paths_(config_.paths, config_.pathPolicy) {
+  sent_.setPerPathDetection(config_.paths > 1);
+}
 
 MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
   const MessageId id = sender_.send(tag, data, length);
@@ -189,6 +192,9 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     stats_.ceEchoed += newMarks;
   }
   for (const SentPacket& p : ackResult_.newlyAcked) {
+    paths_.onAcked(p.path, now >= p.sentTime ? now - p.sentTime : 0);
+    // RFC 9002's 9/8 of the RTT, of this path's own.
+    if (paths_.paths() > 1) sent_.setPathLossDelay(p.path, paths_.stats(p.path).rttSmoothedUs * 9 / 8);
     congestion_->onPacketAcked(p.sentTime, now);
     if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
   }
@@ -244,6 +250,7 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   TimeUs newestSent = 0;
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
+    paths_.onLost(p.path);
     switch (p.content.kind) {
       case PacketContent::Kind::kData: sender_.onLost(std::move(p.content)); break;
       case PacketContent::Kind::kCts: receiver_.onClearToSendLost(p.content.ctsIds); break;
@@ -378,7 +385,9 @@ size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t 
     ++stats_.retransmittedPackets;
     stats_.retransmittedBytes += content.length;
   }
-  sent_.record(now, static_cast<uint32_t>(bytes), std::move(content));
+  transmitPath_ = paths_.choose(retransmission);
+  paths_.onSent(transmitPath_, retransmission);
+  sent_.record(now, static_cast<uint32_t>(bytes), std::move(content), transmitPath_);
   lastActivity_ = now;
   lastReliableSent_ = now;
   ++stats_.datagramsSent;
@@ -393,6 +402,7 @@ size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
   ackFrame_.ceCount = static_cast<uint16_t>(ceReceived_);
   const size_t n = encodeAck(out, header(), ackFrame_);
   ++stats_.ackPacketsSent;
+  transmitPath_ = paths_.chooseControl();
   ++stats_.datagramsSent;
   stats_.bytesSent += n;
   return n;
@@ -402,6 +412,7 @@ size_t PeerConnection::sendNack(std::span<uint8_t> out) {
   const size_t n = encodeNack(out, header(), pendingNacks_);
   pendingNacks_.clear();
   ++stats_.nacksSent;
+  transmitPath_ = paths_.chooseControl();
   ++stats_.datagramsSent;
   stats_.bytesSent += n;
   return n;
@@ -497,6 +508,9 @@ Stats PeerConnection::stats() const {
     s.rttLatestUs = rtt_.latest();
   }
   s.rttSamples = rtt_.samples();
+  if (paths_.paths() > 1) {
+    for (uint32_t p = 0; p < paths_.paths(); ++p) s.paths.push_back(paths_.stats(p));
+  }
   return s;
 }
 

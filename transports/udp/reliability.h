@@ -31,6 +31,7 @@
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/message_receiver.h"
 #include "transports/udp/message_sender.h"
+#include "transports/udp/path_selector.h"
 #include "transports/udp/rtt.h"
 #include "transports/udp/sent_packets.h"
 #include "transports/udp/stats.h"
@@ -82,6 +83,9 @@ class PeerConnection {
   // Writes the next datagram to send into `out` (at least mtu_payload bytes) and returns its
   // length, or 0 if nothing may be sent now.
   size_t pollTransmit(TimeUs now, std::span<uint8_t> out);
+  // The path (0 .. paths-1) the datagram last written by pollTransmit must take.
+  uint32_t transmitPath() const { return transmitPath_; }
+  const PathSelector& pathSelector() const { return paths_; }
   // When onTimeout() must next be called (possibly already past), or nullopt for never.
   std::optional<TimeUs> nextTimeout() const;
   void onTimeout(TimeUs now);
@@ -139,6 +143,8 @@ class PeerConnection {
   RttEstimator rtt_;
   std::unique_ptr<CongestionControl> congestion_;
   std::unique_ptr<LossRecovery> lossRecovery_;
+  PathSelector paths_;
+  uint32_t transmitPath_ = 0;
 
   uint32_t rtoBackoff_ = 0;        // the RTO is doubled this many times
   uint32_t consecutiveRtos_ = 0;   // expiries since anything was last acknowledged

@@ -1,14 +1,23 @@
 #include "transports/udp/sent_packets.h"
 
 #include <algorithm>
+#include <array>
+
+#include "transports/udp/path_selector.h"
+
+namespace ucxb::udp {
+static_assert(kMaxPaths <= 16, "SentPackets::pathLossDelay_ holds 16 paths");
+}
 
 namespace ucxb::udp {
 
-PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent content) {
+PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent content,
+                                 uint32_t path) {
   SentPacket p;
   p.number = next_;
   p.sentTime = now;
   p.bytes = bytes;
+  p.path = path;
   p.content = std::move(content);
   packets_.push_back(std::move(p));
   ++inFlight_;
@@ -82,6 +91,11 @@ void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
 void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
                                std::vector<SentPacket>& lost) {
   if (!largestAcked_) return;
+  if (perPath_) {
+    detectLossesPerPath(now, lossDelay, reorderThreshold, lost);
+    trimFront();
+    return;
+  }
   const PacketNumber largest = *largestAcked_;
   for (SentPacket& p : packets_) {
     if (p.number >= largest) break;
@@ -95,6 +109,7 @@ void SentPackets::detectLosses(TimeUs now, DurationUs lossDelay, uint32_t reorde
 
 std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
   if (!largestAcked_) return std::nullopt;
+  if (perPath_) return nextLossTimePerPath(lossDelay);
   // Send times grow with packet numbers: the first in-flight packet below the largest
   // acknowledged one is the first to cross the time threshold.
   for (const SentPacket& p : packets_) {
@@ -102,6 +117,44 @@ std::optional<TimeUs> SentPackets::nextLossTime(DurationUs lossDelay) const {
     if (p.state == SentPacket::State::kInFlight) return p.sentTime + lossDelay;
   }
   return std::nullopt;
+}
+
+// Newest to oldest. The packet threshold counts, once a path's largest acknowledged packet is
+// passed, the packets of that path sent after it. The time threshold needs a later packet on
+// any path acknowledged, but waits out the packet's own path's RTT: a path that carries few
+// packets (adaptive moves traffic off a lossy one) may have no later packet of its own, and
+// its losses would wait for a timeout.
+void SentPackets::detectLossesPerPath(TimeUs now, DurationUs lossDelay,
+                                      uint32_t reorderThreshold, std::vector<SentPacket>& lost) {
+  std::array<bool, kMaxPaths> ackedLater{};
+  std::array<uint64_t, kMaxPaths> sentLater{};
+  bool anyAckedLater = false;
+  for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
+    SentPacket& p = *it;
+    const uint32_t path = p.path % kMaxPaths;
+    if (p.state == SentPacket::State::kInFlight && anyAckedLater) {
+      const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
+      if ((ackedLater[path] && sentLater[path] >= reorderThreshold) ||
+          p.sentTime + delay <= now) {
+        markLost(p, lost);
+      }
+    }
+    if (ackedLater[path]) ++sentLater[path];
+    if (p.state == SentPacket::State::kAcked) ackedLater[path] = anyAckedLater = true;
+  }
+}
+
+std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) const {
+  bool anyAckedLater = false;
+  std::optional<TimeUs> next;
+  for (auto it = packets_.rbegin(); it != packets_.rend(); ++it) {
+    const SentPacket& p = *it;
+    if (p.state == SentPacket::State::kAcked) anyAckedLater = true;
+    if (p.state != SentPacket::State::kInFlight || !anyAckedLater) continue;
+    const TimeUs due = p.sentTime + std::max(lossDelay, pathLossDelay_[p.path % kMaxPaths]);
+    if (!next || due < *next) next = due;
+  }
+  return next;
 }
 
 void SentPackets::expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost) {

@@ -7,6 +7,7 @@
 // leaves in a new packet with a new number.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -36,6 +37,7 @@ struct SentPacket {
   TimeUs sentTime = 0;
   uint32_t bytes = 0;  // datagram size
   State state = State::kInFlight;
+  uint32_t path = 0;  // which of the peer's paths it took (path_selector.h)
   PacketContent content;
 };
 
@@ -43,7 +45,7 @@ class SentPackets {
  public:
   PacketNumber nextNumber() const { return next_; }
   // Records a packet of `bytes` just sent with number nextNumber(); returns that number.
-  PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content);
+  PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content, uint32_t path = 0);
 
   size_t inFlightCount() const { return inFlight_; }
   uint64_t inFlightBytes() const { return inFlightBytes_; }
@@ -62,6 +64,17 @@ class SentPackets {
   // Applies an ACK frame. Returns false, changing nothing, if it acknowledges a packet number
   // never sent (a confused or forged peer).
   bool onAck(const AckFrame& ack, AckResult& out);
+
+  // Multipath (packets sprayed over several paths): the thresholds count per path, i.e. a
+  // packet is lost only once later packets on its own path are acknowledged. Paths of
+  // different delay, or a receiver that reads one path's socket after another's, reorder
+  // packets across paths, and counted globally that reordering looks like loss.
+  void setPerPathDetection(bool on) { perPath_ = on; }
+  // The time threshold of one path, when its RTT is above the connection's (spraying over
+  // paths of unequal delay): at least the lossDelay passed to detectLosses() is used.
+  void setPathLossDelay(uint32_t path, DurationUs delay) {
+    pathLossDelay_[path % pathLossDelay_.size()] = delay;
+  }
 
   // Moves to `lost` every in-flight packet below the largest acknowledged one that the
   // packet or time threshold declares lost.
@@ -91,6 +104,11 @@ class SentPackets {
   size_t inFlight_ = 0;
   uint64_t inFlightBytes_ = 0;
   std::optional<PacketNumber> largestAcked_;
+  bool perPath_ = false;
+  std::array<DurationUs, 16> pathLossDelay_{};  // kMaxPaths (path_selector.h)
+  void detectLossesPerPath(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
+                           std::vector<SentPacket>& lost);
+  std::optional<TimeUs> nextLossTimePerPath(DurationUs lossDelay) const;
   // Numbers of the DATA packets declared lost most recently, to tell a spurious
   // retransmission when one of them is acknowledged after all.
   static constexpr size_t kRememberedLost = 1024;

@@ -76,6 +76,17 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("rtt_min_us", s.rttMinUs);
   add("rtt_latest_us", s.rttLatestUs);
   add("rtt_samples", s.rttSamples);
+  // "path<i>_<name>" per path, only when there are several.
+  for (size_t i = 0; i < s.paths.size(); ++i) {
+    const PathStats& p = s.paths[i];
+    const std::string prefix = "path" + std::to_string(i) + "_";
+    out.emplace_back(prefix + "sent", p.packetsSent);
+    out.emplace_back(prefix + "retransmitted", p.retransmitted);
+    out.emplace_back(prefix + "acked", p.acked);
+    out.emplace_back(prefix + "lost", p.lost);
+    out.emplace_back(prefix + "rtt_us", p.rttSmoothedUs);
+    out.emplace_back(prefix + "weight_permille", p.weightPermille);
+  }
   return out;
 }
 

@@ -38,6 +38,16 @@ enum class DropReason : uint8_t {
 
 const char* dropReasonName(DropReason reason);
 
+// Counters of one path of one connection (what `stats` shows per path).
+struct PathStats {
+  uint64_t packetsSent = 0;    // reliable packets (DATA, CTS, PING)
+  uint64_t retransmitted = 0;  // of those, DATA whose content had been sent before
+  uint64_t acked = 0;
+  uint64_t lost = 0;           // declared lost (any cause)
+  DurationUs rttSmoothedUs = 0;  // from every acked packet (ACK delay included)
+  uint64_t weightPermille = 1000;  // adaptive: the path's share weight, 1000 = full
+};
+
 struct Stats {
   // Datagrams, all kinds, as handed to / taken from the socket (UDP payload bytes).
   uint64_t datagramsSent = 0;
@@ -92,6 +102,9 @@ struct Stats {
   DurationUs rttMinUs = 0;
   DurationUs rttLatestUs = 0;
   uint64_t rttSamples = 0;
+
+  // Per path, when the peer is reached over several (udp_config paths > 1; empty otherwise).
+  std::vector<PathStats> paths;
 
   uint64_t dropped(DropReason r) const { return droppedBy[static_cast<size_t>(r)]; }
 };

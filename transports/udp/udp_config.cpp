@@ -4,6 +4,7 @@
 
 #include "transports/udp/congestion.h"
 #include "transports/udp/loss_recovery.h"
+#include "transports/udp/path_selector.h"
 #include "transports/udp/wire_format.h"
 
 namespace ucxb::udp {
@@ -119,6 +120,15 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
           member(integer("tail_probes", 0, 16, "PINGs sent when ACKs stop with packets in flight, before the RTO "
                          "(0: off)"),
                  &UdpConfig::tailProbes),
+          member(sameOnEveryRank(integer("paths", 1, kMaxPaths,
+                                         "sockets (source ports) per rank, one path per pair; "
+                                         "each path has its own fault section (faults=...;...)")),
+                 &UdpConfig::paths),
+          member(choice("path_policy", pathPolicyNames(),
+                        "how packets spread over the paths: single (path 0 only), spray "
+                        "(round-robin) or adaptive (weighted away from paths that lose "
+                        "packets or whose RTT rises); retransmissions avoid the lossy path"),
+                 &UdpConfig::pathPolicy),
       });
   return schema;
 }
@@ -166,6 +176,13 @@ void validate(const UdpConfig& c) {
   const auto& lr = lossRecoveryNames();
   if (std::find(lr.begin(), lr.end(), c.lossRecovery) == lr.end()) {
     fail("loss_recovery='" + c.lossRecovery + "' is invalid (allowed: " + joinNames(lr) + ")");
+  }
+  const auto& pp = pathPolicyNames();
+  if (std::find(pp.begin(), pp.end(), c.pathPolicy) == pp.end()) {
+    fail("path_policy='" + c.pathPolicy + "' is invalid (allowed: " + joinNames(pp) + ")");
+  }
+  if (c.paths == 0 || c.paths > kMaxPaths) {
+    fail("paths=" + std::to_string(c.paths) + " is outside 1.." + std::to_string(kMaxPaths));
   }
   const auto& cc = congestionControlNames();
   if (std::find(cc.begin(), cc.end(), c.congestion) == cc.end()) {

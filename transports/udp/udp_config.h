@@ -102,6 +102,12 @@ struct UdpConfig {
   // once with a NACK, on which the sender resends it: loss news one queue early. 0: the
   // trimmed packet is treated as lost, and found by SACK like any loss.
   uint32_t trimNack = 1;
+
+  // Multipath: the sockets (source ports) each rank opens, one path per pair of them with the
+  // same index; each path gets its own fault section (faults.h). Every rank opens the same
+  // number. How a connection spreads its packets over them: see path_selector.h.
+  uint32_t paths = 1;
+  std::string pathPolicy = "spray";  // see pathPolicyNames(); with paths=1 all are the same
 };
 
 // Every knob above, declared once: name, range, help (defaults: the initializers above).

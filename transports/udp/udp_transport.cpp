@@ -34,11 +34,18 @@ UdpTransport::UdpTransport(int rank, int size, UdpTransportOptions options)
     : endpoint_(rank, size, options),
       socket_(SocketAddress::parse(options.bindHost, 0),
               static_cast<int>(options.config.socketBufferBytes)) {
+  for (uint32_t p = 1; p < options.config.paths; ++p) {
+    pathSockets_.push_back(std::make_unique<UdpSocket>(
+        SocketAddress::parse(options.bindHost, 0),
+        static_cast<int>(options.config.socketBufferBytes)));
+  }
   epollFd_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
   if (epollFd_.get() < 0) throwErrno("epoll_create1()");
   timerFd_ = UniqueFd(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
   if (timerFd_.get() < 0) throwErrno("timerfd_create()");
-  for (int fd : {socket_.fd(), timerFd_.get()}) {
+  std::vector<int> fds = {timerFd_.get()};
+  for (uint32_t p = 0; p < socketCount(); ++p) fds.push_back(socketOf(p).fd());
+  for (int fd : fds) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -55,6 +62,7 @@ UdpTransport::UdpTransport(int rank, int size, UdpTransportOptions options)
   const size_t mtu = endpoint_.options().config.mtuPayload;
   sendArena_ = std::make_unique_for_overwrite<uint8_t[]>(kSendBatch * mtu);
   outgoing_.resize(kSendBatch);
+  outgoingPath_.resize(kSendBatch);
   for (size_t i = 0; i < kSendBatch; ++i) outgoing_[i].data = sendArena_.get() + i * mtu;
 }
 
@@ -84,22 +92,27 @@ void UdpTransport::linger() {
 
 // The bare socket address: the record it travels in names the transport and is checked
 // before connect() sees it (csrc/handshake.h).
+// With several paths, one address per path, in path order.
 std::vector<uint8_t> UdpTransport::localAddress() const {
   std::vector<uint8_t> blob;
-  socket_.localAddress().appendTo(blob);
+  for (uint32_t p = 0; p < socketCount(); ++p) socketOf(p).localAddress().appendTo(blob);
   return blob;
 }
 
 void UdpTransport::connect(int peer, const std::vector<uint8_t>& address) {
   size_t offset = 0;
-  const SocketAddress a = SocketAddress::readFrom(address, offset);
-  if (a.family() != socket_.localAddress().family()) {
-    throw TransportError("udp: rank " + std::to_string(peer) + " is at " + a.toString() +
-                             ", another address family than this rank's " +
-                             socket_.localAddress().toString(),
-                         peer);
+  std::vector<SocketAddress> paths;
+  while (offset < address.size() || paths.empty()) {
+    const SocketAddress a = SocketAddress::readFrom(address, offset);
+    if (a.family() != socket_.localAddress().family()) {
+      throw TransportError("udp: rank " + std::to_string(peer) + " is at " + a.toString() +
+                               ", another address family than this rank's " +
+                               socket_.localAddress().toString(),
+                           peer);
+    }
+    paths.push_back(a);
   }
-  endpoint_.connect(peer, a);
+  endpoint_.connect(peer, std::span<const SocketAddress>(paths));
 }
 
 RequestPtr UdpTransport::send(int peer, Tag tag, const void* data, size_t bytes,
@@ -122,7 +135,9 @@ bool UdpTransport::progress() {
   bool active = false;
   const TimeUs now = nowUs();
   receiveDatagrams(now, active);
-  if (socket_.errorsReported() && receiveRefusals(now)) active = true;
+  bool errorsReported = false;
+  for (uint32_t p = 0; p < socketCount(); ++p) errorsReported |= socketOf(p).errorsReported();
+  if (errorsReported && receiveRefusals(now)) active = true;
   if (endpoint_.handleTimeout(now)) active = true;
   transmit(now, active);
   if (endpoint_.completeRequests()) active = true;
@@ -130,8 +145,12 @@ bool UdpTransport::progress() {
 }
 
 void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
+  for (uint32_t p = 0; p < socketCount(); ++p) receiveFrom(socketOf(p), now, active);
+}
+
+void UdpTransport::receiveFrom(UdpSocket& socket, TimeUs now, bool& active) {
   for (size_t round = 0; round < kReceiveBatchesPerProgress; ++round) {
-    const size_t n = socket_.receiveBatch(receiveBatch_);
+    const size_t n = socket.receiveBatch(receiveBatch_);
     if (n == 0) return;
     ++counts_.receiveBatches;
     active = true;
@@ -154,7 +173,8 @@ void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
 
 bool UdpTransport::receiveRefusals(TimeUs now) {
   refused_.clear();
-  const size_t errors = socket_.receiveRefusals(refused_);
+  size_t errors = 0;
+  for (uint32_t p = 0; p < socketCount(); ++p) errors += socketOf(p).receiveRefusals(refused_);
   counts_.socketErrors += errors;
   for (const SocketAddress& to : refused_) endpoint_.handlePortUnreachable(now, to);
   return errors > 0;
@@ -162,11 +182,13 @@ bool UdpTransport::receiveRefusals(TimeUs now) {
 
 void UdpTransport::setWantWritable(bool want) {
   if (want == wantWritable_) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
-  ev.data.fd = socket_.fd();
-  if (::epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, socket_.fd(), &ev) != 0) {
-    throwErrno("epoll_ctl(MOD)");
+  for (uint32_t p = 0; p < socketCount(); ++p) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+    ev.data.fd = socketOf(p).fd();
+    if (::epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, ev.data.fd, &ev) != 0) {
+      throwErrno("epoll_ctl(MOD)");
+    }
   }
   wantWritable_ = want;
 }
@@ -176,6 +198,7 @@ void UdpTransport::buildTrains() {
   // already one contiguous train; a shorter datagram (an ACK, a message's tail) ends it.
   trains_.clear();
   trainSlots_.clear();
+  trainPath_.clear();
   const size_t mtu = endpoint_.options().config.mtuPayload;
   const bool gso = socket_.segmentationOffload() && 2 * mtu <= UdpSocket::kMaxTrainBytes;
   for (size_t i = outgoingSent_; i < outgoingCount_;) {
@@ -184,13 +207,15 @@ void UdpTransport::buildTrains() {
     while (gso && i + slots < outgoingCount_ && outgoing_[i + slots - 1].length == mtu &&
            slots < UdpSocket::kMaxSegments &&
            train.length + outgoing_[i + slots].length <= UdpSocket::kMaxTrainBytes &&
-           outgoing_[i + slots].peer == train.peer) {
+           outgoing_[i + slots].peer == train.peer &&
+           outgoingPath_[i + slots] == outgoingPath_[i]) {
       train.length += outgoing_[i + slots].length;
       ++slots;
     }
     train.segmentSize = slots > 1 ? static_cast<uint16_t>(mtu) : 0;
     trains_.push_back(train);
     trainSlots_.push_back(slots);
+    trainPath_.push_back(outgoingPath_[i]);
     i += slots;
   }
 }
@@ -198,11 +223,19 @@ void UdpTransport::buildTrains() {
 bool UdpTransport::flushOutgoing() {
   if (outgoingSent_ < outgoingCount_) {
     buildTrains();
-    const size_t sent = socket_.sendBatch(trains_);
-    ++counts_.sendBatches;
-    for (size_t k = 0; k < sent; ++k) {
-      outgoingSent_ += trainSlots_[k];
-      if (trainSlots_[k] > 1) ++counts_.trainsSent;
+    // One sendmmsg per run of trains leaving from the same path's socket.
+    for (size_t k = 0; k < trains_.size();) {
+      size_t end = k + 1;
+      while (end < trains_.size() && trainPath_[end] == trainPath_[k]) ++end;
+      const size_t sent = socketOf(trainPath_[k])
+                              .sendBatch(std::span<Datagram>(trains_).subspan(k, end - k));
+      ++counts_.sendBatches;
+      for (size_t j = k; j < k + sent; ++j) {
+        outgoingSent_ += trainSlots_[j];
+        if (trainSlots_[j] > 1) ++counts_.trainsSent;
+      }
+      if (k + sent < end) break;
+      k = end;
     }
   }
   if (outgoingSent_ < outgoingCount_) {
@@ -225,7 +258,8 @@ void UdpTransport::transmit(TimeUs now, bool& active) {
       return;
     }
     Datagram& d = outgoing_[outgoingCount_];
-    const size_t n = endpoint_.pollTransmit(now, std::span<uint8_t>(d.data, mtu), d.peer);
+    const size_t n = endpoint_.pollTransmit(now, std::span<uint8_t>(d.data, mtu), d.peer,
+                                            outgoingPath_[outgoingCount_]);
     if (n == 0) {
       if (!flushOutgoing()) sendBacklog_ = true;
       return;
@@ -286,6 +320,7 @@ Counters UdpTransport::transportCounters() const {
       {"segmentation_offload", socket_.segmentationOffload() ? 1u : 0u},
       {"receive_offload", socket_.receiveOffload() ? 1u : 0u},
       {"mtu_payload", endpoint_.options().config.mtuPayload},
+      {"paths", socketCount()},
       // 1: every datagram is sealed and checked (secret_file; datagram_auth.h)
       {"authenticated", endpoint_.options().groupKey ? 1u : 0u},
       {"socket_receive_buffer", static_cast<uint64_t>(socket_.receiveBufferBytes())},
@@ -304,6 +339,15 @@ Counters UdpTransport::transportCounters() const {
                        {"faults_marked", f.marked},
                        {"faults_trimmed", f.trimmed},
                        {"faults_queue_high_water", f.queueHighWater}});
+    if (faults->paths() > 1) {
+      for (size_t p = 0; p < faults->paths(); ++p) {
+        const auto& pc = faults->pathCounters(p);
+        const std::string prefix = "faults_path" + std::to_string(p) + "_";
+        c.insert(c.end(), {{prefix + "dropped", pc.dropped + pc.burstDropped + pc.queueDropped},
+                           {prefix + "marked", pc.marked},
+                           {prefix + "trimmed", pc.trimmed}});
+      }
+    }
   }
   return c;
 }

@@ -11,8 +11,10 @@
 // the endpoint's next deadline, so an idle group costs no CPU and a pending retransmission
 // still fires on time.
 //
-// Addresses: each rank binds one socket to the address it was given (the interface chosen in
-// Python) and a free port; the blob exchanged through the Store carries that address. A
+// Addresses: each rank binds one socket per path (udp_config paths, 1 by default) to the
+// address it was given (the interface chosen in Python) and a free port; the blob exchanged
+// through the Store carries those addresses in path order. The endpoint says which path each
+// datagram takes, and it leaves from that path's socket (multipath: path_selector.h). A
 // datagram from any other address is dropped and counted, as is one with another group
 // instance's session token (the core checks the token and the source rank). In the
 // authenticated mode (secret_file) the endpoint first checks each datagram's tag and counter
@@ -78,6 +80,7 @@ class UdpTransport final : public Transport {
 
   static TimeUs nowUs();
   void receiveDatagrams(TimeUs now, bool& active);
+  void receiveFrom(UdpSocket& socket, TimeUs now, bool& active);
   // Hands the endpoint the peers whose port turned out closed; returns whether any error
   // was read.
   bool receiveRefusals(TimeUs now);
@@ -86,9 +89,15 @@ class UdpTransport final : public Transport {
   void buildTrains();
   void setWantWritable(bool want);
   void linger();
+  UdpSocket& socketOf(uint32_t path) { return path == 0 ? socket_ : *pathSockets_[path - 1]; }
+  const UdpSocket& socketOf(uint32_t path) const {
+    return path == 0 ? socket_ : *pathSockets_[path - 1];
+  }
+  uint32_t socketCount() const { return static_cast<uint32_t>(pathSockets_.size() + 1); }
 
   Endpoint endpoint_;
-  UdpSocket socket_;
+  UdpSocket socket_;  // path 0
+  std::vector<std::unique_ptr<UdpSocket>> pathSockets_;  // paths 1 .. paths-1
   UniqueFd epollFd_;
   UniqueFd timerFd_;
   bool wantWritable_ = false;
@@ -101,10 +110,12 @@ class UdpTransport final : public Transport {
   // Send side: datagrams written by the endpoint and not yet accepted by the socket.
   std::unique_ptr<uint8_t[]> sendArena_;
   std::vector<Datagram> outgoing_;  // slots [0, outgoingCount_) are filled
+  std::vector<uint32_t> outgoingPath_;  // the path of each slot
   size_t outgoingSent_ = 0;        // of those, already sent (the socket was full)
   size_t outgoingCount_ = 0;
   std::vector<Datagram> trains_;   // the unsent slots grouped for one sendmmsg
   std::vector<size_t> trainSlots_; // how many slots each train covers
+  std::vector<uint32_t> trainPath_;  // and the path (socket) it leaves from
   std::vector<SocketAddress> refused_;  // scratch for receiveRefusals()
 };
 

@@ -61,6 +61,7 @@ runner)::
     report     the table (header, rows, footer, udp statistics) and the --json document
     progress   the progress line on rank 0's stderr
     plot       --plot: busbw vs size from the JSON document (and start-up time vs ranks)
+    trace      --trace: udp time series per op, peer and path as JSON lines, and their plots
     startup_options  ``bench startup``: its options
     startup    ``bench startup``: each rank's timed start, the launcher's loop, table, breakdown
 """

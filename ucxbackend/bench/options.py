@@ -303,6 +303,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot busbw vs size (matplotlib)")
     parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="udp columns: write per-op, per-peer and per-path time series to "
+        "DIR/trace-rank<R>.jsonl and plot them to DIR/trace-<column>.png (matplotlib)",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="progress lines and log messages on stderr"
     )
     add_startup_arguments(parser)
@@ -333,6 +339,7 @@ class BenchOptions:
     timeout: float = 600.0
     json: str | None = None
     plot: str | None = None
+    trace: str | None = None  # --trace DIR (bench/trace.py)
     verbose: bool = False
 
     @classmethod
@@ -383,6 +390,7 @@ class BenchOptions:
             timeout=args.timeout,
             json=os.path.abspath(args.json) if args.json else None,
             plot=os.path.abspath(args.plot) if args.plot else None,
+            trace=os.path.abspath(args.trace) if getattr(args, "trace", None) else None,
             verbose=args.verbose,
         )
 
@@ -447,6 +455,8 @@ class BenchOptions:
             argv.append(f"--json={self.json}")
         if self.plot:
             argv.append(f"--plot={self.plot}")
+        if self.trace:
+            argv.append(f"--trace={self.trace}")
         if self.verbose:
             argv.append("--verbose")
         return argv
@@ -517,6 +527,8 @@ def validate_environment(opts: BenchOptions, world: int | None) -> None:
         raise UsageError("--plot needs matplotlib: pip install matplotlib")
     if opts.plot and set(opts.collectives) == {"barrier"}:
         raise UsageError("--plot: nothing to plot (barrier moves no data)")
+    if opts.trace and not os.path.isdir(opts.trace):
+        raise UsageError(f"--trace {opts.trace}: not a directory (create it first)")
     for path in (opts.json, opts.plot):
         if path and not os.path.isdir(os.path.dirname(path)):
             raise UsageError(f"cannot write {path}: directory {os.path.dirname(path)} not found")

@@ -73,6 +73,7 @@ from .timing import (
     round_lengths,
     time_round,
 )
+from .trace import TraceWriter, write_trace_plots
 from .udp import UDP
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,9 @@ def _finish(ctx: RankContext, report: dict[str, Any]) -> None:
             f.write("\n")
     if opts.plot:
         write_plot(report, opts.plot)
+    if opts.trace:
+        for path in write_trace_plots(opts.trace):
+            logger.info("bench --trace: wrote %s", path)
 
 
 def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
@@ -328,7 +332,8 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
         world_group = dist.group.WORLD
         assert world_group is not None  # init_process_group above made it
         ctx = RankContext(
-            opts, rank, world, device, world_group, groups, sync, opts.udp_columns(), skipped
+            opts, rank, world, device, world_group, groups, sync, opts.udp_columns(), skipped,
+            TraceWriter(opts.trace, rank) if opts.trace else None,
         )
         mpi = _mpi_phase(ctx, err)
         sweep = _Sweep(ctx, out, err, mpi)

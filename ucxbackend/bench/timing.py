@@ -31,6 +31,7 @@ from .common import CORRUPT_ENV, FAKE
 from .ops import Buffers, host_staged, make_buffers, make_op, make_staged_op
 from .options import BenchOptions
 from .sizes import Layout
+from .trace import TraceWriter
 from .udp import UDP_COUNTERS, UDP_GAUGES
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class RankContext:
     sync: Callable[[], None]
     udp_columns: frozenset[str] = frozenset()  # columns whose transport statistics we take
     skipped: Mapping[str, str] = field(default_factory=dict)  # column -> why it has no group
+    trace: TraceWriter | None = None  # --trace: udp columns sample after each round
 
     def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
@@ -203,6 +205,7 @@ class Timed:
     wrong: int | None
     udp: bool
     host_staged: bool = False
+    layout: Layout | None = None  # what --trace labels its samples with
     times: list[float] = field(default_factory=list)
     counted: dict[str, int] = field(default_factory=dict)  # udp counters' change in rounds
     gauges: dict[str, int] = field(default_factory=dict)  # udp gauges after the last round
@@ -241,7 +244,10 @@ def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
     for _ in range(opts.warmup_iters):
         fn()
     ctx.sync()
-    return Timed(backend, group, fn, wrong, udp=backend in ctx.udp_columns, host_staged=staged)
+    return Timed(
+        backend, group, fn, wrong, udp=backend in ctx.udp_columns, host_staged=staged,
+        layout=layout,
+    )
 
 
 def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None:
@@ -259,6 +265,9 @@ def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None
         for c in UDP_COUNTERS:
             timed.counted[c] = timed.counted.get(c, 0) + after[c] - before[c]
         timed.gauges = {g: after[g] for g in UDP_GAUGES}
+        if ctx.trace is not None and timed.layout is not None:
+            ctx.trace.sample(timed.group, column=timed.backend,
+                             collective=timed.layout.collective, nbytes=timed.layout.nbytes)
 
 
 def finish(ctx: RankContext, timed: Timed) -> Measurement:

@@ -30,6 +30,9 @@ _UDP_PROBABILITIES: Final = frozenset(
     {"drop", "dup", "reorder", "delay", "corrupt", "ge_enter", "ge_leave", "ge_drop"}
 )
 _LABEL_RE: Final = re.compile(r"[A-Za-z0-9_.@%+:-]+")
+# A udp_faults key for one path only ('path1.drop=5%': path 1 loses 5%, the others what the
+# plain keys say): its own ';'-separated section of udp_faults (transports/udp/faults.h).
+_PATH_KEY_RE: Final = re.compile(r"path([0-9]+)\.([a-z_]+)")
 # The one variant key that is a knob of its own rather than a udp_config or udp_faults key:
 # a variant measured in the authenticated mode ('auth:secret_file=/path/to/secret').
 SECRET_FILE_KEY: Final = "secret_file"
@@ -81,7 +84,7 @@ class UdpVariant:
     def spec(self) -> str:
         """``LABEL:KEY=VALUE,...``, which :func:`parse_udp_variants` reads back."""
         secret = f"{SECRET_FILE_KEY}={self.secret_file}" if self.secret_file else ""
-        parts = (self.udp_config, self.udp_faults, secret)
+        parts = (self.udp_config, _path_items(self.udp_faults), secret)
         return f"{self.label}:{','.join(s for s in parts if s)}"
 
     def describe(self) -> dict[str, str]:
@@ -119,10 +122,17 @@ def parse_udp_settings(where: str, body: str, *, labelled: bool = True) -> dict[
         if not item:
             continue
         key, sep, value = (s.strip() for s in item.partition("="))
+        path_key = _PATH_KEY_RE.fullmatch(key)
+        base_key = path_key.group(2) if path_key else key
+        if path_key and base_key not in fault_keys:
+            raise ValueError(
+                f"{where}: {key!r}: only udp_faults keys may be given per path "
+                f"(pathN.KEY), not {base_key!r}"
+            )
         if not sep:
             hint = f" (a variant named {item!r} with the defaults is '{item}:')"
             raise ValueError(f"{where}: {item!r} is not KEY=VALUE{'' if labelled else hint}")
-        if key not in config_keys and key not in fault_keys and key != SECRET_FILE_KEY:
+        if key not in config_keys and base_key not in fault_keys and key != SECRET_FILE_KEY:
             raise ValueError(
                 f"{where}: unknown key {key!r}; udp_config keys: {', '.join(config_keys)}; "
                 f"udp_faults keys: {', '.join(fault_keys)}; and {SECRET_FILE_KEY}"
@@ -133,7 +143,7 @@ def parse_udp_settings(where: str, body: str, *, labelled: bool = True) -> dict[
             raise ValueError(f"{where}: key {key!r} given twice")
         if key == "loss_recovery":  # the sweep's short names work here too
             value = {short: name for name, short in UDP_POLICIES.items()}.get(value, value)
-        elif key in _UDP_PROBABILITIES and value.endswith("%"):
+        elif base_key in _UDP_PROBABILITIES and value.endswith("%"):
             try:
                 value = repr(float(value[:-1]) / 100)
             except ValueError:
@@ -197,13 +207,40 @@ def parse_udp_variant(
     if faults and "seed" not in faults:
         faults["seed"] = str(seed)
     udp_config = ",".join(f"{k}={v}" for k, v in config.items())
-    udp_faults = ",".join(f"{k}={v}" for k, v in faults.items())
+    udp_faults = _fault_sections(faults)
     try:
         _validate_udp("config", udp_config)
         _validate_udp("faults", udp_faults)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     return UdpVariant(label, udp_config, udp_faults, secret_file)
+
+
+def _fault_sections(faults: Mapping[str, str]) -> str:
+    """{key: value} with pathN.KEY keys -> udp_faults: the plain keys, then one ';'-separated
+    section per path up to the highest named (an empty section: that path as the first)."""
+    sections: dict[int, list[str]] = {}
+    plain: list[str] = []
+    for key, value in faults.items():
+        path_key = _PATH_KEY_RE.fullmatch(key)
+        if path_key:
+            sections.setdefault(int(path_key.group(1)), []).append(f"{path_key.group(2)}={value}")
+        else:
+            plain.append(f"{key}={value}")
+    if 0 in sections:
+        plain += sections.pop(0)
+    last = max(sections, default=0)
+    return ";".join([",".join(plain)] + [",".join(sections.get(p, [])) for p in range(1, last + 1)])
+
+
+def _path_items(udp_faults: str) -> str:
+    """The inverse of :func:`_fault_sections`: udp_faults with ';'-separated path sections ->
+    ``KEY=VALUE,...`` with pathN.KEY items (a variant body, which may not hold a ';')."""
+    sections = udp_faults.split(";")
+    items = [item for item in sections[0].split(",") if item]
+    for path, section in enumerate(sections[1:], start=1):
+        items += [f"path{path}.{item}" for item in section.split(",") if item]
+    return ",".join(items)
 
 
 def parse_udp_variants(

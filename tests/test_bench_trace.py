@@ -1,0 +1,123 @@
+"""``bench --trace DIR`` (ucxbackend/bench/trace.py): the JSON lines it writes per op, peer and
+path, checked against hand-made statistics and against a real 2-rank run with two paths; the
+plots drawn with a stand-in for matplotlib, and skipped with a message without it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_harness import needs_native, run_bench
+
+from ucxbackend.bench import trace as bench_trace
+
+
+def _stats() -> dict[str, Any]:
+    peer = {"rtt_smoothed_us": 90, "retransmitted_packets": 3, "declared_lost": 4,
+            "path0_sent": 10, "path0_lost": 0, "path0_rtt_us": 80,
+            "path1_sent": 5, "path1_lost": 4, "path1_rtt_us": 120, "path1_weight_permille": 62}
+    return {
+        "peers": {0: {"rtt_smoothed_us": 5}, 1: peer},
+        "ops": [
+            {"op": "allreduce", "seq": 6, "counters": {"retransmitted_packets": 9}},
+            {"op": "allreduce", "seq": 7, "counters": {"retransmitted_packets": 3}},
+        ],
+    }
+
+
+def test_trace_records_per_op_peer_and_path() -> None:
+    lines = bench_trace.trace_records(_stats(), column="ad", collective="all_reduce",
+                                      nbytes=1024, rank=0, since_seq=6, t_s=2.5)
+    assert [r["kind"] for r in lines] == ["op", "peer", "path", "path"]  # not rank 0's own
+    op, peer, p0, p1 = lines
+    assert (op["seq"], op["retransmitted_packets"], op["declared_lost"]) == (7, 3, 0)
+    assert (peer["peer"], peer["rtt_smoothed_us"], peer["declared_lost"]) == (1, 90, 4)
+    assert (p0["path"], p0["sent"], p0["rtt_us"], p0["weight_permille"]) == (0, 10, 80, 0)
+    assert (p1["path"], p1["sent"], p1["lost"], p1["weight_permille"]) == (1, 5, 4, 62)
+    for r in lines:
+        assert (r["column"], r["bytes"], r["rank"], r["t_s"]) == ("ad", 1024, 0, 2.5)
+
+
+def test_trace_plots_skipped_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    with caplog.at_level(logging.WARNING):
+        assert bench_trace.write_trace_plots(str(tmp_path)) == []
+    assert "plots skipped, matplotlib is not installed" in caplog.text
+
+
+class _Axes:
+    def __init__(self, calls: list[tuple[str, Any]]) -> None:
+        self.calls = calls
+
+    def plot(self, xs: list[float], ys: list[float], **kw: Any) -> None:
+        self.calls.append(("plot", (list(xs), list(ys), kw.get("label"))))
+
+    def get_legend_handles_labels(self) -> tuple[list[Any], list[Any]]:
+        return ([1], [1])
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def test_trace_plots_with_a_matplotlib_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for t, stats in ((10.0, _stats()), (11.0, _stats())):
+        lines = bench_trace.trace_records(stats, column="ad", collective="all_reduce",
+                                          nbytes=1024, rank=0, since_seq=7, t_s=t)
+        with open(bench_trace.trace_path(str(tmp_path), 0), "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in lines)
+    axes = [_Axes([]) for _ in range(4)]  # path RTT, path sent, peer RTT, retransmissions
+    saved: list[str] = []
+
+    class _Figure:
+        def tight_layout(self) -> None: ...
+
+        def savefig(self, path: str) -> None:
+            saved.append(path)
+
+    class _Grid:
+        flat = axes
+
+    pyplot = types.SimpleNamespace(subplots=lambda *a, **k: (_Figure(), _Grid()),
+                                   close=lambda fig: None)
+    mpl = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
+    monkeypatch.setitem(sys.modules, "matplotlib", mpl)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    assert bench_trace.write_trace_plots(str(tmp_path)) == [str(tmp_path / "trace-ad.png")]
+    assert saved == [str(tmp_path / "trace-ad.png")]
+    def series(panel: int) -> dict[str, tuple[list[float], list[float]]]:
+        return {label: (xs, ys) for _, (xs, ys, label) in axes[panel].calls}
+
+    # each path's RTT and packets sent over the two samples, times from the first one
+    assert series(0) == {"rank 0 peer 1 path 0": ([0.0, 1.0], [80.0, 80.0]),
+                         "rank 0 peer 1 path 1": ([0.0, 1.0], [120.0, 120.0])}
+    assert series(1)["rank 0 peer 1 path 1"] == ([0.0, 1.0], [5.0, 5.0])
+    assert series(3) == {"rank 0 peer 1": ([0.0, 1.0], [3.0, 3.0])}
+
+
+@needs_native
+def test_bench_trace_writes_json_lines(tmp_path: Path) -> None:
+    proc = run_bench(
+        "all_reduce", "-b", "64K", "-e", "64K", "-n", "4", "-w", "1",
+        "--udp-variant", "ad:paths=2,path_policy=adaptive,mtu_payload=1472",
+        "--trace", str(tmp_path), "--timeout", "60", timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = bench_trace.read_traces(str(tmp_path))
+    for rank in (0, 1):
+        mine = [r for r in records if r["rank"] == rank]
+        assert {r["kind"] for r in mine} == {"op", "peer", "path"}, mine
+        paths = [r for r in mine if r["kind"] == "path"]
+        assert sorted({r["path"] for r in paths}) == [0, 1]
+        assert all(r["peer"] == 1 - rank and r["sent"] > 0 for r in paths), paths
+        ops = [r for r in mine if r["kind"] == "op"]
+        assert sum(r["op"] == "allreduce" for r in ops) >= 4  # the timed iterations at least
+        assert all(r["column"] == "ad" and r["bytes"] == 65536 for r in mine)

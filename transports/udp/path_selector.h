@@ -1,0 +1,65 @@
+// Which path (socket pair) a connection's next datagram takes, when a peer is reachable over
+// several (udp_config `paths`). The connection tells it what each path's packets met (acked
+// with an RTT, declared lost) and asks it for a path per datagram; the Endpoint and the socket
+// loop only carry the choice out (one socket per path on each rank). Sans-IO, deterministic.
+//
+// Policies (udp_config `path_policy`):
+//   single   - everything on path 0 (one path, as without multipath);
+//   spray    - round-robin over every path (packet spraying, as AWS SRD and UET do);
+//   adaptive - weighted round-robin whose weights follow what each path's packets met: a loss
+//              halves the path's weight, an ACK wins a little of it back, and a path whose
+//              smoothed RTT is well above the best path's is weighted down in proportion (the
+//              per-path signals of UET's NSCC and UCCL's path selection, in miniature).
+// Under every policy a retransmission avoids the path its content was last lost on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transports/udp/stats.h"
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+
+// Most paths (sockets per rank) a group may use.
+constexpr uint32_t kMaxPaths = 16;
+
+class PathSelector {
+ public:
+  // `policy` is one of pathPolicyNames() (validated by the config schema).
+  PathSelector(uint32_t paths, const std::string& policy);
+
+  uint32_t paths() const { return static_cast<uint32_t>(paths_.size()); }
+  // The path of the next reliable packet; a retransmission avoids the path of the last loss.
+  uint32_t choose(bool retransmission);
+  // The path of an ACK or NACK: the best path (adaptive), else the next in turn.
+  uint32_t chooseControl();
+  void onSent(uint32_t path, bool retransmission);
+  void onAcked(uint32_t path, DurationUs rttUs);
+  void onLost(uint32_t path);
+
+  const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
+
+ private:
+  enum class Policy : uint8_t { kSingle, kSpray, kAdaptive };
+  struct Path {
+    PathStats stats;
+    double weight = 1.0;
+    double credit = 0.0;  // smooth weighted round-robin's running score
+  };
+  double effectiveWeight(const Path& p, DurationUs bestRtt) const;
+  uint32_t next(uint32_t avoid);
+
+  Policy policy_;
+  std::vector<Path> paths_;
+  uint32_t turn_ = 0;
+  uint32_t controlTurn_ = 0;
+  uint32_t lastLost_ = UINT32_MAX;
+};
+
+// "single", "spray", "adaptive".
+const std::vector<std::string>& pathPolicyNames();
+
+}  // namespace ucxb::udp
