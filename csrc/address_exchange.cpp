@@ -230,7 +230,12 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   entry.insert(entry.end(), record.begin(), record.end());
   append(scope_ + "records", entry);
   if (add(scope_ + "arrived", 1) == size_) set(scope_ + "all_in", {1});
-  const auto values = multiGet({scope_ + "all_in", scope_ + "records"});
+  std::vector<std::vector<uint8_t>> values;
+  try {
+    values = multiGet({scope_ + "all_in", scope_ + "records"});
+  } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
+    throw SetupError(notJoined(e.what_without_backtrace()));
+  }
   const std::vector<uint8_t>& blob = values[1];
   std::vector<std::vector<std::vector<uint8_t>>> all(size_);
   std::vector<bool> found(size_, false);
@@ -258,6 +263,36 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   }
   all[rank_] = parts;
   return all;
+}
+
+std::string AddressExchange::notJoined(const std::string& storeSaid) {
+  // Which ranks' records are missing: those ranks failed before the exchange (a bad option,
+  // an error of their own) or died. The Store may itself be gone: then say only that.
+  std::vector<bool> found(size_, false);
+  try {
+    const auto blob = check(scope_ + "records") ? get(scope_ + "records") : std::vector<uint8_t>{};
+    for (size_t at = 0; blob.size() - at >= 8;) {
+      const uint32_t p = readU32(blob, at);
+      const uint32_t n = readU32(blob, at + 4);
+      at += 8;
+      if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
+      found[p] = true;
+      at += n;
+    }
+  } catch (const std::exception&) {
+    found.assign(size_, true);  // unknown: name none
+  }
+  std::string missing;
+  for (int p = 0; p < size_; ++p) {
+    if (!found[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+  }
+  return (missing.empty() ? std::string("a rank")
+                          : (missing.find(',') == std::string::npos ? "rank " : "ranks ") +
+                                missing) +
+         " never joined this creation of the group within the Store's " +
+         std::to_string(store_.getTimeout().count()) + " ms timeout (rank " +
+         std::to_string(rank_) + " waited for every rank's record; a rank that failed before " +
+         "the exchange says why itself; the Store said: " + storeSaid + ")";
 }
 
 bool AddressExchange::everyoneSays(const std::string& question, bool mine,

@@ -61,7 +61,8 @@ class AddressExchange {
   // rank (an append, a counter and one multi-key read, which waits for every rank's record at
   // most the Store's timeout). A record whose parts cannot be told apart comes back whole as
   // its first part, the others empty, for the address record's own check to name it; a
-  // records key that is not every rank's records throws SetupError.
+  // records key that is not every rank's records throws SetupError, and so does the Store's
+  // timeout, naming the ranks whose records never came.
   std::vector<std::vector<std::vector<uint8_t>>> exchange(
       const std::vector<std::vector<uint8_t>>& parts);
 
@@ -88,6 +89,8 @@ class AddressExchange {
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys);
   void append(const std::string& key, const std::vector<uint8_t>& value);
   void deleteKey(const std::string& key);
+  // exchange()'s error when the Store timed out waiting for every rank's record.
+  std::string notJoined(const std::string& storeSaid);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
