@@ -69,7 +69,8 @@ class AddressExchange {
   // Whether every rank says yes to `question` (a name of kQuestions), through one counter and
   // one answer key instead of an all-to-all round: the rank whose yes completes the count runs
   // `lastYes` and then publishes the answer; a rank that says no publishes "no" at once.
-  // Waits for the answer, at most the Store's timeout (then the Store's error propagates).
+  // Waits for the answer, at most the Store's timeout (then SetupError, saying how many said
+  // yes).
   bool everyoneSays(const std::string& question, bool mine,
                     const std::function<void()>& lastYes);
 
