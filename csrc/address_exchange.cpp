@@ -230,7 +230,12 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   entry.insert(entry.end(), record.begin(), record.end());
   append(scope_ + "records", entry);
   if (add(scope_ + "arrived", 1) == size_) set(scope_ + "all_in", {1});
-  const auto values = multiGet({scope_ + "all_in", scope_ + "records"});
+  std::vector<std::vector<uint8_t>> values;
+  try {
+    values = multiGet({scope_ + "all_in", scope_ + "records"});
+  } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
+    throw SetupError(notJoined(e.what_without_backtrace()));
+  }
   const std::vector<uint8_t>& blob = values[1];
   std::vector<std::vector<std::vector<uint8_t>>> all(size_);
   std::vector<bool> found(size_, false);
@@ -260,6 +265,36 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   return all;
 }
 
+std::string AddressExchange::notJoined(const std::string& storeSaid) {
+  // Which ranks' records are missing: those ranks failed before the exchange (a bad option,
+  // an error of their own) or died. The Store may itself be gone: then say only that.
+  std::vector<bool> found(size_, false);
+  try {
+    const auto blob = check(scope_ + "records") ? get(scope_ + "records") : std::vector<uint8_t>{};
+    for (size_t at = 0; blob.size() - at >= 8;) {
+      const uint32_t p = readU32(blob, at);
+      const uint32_t n = readU32(blob, at + 4);
+      at += 8;
+      if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
+      found[p] = true;
+      at += n;
+    }
+  } catch (const std::exception&) {
+    found.assign(size_, true);  // unknown: name none
+  }
+  std::string missing;
+  for (int p = 0; p < size_; ++p) {
+    if (!found[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+  }
+  return (missing.empty() ? std::string("a rank")
+                          : (missing.find(',') == std::string::npos ? "rank " : "ranks ") +
+                                missing) +
+         " never joined this creation of the group within the Store's " +
+         std::to_string(store_.getTimeout().count()) + " ms timeout (rank " +
+         std::to_string(rank_) + " waited for every rank's record; a rank that failed before " +
+         "the exchange says why itself; the Store said: " + storeSaid + ")";
+}
+
 bool AddressExchange::everyoneSays(const std::string& question, bool mine,
                                    const std::function<void()>& lastYes) {
   checkQuestion(question);
@@ -270,7 +305,23 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
     lastYes();
     set(answer, {1});
   }
-  const auto said = get(answer);
+  std::vector<uint8_t> said;
+  try {
+    said = get(answer);
+  } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
+    int64_t yes = -1;
+    try {
+      yes = add(scope_ + question + "_yes", 0);
+    } catch (const std::exception&) {
+    }
+    // Only a rank that said yes waits (a no is its own answer).
+    throw SetupError("not every rank answered '" + question + "' in this creation of the " +
+                     "group within the Store's " + std::to_string(store_.getTimeout().count()) +
+                     " ms timeout (" + (yes >= 0 ? std::to_string(yes) : std::string("?")) +
+                     " of " + std::to_string(size_) + " said yes, rank " + std::to_string(rank_) +
+                     " among them: a rank failed or died after the exchange of records; the " +
+                     "Store said: " + e.what_without_backtrace() + ")");
+  }
   return !said.empty() && said[0] == 1;
 }
 

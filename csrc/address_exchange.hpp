@@ -61,14 +61,16 @@ class AddressExchange {
   // rank (an append, a counter and one multi-key read, which waits for every rank's record at
   // most the Store's timeout). A record whose parts cannot be told apart comes back whole as
   // its first part, the others empty, for the address record's own check to name it; a
-  // records key that is not every rank's records throws SetupError.
+  // records key that is not every rank's records throws SetupError, and so does the Store's
+  // timeout, naming the ranks whose records never came.
   std::vector<std::vector<std::vector<uint8_t>>> exchange(
       const std::vector<std::vector<uint8_t>>& parts);
 
   // Whether every rank says yes to `question` (a name of kQuestions), through one counter and
   // one answer key instead of an all-to-all round: the rank whose yes completes the count runs
   // `lastYes` and then publishes the answer; a rank that says no publishes "no" at once.
-  // Waits for the answer, at most the Store's timeout (then the Store's error propagates).
+  // Waits for the answer, at most the Store's timeout (then SetupError, saying how many said
+  // yes).
   bool everyoneSays(const std::string& question, bool mine,
                     const std::function<void()>& lastYes);
 
@@ -88,6 +90,8 @@ class AddressExchange {
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys);
   void append(const std::string& key, const std::vector<uint8_t>& value);
   void deleteKey(const std::string& key);
+  // exchange()'s error when the Store timed out waiting for every rank's record.
+  std::string notJoined(const std::string& storeSaid);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;

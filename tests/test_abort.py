@@ -9,6 +9,8 @@
   while the group is healthy, then the kind of its first failure: TIMEOUT after an op timed
   out (an abort after that keeps it), REMOTE_ERROR after a peer was killed, COMM_ERROR after
   an abort.
+* A ucx peer killed before this rank ever reached it (endpoints are made on first use): a
+  receive from it fails naming rank 1, well before the op's timeout, as for a connected one.
 
 The bounds are loose (1 s) for a loaded 2-core machine; the latencies measured are in the
 docs. One world serves each fixture: starting ranks is what costs here.
@@ -246,10 +248,16 @@ def test_get_error_after_a_timeout_stays_timeout_after_abort(
     assert later is not None and "timed out" in later and "earlier failure" in later, later
 
 
+COLD_TIMEOUT_S = 8  # the never-connected group's op timeout
+
+
 def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
     subs = {b: dist.new_group(backend=b, timeout=timedelta(seconds=30)) for b in OURS}
     for sub in subs.values():
         dist.all_reduce(_ones(), group=sub)
+    # A ucx group that carries nothing before the kill: rank 0 makes its endpoint to rank 1
+    # (lazily, on first use) only after rank 1 is dead, for a receive.
+    cold = dist.new_group(backend="ucx", timeout=timedelta(seconds=COLD_TIMEOUT_S))
     out: dict[str, Any] = {b: {"healthy": _error_name(s)} for b, s in subs.items()}
     dist.barrier()
     if rank == 1:
@@ -258,6 +266,8 @@ def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
     for backend, sub in subs.items():
         out[backend]["op"] = timed_failure(lambda sub=sub: dist.all_reduce(_ones(), group=sub))
         out[backend]["after"] = _error_name(sub)
+    out["cold"] = {"recv": timed_failure(lambda: dist.recv(_ones(), src=1, group=cold))}
+    out["cold"]["after"] = _error_name(cold)
     return out
 
 
@@ -276,3 +286,14 @@ def test_get_error_after_a_peer_was_killed_is_remote_error(
     _, msg = out["op"]
     assert msg is not None, "all_reduce with a killed peer returned"
     assert out["after"] == "REMOTE_ERROR", out
+
+
+def test_a_killed_peer_never_connected_to_fails_a_receive_naming_it(
+    peer_killed_world: list[Any],
+) -> None:
+    # As for a connected peer: the peer's failure, named, well before the op's timeout (not
+    # "timed out ... not yet matched by its peers").
+    seconds, msg = peer_killed_world[0]["cold"]["recv"]
+    assert msg is not None and "ucx recv" in msg and "rank 1" in msg, msg
+    assert seconds < COLD_TIMEOUT_S / 2, (seconds, msg)
+    assert peer_killed_world[0]["cold"]["after"] == "REMOTE_ERROR", peer_killed_world[0]["cold"]

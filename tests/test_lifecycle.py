@@ -208,6 +208,8 @@ def test_group_id_reused_after_a_rank_failed_before_the_store(failing: int) -> N
     assert res[1 - failing]["first"] is not None, res
     if failing == 0:  # rank 1 waited for rank 0 to open the creation, and says so
         assert "rank 0 did not start this creation of the group" in res[1]["first"], res
+    else:  # rank 0 waited for rank 1's record, and names it (not just a Store key)
+        assert "rank 1 never joined this creation of the group" in res[0]["first"], res
     for rank, r in enumerate(res):
         assert r["again"] == [True, True], (rank, r["again"])
         assert r["left"] == [], (rank, r["left"])

@@ -602,6 +602,9 @@ def _crash_during_staging(tmp_path: Path, point: str) -> tuple[list[int], list[s
         timeout=60,
     )
     assert res[1] is None and res[0] is not None, res  # rank 1 died, rank 0 gave up on it
+    # Rank 0 says what it waited for and who did not come, not just a Store key.
+    said = {"shm_created": "rank 1 never joined this creation", "shm_offered": "1 of 2 said yes"}
+    assert said[point] in res[0], res[0]
     pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
     return pids, _segments_of(pids)
 

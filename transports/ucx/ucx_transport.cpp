@@ -185,10 +185,11 @@ ucp_ep_h UcxTransport::endpoint(PeerSlot& slot, bool forSend) {
   params.err_handler.arg = &slot;
   const ucs_status_t status = ucp_ep_create(worker(), &params, &slot.ep);
   if (status != UCS_OK) {
+    // Most often the peer's worker is gone (its shared memory removed): a receive from it
+    // fails too, naming this, unless what the peer sent before it left is here already
+    // (recv()); otherwise it would wait for the op's timeout with no word of the peer.
     slot.ep = nullptr;
-    if (forSend) {
-      slot.error = describe(status, "ucp_ep_create to rank " + std::to_string(slot.peer));
-    }
+    slot.error = describe(status, "ucp_ep_create to rank " + std::to_string(slot.peer));
   }
   return slot.ep;
 }
@@ -283,9 +284,7 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
 RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                               MemoryType mem) {
   // The endpoint is not needed to receive, but its keepalive tells a dead peer from a slow
-  // one. One that cannot be created now (the peer destroyed its worker after sending what
-  // this receive may match) is no error: the receive waits as any other, and a send to the
-  // peer tries again.
+  // one, and one that cannot be created says the peer is gone: the peer's error, below.
   if (peer >= 0) endpoint(*peers_.at(peer), false);
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};

@@ -72,7 +72,7 @@ class UcxTransport final : public Transport {
 
   ucp_worker_h worker() const { return worker_.get(); }
   // The peer's endpoint, created now if this is its first use; null when it cannot be
-  // created or the peer was never connected (then, for a send, with slot.error set).
+  // created (slot.error set) or the peer was never connected (slot.error set for a send).
   ucp_ep_h endpoint(PeerSlot& slot, bool forSend);
   std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
   void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
