@@ -15,8 +15,8 @@ namespace {
 // (and the two of each question, "<question>_yes" and "<question>_answer"): complete()
 // deletes them all, also those of instances that failed. A new key must be added here.
 constexpr std::array<const char*, 1> kQuestions = {"shm"};
-constexpr std::array<const char*, 6> kSingles = {"token",  "records", "arrived",
-                                                 "all_in", "done",    "closed"};
+constexpr std::array<const char*, 7> kSingles = {"token", "records", "arrived", "all_in",
+                                                 "done",  "closed",  "released"};
 
 void checkQuestion(const std::string& question) {
   if (std::none_of(kQuestions.begin(), kQuestions.end(),
@@ -327,7 +327,24 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
 
 void AddressExchange::complete() {
   completed_ = true;
-  if (add(scope_ + "done", 1) < size_) return;
+  const std::string released = scope_ + "released";
+  if (add(scope_ + "done", 1) < size_) {
+    // Rank 0 returns only once every rank is done with the Store: in a short job (create,
+    // exit) rank 0 often hosts the TCPStore, and its exit would otherwise cut off a slower
+    // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
+    if (rank_ != 0) return;
+    try {
+      wait(released);
+    } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
+      throw SetupError("not every rank finished this creation of the group within the Store's " +
+                       std::to_string(store_.getTimeout().count()) + " ms timeout (" +
+                       std::to_string(add(scope_ + "done", 0)) + " of " +
+                       std::to_string(size_) + " did: a rank failed or died after the exchange " +
+                       "of records; the Store said: " + e.what_without_backtrace() + ")");
+    }
+    deleteKey(released);
+    return;
+  }
   // Every rank has read all it will: delete this instance's keys, and those of the instances
   // that failed since the last completed one (no rank is in them any more: every rank is here).
   const int64_t cleaned = add(base_ + "cleaned", 0);
@@ -340,6 +357,7 @@ void AddressExchange::complete() {
     }
   }
   if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
+  if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
 }
 
 }  // namespace ucxb

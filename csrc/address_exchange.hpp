@@ -76,6 +76,8 @@ class AddressExchange {
 
   // This rank has read every key of the creation it will ever read. The last rank to say so
   // deletes them all: a created group leaves only "instances" and "seen/<rank>" behind.
+  // Rank 0 returns only after that (SetupError after the Store's timeout if a rank never
+  // gets here), so that no rank still uses the Store when rank 0, often its host, moves on.
   void complete();
 
   int64_t instance() const { return instance_; }

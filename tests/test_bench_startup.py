@@ -20,10 +20,11 @@ from ucxbackend.bench.common import UsageError
 
 # Every Store call one rank makes to create a group, at most, whatever the group's size
 # (csrc/address_exchange.hpp): joining the instance (up to 6 when rank 0 opens it late), the
-# records round (4), the shared-memory answer (3), and the last rank's clean-up (11). Before,
+# records round (4), the shared-memory answer (3), and the last rank's clean-up (12, and 1 to
+# release rank 0, which waits for that and deletes the key: 2 for rank 0). Before,
 # each rank read every peer's key in three rounds and waited on a key per peer: at 6 ranks
 # about 30 calls, 60 for the rank that deleted the keys.
-_MAX_CREATION_CALLS = 24
+_MAX_CREATION_CALLS = 26
 
 
 def test_startup_options() -> None:
@@ -102,12 +103,12 @@ def _creation_profile(rank: int, ws: int) -> dict[str, Any]:
 def test_creation_store_calls_do_not_grow_with_the_group() -> None:
     """On a TCPStore, each rank's creation of a group makes as many Store calls at 6 ranks as
     at 2 (one append and one multi-key read for everyone's records, counters for the rest),
-    not a few more per peer; up to 2 more where a rank came before rank 0 opened the creation
-    and had to wait for it."""
+    not a few more per peer. Which rank is last (it cleans up) and which came before rank 0
+    opened the creation (it waits for that) vary from run to run: up to 5 more at 6 ranks."""
     skip_unless_ucx("profiles a ucx group's creation")
     calls = {
         ws: [p["store_calls"] for p in run_world(_creation_profile, ws, init="tcp", timeout=90)]
         for ws in (2, 6)
     }
-    assert max(calls[6]) <= max(calls[2]) + 2, calls
+    assert max(calls[6]) <= max(calls[2]) + 5, calls
     assert max(calls[6]) <= _MAX_CREATION_CALLS, calls
