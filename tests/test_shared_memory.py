@@ -123,7 +123,9 @@ def _staging_world(rank: int, ws: int) -> dict[str, Any]:
     return {
         "staged": {label: ucxbackend.shared_memory(group) for label, group, _ in groups},
         "failures": failures,
-        "left_in_dev_shm": sorted(glob.glob("/dev/shm/ucxb-*")),
+        # This rank's own segments only (named by its pid): another test's group may be alive
+        # on the host at the same time.
+        "left_in_dev_shm": sorted(glob.glob(f"/dev/shm/ucxb-{os.getpid()}-*")),
     }
 
 
