@@ -43,8 +43,10 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices)
     : rank_(rank), size_(size), context_(Context::shared(netDevices)) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  // Only the backend's progress thread touches this worker.
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time touches this worker: the progress thread, or a caller that borrows
+  // it for an inline op (ProgressEngine::lend), never both at once. That is UCX's SERIALIZED
+  // contract (SINGLE promises one thread for the worker's whole life); neither takes a lock.
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h w = nullptr;
   check(ucp_worker_create(context_->handle(), &params, &w), "ucp_worker_create");
   worker_.reset(w);
