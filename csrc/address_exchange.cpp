@@ -309,20 +309,22 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
   try {
     said = get(answer);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
-    int64_t yes = -1;
-    try {
-      yes = add(scope_ + question + "_yes", 0);
-    } catch (const std::exception&) {
-    }
     // Only a rank that said yes waits (a no is its own answer).
     throw SetupError("not every rank answered '" + question + "' in this creation of the " +
                      "group within the Store's " + std::to_string(store_.getTimeout().count()) +
-                     " ms timeout (" + (yes >= 0 ? std::to_string(yes) : std::string("?")) +
-                     " of " + std::to_string(size_) + " said yes, rank " + std::to_string(rank_) +
+                     " ms timeout (" + counterForError(scope_ + question + "_yes") + " of " + std::to_string(size_) + " said yes, rank " + std::to_string(rank_) +
                      " among them: a rank failed or died after the exchange of records; the " +
                      "Store said: " + e.what_without_backtrace() + ")");
   }
   return !said.empty() && said[0] == 1;
+}
+
+std::string AddressExchange::counterForError(const std::string& key) {
+  try {
+    return std::to_string(add(key, 0));
+  } catch (const std::exception&) {  // the Store itself may be gone by now
+    return "?";
+  }
 }
 
 void AddressExchange::complete() {
@@ -338,9 +340,9 @@ void AddressExchange::complete() {
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
-                       std::to_string(add(scope_ + "done", 0)) + " of " +
-                       std::to_string(size_) + " did: a rank failed or died after the exchange " +
-                       "of records; the Store said: " + e.what_without_backtrace() + ")");
+                       counterForError(scope_ + "done") +
+                       " of " + std::to_string(size_) + " did: a rank failed or died after the " +
+                       "exchange of records; the Store said: " + e.what_without_backtrace() + ")");
     }
     deleteKey(released);
     return;

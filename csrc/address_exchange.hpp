@@ -92,6 +92,8 @@ class AddressExchange {
   std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys);
   void append(const std::string& key, const std::vector<uint8_t>& value);
   void deleteKey(const std::string& key);
+  // A counter's value for an error message, "?" when the Store cannot be read either.
+  std::string counterForError(const std::string& key);
   // exchange()'s error when the Store timed out waiting for every rank's record.
   std::string notJoined(const std::string& storeSaid);
 
