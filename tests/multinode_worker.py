@@ -372,6 +372,7 @@ def main() -> int:
         return 1
     staged = ucxbackend.shared_memory()
     # How many sends took the ucx send lane ("none": the group has no lane, as on one host).
+    dist.barrier()  # published after each op by the progress thread: the last one's now too
     lane = ucxbackend.stats()["transport"].get("send_lane_messages", "none")
     dist.destroy_process_group()
     print(

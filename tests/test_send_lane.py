@@ -25,6 +25,7 @@ def _every_collective(rank: int, world: int) -> tuple[int, dict[str, Any]]:
 
     gloo = dist.new_group(backend="gloo")
     checks = multinode_worker.run_all(rank, world, SIZES, gloo)
+    dist.barrier()  # the last op's counters are published (see _lane_counters)
     return checks, ucxbackend.stats()["transport"]
 
 
@@ -34,7 +35,32 @@ def _lane_counters(rank: int, world: int) -> dict[str, Any]:
     t = torch.ones(1 << 20)  # 4 MB: a lane would carry it
     dist.all_reduce(t)
     assert float(t[0]) == world
+    # The counters are published after each op, by the progress thread, possibly after the
+    # caller saw the op complete: once the barrier (the next op) is done, they are.
+    dist.barrier()
     return ucxbackend.stats()["transport"]
+
+
+def _idle_after_lane(rank: int, world: int) -> tuple[float, dict[str, Any]]:
+    from test_progress import idle_fractions
+
+    transport = _lane_counters(rank, world)  # the lane's worker and thread are started
+    cpu, _ = idle_fractions(rank, world)
+    return cpu, transport
+
+
+def test_idle_group_with_a_lane_sleeps() -> None:
+    """Once its lane thread has run, an idle group still burns < 2% of a core (CPU time,
+    which load cannot inflate; test_progress.py measures the group without a lane)."""
+    results = run_world(
+        _idle_after_lane,
+        2,
+        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        timeout=120,
+    )
+    for rank, (cpu, transport) in enumerate(results):
+        assert transport["send_lane_messages"] > 0, (rank, transport)
+        assert cpu < 0.02, f"rank {rank}: idle CPU {cpu:.3f} of a core"
 
 
 @pytest.mark.slow
