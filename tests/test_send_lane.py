@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from dist_harness import run_world
 
@@ -30,8 +31,6 @@ def _every_collective(rank: int, world: int) -> tuple[int, dict[str, Any]]:
 
 
 def _lane_counters(rank: int, world: int) -> dict[str, Any]:
-    import torch
-
     t = torch.ones(1 << 20)  # 4 MB: a lane would carry it
     dist.all_reduce(t)
     assert float(t[0]) == world
@@ -61,6 +60,41 @@ def test_idle_group_with_a_lane_sleeps() -> None:
     for rank, (cpu, transport) in enumerate(results):
         assert transport["send_lane_messages"] > 0, (rank, transport)
         assert cpu < 0.02, f"rank {rank}: idle CPU {cpu:.3f} of a core"
+
+
+def _peer_killed_during_lane_sends(rank: int, world: int) -> tuple[float, str | None, str]:
+    import os
+    import signal
+    import time
+
+    from dist_harness import timed_failure
+
+    _lane_counters(rank, world)  # both lanes are up and connected
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    big = torch.ones(16 << 20)  # 64 MB: 4 MiB chunks through the lane to a dead peer
+    seconds, msg = timed_failure(lambda: dist.all_reduce(big))
+    return seconds, msg, ucxbackend.get_error().name
+
+
+def test_peer_killed_during_lane_sends_fails_the_op_naming_it() -> None:
+    """A peer that dies while this rank's sends go through the lane fails the op with the
+    peer's error well before the op timeout (30 s here), and the group reports REMOTE_ERROR:
+    the lane's failed sends reach the progress thread instead of hanging it."""
+    results = run_world(
+        _peer_killed_during_lane_sends,
+        2,
+        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        expect_fail_ranks={1},
+        pg_timeout=30,
+        timeout=120,
+    )
+    seconds, msg, error = results[0]
+    assert msg is not None, "all_reduce with a killed peer returned"
+    assert "rank 1" in msg, msg
+    assert seconds < 15, (seconds, msg)
+    assert error == "REMOTE_ERROR", (error, msg)
 
 
 @pytest.mark.slow
