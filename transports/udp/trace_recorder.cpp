@@ -26,7 +26,7 @@ void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection&
   ConnectionSample sample;
   sample.tUs = now;
   sample.peer = static_cast<uint32_t>(peer);
-  sample.cwndPackets = cwnd;
+  sample.cwndPackets = cwnd == UINT64_MAX ? 0 : cwnd;  // congestion=none sets no window
   sample.inFlightPackets = connection.packetsInFlight();
   sample.inFlightBytes = connection.bytesInFlight();
   sample.rttLatestUs = s.rttLatestUs;

@@ -35,7 +35,7 @@ struct ConnectionSample {
   TimeUs tUs = 0;
   uint32_t peer = 0;
   uint32_t path = 0;
-  uint64_t cwndPackets = 0;
+  uint64_t cwndPackets = 0;  // 0: the controller sets no window (congestion=none)
   uint64_t inFlightPackets = 0;
   uint64_t inFlightBytes = 0;
   DurationUs rttSmoothedUs = 0;
