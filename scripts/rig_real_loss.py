@@ -197,13 +197,18 @@ def _run_ranks(rig: NetnsRig, env: dict[str, str], nbytes: int, iters: int,
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)  # its own session (NetnsRig.popen): the worker too
                 proc.wait(timeout=10)
-    results = []
+    results, failed = [], []
     for host, proc in procs.items():
         found = re.findall(r"^REAL_LOSS_RESULT (.*)$", outputs[host], re.MULTILINE)
         if proc.returncode != 0 or not found:
-            raise RuntimeError(f"rank on host {host} failed (exit {proc.returncode}):\n"
-                               f"{outputs[host][-3000:]}")
-        results.append(json.loads(found[-1]))
+            # Every failed rank's words: the first to fail says why, the other only that
+            # its peer went away.
+            failed.append(f"--- rank on host {host} failed (exit {proc.returncode}):\n"
+                          f"{outputs[host][-3000:]}")
+        else:
+            results.append(json.loads(found[-1]))
+    if failed:
+        raise RuntimeError("\n".join(failed))
     return sorted(results, key=lambda r: r["rank"])
 
 
