@@ -68,19 +68,13 @@ class _Axes:
         return lambda *a, **k: None
 
 
-def test_trace_plots_with_a_matplotlib_stand_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _stand_in_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, axes: list[_Axes], saved: list[str]
 ) -> None:
-    for t, stats in ((10.0, _stats()), (11.0, _stats())):
-        lines = bench_trace.trace_records(stats, column="ad", collective="all_reduce",
-                                          nbytes=1024, rank=0, since_seq=7, t_s=t)
-        with open(bench_trace.trace_path(str(tmp_path), 0), "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in lines)
-    axes = [_Axes([]) for _ in range(4)]  # path RTT, path sent, peer RTT, retransmissions
-    saved: list[str] = []
-
     class _Figure:
         def tight_layout(self) -> None: ...
+
+        def suptitle(self, text: str) -> None: ...
 
         def savefig(self, path: str) -> None:
             saved.append(path)
@@ -93,6 +87,19 @@ def test_trace_plots_with_a_matplotlib_stand_in(
     mpl = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
     monkeypatch.setitem(sys.modules, "matplotlib", mpl)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+
+
+def test_trace_plots_with_a_matplotlib_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for t, stats in ((10.0, _stats()), (11.0, _stats())):
+        lines = bench_trace.trace_records(stats, column="ad", collective="all_reduce",
+                                          nbytes=1024, rank=0, since_seq=7, t_s=t)
+        with open(bench_trace.trace_path(str(tmp_path), 0), "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in lines)
+    axes = [_Axes([]) for _ in range(4)]  # path RTT, path sent, peer RTT, retransmissions
+    saved: list[str] = []
+    _stand_in_matplotlib(monkeypatch, axes, saved)
     assert bench_trace.write_trace_plots(str(tmp_path)) == [str(tmp_path / "trace-ad.png")]
     assert saved == [str(tmp_path / "trace-ad.png")]
     def series(panel: int) -> dict[str, tuple[list[float], list[float]]]:
@@ -145,27 +152,6 @@ def test_sample_records_and_the_last_traced_op() -> None:
     assert list(last) == [("ad", "all_reduce", 1024)]
     assert {r["seq"] for r in last[("ad", "all_reduce", 1024)]} == {7}
     assert len(last[("ad", "all_reduce", 1024)]) == 7
-
-
-def _stand_in_matplotlib(
-    monkeypatch: pytest.MonkeyPatch, axes: list[_Axes], saved: list[str]
-) -> None:
-    class _Figure:
-        def tight_layout(self) -> None: ...
-
-        def suptitle(self, text: str) -> None: ...
-
-        def savefig(self, path: str) -> None:
-            saved.append(path)
-
-    class _Grid:
-        flat = axes
-
-    pyplot = types.SimpleNamespace(subplots=lambda *a, **k: (_Figure(), _Grid()),
-                                   close=lambda fig: None)
-    mpl = types.SimpleNamespace(use=lambda backend: None, pyplot=pyplot)
-    monkeypatch.setitem(sys.modules, "matplotlib", mpl)
-    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
 
 
 def _write_samples(directory: Path) -> None:
