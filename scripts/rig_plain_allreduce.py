@@ -9,13 +9,19 @@ measurement of issue #23; ``python -m ucxbackend bench`` on the rig is the other
 Usage (root, iproute2; iperf3 for the reference)::
 
     python scripts/rig_plain_allreduce.py [--backends udp,ucx,gloo] [--rounds 3] [--mbytes 64]
-        [--iters 20] [--warmup 3] [--iperf SECONDS] [--env K=V ...]
+        [--iters 20] [--warmup 3] [--iperf SECONDS] [--bench] [--env K=V ...] [--repo DIR]
 
-Prints one line per run (backend, round, bus bandwidth in GB/s = 1e9 B/s: mean time over the
-timed iterations, max over ranks) and, for udp, the transport's counters (resends, drops,
-trains) and the socket buffers the kernel granted. With ``--iperf`` it runs, after each round,
-two iperf3 transfers at once, one per direction (two processes, not ``--bidir``), and prints
-each direction's rate: what the kernel's TCP carries each way with both ways busy.
+Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's
+mean time over the timed loop, the statistic bench reports) and the CPU both ranks' processes
+used per GB moved one way; for udp also the transport's counters (packets, resends, timeouts,
+smoothed RTT, the receive buffer the kernel granted, GRO trains) and each namespace's kernel
+UDP drops (``RcvbufErrors``). ``--bench`` runs ``python -m ucxbackend bench`` under torchrun
+after each round, as docs/performance.md does; ``--iperf`` then runs two iperf3 transfers at
+once, one per direction (two processes, not ``--bidir``), and prints each direction's rate and
+CPU per GB: what the kernel's TCP carries each way with both ways busy. ``--env`` adds
+variables to the ranks' environment (e.g. ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K``
+to emulate a rank without CAP_NET_ADMIN under the stock net.core.rmem_max); ``--repo`` runs
+the ranks on another checkout's build (to compare builds in one rig session).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 IPC and UTS namespace), ``env://`` rendezvous, no torchrun, no UCXBACKEND_* variable. This is
 how issue #23's outside tester ran it (scripts/rig_plain_allreduce.py, whose worker runs here).
 
-What made udp slow in that setting is a receive buffer smaller than what the peers send at
-once: the kernel then drops whole bursts (``RcvbufErrors`` in the namespace's
-/proc/net/snmp) and the transport resends them (~90% of a 64 MB all_reduce's packets with a
-416 KiB buffer, docs/performance.md). These tests check that condition, never a speed:
+The condition in which udp runs at half speed there is a receive buffer smaller than what
+its peers send at once: the kernel drops whole bursts (``RcvbufErrors`` in the namespace's
+/proc/net/snmp) and the transport resends them (with a 416 KiB buffer, a 64 MB all_reduce
+sent nearly every packet twice; docs/performance.md, which also has what else bounds udp on
+the rig). These tests check that condition, never a speed:
 - as the rig runs it (root), the plain rank's socket holds its peer's whole send window and a
   16 MB all_reduce meets no kernel drop and resends few packets;
 - with the buffer capped as a rank without CAP_NET_ADMIN gets it under the stock

@@ -72,8 +72,8 @@ def socket_buffer_warning(
 
     Each peer may have ``send_window`` bytes in flight towards this rank at once; a burst that
     does not fit the kernel's buffer is dropped there and sent again after a loss timeout
-    (on the namespace rig, a 416 KiB buffer had ~90% of a 64 MB all_reduce's packets resent and
-    halved its speed: docs/performance.md). ``requested`` is the group's
+    (on the namespace rig, with a 416 KiB buffer, a 64 MB all_reduce sent nearly every packet
+    twice and ran at about half speed: docs/performance.md). ``requested`` is the group's
     ``socket_buffer_bytes``. ``net.core.rmem_max`` is read-only inside a network namespace
     other than the host's first one, so the fix is named for that one.
     """
