@@ -176,6 +176,8 @@ ENDPOINT_GROUPS = [
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",
+    "multipath_adaptive_heals",
+    "multipath_op_time",
 ]
 
 

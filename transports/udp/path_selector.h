@@ -6,10 +6,11 @@
 // Policies (udp_config `path_policy`):
 //   single   - everything on path 0 (one path, as without multipath);
 //   spray    - round-robin over every path (packet spraying, as AWS SRD and UET do);
-//   adaptive - weighted round-robin whose weights follow what each path's packets met: a loss
-//              halves the path's weight, an ACK wins a little of it back, and a path whose
-//              smoothed RTT is well above the best path's is weighted down in proportion (the
-//              per-path signals of UET's NSCC and UCCL's path selection, in miniature).
+//   adaptive - weighted round-robin whose weights follow what each path's packets met: a
+//              path's weight falls with its estimated loss rate (1 / (1 + 400 x rate)), and a
+//              path whose smoothed RTT is well above the best path's is weighted down in
+//              proportion (the per-path signals of UET's NSCC and UCCL's path selection, in
+//              miniature).
 // Under every policy a retransmission avoids the path its content was last lost on.
 #pragma once
 
@@ -38,7 +39,8 @@ class PathSelector {
   uint32_t chooseControl();
   void onSent(uint32_t path, bool retransmission);
   void onAcked(uint32_t path, DurationUs rttUs);
-  void onLost(uint32_t path);
+  // byTimeout: declared by the retransmission timeout, which blames no path in particular.
+  void onLost(uint32_t path, bool byTimeout);
 
   const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
 
@@ -46,7 +48,7 @@ class PathSelector {
   enum class Policy : uint8_t { kSingle, kSpray, kAdaptive };
   struct Path {
     PathStats stats;
-    double weight = 1.0;
+    double lossRate = 0.0;  // adaptive: estimated fraction of this path's packets lost
     double credit = 0.0;  // smooth weighted round-robin's running score
   };
   double effectiveWeight(const Path& p, DurationUs bestRtt) const;

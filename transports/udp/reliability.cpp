@@ -250,7 +250,7 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   TimeUs newestSent = 0;
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
-    paths_.onLost(p.path);
+    paths_.onLost(p.path, cause == LossCause::kTimeout);
     switch (p.content.kind) {
       case PacketContent::Kind::kData: sender_.onLost(std::move(p.content)); break;
       case PacketContent::Kind::kCts: receiver_.onClearToSendLost(p.content.ctsIds); break;
