@@ -644,15 +644,27 @@ void testMultipathFaultMatrix() {
   }
 }
 
-// One bulk transfer from rank 0 to rank 1 over 4 paths with the given per-path faults:
-// rank 0's statistics of the connection to rank 1.
-Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "seed=3;drop=0.05") {
+// 4 paths with the given per-path faults (parseFaultPaths).
+EndpointOptions fourPathOptions(const std::string& policy, const std::string& faults) {
   EndpointOptions options = smallOptions();
   options.config.paths = 4;
   options.config.pathPolicy = policy;
   options.pathFaults = parseFaultPaths(faults);
   options.faults = options.pathFaults.front();
-  EndpointNetwork net(2, options);
+  return options;
+}
+
+// The share of a connection's reliable packets that took `path`.
+double pathShare(const Stats& s, size_t path) {
+  uint64_t total = 0;
+  for (const PathStats& p : s.paths) total += p.packetsSent;
+  return static_cast<double>(s.paths[path].packetsSent) / static_cast<double>(total);
+}
+
+// One bulk transfer from rank 0 to rank 1 over 4 paths with the given per-path faults:
+// rank 0's statistics of the connection to rank 1.
+Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "seed=3;drop=0.05") {
+  EndpointNetwork net(2, fourPathOptions(policy, faults));
   constexpr size_t kBytes = 4 << 20;
   const std::vector<uint8_t> out = message(0, 7, kBytes);
   Inbox inbox(kBytes);
@@ -668,11 +680,7 @@ Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "
 void testMultipathAdaptive() {
   const Stats spray = lossyPathTransfer("spray");
   const Stats adaptive = lossyPathTransfer("adaptive");
-  const auto share = [](const Stats& s, size_t path) {
-    uint64_t total = 0;
-    for (const PathStats& p : s.paths) total += p.packetsSent;
-    return static_cast<double>(s.paths[path].packetsSent) / static_cast<double>(total);
-  };
+  const auto share = pathShare;
   std::printf("bad path share: spray %.3f adaptive %.3f; lost: spray %llu adaptive %llu\n",
               share(spray, 1), share(adaptive, 1),
               static_cast<unsigned long long>(spray.paths[1].lost),
@@ -765,12 +773,8 @@ struct OpTimes {
 
 OpTimes allReduceOpTimes(const std::string& policy, const std::string& faults, size_t bytes,
                          int ops) {
-  EndpointOptions options = smallOptions();
+  EndpointOptions options = fourPathOptions(policy, faults);
   options.config.mtuPayload = 8972;
-  options.config.paths = 4;
-  options.config.pathPolicy = policy;
-  options.pathFaults = parseFaultPaths(faults);
-  options.faults = options.pathFaults.front();
   EndpointNetwork net(2, options);
   constexpr size_t kChunk = 4 << 20;
   const size_t half = bytes / 2;
@@ -843,13 +847,8 @@ void testMultipathOpTime() {
     CHECK_MSG(won >= 0.85 * cost, std::to_string(c.bytes) + ": won back " + std::to_string(won) +
                                       " us of " + std::to_string(cost));
     // Round-robin keeps a quarter on the lossy path; adaptive under 3% of it.
-    const auto share = [](const Stats& s) {
-      uint64_t total = 0;
-      for (const PathStats& p : s.paths) total += p.packetsSent;
-      return static_cast<double>(s.paths[1].packetsSent) / static_cast<double>(total);
-    };
-    CHECK(share(spray.stats) > 0.24);
-    CHECK_MSG(share(adaptive.stats) < 0.03, std::to_string(share(adaptive.stats)));
+    CHECK(pathShare(spray.stats, 1) > 0.24);
+    CHECK_MSG(pathShare(adaptive.stats, 1) < 0.03, std::to_string(pathShare(adaptive.stats, 1)));
   }
 }
 
