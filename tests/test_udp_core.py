@@ -177,6 +177,7 @@ ENDPOINT_GROUPS = [
     "multipath_adaptive",
     "multipath_reordering",
     "multipath_adaptive_heals",
+    "multipath_spurious_loss",
     "multipath_op_time",
 ]
 

@@ -129,4 +129,12 @@ void PathSelector::onLost(uint32_t path, bool byTimeout) {
   p.stats.weightPermille = permille(p.lossRate);
 }
 
+void PathSelector::onSpuriousLoss(uint32_t path) {
+  // What onLost added, about kLossGain; the ACKs since have shrunk it a little, so this takes
+  // back slightly more, which the floor at 0 bounds.
+  Path& p = paths_[path % paths_.size()];
+  p.lossRate = std::max(0.0, p.lossRate - kLossGain);
+  p.stats.weightPermille = permille(p.lossRate);
+}
+
 }  // namespace ucxb::udp

@@ -41,6 +41,9 @@ class PathSelector {
   void onAcked(uint32_t path, DurationUs rttUs);
   // byTimeout: declared by the retransmission timeout, which blames no path in particular.
   void onLost(uint32_t path, bool byTimeout);
+  // A packet that loss detection declared lost on `path` was acknowledged after all (it was
+  // late, e.g. held up by the receiving host): the loss is taken back.
+  void onSpuriousLoss(uint32_t path);
 
   const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
 

@@ -175,6 +175,7 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   stats_.lateAcks += ackResult_.lateAcks;
   stats_.spuriousRetransmissions += ackResult_.lateDataAcks;
   if (ackResult_.lateDataAcks > 0) lossRecovery_->onSpuriousRetransmission();
+  for (const uint32_t path : ackResult_.spuriousLossPaths) paths_.onSpuriousLoss(path);
   AckSignal signal;
   signal.now = now;
   if (ackResult_.rttSampleSentTime && now >= *ackResult_.rttSampleSentTime) {
