@@ -19,9 +19,11 @@ constexpr double kMinWeight = 0.005;
 // A path's RTT this many times the best path's halves its share (in proportion beyond 1x).
 constexpr double kRttSlack = 2.0;
 
+double lossWeight(double lossRate) { return 1.0 / (1.0 + kLossPenalty * lossRate); }
+
 // The loss-driven weight as the stats show it (1000 = full).
 uint64_t permille(double lossRate) {
-  return static_cast<uint64_t>(1000.0 / (1.0 + kLossPenalty * lossRate) + 0.5);
+  return static_cast<uint64_t>(1000.0 * lossWeight(lossRate) + 0.5);
 }
 
 }  // namespace
@@ -38,7 +40,7 @@ PathSelector::PathSelector(uint32_t paths, const std::string& policy)
       paths_(std::max<uint32_t>(paths, 1)) {}
 
 double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt) const {
-  double w = 1.0 / (1.0 + kLossPenalty * p.lossRate);
+  double w = lossWeight(p.lossRate);
   if (bestRtt > 0 && p.stats.rttSmoothedUs > 0) {
     const double ratio = static_cast<double>(p.stats.rttSmoothedUs) /
                          (kRttSlack * static_cast<double>(bestRtt));
