@@ -7,8 +7,10 @@ namespace {
 
 // adaptive: each path keeps an estimate of the fraction of its packets that are lost (an
 // exponentially weighted average over its own packets, acked 0, lost 1, gain kLossGain), and
-// its weight is 1 / (1 + kLossPenalty x that estimate): 0.9 at 0.02% loss, 0.2 at 1%, 0.05 at
-// 5% (a lossy path of four then carries some 1.6% of the packets instead of 25%). The estimate
+// its weight is 1 / (1 + kLossPenalty x the estimate's excess over the best path's): 0.9 at
+// 0.02% more loss, 0.2 at 1%, 0.05 at 5% (a lossy path of four then carries some 1.6% of the
+// packets instead of 25%). The excess, because what every path suffers alike (a loaded host
+// delaying packets past the time threshold) tells no path from another. The estimate
 // is per connection and outlives ops, so what one op learned serves the next. A path never
 // drops below kMinWeight, so it keeps a trickle of packets whose ACKs show when it heals:
 // each ACK takes kLossGain of the estimate away, and 50 ACKs in a row bring a 5% path back
@@ -39,8 +41,8 @@ PathSelector::PathSelector(uint32_t paths, const std::string& policy)
                                      : Policy::kSingle),
       paths_(std::max<uint32_t>(paths, 1)) {}
 
-double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt) const {
-  double w = lossWeight(p.lossRate);
+double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const {
+  double w = lossWeight(p.lossRate - bestLoss);
   if (bestRtt > 0 && p.stats.rttSmoothedUs > 0) {
     const double ratio = static_cast<double>(p.stats.rttSmoothedUs) /
                          (kRttSlack * static_cast<double>(bestRtt));
@@ -63,16 +65,18 @@ uint32_t PathSelector::next(uint32_t avoid) {
   }
   // Smooth weighted round-robin (deterministic, interleaves paths rather than bursting).
   DurationUs bestRtt = 0;
+  double bestLoss = 1.0;
   for (const Path& p : paths_) {
     if (p.stats.rttSmoothedUs > 0 && (bestRtt == 0 || p.stats.rttSmoothedUs < bestRtt)) {
       bestRtt = p.stats.rttSmoothedUs;
     }
+    bestLoss = std::min(bestLoss, p.lossRate);
   }
   double total = 0;
   for (uint32_t i = 0; i < n; ++i) {
     if (i == avoid) continue;
     Path& p = paths_[i];
-    const double w = effectiveWeight(p, bestRtt);
+    const double w = effectiveWeight(p, bestRtt, bestLoss);
     p.credit += w;
     total += w;
   }

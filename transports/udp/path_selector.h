@@ -7,10 +7,10 @@
 //   single   - everything on path 0 (one path, as without multipath);
 //   spray    - round-robin over every path (packet spraying, as AWS SRD and UET do);
 //   adaptive - weighted round-robin whose weights follow what each path's packets met: a
-//              path's weight falls with its estimated loss rate (1 / (1 + 400 x rate); the
-//              losses loss detection declares, not a timeout's, and not those that a late
-//              ACK shows were none), and a path whose smoothed RTT is well above the best
-//              path's is weighted down in proportion (the per-path signals of UET's NSCC and
+//              path's weight falls with its estimated loss rate beyond the best path's
+//              (1 / (1 + 400 x excess); the losses loss detection declares, not a timeout's,
+//              and not those that a late ACK shows were none), and a path whose smoothed RTT
+//              is well above the best path's is weighted down in proportion (the per-path signals of UET's NSCC and
 //              UCCL's path selection, in miniature).
 // Under every policy a retransmission avoids the path its content was last lost on.
 #pragma once
@@ -55,7 +55,7 @@ class PathSelector {
     double lossRate = 0.0;  // adaptive: estimated fraction of this path's packets lost
     double credit = 0.0;  // smooth weighted round-robin's running score
   };
-  double effectiveWeight(const Path& p, DurationUs bestRtt) const;
+  double effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const;
   uint32_t next(uint32_t avoid);
 
   Policy policy_;
