@@ -165,6 +165,10 @@ TrafficSnapshot TransportBackend::traffic() const {
   return engine_ ? engine_->traffic() : TrafficSnapshot{};
 }
 
+std::vector<OpTraceSeries> TransportBackend::drainTraceSeries() {
+  return engine_ ? engine_->drainTraceSeries() : std::vector<OpTraceSeries>{};
+}
+
 void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();

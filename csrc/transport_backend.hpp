@@ -134,6 +134,8 @@ class TransportBackend : public c10d::Backend {
   const std::vector<int64_t>& globalRanks() const { return globalRanks_; }
   // The transport's traffic counters (empty for ucx); any thread.
   TrafficSnapshot traffic() const;
+  // The transport's trace samples since the last call (udp trace_samples); any thread.
+  std::vector<OpTraceSeries> drainTraceSeries();
   // Whether large ring ops stage through shared memory (every rank on this host; see
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }

@@ -173,6 +173,7 @@ ENDPOINT_GROUPS = [
     "linger",
     "transmit_turns",
     "faults",
+    "trace_samples",
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",

@@ -607,6 +607,123 @@ void testFaults() {
   }
 }
 
+// ------------------------------------------------------------------------------ traces
+
+// 2 MiB from node 0 to node 1 through a 1 Gbit/s bottleneck in front of each node with a
+// 32-packet drop-tail queue; returns the endpoints' trace samples (node 0's connection
+// samples, node 1's queue samples) after checking that every byte arrived.
+struct Traced {
+  std::vector<ConnectionSample> sender;
+  std::vector<QueueSample> receiverQueue;
+  uint64_t overwritten = 0;
+  bool recording = false;
+};
+
+Traced tracedTransfer(const std::string& config, uint32_t paths = 1) {
+  EndpointOptions options = smallOptions();
+  options.config = parseUdpConfig(config, options.config);
+  options.config.paths = paths;
+  options.faults = parseFaultConfig("rate_mbps=1000,queue=32,seed=5");
+  EndpointNetwork net(2, options);
+  constexpr size_t kBytes = 2 << 20;
+  const std::vector<uint8_t> out = message(0, 9, kBytes);
+  Inbox inbox(kBytes);
+  std::vector<RequestPtr> requests = {
+      net.endpoint(1)->recv(0, 9, ~Tag{0}, inbox.data.data(), kBytes),
+      net.endpoint(0)->send(1, 9, out.data(), kBytes)};
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+  CHECK(inbox.holds(0, 9, kBytes));
+  Traced t;
+  t.recording = net.endpoint(0)->trace() != nullptr;
+  std::vector<QueueSample> senderQueue;  // the ACKs' queue at node 0
+  std::vector<ConnectionSample> receiver;
+  net.endpoint(0)->drainTrace(t.sender, senderQueue);
+  net.endpoint(1)->drainTrace(receiver, t.receiverQueue);
+  if (t.recording) t.overwritten = net.endpoint(0)->trace()->connectionsOverwritten();
+  return t;
+}
+
+void testTraceSamples() {
+  // Off by default: no recorder, nothing sampled.
+  const Traced off = tracedTransfer("congestion=aimd");
+  CHECK(!off.recording);
+  CHECK(off.sender.empty() && off.receiverQueue.empty());
+
+  const Traced t = tracedTransfer("congestion=aimd,trace_samples=100000,trace_interval_us=20");
+  CHECK(t.recording);
+  CHECK_EQ(t.overwritten, uint64_t{0});
+  CHECK(t.sender.size() > 20);
+  CHECK(!t.receiverQueue.empty());
+  for (size_t i = 1; i < t.sender.size(); ++i) CHECK(t.sender[i - 1].tUs <= t.sender[i].tUs);
+  for (const auto& s : t.sender) CHECK_EQ(s.peer, uint32_t{1});  // never its own loopback
+
+  // The queue at the receiver fills up to its limit: drop-tail, sampled when it happens.
+  uint64_t deepest = 0;
+  TimeUs firstDropUs = 0;
+  for (const auto& q : t.receiverQueue) {
+    CHECK_EQ(q.queueLimit, uint64_t{32});
+    CHECK(q.queuePackets <= q.queueLimit);
+    deepest = std::max(deepest, q.queuePackets);
+    if (q.queueDropped > 0 && firstDropUs == 0) {
+      firstDropUs = q.tUs;
+      CHECK_EQ(q.queuePackets, uint64_t{32});  // full when it dropped
+    }
+  }
+  CHECK(t.receiverQueue.front().queuePackets < 32);  // it rose from below
+  CHECK_EQ(deepest, uint64_t{32});
+  CHECK(firstDropUs > 0);
+
+  // The sender learns of the drop later and cuts its window: after the first loss the window
+  // falls to at most half of its peak before it (AIMD halves it).
+  size_t firstLoss = 0;
+  while (firstLoss < t.sender.size() && t.sender[firstLoss].lost == 0) ++firstLoss;
+  CHECK(firstLoss > 0 && firstLoss < t.sender.size());
+  if (firstLoss == 0 || firstLoss >= t.sender.size()) return;
+  CHECK(t.sender[firstLoss].tUs > firstDropUs);
+  uint64_t peak = 0;
+  for (size_t i = 0; i < firstLoss; ++i) peak = std::max(peak, t.sender[i].cwndPackets);
+  uint64_t after = peak;
+  for (size_t i = firstLoss; i < t.sender.size(); ++i) {
+    after = std::min(after, t.sender[i].cwndPackets);
+  }
+  std::printf("cwnd peak %llu before the first loss, %llu after; queue deepest %llu, "
+              "%zu connection and %zu queue samples\n",
+              static_cast<unsigned long long>(peak), static_cast<unsigned long long>(after),
+              static_cast<unsigned long long>(deepest), t.sender.size(), t.receiverQueue.size());
+  CHECK(peak > 32);
+  CHECK_MSG(after <= peak / 2 + 1, std::to_string(after) + " vs peak " + std::to_string(peak));
+  CHECK(t.sender.back().retransmitted > 0);
+  // Until the first cut, what is in flight stays within the window.
+  for (size_t i = 0; i < firstLoss; ++i) {
+    CHECK(t.sender[i].inFlightPackets <= t.sender[i].cwndPackets);
+  }
+
+  // A small ring keeps the newest samples and counts what it overwrote.
+  const Traced small = tracedTransfer("congestion=aimd,trace_samples=16,trace_interval_us=20");
+  CHECK_EQ(small.sender.size(), size_t{16});
+  CHECK(small.overwritten > 0);
+  CHECK_EQ(small.sender.back().tUs, t.sender.back().tUs);  // deterministic: same last event
+
+  // Several paths: one sample per path each time, each with the path's own counters.
+  const Traced two = tracedTransfer("trace_samples=100000,trace_interval_us=50", 2);
+  size_t onPath[2] = {0, 0};
+  for (const auto& s : two.sender) {
+    CHECK(s.path < 2);
+    if (s.path < 2) ++onPath[s.path];
+  }
+  CHECK(onPath[0] > 0);
+  CHECK_EQ(onPath[0], onPath[1]);
+
+  // Each kind's field names match the values written for it.
+  std::vector<uint64_t> values;
+  appendTraceValues(ConnectionSample{}, values);
+  CHECK_EQ(values.size(), connectionSampleFields().size());
+  values.clear();
+  appendTraceValues(QueueSample{}, values);
+  CHECK_EQ(values.size(), queueSampleFields().size());
+}
+
 // ------------------------------------------------------------------------------ multipath
 
 // Every pair of `nodes` ranks sends each other messages of several sizes with spraying over
@@ -925,6 +1042,7 @@ const check::Group kGroups[] = {
     {"linger", testLinger, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
+    {"trace_samples", testTraceSamples, true},
     {"multipath_fault_matrix", testMultipathFaultMatrix, true},
     {"multipath_adaptive", testMultipathAdaptive, true},
     {"multipath_reordering", testMultipathReordering, true},
