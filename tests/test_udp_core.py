@@ -177,6 +177,9 @@ ENDPOINT_GROUPS = [
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",
+    "multipath_adaptive_heals",
+    "multipath_spurious_loss",
+    "multipath_op_time",
 ]
 
 
