@@ -8,7 +8,8 @@ only where the path under test really ran:
   that Gloo gathered, bit for bit for integers and bool, on ucx and on udp, and both ranks
   end with the same bits;
 * a rank 200 ms late: the early rank's op starts inline, is handed over to the progress
-  thread (blocking and ``async_op=True``, which returns at once) and is still right;
+  thread (blocking and ``async_op=True``, which returns at once; and a 2-rank op through the
+  shared-memory slots, handed over while it waits for the peer's notices) and is still right;
 * two threads issuing ops on one group at once (some inline, some queued behind a lease);
 * ``abort()`` from another thread while an op is inline (``spin_us`` long, the peer absent);
 * ``inline_bytes=0`` and a message above the threshold never go inline;
@@ -134,11 +135,12 @@ def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
     }
 
 
-def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool) -> dict[str, Any]:
-    """Rank 1 joins LATE_S after rank 0 issued the op."""
+def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool, n: int = 8) -> dict[str, Any]:
+    """Rank 1 joins LATE_S after rank 0 issued the op (`n` int64s: 8 through the transport,
+    STAGED_COUNT through the shared-memory slots)."""
     dist.barrier(group=gloo)
     before = _inline_stats(group)
-    t = torch.full((8,), rank + 1, dtype=torch.int64)
+    t = torch.full((n,), rank + 1, dtype=torch.int64)
     out: dict[str, Any] = {}
     if rank == 1:
         time.sleep(LATE_S)
@@ -151,7 +153,8 @@ def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool) -> dict[str, An
             assert work is not None
             work.wait()
         out["op_s"] = time.monotonic() - start
-    out["result"] = t.tolist()
+    out["result"] = t[:8].tolist()
+    out["all_three"] = bool(torch.all(t == 3))
     after = _inline_stats(group)
     out["inline"] = after["inline"] - before["inline"]
     out["handed_over"] = after["handed_over"] - before["handed_over"]
@@ -271,6 +274,7 @@ def _inline_world(rank: int, ws: int) -> dict[str, Any]:
     world = dist.group.WORLD
     out["late/blocking"] = _late_peer(rank, world, gloo, async_op=False)
     out["late/async"] = _late_peer(rank, world, gloo, async_op=True)
+    out["late/staged"] = _late_peer(rank, world, gloo, async_op=False, n=STAGED_COUNT)
     out["threads"] = _two_threads(rank, world)
     out["abort"] = _abort_inline(rank, "ucx", gloo)
     out["never"] = _never_inline(rank, "ucx", gloo)
@@ -297,10 +301,11 @@ def test_inline_results_match_reference(inline_world: list[dict[str, Any]], back
         assert m["inline"] > 0, (rank, m)
 
 
-@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("mode", ["blocking", "async", "staged"])
 def test_late_peer_hands_over(inline_world: list[dict[str, Any]], mode: str) -> None:
     early, late = inline_world[0][f"late/{mode}"], inline_world[1][f"late/{mode}"]
     assert early["result"] == late["result"] == [3] * 8, (early, late)
+    assert early["all_three"] and late["all_three"], (early, late)
     # The early rank's op started inline and was handed over; it took the late rank's time.
     assert early["handed_over"] == 1 and early["inline"] == 0, early
     assert early["op_s"] >= LATE_S / 2, early
