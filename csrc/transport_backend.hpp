@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "csrc/backend_options.h"
+#include "csrc/collectives/algorithms.h"
 #include "csrc/collectives/comm.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
@@ -157,11 +158,11 @@ class TransportBackend : public c10d::Backend {
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
   // A small op split where it waits, for the inline path (engine/progress_engine.h): the
-  // requests it posted, and what completes the op once they have arrived (it waits for them
-  // through the Comm first), on whichever thread drives the transport by then.
+  // posted op (algo::PostedOp), and what completes the Work's tensors once it has (on
+  // whichever thread drives the transport by then).
   struct Posted {
-    std::vector<RequestPtr> requests;
-    std::function<void(Comm&)> finish;
+    std::shared_ptr<algo::PostedOp> op;
+    std::function<void()> after;
   };
   using PostBody = std::function<Posted(Comm&)>;
 

@@ -39,7 +39,7 @@ needs_native = pytest.mark.skipif(
 
 # The inline path, algorithm selection, chunking, staging and network knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
-    "inline_bytes": 32 << 10,
+    "inline_bytes": 1 << 20,
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
