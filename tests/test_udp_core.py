@@ -173,9 +173,13 @@ ENDPOINT_GROUPS = [
     "linger",
     "transmit_turns",
     "faults",
+    "trace_samples",
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",
+    "multipath_adaptive_heals",
+    "multipath_spurious_loss",
+    "multipath_op_time",
 ]
 
 
