@@ -48,11 +48,11 @@ std::string peerLabel(int peer) {
 // the identity (shm::hostIdentity), then the worker's UCX address. The identity tells a peer
 // on another host (or in another network namespace) from one on this host (chooseLane).
 std::vector<uint8_t> packAddress(const std::string& host, const uint8_t* worker, size_t len) {
-  std::vector<uint8_t> out;
   const auto n = static_cast<uint32_t>(host.size());
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(n >> (8 * i)));
-  out.insert(out.end(), host.begin(), host.end());
-  out.insert(out.end(), worker, worker + len);
+  std::vector<uint8_t> out(4 + host.size() + len);
+  for (size_t i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::memcpy(out.data() + 4, host.data(), host.size());
+  if (len > 0) std::memcpy(out.data() + 4 + host.size(), worker, len);
   return out;
 }
 
