@@ -134,6 +134,15 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "slots, one copy less per byte than through UCX; off when UCX_TLS leaves "
                     "out shared memory"),
              &O::sharedMemory),
+      // Need not agree: a receiver matches a message whichever of the sender's workers sent it.
+      member(choice("send_lane", {"auto", "on", "off"},
+                    "ucx backend only: large collective sends (256 KiB and up) to a peer go "
+                    "through a second UCX worker with a thread of its own, so that a rank "
+                    "sends and receives at once (two TCP connections per peer, one per "
+                    "direction); 'auto': only to peers on another host reached over TCP "
+                    "alone, 'on': to every peer, 'off': never "
+                    "(docs/performance.md#both-directions-at-once)"),
+             &O::sendLane),
       member(choice("staging_stores", {"cached", "streaming"},
                     "ucx backend, shared-memory staging only: how a rank writes the slots its "
                     "peer reads; 'streaming' uses non-temporal stores that go around its "

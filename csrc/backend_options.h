@@ -33,6 +33,7 @@ struct BackendOptions {
   std::array<std::string, algo::kOpCount> algorithms = {"auto", "auto", "auto",
                                                         "auto", "auto", "auto"};
   std::string sharedMemory = "auto";
+  std::string sendLane = "auto";  // ucx: transports/ucx/send_lane.h
   std::string stagingStores = "cached";
   std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
   std::string udpConfig;

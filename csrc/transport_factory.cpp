@@ -13,7 +13,8 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
                                          std::chrono::milliseconds opTimeout,
                                          const std::optional<udp::AuthKey>& groupKey) {
   if (options.transport == "ucx") {
-    return std::make_unique<ucx::UcxTransport>(rank, size, options.ucxNetDevices);
+    return std::make_unique<ucx::UcxTransport>(rank, size, options.ucxNetDevices,
+                                               ucx::parseSendLaneMode(options.sendLane));
   }
   udp::UdpTransportOptions udpOptions;
   udpOptions.config = udp::parseUdpConfig(options.udpConfig);

@@ -25,7 +25,8 @@ veth). A SIGKILLed process runs none of that: ``cleanup --dead`` removes what it
 As a script (needs root and iproute2)::
 
     python scripts/netns_rig.py create            # prints the rig as JSON, leaves it in place
-    python scripts/netns_rig.py exec a -- CMD...  # run CMD in host a of the newest rig
+    python scripts/netns_rig.py exec a -- CMD...  # run CMD in host a of the rig that `run`
+                                                  # exported (RIG_*), else of the newest rig
                                                   # (own IPC/UTS namespace, hostname = ns)
     python scripts/netns_rig.py destroy [TAG]     # remove the rig with TAG (or all)
     python scripts/netns_rig.py cleanup           # remove every rig namespace and veth
@@ -420,6 +421,17 @@ def cleanup_dead() -> list[str]:
     return _remove(dead)
 
 
+def _rig_from_env() -> NetnsRig | None:
+    """The rig whose ``RIG_*`` variables (``run``'s) are set, else None. Under ``run`` that
+    is the rig to use: the newest one may be another session's, running next to this one."""
+    keys = ("RIG_NS_A", "RIG_NS_B", "RIG_IF_A", "RIG_IF_B", "RIG_ADDR_A", "RIG_ADDR_B")
+    values = [os.environ.get(k, "") for k in keys]
+    if not all(values):
+        return None
+    ns_a, ns_b, if_a, if_b, addr_a, addr_b = values
+    return NetnsRig(ns_a[len(PREFIX) : -1], ns_a, ns_b, if_a, if_b, addr_a, addr_b)
+
+
 def _newest_rig() -> NetnsRig:
     names = sorted(n for n in _rig_namespaces() if n.endswith("a"))
     if not names:
@@ -448,7 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only the rigs of processes that no longer exist (safe next to running rigs)",
     )
-    e = sub.add_parser("exec", help="run a command in host a or b of the newest rig")
+    e = sub.add_parser(
+        "exec", help="run a command in host a or b of the rig in RIG_* (run's), else the newest"
+    )
     e.add_argument("host", choices=["a", "b"])
     e.add_argument(
         "--no-isolate", action="store_true", help="share the IPC and UTS namespaces of the caller"
@@ -477,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("no command given")
     if args.cmd == "exec":
-        rig = _newest_rig()
+        rig = _rig_from_env() or _newest_rig()
         return subprocess.call(rig.wrap(args.host, command, isolate=not args.no_isolate))
     with NetnsRig.create(mtu=args.mtu) as rig:
         print(json.dumps(asdict(rig)), file=sys.stderr)

@@ -12,7 +12,8 @@ Gloo rejects them: checked against Gloo's uneven all_to_all_single), all_to_all_
 and uneven splits, empty blocks), isend/irecv, batch_isend_irecv, recv from any source,
 barrier.
 
-Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname>`` when everything matched, and exits
+Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname> ... send_lane_messages=<k>`` (how
+many sends took ucx's send lane, ``none`` without one) when everything matched, and exits
 non-zero (with the mismatch) otherwise. ``MULTINODE_CORRUPT=1`` (tests only) also compares a
 corrupted copy of every non-empty result with its reference, which must be reported as a
 mismatch, and then fails the rank with ``corrupted results caught: <k> of <n>`` and the kinds
@@ -370,11 +371,14 @@ def main() -> int:
         )
         return 1
     staged = ucxbackend.shared_memory()
+    # How many sends took the ucx send lane ("none": the group has no lane, as on one host).
+    dist.barrier()  # published after each op by the progress thread: the last one's now too
+    lane = ucxbackend.stats()["transport"].get("send_lane_messages", "none")
     dist.destroy_process_group()
     print(
         f"MULTINODE_OK rank={rank} world={world} host={socket.gethostname()} "
         f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')} staged={staged} "
-        f"host_group_staged={host_staged}",
+        f"host_group_staged={host_staged} send_lane_messages={lane}",
         flush=True,
     )
     return 0

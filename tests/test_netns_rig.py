@@ -85,6 +85,24 @@ def test_run_with_a_failing_command_exits_non_zero_and_cleans_up() -> None:
     assert leftovers(rig["tag"]) == []
 
 
+def test_exec_under_run_uses_runs_rig_not_the_newest() -> None:
+    """`exec` inside `run` goes to the rig `run` made (its RIG_* variables), even when a newer
+    rig exists (another session's): it used to pick the newest, so commands and their traffic
+    landed in someone else's namespaces."""
+    with NetnsRig.create() as mine, NetnsRig.create(tag=f"{os.getpid()}z") as newer:
+        assert sorted([mine.ns_a, newer.ns_a])[-1] == newer.ns_a  # the one `newest` picks
+        env = {**os.environ, **mine.env()}
+        proc = subprocess.run(
+            [sys.executable, SCRIPT, "exec", "a", "--", "hostname"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert proc.returncode == 0, proc
+        assert proc.stdout.strip() == mine.ns_a, (proc.stdout, mine.ns_a, newer.ns_a)
+
+
 def test_dead_sweep_removes_a_killed_runs_rig_only() -> None:
     # A `run` SIGKILLed while its command runs leaves its rig: nothing ran its cleanup.
     killed = subprocess.Popen(

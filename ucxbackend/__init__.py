@@ -256,7 +256,9 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     counters, "ops": [{"op", "seq", "counters"}, ...]}``; ``total`` sums the peers (RTTs and
     high-water marks are maxed), ``ops`` holds the change each recent collective made (up to
     1024, the newest last). The counters are published after every op and whenever the
-    group's progress thread goes idle. A ``ucx`` group has no counters (UCX keeps its own).
+    group's progress thread goes idle. A ``ucx`` group keeps no per-peer counters (UCX keeps
+    its own); where it may use a send lane (``send_lane``), ``transport`` holds
+    ``send_lane_peers``, ``send_lane_messages`` and ``send_lane_bytes``.
     """
     backend = _native_backend(group, "stats")
     assert _C is not None

@@ -1,8 +1,15 @@
 #include "transports/ucx/ucx_transport.h"
 
-#include <algorithm>
-#include <chrono>
+#include <sys/epoll.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "transports/shm/shared_segment.h"
+#include "transports/tag.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -37,10 +44,64 @@ std::string peerLabel(int peer) {
   return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
 }
 
+// What localAddress() carries: the length of this host's identity (4 bytes, little-endian),
+// the identity (shm::hostIdentity), then the worker's UCX address. The identity tells a peer
+// on another host (or in another network namespace) from one on this host (chooseLane).
+std::vector<uint8_t> packAddress(const std::string& host, const uint8_t* worker, size_t len) {
+  const auto n = static_cast<uint32_t>(host.size());
+  std::vector<uint8_t> out(4 + host.size() + len);
+  for (size_t i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::memcpy(out.data() + 4, host.data(), host.size());
+  if (len > 0) std::memcpy(out.data() + 4 + host.size(), worker, len);
+  return out;
+}
+
+// Splits a packed address into (host identity, worker address); throws on a short one.
+std::pair<std::string, std::vector<uint8_t>> unpackAddress(const std::vector<uint8_t>& blob,
+                                                           int peer) {
+  uint32_t n = 0;
+  for (int i = 0; i < 4 && i < static_cast<int>(blob.size()); ++i) n |= uint32_t{blob[i]} << (8 * i);
+  if (blob.size() < 4 || blob.size() - 4 < n) {
+    throw TransportError("the address of rank " + std::to_string(peer) + " is truncated (" +
+                             std::to_string(blob.size()) + " bytes)",
+                         peer);
+  }
+  return {std::string(blob.begin() + 4, blob.begin() + 4 + n),
+          std::vector<uint8_t>(blob.begin() + 4 + n, blob.end())};
+}
+
+// Whether every lane of `ep` is UCX's TCP transport, i.e. the kernel moves this peer's bytes
+// (RDMA and shared memory bypass it, and a second thread would only add a hop). False where
+// this UCX cannot say (ucp_ep_query reports transports from UCX 1.14 on).
+bool overTcpOnly(ucp_ep_h ep) {
+#if UCP_API_MAJOR > 1 || (UCP_API_MAJOR == 1 && UCP_API_MINOR >= 14)
+  ucp_transport_entry_t entries[16];
+  ucp_ep_attr_t attr{};
+  attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+  attr.transports.entries = entries;
+  attr.transports.num_entries = 16;
+  attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+  if (ucp_ep_query(ep, &attr) != UCS_OK || attr.transports.num_entries == 0) return false;
+  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+    const char* name = entries[i].transport_name;
+    if (name == nullptr || std::strcmp(name, "tcp") != 0) return false;
+  }
+  return true;
+#else
+  (void)ep;
+  return false;
+#endif
+}
+
 }  // namespace
 
-UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices)
-    : rank_(rank), size_(size), context_(Context::shared(netDevices)) {
+UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices,
+                           SendLaneMode laneMode)
+    : rank_(rank),
+      size_(size),
+      context_(Context::shared(netDevices)),
+      host_(shm::hostIdentity()),
+      laneMode_(laneMode) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // One thread at a time touches this worker: the progress thread, or a caller that borrows
@@ -54,11 +115,11 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices)
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   check(ucp_worker_get_address(worker(), &addr, &len), "ucp_worker_get_address");
-  const auto* bytes = reinterpret_cast<const uint8_t*>(addr);
-  address_.assign(bytes, bytes + len);
+  address_ = packAddress(host_, reinterpret_cast<const uint8_t*>(addr), len);
   ucp_worker_release_address(worker(), addr);
 
-  check(ucp_worker_get_efd(worker(), &eventFd_), "ucp_worker_get_efd");
+  check(ucp_worker_get_efd(worker(), &workerFd_), "ucp_worker_get_efd");
+  eventFd_ = workerFd_;
 
   // UCX 1.13 (Debian 12) completes a matched receive immediately without filling
   // recv_info, so its length reads as 0; 1.22 fills it. Older versions get their receives
@@ -69,7 +130,7 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices)
 
   peers_.resize(size_);
   for (int p = 0; p < size_; ++p) {
-    peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}});
+    peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}, {}, false, -1});
   }
 }
 
@@ -87,6 +148,13 @@ UcxTransport::~UcxTransport() {
   // on a copy. What cancel cannot stop (sends, matched rendezvous receives) ends when its
   // endpoint is force-closed.
   closing_ = "the process group was shut down";
+  // The lane first: stopping it completes every send it still holds (flushed, or cancelled
+  // when the op failed), and reapLane fails those with closing_.
+  if (lane_) {
+    lane_->stop();
+    reapLane();
+    lane_.reset();
+  }
   std::vector<std::shared_ptr<UcxRequest>> pending;
   for (auto& [ptr, req] : inflight_) pending.push_back(req);
   for (auto& req : pending) req->cancel();
@@ -118,12 +186,17 @@ UcxTransport::~UcxTransport() {
     if (req->pending()) req->failNow(closing_);
   }
   closeEndpoints();
+  if (laneEpollFd_ >= 0) ::close(laneEpollFd_);
 }
 
 void UcxTransport::abortPeer(int peer, const std::string& why) {
   PeerSlot& slot = *peers_.at(peer);
   if (slot.error.empty()) {
     slot.error = why;
+  }
+  if (lane_ && slot.lane == 1) {
+    lane_->abortPeer(peer);
+    reapLane();
   }
   if (slot.ep != nullptr) {
     ucp_request_param_t param{};
@@ -169,7 +242,70 @@ void UcxTransport::closeEndpoints() {
 
 void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
   PeerSlot& slot = *peers_.at(peer);
-  if (slot.ep == nullptr) slot.address = address;
+  if (slot.ep != nullptr) return;
+  auto [host, worker] = unpackAddress(address, peer);
+  slot.address = std::move(worker);
+  slot.otherHost = host != host_;
+  const bool lanePossible = laneMode_ == SendLaneMode::kOn ||
+                            (laneMode_ == SendLaneMode::kAuto && slot.otherHost);
+  if (!lanePossible || lane_ || peer == rank_) return;
+  // The engine listens on eventFd() from its start (after every connect): from here on it is
+  // an epoll set of the worker's fd and the lane's completion fd, readable when either is.
+  lane_ = std::make_unique<SendLane>(context_);
+  laneEpollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (laneEpollFd_ < 0) throw TransportError(std::string("epoll_create1: ") + std::strerror(errno));
+  for (int fd : {workerFd_, lane_->completionFd()}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(laneEpollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      throw TransportError(std::string("epoll_ctl: ") + std::strerror(errno));
+    }
+  }
+  eventFd_ = laneEpollFd_;
+}
+
+bool UcxTransport::chooseLane(PeerSlot& slot) {
+  if (!lane_ || slot.peer == rank_) return false;
+  if (laneMode_ == SendLaneMode::kOn) return true;
+  // kAuto: the peer is on another host and UCX reaches it over TCP alone.
+  return slot.otherHost && slot.ep != nullptr && overTcpOnly(slot.ep);
+}
+
+bool UcxTransport::viaLane(PeerSlot& slot, Tag tag, size_t bytes, MemoryType mem) {
+  // Point-to-point messages keep one path: c10d matches a peer's sends with one user tag in
+  // the order they were sent, which two workers would not keep. Collective tags are unique.
+  if (!lane_ || bytes < kSendLaneMinBytes || mem != MemoryType::kHost || tag::isP2P(tag)) {
+    return false;
+  }
+  if (slot.lane < 0) slot.lane = chooseLane(slot) ? 1 : 0;
+  return slot.lane == 1;
+}
+
+bool UcxTransport::reapLane() {
+  if (!lane_) return false;
+  auto done = lane_->takeCompleted();
+  for (auto& c : done) {
+    auto owned = untrack(static_cast<UcxRequest*>(const_cast<void*>(c.token)));
+    if (!owned) continue;
+    if (c.status == UCS_OK) {
+      owned->complete(owned->postedBytes(), 0);
+    } else if (!c.error.empty() && peers_[owned->peer()]->error.empty()) {
+      owned->fail(c.error);
+    } else {
+      owned->fail(failure(*owned, c.status));
+    }
+  }
+  return !done.empty();
+}
+
+Counters UcxTransport::transportCounters() const {
+  if (!lane_) return {};
+  uint64_t peers = 0;
+  for (const auto& slot : peers_) peers += slot->lane == 1 ? 1 : 0;
+  return {{"send_lane_peers", peers},
+          {"send_lane_messages", laneMessages_},
+          {"send_lane_bytes", laneBytes_}};
 }
 
 ucp_ep_h UcxTransport::endpoint(PeerSlot& slot, bool forSend) {
@@ -273,6 +409,12 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
     req->fail(slot.error);
     return req;
   }
+  if (viaLane(slot, tag, bytes, mem)) {
+    ++laneMessages_;
+    laneBytes_ += bytes;
+    lane_->post(peer, slot.address, tag, data, bytes, req.get());
+    return req;
+  }
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -348,7 +490,8 @@ void UcxTransport::onRecvDone(void* handle, ucs_status_t status, const ucp_tag_r
 }
 
 bool UcxTransport::progress() {
-  const bool any = ucp_worker_progress(worker()) != 0;
+  bool any = ucp_worker_progress(worker()) != 0;
+  any = reapLane() || any;
   if (peerFailed_) {
     cancelReceivesFromFailedPeers();
     return true;
@@ -362,7 +505,7 @@ bool UcxTransport::arm() {
     return false;
   }
   check(status, "ucp_worker_arm");
-  return true;
+  return !(lane_ && lane_->hasCompleted());
 }
 
 }  // namespace ucxb::ucx

@@ -7,6 +7,12 @@
 // no barrier is needed after it: a rank only connects to a peer it exchanges a message with,
 // which cannot have left before that message. A receive creates the endpoint too, so that
 // UCX's keepalive watches every peer this rank waits for.
+//
+// Large collective sends to a peer on another host that UCX reaches over TCP go through a
+// send lane (send_lane.h): a second worker with its own thread, so that this rank sends and
+// receives at once. The choice is made per peer at its first such send (chooseLane), from
+// the peer's host (carried in its address) and the transports of its endpoint; the mode
+// (the send_lane option) forces it on or off.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "transports/transport.h"
+#include "transports/ucx/send_lane.h"
 #include "transports/ucx/ucx_context.h"
 
 namespace ucxb::ucx {
@@ -25,7 +32,8 @@ namespace ucxb::ucx {
 class UcxTransport final : public Transport {
  public:
   // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice).
-  UcxTransport(int rank, int size, const std::string& netDevices = "");
+  UcxTransport(int rank, int size, const std::string& netDevices = "",
+               SendLaneMode laneMode = SendLaneMode::kAuto);
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;
@@ -51,6 +59,10 @@ class UcxTransport final : public Transport {
   // UCX moves device memory itself when told its type: cuda_copy, cuda_ipc between processes
   // of one node, GPUDirect RDMA over rc/dc where the NIC and driver allow.
   bool carriesDeviceMemory() const override { return true; }
+  // Only where a send lane may be used (send_lane "on", or "auto" with a peer on another
+  // host): send_lane_peers (peers whose large sends take the lane), send_lane_messages and
+  // send_lane_bytes. Empty otherwise, so that a group on one host keeps no statistics.
+  Counters transportCounters() const override;
 
  private:
   class UcxRequest;
@@ -60,6 +72,8 @@ class UcxTransport final : public Transport {
     ucp_ep_h ep = nullptr;
     std::string error;
     std::vector<uint8_t> address;  // from connect(); the endpoint is made from it on first use
+    bool otherHost = false;        // the peer's host identity differs from this rank's
+    int lane = -1;                 // large sends take the send lane: -1 undecided, 0 no, 1 yes
   };
   struct WorkerDeleter {
     void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
@@ -83,10 +97,16 @@ class UcxTransport final : public Transport {
   template <typename Pred>
   void progressUntil(Pred done, std::chrono::milliseconds limit);
   void cancelReceivesFromFailedPeers();
+  // Whether this send goes through the send lane (decides the peer's choice on first use).
+  bool viaLane(PeerSlot& slot, Tag tag, size_t bytes, MemoryType mem);
+  bool chooseLane(PeerSlot& slot);
+  // Completes the requests whose lane sends finished; true if there were any.
+  bool reapLane();
 
   const int rank_;
   const int size_;
   std::shared_ptr<Context> context_;  // outlives the worker (declared first, destroyed last)
+  const std::string host_;            // shm::hostIdentity(), which localAddress() carries
   std::unique_ptr<ucp_worker, WorkerDeleter> worker_;
   std::vector<uint8_t> address_;
   int eventFd_ = -1;
@@ -98,6 +118,14 @@ class UcxTransport final : public Transport {
   bool immediateRecvInfo_ = false;
   // Requests UCX still holds, keyed by the pointer UCX hands back to our callbacks.
   std::unordered_map<const UcxRequest*, std::shared_ptr<UcxRequest>> inflight_;
+  const SendLaneMode laneMode_;
+  // Created by connect() once a lane may be used; its completion fd then joins the worker's
+  // in eventFd_, an epoll set of both (laneEpollFd_).
+  std::unique_ptr<SendLane> lane_;
+  int workerFd_ = -1;
+  int laneEpollFd_ = -1;
+  uint64_t laneMessages_ = 0;
+  uint64_t laneBytes_ = 0;
 };
 
 }  // namespace ucxb::ucx
