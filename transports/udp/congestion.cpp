@@ -4,6 +4,7 @@
 
 #include "transports/config/key_values.h"
 #include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_credit.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
 
@@ -38,6 +39,10 @@ const Registration kRegistry[] = {
     {"bdp", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<BdpCapCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
                                                         c.ccLinkMbps, c.mtuPayload);
+     }},
+    {"credit", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       return std::make_unique<CreditCongestionControl>(c.ccCreditInitialBytes,
+                                                        c.ccCreditTimeoutUs);
      }},
 };
 

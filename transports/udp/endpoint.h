@@ -224,6 +224,8 @@ class Endpoint {
   };
   std::unordered_map<SocketAddress, Route, SocketAddressHash> peerByAddress_;
   std::unique_ptr<FaultInjector> faults_;
+  // congestion=credit's receiving side: this rank's downlink, shared by its connections.
+  std::unique_ptr<CreditScheduler> credits_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;
   uint64_t delayedOrder_ = 0;
   std::vector<FaultInjector::Delivery> faultOut_;

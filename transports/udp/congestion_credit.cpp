@@ -1,0 +1,42 @@
+#include "transports/udp/congestion_credit.h"
+
+#include <algorithm>
+
+namespace ucxb::udp {
+
+CreditCongestionControl::CreditCongestionControl(uint64_t initialBytes, DurationUs timeoutUs)
+    : timeoutUs_(timeoutUs), granted_(initialBytes) {}
+
+void CreditCongestionControl::onDataSent(uint64_t wireBytes) {
+  spent_ += wireBytes;
+  // What was sent came out of the backlog: the demand stays what it was.
+  backlog_ -= std::min(backlog_, wireBytes);
+}
+
+void CreditCongestionControl::onGrant(uint64_t granted, TimeUs now) {
+  if (granted <= granted_) return;
+  granted_ = granted;
+  lastNews_ = now;
+}
+
+bool CreditCongestionControl::requestDue(TimeUs now, bool& timedOut) const {
+  timedOut = false;
+  if (wanted() > reported_) return true;
+  if (const auto t = nextRequestTime(); t && *t <= now) {
+    timedOut = true;
+    return true;
+  }
+  return false;
+}
+
+void CreditCongestionControl::onRequestSent(TimeUs now) {
+  reported_ = std::max(reported_, wanted());
+  lastNews_ = now;
+}
+
+std::optional<TimeUs> CreditCongestionControl::nextRequestTime() const {
+  if (!blocked()) return std::nullopt;
+  return lastNews_ + timeoutUs_;
+}
+
+}  // namespace ucxb::udp

@@ -1,0 +1,78 @@
+// The receiving side of congestion=credit (congestion_credit.h): one per rank, shared by its
+// connections, because what it shares out is the rank's downlink. The senders report how many
+// bytes they want to send it (cumulative, in their CREDIT packets); it grants them credit at
+// the downlink's rate, round-robin one datagram's worth at a time among those still wanting,
+// so that what arrives never outruns the port and each sender gets an equal share of it.
+//
+// A sender starts with `initialBytes` granted (its unsolicited window, which both ends know).
+// The scheduler grants each sender up to what it wants plus that window again: a sender that
+// has sent everything it wanted keeps one window of credit in hand, so its next burst starts
+// at once, as a new flow does in NDP and EQDS, instead of waiting a round trip for a grant.
+//
+// Sans-IO like the connections: the time goes in (advance), grants come out (granted), and
+// nextGrantTime says when the next one is earned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "transports/udp/udp_config.h"
+#include "transports/udp/udp_types.h"
+
+namespace ucxb::udp {
+
+class CreditScheduler {
+ public:
+  // rateMbps: the downlink's rate. quantumBytes: the grant handed out per turn, one full
+  // datagram on the wire. Credit earned while nobody wants any is not kept, and at most
+  // initialBytes of it is kept while the rank is too busy to hand it out: a late wake-up
+  // must not release a burst larger than one sender's unsolicited window.
+  CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes);
+  CreditScheduler(const CreditScheduler&) = delete;
+  CreditScheduler& operator=(const CreditScheduler&) = delete;
+
+  // The rate the emulated downlink (the fault layer's bottleneck) in front of this rank has.
+  void setRateMbps(uint64_t rateMbps);
+  uint64_t rateMbps() const { return rateMbps_; }
+  uint64_t initialBytes() const { return initialBytes_; }
+
+  // One slot per sending peer (each connection joins once).
+  size_t join();
+  // A sender's cumulative demand, from its CREDIT packet (older, smaller ones are ignored).
+  void onWanted(size_t slot, uint64_t wanted, TimeUs now);
+  // Whether the peer of `slot` ever asked for credit (only those are sent grants).
+  bool wants(size_t slot) const { return slots_[slot].wanted > 0; }
+  // The cumulative credit granted to the peer of `slot` (initialBytes at first).
+  uint64_t granted(size_t slot) const { return slots_[slot].granted; }
+  // Earns credit for the time since the last call and shares it out.
+  void advance(TimeUs now);
+  // When the next grant is earned, or nullopt while nobody wants credit.
+  std::optional<TimeUs> nextGrantTime() const;
+
+ private:
+  struct Slot {
+    uint64_t wanted = 0;
+    uint64_t granted = 0;
+  };
+  bool active(const Slot& s) const { return s.wanted + initialBytes_ > s.granted; }
+  bool anyActive() const;
+  void share();
+
+  uint64_t rateMbps_;
+  const uint64_t initialBytes_;
+  const uint64_t quantumBytes_;
+  std::vector<Slot> slots_;
+  size_t turn_ = 0;      // the slot that gets the next quantum, if it wants it
+  double tokens_ = 0;    // credit earned and not handed out yet (bytes)
+  TimeUs last_ = 0;      // when tokens_ was last brought up to date
+};
+
+// A rank's scheduler under `config`: granting at cc_link_mbps (setRateMbps corrects it for an
+// emulated downlink), cc_credit_initial_bytes of unsolicited window, a quantum of one full
+// mtu_payload datagram on the wire.
+std::unique_ptr<CreditScheduler> makeCreditScheduler(const UdpConfig& config);
+
+}  // namespace ucxb::udp
