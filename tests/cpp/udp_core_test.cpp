@@ -2270,6 +2270,18 @@ void testTrimNack() {
   CHECK_MSG(2 * nack.doneNs <= sack.doneNs, "NACK-on-trim was not 2x faster than SACK alone");
 }
 
+// The incast: nodes 1-3 send `each` bytes at once to node 0, whose 2 Gbit/s downlink
+// has a 64-packet queue marking above 16 (links 10 Gbit/s).
+TransferPlan incastPlan(const std::string& config, uint64_t each) {
+  TransferPlan plan;
+  plan.nodes = 4;
+  plan.config = configWith(config);
+  plan.label = "incast 3 to 1, " + config;
+  plan.downlinkFaults = parseFaultConfig("rate_mbps=2000,queue=64,mark_above=16,seed=3");
+  plan.flows = {{1, 0, {each}}, {2, 0, {each}}, {3, 0, {each}}};
+  return plan;
+}
+
 void testIncast() {
   // Three nodes send 2 MiB each to a fourth at once, whose 2 Gbit/s downlink has a 64-packet
   // queue marking above 16 (the incast, in the simulator where time is exact and no
@@ -2282,13 +2294,8 @@ void testIncast() {
   const uint64_t each = 2u << 20;
   std::map<std::string, TransferOutcome> by;
   for (const std::string& cc : kCongestionPolicies) {
-    TransferPlan plan;
-    plan.nodes = 4;
-    plan.config = configWith("congestion=" + cc + ",cc_link_mbps=2000,initial_cwnd_packets=16");
-    plan.label = "incast 3 to 1 " + cc;
-    plan.downlinkFaults = parseFaultConfig("rate_mbps=2000,queue=64,mark_above=16,seed=3");
-    plan.flows = {{1, 0, {each}}, {2, 0, {each}}, {3, 0, {each}}};
-    const TransferOutcome o = runTransfer(plan);
+    const TransferOutcome o = runTransfer(
+        incastPlan("congestion=" + cc + ",cc_link_mbps=2000,initial_cwnd_packets=16", each));
     // Goodput at the receiver: every byte of the three flows over the op's time.
     const double gbps = 3.0 * each * 8 / static_cast<double>(o.doneNs);
     std::printf("  incast %-5s %6.2f ms  %.2f Gb/s (%.2fx the downlink)  retx %llu  queue drops "
@@ -2466,7 +2473,7 @@ void testCredit() {
   // The sender: the unsolicited window, then only against grants; the demand reported as
   // it grows; a request again after the timeout while waiting with a backlog.
   {
-    CreditCongestionControl c(1000, 500);
+    CreditCongestionControl c(1000, 500, 2000);
     CHECK_EQ(c.windowPackets(), UINT64_MAX);
     CHECK(c.credits() == &c);
     c.setBacklog(3000);
@@ -2486,6 +2493,12 @@ void testCredit() {
     CHECK(!c.maySend());
     c.onGrant(2400, 700);
     CHECK(c.maySend() && !c.nextRequestTime());
+    // Grants that piled up beyond 2000 unused (a descheduled sender) are forfeited: spent,
+    // so the demand grows by them and a request asks for them again.
+    c.onGrant(10'000, 800);
+    CHECK_EQ(c.spent(), uint64_t{8000});
+    CHECK_EQ(c.wanted(), uint64_t{8000 + 1800});
+    CHECK(c.requestDue(800, timedOut) && !timedOut);
     c.onRetransmissionTimeout(800);
     c.onPacketsLost(700, 800);
     CHECK(c.maySend());
@@ -2494,29 +2507,22 @@ void testCredit() {
   }
 }
 
-// The incast in the simulator: three nodes send 4 MiB each at once to a fourth
-// behind a 2 Gbit/s downlink with a 64-packet queue (links 10 Gbit/s, jumbo datagrams as
-// in the bench). Deterministic, so the counts are exact.
+// The incast (incastPlan) with 4 MiB per sender, jumbo datagrams as in the bench.
+// Deterministic, so the counts are exact.
 TransferOutcome creditIncast(const std::string& config,
                              std::function<bool(int, int, std::span<const uint8_t>)> drop = {}) {
   const uint64_t each = 4u << 20;
-  TransferPlan plan;
-  plan.nodes = 4;
-  plan.config = configWith(config);
-  plan.label = "incast 3 to 1, " + config;
-  plan.downlinkFaults = parseFaultConfig("rate_mbps=2000,queue=64,mark_above=16,seed=3");
-  plan.flows = {{1, 0, {each}}, {2, 0, {each}}, {3, 0, {each}}};
+  TransferPlan plan = incastPlan(config, each);
   plan.dropFilter = std::move(drop);
   const TransferOutcome o = runTransfer(plan);
   const double gbps = 3.0 * each * 8 / static_cast<double>(o.doneNs);
-  std::printf("  %-60s %6.2f ms  %.3f Gb/s (%.3fx the downlink)  retx %llu  queue drops %llu "
-              "max %llu  credit packets %llu  timeouts %llu\n",
-              config.c_str(), o.doneNs / 1e6, gbps, gbps / 2.0,
-              (unsigned long long)o.totals.retransmittedPackets,
-              (unsigned long long)o.faults.queueDropped,
-              (unsigned long long)o.faults.queueHighWater,
-              (unsigned long long)o.totals.creditPacketsSent,
-              (unsigned long long)o.totals.creditTimeouts);
+  const std::string counts = "retx " + std::to_string(o.totals.retransmittedPackets) +
+                             "  queue drops " + std::to_string(o.faults.queueDropped) + " max " +
+                             std::to_string(o.faults.queueHighWater) + "  credit packets " +
+                             std::to_string(o.totals.creditPacketsSent) + " timeouts " +
+                             std::to_string(o.totals.creditTimeouts);
+  std::printf("  %-56s %6.2f ms  %.3f Gb/s (%.3fx the downlink)  %s\n", config.c_str(),
+              o.doneNs / 1e6, gbps, gbps / 2.0, counts.c_str());
   return o;
 }
 

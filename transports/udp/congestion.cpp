@@ -7,6 +7,7 @@
 #include "transports/udp/congestion_credit.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
+#include "transports/udp/faults.h"
 
 namespace ucxb::udp {
 namespace {
@@ -41,8 +42,11 @@ const Registration kRegistry[] = {
                                                         c.ccLinkMbps, c.mtuPayload);
      }},
     {"credit", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
-       return std::make_unique<CreditCongestionControl>(c.ccCreditInitialBytes,
-                                                        c.ccCreditTimeoutUs);
+       // Unused credit kept: two unsolicited windows, and never less than two datagrams.
+       const uint64_t datagram = c.mtuPayload + kFramingOverheadBytes;
+       return std::make_unique<CreditCongestionControl>(
+           c.ccCreditInitialBytes, c.ccCreditTimeoutUs,
+           2 * std::max<uint64_t>(c.ccCreditInitialBytes, datagram));
      }},
 };
 

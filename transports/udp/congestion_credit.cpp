@@ -4,8 +4,9 @@
 
 namespace ucxb::udp {
 
-CreditCongestionControl::CreditCongestionControl(uint64_t initialBytes, DurationUs timeoutUs)
-    : timeoutUs_(timeoutUs), granted_(initialBytes) {}
+CreditCongestionControl::CreditCongestionControl(uint64_t initialBytes, DurationUs timeoutUs,
+                                                 uint64_t maxUnusedBytes)
+    : timeoutUs_(timeoutUs), maxUnused_(maxUnusedBytes), granted_(initialBytes) {}
 
 void CreditCongestionControl::onDataSent(uint64_t wireBytes) {
   spent_ += wireBytes;
@@ -17,6 +18,9 @@ void CreditCongestionControl::onGrant(uint64_t granted, TimeUs now) {
   if (granted <= granted_) return;
   granted_ = granted;
   lastNews_ = now;
+  // Forfeited credit counts as spent: the demand (spent + backlog) grows by it, and the
+  // next request asks for it again.
+  if (granted_ - std::min(granted_, spent_) > maxUnused_) spent_ = granted_ - maxUnused_;
 }
 
 bool CreditCongestionControl::requestDue(TimeUs now, bool& timedOut) const {

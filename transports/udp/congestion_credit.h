@@ -15,7 +15,10 @@
 // cc_credit_timeout_us without news (a request is answered at once). The window in packets
 // is unlimited: credit, not a window, limits what goes out (and send_window_bytes as usual).
 // Losses and timeouts change nothing: a receiver that paces at its rate has no queue to
-// drain.
+// drain. Credit not used is kept only up to maxUnusedBytes: grants that piled up while the
+// sender was descheduled (a loaded host) describe a time long past, and sending them at once
+// would overflow the queue the receiver paced them to avoid; the excess is forfeited, which
+// raises the demand, so the receiver grants it again at its pace.
 #pragma once
 
 #include <optional>
@@ -26,7 +29,7 @@ namespace ucxb::udp {
 
 class CreditCongestionControl final : public CongestionControl {
  public:
-  CreditCongestionControl(uint64_t initialBytes, DurationUs timeoutUs);
+  CreditCongestionControl(uint64_t initialBytes, DurationUs timeoutUs, uint64_t maxUnusedBytes);
   const char* name() const override { return "credit"; }
   uint64_t windowPackets() const override { return UINT64_MAX; }
   void onPacketAcked(TimeUs, TimeUs) override {}
@@ -53,14 +56,15 @@ class CreditCongestionControl final : public CongestionControl {
   std::optional<TimeUs> nextRequestTime() const;
 
   uint64_t granted() const { return granted_; }
-  uint64_t spent() const { return spent_; }
+  uint64_t spent() const { return spent_; }  // forfeited credit included
 
  private:
   bool blocked() const { return backlog_ > 0 && !maySend(); }
 
   const DurationUs timeoutUs_;
+  const uint64_t maxUnused_;
   uint64_t granted_;      // cumulative, the unsolicited window included
-  uint64_t spent_ = 0;    // cumulative, retransmissions included
+  uint64_t spent_ = 0;    // cumulative, retransmissions and forfeited credit included
   uint64_t backlog_ = 0;
   uint64_t reported_ = 0;  // the demand last sent to the receiver
   TimeUs lastNews_ = 0;    // the last request sent or grant that raised the credit

@@ -13,6 +13,7 @@
 // nextGrantTime says when the next one is earned.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,6 +48,16 @@ class CreditScheduler {
   bool wants(size_t slot) const { return slots_[slot].wanted > 0; }
   // The cumulative credit granted to the peer of `slot` (initialBytes at first).
   uint64_t granted(size_t slot) const { return slots_[slot].granted; }
+  // Whether the peer of `slot` has all it wants (and its window ahead): its last grant.
+  bool satisfied(size_t slot) const { return !active(slots_[slot]); }
+  // How much a grant must have grown before it is worth a CREDIT packet of its own: up to
+  // four quanta (bounded by the unsolicited window, at least one quantum). One packet per
+  // quantum would send the senders' downlinks as many CREDITs as DATA, and a receiver's queue
+  // counts packets: a rank descheduled for a few ms on a loaded host found a queue full of
+  // grants when it woke.
+  uint64_t grantBatch() const {
+    return std::max(quantumBytes_, std::min(initialBytes_, 4 * quantumBytes_));
+  }
   // Earns credit for the time since the last call and shares it out.
   void advance(TimeUs now);
   // When the next grant is earned, or nullopt while nobody wants credit.

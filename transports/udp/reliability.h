@@ -142,6 +142,7 @@ class PeerConnection {
   size_t pollCredit(TimeUs now, std::span<uint8_t> out);
   std::optional<TimeUs> creditDeadline() const;
   bool creditBlocksData() const;
+  bool grantDue() const;  // the peer's grant grew enough to be sent
   void spendCredit(size_t datagramBytes);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
                         bool ackedAtOnce);

@@ -18,6 +18,14 @@ void PeerConnection::onCredit(const CreditFrame& credit, TimeUs now) {
   if (credit.flags & credit_flags::kRequest) creditAnswerDue_ = true;
 }
 
+bool PeerConnection::grantDue() const {
+  const uint64_t grant = creditScheduler_->granted(creditSlot_);
+  if (grant <= grantSent_) return false;
+  // Batched, except the last grant of a demand, which nothing later would carry.
+  return grant - grantSent_ >= creditScheduler_->grantBatch() ||
+         creditScheduler_->satisfied(creditSlot_);
+}
+
 bool PeerConnection::creditBlocksData() const { return credit_ != nullptr && !credit_->maySend(); }
 
 void PeerConnection::spendCredit(size_t datagramBytes) {
@@ -31,9 +39,7 @@ std::optional<TimeUs> PeerConnection::creditDeadline() const {
   };
   if (creditScheduler_->wants(creditSlot_)) {
     // Another connection of the rank may have advanced the scheduler: a grant to send now.
-    if (creditAnswerDue_ || creditScheduler_->granted(creditSlot_) > grantSent_) {
-      consider(lastNow_);
-    }
+    if (creditAnswerDue_ || grantDue()) consider(lastNow_);
     consider(creditScheduler_->nextGrantTime());
   }
   if (credit_ != nullptr) {
@@ -55,7 +61,7 @@ size_t PeerConnection::pollCredit(TimeUs now, std::span<uint8_t> out) {
     }
     request = credit_->requestDue(now, timedOut);
   }
-  if (!request && !(peerWants && (creditAnswerDue_ || grant > grantSent_))) return 0;
+  if (!request && !(peerWants && (creditAnswerDue_ || grantDue()))) return 0;
   CreditFrame f;
   f.granted = grant;
   f.wanted = credit_ != nullptr ? credit_->wanted() : 0;
