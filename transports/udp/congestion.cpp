@@ -42,11 +42,12 @@ const Registration kRegistry[] = {
                                                         c.ccLinkMbps, c.mtuPayload);
      }},
     {"credit", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
-       // Unused credit kept: two unsolicited windows, and never less than two datagrams.
+       // Unused credit kept: four unsolicited windows (a receiver catching up after a late
+       // wake-up grants more at once than one), and never less than two datagrams.
        const uint64_t datagram = c.mtuPayload + kFramingOverheadBytes;
        return std::make_unique<CreditCongestionControl>(
            c.ccCreditInitialBytes, c.ccCreditTimeoutUs,
-           2 * std::max<uint64_t>(c.ccCreditInitialBytes, datagram));
+           std::max<uint64_t>(4 * c.ccCreditInitialBytes, 2 * datagram));
      }},
 };
 

@@ -6,6 +6,17 @@
 #include "transports/udp/faults.h"
 
 namespace ucxb::udp {
+namespace {
+
+// Credit earned while the rank could not hand it out (a timer that fired late, a thread
+// descheduled on a loaded host) is kept for up to this long at the downlink's rate, so that
+// a late wake-up still grants what the port could have carried meanwhile. Kept for longer,
+// a long stall would release a burst larger than a queue drains in a millisecond; kept for
+// only one unsolicited window, a receiver woken every millisecond granted 32 KiB per wake-up
+// (0.26 Gbit/s whatever its rate).
+constexpr DurationUs kCatchUpUs = 1000;
+
+}  // namespace
 
 CreditScheduler::CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes)
     : rateMbps_(std::max<uint64_t>(1, rateMbps)),
@@ -45,7 +56,8 @@ void CreditScheduler::advance(TimeUs now) {
   }
   // Mbit/s are bits per microsecond.
   const double earned = static_cast<double>(now - last_) * static_cast<double>(rateMbps_) / 8;
-  const double cap = static_cast<double>(std::max(initialBytes_, quantumBytes_));
+  const double cap = std::max(static_cast<double>(std::max(initialBytes_, quantumBytes_)),
+                              static_cast<double>(kCatchUpUs * rateMbps_) / 8);
   tokens_ = std::min(cap, tokens_ + earned);
   last_ = now;
   share();

@@ -28,9 +28,9 @@ namespace ucxb::udp {
 class CreditScheduler {
  public:
   // rateMbps: the downlink's rate. quantumBytes: the grant handed out per turn, one full
-  // datagram on the wire. Credit earned while nobody wants any is not kept, and at most
-  // initialBytes of it is kept while the rank is too busy to hand it out: a late wake-up
-  // must not release a burst larger than one sender's unsolicited window.
+  // datagram on the wire. Credit earned while nobody wants any is not kept, and while the
+  // rank is too busy to hand it out, at most one millisecond's worth (or one unsolicited
+  // window, if more) is (kCatchUpUs).
   CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes);
   CreditScheduler(const CreditScheduler&) = delete;
   CreditScheduler& operator=(const CreditScheduler&) = delete;
