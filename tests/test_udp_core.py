@@ -176,6 +176,7 @@ ENDPOINT_GROUPS = [
     "linger",
     "transmit_turns",
     "faults",
+    "credit_downlink",
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",

@@ -47,6 +47,18 @@ void CreditScheduler::onWanted(size_t slot, uint64_t wanted, TimeUs now) {
   }
 }
 
+double CreditScheduler::keptCredit() const {
+  return std::max(static_cast<double>(std::max(initialBytes_, quantumBytes_)),
+                  static_cast<double>(kCatchUpUs * rateMbps_) / 8);
+}
+
+void CreditScheduler::onOtherArrival(uint64_t wireBytes) {
+  if (!anyActive()) return;  // nothing is being paced: nothing to make room in
+  // A debt of at most one catch-up's worth: a flood of control packets (a burst read after a
+  // stall) delays the grants, it does not stop them for long.
+  tokens_ = std::max(-keptCredit(), tokens_ - static_cast<double>(wireBytes));
+}
+
 void CreditScheduler::advance(TimeUs now) {
   if (now <= last_) return;
   if (!anyActive()) {
@@ -56,9 +68,7 @@ void CreditScheduler::advance(TimeUs now) {
   }
   // Mbit/s are bits per microsecond.
   const double earned = static_cast<double>(now - last_) * static_cast<double>(rateMbps_) / 8;
-  const double cap = std::max(static_cast<double>(std::max(initialBytes_, quantumBytes_)),
-                              static_cast<double>(kCatchUpUs * rateMbps_) / 8);
-  tokens_ = std::min(cap, tokens_ + earned);
+  tokens_ = std::min(keptCredit(), tokens_ + earned);
   last_ = now;
   share();
 }

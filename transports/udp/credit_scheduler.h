@@ -58,6 +58,12 @@ class CreditScheduler {
   uint64_t grantBatch() const {
     return std::max(quantumBytes_, std::min(initialBytes_, 4 * quantumBytes_));
   }
+  // A datagram that is not granted DATA used the downlink too (the ACKs and CREDITs of this
+  // rank's own sending, CTS, PING): its wire bytes are taken from the credit, so that the
+  // grants plus everything else fit the downlink. Without it a rank that sends as well as
+  // receives (an all-to-all) had its queue grow by the ACKs of its own traffic until it
+  // overflowed.
+  void onOtherArrival(uint64_t wireBytes);
   // Earns credit for the time since the last call and shares it out.
   void advance(TimeUs now);
   // When the next grant is earned, or nullopt while nobody wants credit.
@@ -70,6 +76,8 @@ class CreditScheduler {
   };
   bool active(const Slot& s) const { return s.wanted + initialBytes_ > s.granted; }
   bool anyActive() const;
+  // The most credit kept unhanded (kCatchUpUs at the rate, or one window), and the most debt.
+  double keptCredit() const;
   void share();
 
   uint64_t rateMbps_;

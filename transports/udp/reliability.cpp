@@ -84,6 +84,7 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
   if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
   if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
   lastHeard_ = std::max(lastHeard_, now);
+  if (p.header.type != PacketType::kData) creditOtherArrival(datagram.size());
 
   if (p.header.type == PacketType::kAck) {
     if (!onAck(p.ack, now)) return drop(DropReason::kProtocol);

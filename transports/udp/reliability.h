@@ -143,6 +143,7 @@ class PeerConnection {
   std::optional<TimeUs> creditDeadline() const;
   bool creditBlocksData() const;
   bool grantDue() const;  // the peer's grant grew enough to be sent
+  void creditOtherArrival(size_t datagramBytes);  // a non-DATA datagram used the downlink
   void spendCredit(size_t datagramBytes);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
                         bool ackedAtOnce);

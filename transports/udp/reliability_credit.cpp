@@ -26,6 +26,10 @@ bool PeerConnection::grantDue() const {
          creditScheduler_->satisfied(creditSlot_);
 }
 
+void PeerConnection::creditOtherArrival(size_t datagramBytes) {
+  creditScheduler_->onOtherArrival(datagramBytes + kFramingOverheadBytes);
+}
+
 bool PeerConnection::creditBlocksData() const { return credit_ != nullptr && !credit_->maySend(); }
 
 void PeerConnection::spendCredit(size_t datagramBytes) {
