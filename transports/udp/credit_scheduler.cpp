@@ -10,11 +10,12 @@ namespace {
 
 // Credit earned while the rank could not hand it out (a timer that fired late, a thread
 // descheduled on a loaded host) is kept for up to this long at the downlink's rate, so that
-// a late wake-up still grants what the port could have carried meanwhile. Kept for longer,
-// a long stall would release a burst larger than a queue drains in a millisecond; kept for
-// only one unsolicited window, a receiver woken every millisecond granted 32 KiB per wake-up
-// (0.26 Gbit/s whatever its rate).
-constexpr DurationUs kCatchUpUs = 1000;
+// a late wake-up still grants what the port could have carried meanwhile. Tried on the
+// issue's incast bench on a loaded 2-core host (docs/bench.md): with only one unsolicited
+// window kept, a receiver woken every millisecond granted 32 KiB per wake-up (0.26 Gbit/s
+// whatever its rate); with 1 ms kept, the bursts a late wake-up released overflowed the
+// emulated queue (100-600 drops per op); with 300 us, 6-95.
+constexpr DurationUs kCatchUpUs = 300;
 
 }  // namespace
 

@@ -29,8 +29,8 @@ class CreditScheduler {
  public:
   // rateMbps: the downlink's rate. quantumBytes: the grant handed out per turn, one full
   // datagram on the wire. Credit earned while nobody wants any is not kept, and while the
-  // rank is too busy to hand it out, at most one millisecond's worth (or one unsolicited
-  // window, if more) is (kCatchUpUs).
+  // rank is too busy to hand it out, at most 300 us worth (or one unsolicited window, if
+  // more) is (kCatchUpUs).
   CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes);
   CreditScheduler(const CreditScheduler&) = delete;
   CreditScheduler& operator=(const CreditScheduler&) = delete;
