@@ -107,7 +107,9 @@ std::vector<config::Field<BackendOptions>> fields() {
       member(config::bytes("inline_bytes", 0, kChunkBytesMax,
                            "largest op that runs on the caller's thread while the group is "
                            "idle, two thread hops fewer (today a CPU all_reduce of one "
-                           "contiguous tensor between 2 ranks, up to 32 KiB); one not done "
+                           "contiguous tensor between 2 ranks: up to 32 KiB as one exchange "
+                           "through the transport, above that in a group that stages through "
+                           "shared memory, up to what its slots hold at once); one not done "
                            "after spin_us is handed to the progress thread; 0: off "
                            "(docs/architecture.md#inline-ops)"),
              &O::inlineBytes),

@@ -25,7 +25,9 @@ struct BackendOptions {
 
   std::string progressMode = "sleep";
   uint64_t spinUs = 250;
-  uint64_t inlineBytes = uint64_t{32} << 10;
+  // 1 MiB: a 2-rank all_reduce that stages through shared memory goes inline up to what its
+  // slots hold at once (four 256 KiB pieces by default); measured in docs/performance.md.
+  uint64_t inlineBytes = uint64_t{1} << 20;
   std::string logLevel = "WARNING";  // read by the Python layer only (the logging module)
   uint64_t chunkBytes = uint64_t{4} << 20;
   std::array<std::string, algo::kOpCount> algorithms = {"auto", "auto", "auto",

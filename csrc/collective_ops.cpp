@@ -130,21 +130,19 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
   const auto spec = reductionFor(c, tensors, reduceOp);
   const int size = getSize();
   PostBody inlineBody;
-  // Small enough to be one exchange, and needing no staging copy: it may run on this thread.
+  // One exchange (algo::allreducePostable) of a tensor that needs no staging copy: it may run
+  // on this thread.
   const at::Tensor& first = tensors[0];
   if (tensors.size() == 1 && first.is_contiguous() && first.numel() > 0 &&
       inlineWanted(first.nbytes()) &&
-      algo::PostedAllreduce::applies(tuning_, static_cast<size_t>(first.numel()),
-                                     spec.red.elementSize, size)) {
+      algo::allreducePostable(tuning_, static_cast<size_t>(first.numel()), spec.red.elementSize,
+                              size, engine_->staging())) {
     inlineBody = [t = first, spec, reduceOp, size](Comm& comm) -> Posted {
       at::Tensor buf = t;
       preScale(buf, reduceOp);
-      auto op = std::make_shared<algo::PostedAllreduce>(comm, buf.data_ptr(),
-                                                        static_cast<size_t>(buf.numel()), spec.red);
-      return {op->requests(), [op, buf, reduceOp, size](Comm& c) mutable {
-                op->finish(c);
-                postScale(buf, reduceOp, size);
-              }};
+      std::shared_ptr<algo::PostedOp> op = algo::postAllreduce(
+          comm, buf.data_ptr(), static_cast<size_t>(buf.numel()), spec.red);
+      return {std::move(op), [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); }};
     };
   }
   return enqueue(op, type, c.device(), tensors, tensors, timeout,

@@ -141,6 +141,32 @@ PYBIND11_MODULE(_C, m) {
       "(empty for ucx, whose traffic UCX does not count for us).");
 
   m.def(
+      "trace_series",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* group = asGroup(backend, "trace_series");
+        std::vector<ucxb::OpTraceSeries> batches;
+        {
+          py::gil_scoped_release release;
+          batches = group->drainTraceSeries();
+        }
+        py::list out;
+        for (const auto& b : batches) {
+          py::dict d;
+          d["op"] = b.op;
+          d["seq"] = b.seq;
+          d["kind"] = b.series.kind;
+          d["fields"] = b.series.fields;
+          d["values"] = b.series.values;
+          d["overwritten"] = b.series.overwritten;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("backend"),
+      "The udp time-series samples taken since the last call (udp_config trace_samples), each "
+      "batch {op, seq, kind, fields, values (flat, len(fields) per sample), overwritten}.");
+
+  m.def(
       "shared_memory",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
         return asGroup(backend, "shared_memory")->sharedMemory();

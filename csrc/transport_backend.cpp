@@ -165,6 +165,10 @@ TrafficSnapshot TransportBackend::traffic() const {
   return engine_ ? engine_->traffic() : TrafficSnapshot{};
 }
 
+std::vector<OpTraceSeries> TransportBackend::drainTraceSeries() {
+  return engine_ ? engine_->drainTraceSeries() : std::vector<OpTraceSeries>{};
+}
+
 void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
@@ -506,7 +510,12 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
                                        work->context().seq & tagSeqMask_, deadline, tuning_);
     try {
       auto posted = std::make_shared<Posted>(post(*comm));
-      if (!lease->wait(posted->requests, deadline)) {
+      bool complete = false;
+      while (lease->wait(posted->op->requests(), deadline)) {
+        complete = posted->op->advance(*comm);
+        if (complete) break;
+      }
+      if (!complete) {
         // A peer is late: the progress thread waits for the rest, so that an async caller
         // is not held. The continuation owns the posted requests and the Comm (which gives
         // up whatever is still posted if the op fails).
@@ -515,7 +524,8 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
           running->store(work.get());
           at::NoGradGuard noGrad;
           try {
-            posted->finish(*comm);
+            posted->op->finish(*comm);
+            posted->after();
           } catch (...) {
             const auto error = toDistError(work->context(), std::current_exception());
             engine->fail(messageOf(error), failureKindOf(std::current_exception()));
@@ -530,7 +540,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
         lease->handOver(std::move(task));
         return;
       }
-      posted->finish(*comm);
+      posted->after();
     } catch (...) {
       failure = std::current_exception();
     }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "csrc/backend_options.h"
+#include "csrc/collectives/algorithms.h"
 #include "csrc/collectives/comm.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
@@ -134,6 +135,8 @@ class TransportBackend : public c10d::Backend {
   const std::vector<int64_t>& globalRanks() const { return globalRanks_; }
   // The transport's traffic counters (empty for ucx); any thread.
   TrafficSnapshot traffic() const;
+  // The transport's trace samples since the last call (udp trace_samples); any thread.
+  std::vector<OpTraceSeries> drainTraceSeries();
   // Whether large ring ops stage through shared memory (every rank on this host; see
   // engine/staging_area.h).
   bool sharedMemory() const { return sharedMemory_; }
@@ -155,11 +158,11 @@ class TransportBackend : public c10d::Backend {
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
   using Body = std::function<void(Comm&)>;
   // A small op split where it waits, for the inline path (engine/progress_engine.h): the
-  // requests it posted, and what completes the op once they have arrived (it waits for them
-  // through the Comm first), on whichever thread drives the transport by then.
+  // posted op (algo::PostedOp), and what completes the Work's tensors once it has (on
+  // whichever thread drives the transport by then).
   struct Posted {
-    std::vector<RequestPtr> requests;
-    std::function<void(Comm&)> finish;
+    std::shared_ptr<algo::PostedOp> op;
+    std::function<void()> after;
   };
   using PostBody = std::function<Posted(Comm&)>;
 

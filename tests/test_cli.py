@@ -369,11 +369,26 @@ def test_info_shows_the_ucx_settings_the_backend_chooses() -> None:
         return {row["variable"]: row["applied"] for row in rows}
 
     tcp = {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}
-    always = {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_KEEPALIVE_INTERVAL"}
+    always = {
+        "UCX_POSIX_ERROR_HANDLING",
+        "UCX_SYSV_ERROR_HANDLING",
+        "UCX_KEEPALIVE_INTERVAL",
+        "UCX_POSIX_FIFO_SIZE",
+        "UCX_SYSV_FIFO_SIZE",
+        "UCX_POSIX_RX_BUFS_GROW",
+        "UCX_SYSV_RX_BUFS_GROW",
+    }
     new_enough = _ucx_at_least(1, 22)
     assert defaults() == {**dict.fromkeys(always, True), **dict.fromkeys(tcp, new_enough)}
-    mine = defaults(UCX_TCP_RX_SEG_SIZE="64k", UCX_KEEPALIVE_INTERVAL="5s")
-    assert {k for k, applied in mine.items() if not applied} == {*tcp, "UCX_KEEPALIVE_INTERVAL"}
+    mine = defaults(
+        UCX_TCP_RX_SEG_SIZE="64k", UCX_KEEPALIVE_INTERVAL="5s", UCX_SYSV_RX_BUFS_GROW="512"
+    )
+    bufs = {"UCX_POSIX_RX_BUFS_GROW", "UCX_SYSV_RX_BUFS_GROW"}
+    assert {k for k, applied in mine.items() if not applied} == {
+        *tcp,
+        *bufs,
+        "UCX_KEEPALIVE_INTERVAL",
+    }
 
 
 @needs_native

@@ -39,7 +39,7 @@ needs_native = pytest.mark.skipif(
 
 # The inline path, algorithm selection, chunking, staging and network knobs, at their defaults.
 TUNING_DEFAULTS: dict[str, object] = {
-    "inline_bytes": 32 << 10,
+    "inline_bytes": 1 << 20,
     "chunk_bytes": 4 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
@@ -608,6 +608,7 @@ def test_small_udp_socket_buffer_is_named_with_its_fix() -> None:
     message = t.socket_buffer_warning(425984, asked, 1 << 20, 3)  # rmem_max's usual cap
     assert message is not None
     for part in ("425984-byte receive buffer", "3145728 bytes", "send_window_bytes=1048576",
+                 "CAP_NET_ADMIN", "initial network namespace",
                  f"net.core.rmem_max={asked}", f"socket_buffer_bytes={asked}"):
         assert part in message, message
 

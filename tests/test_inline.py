@@ -8,10 +8,13 @@ only where the path under test really ran:
   that Gloo gathered, bit for bit for integers and bool, on ucx and on udp, and both ranks
   end with the same bits;
 * a rank 200 ms late: the early rank's op starts inline, is handed over to the progress
-  thread (blocking and ``async_op=True``, which returns at once) and is still right;
+  thread (blocking and ``async_op=True``, which returns at once; and a 2-rank op through the
+  shared-memory slots, handed over while it waits for the peer's notices) and is still right;
 * two threads issuing ops on one group at once (some inline, some queued behind a lease);
 * ``abort()`` from another thread while an op is inline (``spin_us`` long, the peer absent);
-* ``inline_bytes=0`` and a message above the threshold never go inline.
+* ``inline_bytes=0`` and a message above the threshold never go inline;
+* a 2-rank all_reduce through the shared-memory slots, inline on one rank and queued on the
+  other (``inline_bytes=0`` there), gives the reference bit for bit.
 
 One world runs every scenario: starting ranks is what costs here.
 """
@@ -37,7 +40,11 @@ WORLD_TIMEOUT = 150.0
 INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
-COUNTS = (1, 7, 1000)  # elements; all within the 32 KiB threshold for every dtype
+# Elements. Up to 1000: one exchange through the transport for every dtype (within 32 KiB).
+# 40000 (40 KB of int8 to 320 KB of float64, one or two 256 KiB pieces): one exchange through
+# the shared-memory slots, inline too (ucx; udp has no slots and queues the ring).
+COUNTS = (1, 7, 1000, 40000)
+STAGED_COUNT = 100_000  # int64: 800 KB, four pieces, what the slots hold at once
 
 
 def _inline_stats(group: Any) -> dict[str, int]:
@@ -128,11 +135,12 @@ def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
     }
 
 
-def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool) -> dict[str, Any]:
-    """Rank 1 joins LATE_S after rank 0 issued the op."""
+def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool, n: int = 8) -> dict[str, Any]:
+    """Rank 1 joins LATE_S after rank 0 issued the op (`n` int64s: 8 through the transport,
+    STAGED_COUNT through the shared-memory slots)."""
     dist.barrier(group=gloo)
     before = _inline_stats(group)
-    t = torch.full((8,), rank + 1, dtype=torch.int64)
+    t = torch.full((n,), rank + 1, dtype=torch.int64)
     out: dict[str, Any] = {}
     if rank == 1:
         time.sleep(LATE_S)
@@ -145,7 +153,8 @@ def _late_peer(rank: int, group: Any, gloo: Any, async_op: bool) -> dict[str, An
             assert work is not None
             work.wait()
         out["op_s"] = time.monotonic() - start
-    out["result"] = t.tolist()
+    out["result"] = t[:8].tolist()
+    out["all_three"] = bool(torch.all(t == 3))
     after = _inline_stats(group)
     out["inline"] = after["inline"] - before["inline"]
     out["handed_over"] = after["handed_over"] - before["handed_over"]
@@ -215,7 +224,7 @@ def _never_inline(rank: int, backend: str, gloo: Any) -> dict[str, Any]:
     for g in (off, on):
         dist.all_reduce(torch.ones(4), group=g)
     counts = {}
-    for name, g, n in (("off", off, 4), ("large", on, 64 << 10)):
+    for name, g, n in (("off", off, 4), ("large", on, 512 << 10)):
         before = _inline_stats(g)
         t = torch.full((n,), rank + 1, dtype=torch.int32)
         for _ in range(5):
@@ -226,6 +235,32 @@ def _never_inline(rank: int, backend: str, gloo: Any) -> dict[str, Any]:
     for g in (off, on):
         dist.destroy_process_group(g)
     return counts
+
+
+def _staged_mixed(rank: int, gloo: Any) -> dict[str, Any]:
+    """An all_reduce that stages through the slots at once, inline on rank 1 and queued on rank
+    0 (inline_bytes=0 there: the knob may differ per rank), so the two paths must exchange the
+    same messages; checked bit for bit against the inputs that Gloo gathered."""
+    sub = dist.new_group(backend="ucx", pg_options={"inline_bytes": 0} if rank == 0 else None)
+    dist.all_reduce(torch.ones(4), group=sub)  # connected
+    before = _inline_stats(sub)
+    bad: list[str] = []
+    for salt in range(5):
+        x = _inputs(rank, STAGED_COUNT, torch.int64, 1000 + salt)
+        want = _reference(_gathered(x, 2, gloo), "SUM")
+        got = x.clone()
+        dist.all_reduce(got, group=sub)
+        if not torch.equal(got, want):
+            diff = int((got != want).sum())
+            bad.append(f"salt {salt}: {diff} of {STAGED_COUNT} elements differ")
+    after = _inline_stats(sub)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group(sub)
+    return {
+        "bad": bad,
+        "inline": after["inline"] - before["inline"],
+        "handed_over": after["handed_over"] - before["handed_over"],
+    }
 
 
 def _inline_world(rank: int, ws: int) -> dict[str, Any]:
@@ -239,9 +274,11 @@ def _inline_world(rank: int, ws: int) -> dict[str, Any]:
     world = dist.group.WORLD
     out["late/blocking"] = _late_peer(rank, world, gloo, async_op=False)
     out["late/async"] = _late_peer(rank, world, gloo, async_op=True)
+    out["late/staged"] = _late_peer(rank, world, gloo, async_op=False, n=STAGED_COUNT)
     out["threads"] = _two_threads(rank, world)
     out["abort"] = _abort_inline(rank, "ucx", gloo)
     out["never"] = _never_inline(rank, "ucx", gloo)
+    out["staged"] = _staged_mixed(rank, gloo)
     return out
 
 
@@ -264,10 +301,11 @@ def test_inline_results_match_reference(inline_world: list[dict[str, Any]], back
         assert m["inline"] > 0, (rank, m)
 
 
-@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("mode", ["blocking", "async", "staged"])
 def test_late_peer_hands_over(inline_world: list[dict[str, Any]], mode: str) -> None:
     early, late = inline_world[0][f"late/{mode}"], inline_world[1][f"late/{mode}"]
     assert early["result"] == late["result"] == [3] * 8, (early, late)
+    assert early["all_three"] and late["all_three"], (early, late)
     # The early rank's op started inline and was handed over; it took the late rank's time.
     assert early["handed_over"] == 1 and early["inline"] == 0, early
     assert early["op_s"] >= LATE_S / 2, early
@@ -298,3 +336,11 @@ def test_off_switch_and_threshold(inline_world: list[dict[str, Any]]) -> None:
             count, head = out["never"][name]
             assert count == 0, (rank, name, count)
             assert head == [3 * 2**4] * 2, (rank, name, head)  # five sums of 1 + 2, doubling
+
+
+def test_staged_inline_meets_queued(inline_world: list[dict[str, Any]]) -> None:
+    queued, inline = inline_world[0]["staged"], inline_world[1]["staged"]
+    for rank, out in enumerate((queued, inline)):
+        assert not out["bad"], (rank, out)
+    assert queued["inline"] == 0 and queued["handed_over"] == 0, queued
+    assert inline["inline"] + inline["handed_over"] == 5 and inline["inline"] > 0, inline

@@ -162,16 +162,19 @@ def test_udp_never_stages() -> None:
     assert results == [(False, [])] * 2, results
 
 
-def _mismatched_sizes(rank: int, ws: int) -> tuple[float, str | None]:
-    # Both fit the staged ring; the ranks disagree on every block's length.
-    t = torch.ones((2 if rank == 0 else 3) * (1 << 20))
+def _mismatched_sizes(rank: int, ws: int, unit: int) -> tuple[float, str | None]:
+    # Both take the same staged path; the ranks disagree on every block's length.
+    t = torch.ones((2 if rank == 0 else 3) * unit)
     return timed_failure(lambda: dist.all_reduce(t))
 
 
-def test_staged_sizes_that_differ_fail_with_both_sizes() -> None:
+# 1 << 20 floats: the staged ring (8 and 12 MB). 1 << 14: one staged exchange of the whole
+# vector (64 and 96 KB), inline.
+@pytest.mark.parametrize("unit", [1 << 20, 1 << 14])
+def test_staged_sizes_that_differ_fail_with_both_sizes(unit: int) -> None:
     skip_unless_ucx("shared-memory staging is part of the ucx backend")
     pg_timeout = 5.0
-    res = run_world(_mismatched_sizes, 2, pg_timeout=pg_timeout, timeout=90)
+    res = run_world(_mismatched_sizes, 2, args=(unit,), pg_timeout=pg_timeout, timeout=90)
     messages = [msg for _, msg in res]
     assert all(msg is not None for msg in messages), messages
     assert any("different sizes" in msg for msg in messages if msg), messages

@@ -81,7 +81,7 @@ def _rows(stdout: str) -> list[list[str]]:
 
 @needs_native
 def test_short_soak_of_both_backends_is_flat() -> None:
-    result = run_command("soak", "--seconds", "8", "--interval", "1", "--backend", "both")
+    result = run_command("soak", "--seconds", "4", "--interval", "0.5", "--backend", "both")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verdict: flat" in result.stdout
     rows = _rows(result.stdout)
@@ -94,7 +94,7 @@ def test_short_soak_of_both_backends_is_flat() -> None:
 @pytest.mark.parametrize("leak", ["fd", "group"])
 def test_a_leak_per_cycle_turns_the_verdict_to_growing(leak: str) -> None:
     env = bench_env(**{LEAK_ENV: leak})
-    result = run_command("soak", "--seconds", "8", "--interval", "1", "--backend", "ucx", env=env)
+    result = run_command("soak", "--seconds", "4", "--interval", "0.5", "--backend", "ucx", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "verdict: GROWING" in result.stdout
     assert "fds on rank" in result.stdout

@@ -177,9 +177,13 @@ ENDPOINT_GROUPS = [
     "transmit_turns",
     "faults",
     "credit_downlink",
+    "trace_samples",
     "multipath_fault_matrix",
     "multipath_adaptive",
     "multipath_reordering",
+    "multipath_adaptive_heals",
+    "multipath_spurious_loss",
+    "multipath_op_time",
 ]
 
 

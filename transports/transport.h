@@ -100,6 +100,15 @@ using RequestPtr = std::shared_ptr<Request>;
 // Named counters (snake_case name, value): what a transport reports about its traffic.
 using Counters = std::vector<std::pair<std::string, uint64_t>>;
 
+// Samples of one kind of a transport's time series (udp: trace_samples): every sample has a
+// value per field, stored one sample after another in `values` (names once, not per sample).
+struct TraceSeries {
+  std::string kind;
+  std::vector<std::string> fields;
+  std::vector<uint64_t> values;
+  uint64_t overwritten = 0;  // samples lost so far because nobody read them in time
+};
+
 // Raised for failures a caller cannot recover from locally (set-up, bad address, ...). Failures
 // of individual messages are reported through Request::error() instead.
 class TransportError : public std::runtime_error {
@@ -160,6 +169,9 @@ class Transport {
   // a transport that keeps none. Owner thread only, like everything else here.
   virtual std::vector<Counters> peerCounters() const { return {}; }
   virtual Counters transportCounters() const { return {}; }
+  // The time-series samples taken since the last call (each kind's oldest first); empty when
+  // the transport records none. Owner thread only.
+  virtual std::vector<TraceSeries> drainTraceSeries() { return {}; }
 };
 
 }  // namespace ucxb

@@ -52,6 +52,7 @@ __all__ = [
     "shared_memory",
     "startup_profile",
     "stats",
+    "trace_samples",
 ]
 
 BACKEND_NAME = "ucx"
@@ -267,6 +268,34 @@ def stats(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
         "transport": raw["transport"],
         "ops": raw["ops"],
     }
+
+
+def trace_samples(group: dist.ProcessGroup | None = None) -> list[dict[str, Any]]:
+    """The time series a ``udp`` group recorded since the last call (each sample read once).
+
+    Recording is off unless the group's ``udp_config`` sets ``trace_samples=N`` (samples of
+    each kind kept until read, the oldest overwritten; ``trace_interval_us`` spaces them).
+    Returns one dict per sample, oldest first within its kind: ``kind`` ``"conn"`` (per peer
+    and path, at the sender: ``cwnd_packets``, ``inflight_packets``, ``inflight_bytes``,
+    ``rtt_smoothed_us``, ``rtt_latest_us`` and running counts) or ``"queue"`` (per path, the
+    emulated bottleneck in front of this rank: ``queue_packets``, ``queue_limit``, ...), with
+    ``t_us`` (the transport's monotonic clock, shared by processes on one host), ``peer``,
+    ``path``, and the ``op`` and ``seq`` of the collective it was taken in (or, for what
+    follows an op until the next one starts, that op). Field names: docs/udp-protocol.md#traces.
+    ``overwritten`` counts the samples of that kind lost so far because they were not read in
+    time. An empty list for a ``ucx`` group or with recording off.
+    """
+    backend = _native_backend(group, "trace_samples")
+    assert _C is not None
+    out: list[dict[str, Any]] = []
+    for batch in _C.trace_series(backend):
+        fields = list(batch["fields"])
+        values = list(batch["values"])
+        base = {"kind": batch["kind"], "op": batch["op"], "seq": int(batch["seq"]),
+                "overwritten": int(batch["overwritten"])}
+        for i in range(0, len(values), len(fields)):
+            out.append({**base, **dict(zip(fields, values[i : i + len(fields)], strict=True))})
+    return out
 
 
 def shared_memory(group: dist.ProcessGroup | None = None) -> bool:

@@ -71,8 +71,11 @@ def socket_buffer_warning(
     """Why a udp socket's receive buffer is too small for what its peers may send, or None.
 
     Each peer may have ``send_window`` bytes in flight towards this rank at once; a burst that
-    does not fit the kernel's buffer is dropped there and sent again after a loss timeout.
-    ``requested`` is the group's ``socket_buffer_bytes``.
+    does not fit the kernel's buffer is dropped there and sent again after a loss timeout
+    (on the namespace rig, with a 416 KiB buffer, a 64 MB all_reduce sent nearly every packet
+    twice and ran at about half speed: docs/performance.md). ``requested`` is the group's
+    ``socket_buffer_bytes``. ``net.core.rmem_max`` is read-only inside a network namespace
+    other than the host's first one, so the fix is named for that one.
     """
     need = send_window * peers
     if peers < 1 or receive_buffer >= need:
@@ -80,10 +83,12 @@ def socket_buffer_warning(
     return (
         f"udp: the kernel gave this rank's socket a {receive_buffer}-byte receive buffer, less "
         f"than the {need} bytes its {peers} peer(s) may have in flight "
-        f"(send_window_bytes={send_window}): bursts will be dropped and resent. Run as root "
-        f"(the backend then forces socket_buffer_bytes={requested}), raise the cap "
-        f"(sysctl -w net.core.rmem_max={requested}) or lower send_window_bytes "
-        "in udp_config"
+        f"(send_window_bytes={send_window}): bursts will be dropped and resent, and large "
+        f"messages will move at about half speed. Give the ranks CAP_NET_ADMIN (run as root: "
+        f"the backend then forces socket_buffer_bytes={requested}), raise the cap in the "
+        f"host's initial network namespace (sysctl -w net.core.rmem_max={requested}; it is "
+        "read-only inside other network namespaces and containers) or lower "
+        "send_window_bytes in udp_config"
     )
 
 

@@ -24,27 +24,38 @@ using ucxb::Reduction;
 // In place over `data`.
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red);
 
-// An all_reduce that is one exchange (two ranks, recursive doubling, one chunk: the automatic
-// choice for small messages), split where it waits: the constructor posts the receive of
-// the peer's vector and the send of this rank's, and finish() waits for requests() (at once
-// if they have completed) and folds the peer's vector into `data`. allreduce() runs such an
-// op through this class too, so a rank that drives it on the caller's thread (the backend's
-// inline path, which may hand the waiting to the progress thread) and a rank that runs it on
-// its progress thread exchange the same messages.
-class PostedAllreduce {
+// An op split where it waits, so that a driver other than the algorithm's own waits can
+// drive it (the backend's inline path runs it on the caller's thread and, when a peer is
+// late, hands the rest to the progress thread): it has posted its first requests when it is
+// made; once requests() have completed, advance() does its next part.
+class PostedOp {
  public:
-  static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize);
-  PostedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red);
+  virtual ~PostedOp() = default;
+  // What the op waits for next.
   const std::vector<RequestPtr>& requests() const { return requests_; }
+  // Call once requests() have completed: true when the op is complete; otherwise requests()
+  // is what it waits for next.
+  virtual bool advance(Comm& comm) = 0;
+  // Waits and advances until the op is complete (on whichever thread drives the transport).
   void finish(Comm& comm);
 
- private:
-  void* data_;
-  size_t count_;
-  Reduction red_;
-  uint8_t* peerData_;
+ protected:
   std::vector<RequestPtr> requests_;
 };
+
+// Whether a 2-rank all_reduce of `count` elements runs as a PostedOp (postAllreduce): one
+// exchange through the transport where the choice is recursive doubling in one chunk (small
+// messages), or, in a group whose ranks stage through shared memory (`staging`: the group's
+// slots, null when it has none or the op's memory is not the host's), one exchange of the
+// whole vector through the slots where the automatic choice is the ring and the vector fits
+// the slots at once. allreduce() runs such an op through postAllreduce too, so a rank that
+// drives it on the caller's thread and a rank that runs it on its progress thread exchange
+// the same messages.
+bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
+                       const StagingArea* staging);
+// Posts the op (allreducePostable must hold for the Comm's group and memory).
+std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
+                                        const Reduction& red);
 
 // blocks[r] is this rank's contribution to rank r's block (`blockCount` elements each; never
 // modified); the reduction of every rank's block rank() is written to `out`.

@@ -74,11 +74,6 @@ void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t s
 
 // log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k.
 void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
-  if (PostedAllreduce::applies(c.tuning(), count, red.elementSize, c.size())) {
-    PostedAllreduce op(c, data, count, red);
-    op.finish(c);
-    return;
-  }
   const Pow2Fold f(c.rank(), c.size());
   const size_t chunk =
       chunkElems(c, count, red.elementSize, kStepSpace / static_cast<size_t>(f.levels() + 2));
@@ -114,33 +109,121 @@ void rabenseifner(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
 
 }  // namespace
 
-bool PostedAllreduce::applies(const Tuning& tuning, size_t count, size_t elementSize,
-                              int worldSize) {
-  return worldSize == 2 &&
-         choose(tuning, Op::kAllreduce, count * elementSize, worldSize) ==
-             Algorithm::kRecursiveDoubling &&
-         count <= chunkElems(tuning, count, elementSize, kStepSpace / 3);  // one level + 2
+void PostedOp::finish(Comm& comm) {
+  for (;;) {
+    comm.wait(requests_);
+    if (advance(comm)) return;
+  }
 }
 
-// The step recursive doubling gives its one exchange at two ranks: after foldIn's (empty)
-// phase of one step, its only chunk, which is also its last.
-PostedAllreduce::PostedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
-    : data_(data), count_(count), red_(red) {
-  const uint32_t step = chunkStep(1, 0, 1);
-  const size_t bytes = count * red.elementSize;
-  const int peer = 1 - comm.rank();
-  peerData_ = comm.scratch(bytes);
-  requests_.push_back(comm.recv(peer, step, peerData_, bytes));
-  requests_.push_back(comm.send(peer, step, data, bytes));
+namespace {
+
+// Recursive doubling at two ranks in one chunk: one exchange of the whole vector through the
+// transport, received into scratch and folded in.
+class PostedExchangeAllreduce : public PostedOp {
+ public:
+  static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize) {
+    return worldSize == 2 &&
+           choose(tuning, Op::kAllreduce, count * elementSize, worldSize) ==
+               Algorithm::kRecursiveDoubling &&
+           count <= chunkElems(tuning, count, elementSize, kStepSpace / 3);  // one level + 2
+  }
+
+  // The step recursive doubling gives its one exchange at two ranks: after foldIn's (empty)
+  // phase of one step, its only chunk, which is also its last.
+  PostedExchangeAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
+      : data_(data), count_(count), red_(red) {
+    const uint32_t step = chunkStep(1, 0, 1);
+    const size_t bytes = count * red.elementSize;
+    const int peer = 1 - comm.rank();
+    peerData_ = comm.scratch(bytes);
+    requests_.push_back(comm.recv(peer, step, peerData_, bytes));
+    requests_.push_back(comm.send(peer, step, data, bytes));
+  }
+
+  bool advance(Comm& comm) override {
+    comm.reduce(red_, data_, peerData_, count_);
+    return true;
+  }
+
+ private:
+  void* data_;
+  size_t count_;
+  Reduction red_;
+  uint8_t* peerData_;
+};
+
+// Where the ring would run at two ranks in a group that stages: each rank copies its whole
+// vector into its own slots and folds the peer's straight out of the peer's slots. The ring
+// moves the same bytes between the cores (half the vector each phase) but waits for its peer
+// twice per op (reduce-scatter, then all-gather); this waits once, and each rank folds the
+// whole vector (a + b on one rank, b + a on the other: IEEE addition and multiplication are
+// commutative, min and max too, so both ranks end bit-identical).
+class PostedStagedAllreduce : public PostedOp {
+ public:
+  static constexpr PieceSize kPieces = PieceSize::kCacheSized;
+
+  static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
+                      const StagingArea* staging) {
+    const size_t bytes = count * elementSize;
+    return worldSize == 2 && staging != nullptr &&
+           tuning.forced[static_cast<size_t>(Op::kAllreduce)] == Algorithm::kAuto &&
+           choose(tuning, Op::kAllreduce, bytes, worldSize) == Algorithm::kRing &&
+           PostedStagedExchange::fits(*staging, bytes, elementSize, kPieces);
+  }
+
+  PostedStagedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
+      : data_(static_cast<uint8_t*>(data)),
+        red_(red),
+        exchange_(comm, 1 - comm.rank(), data_, count * red.elementSize, red.elementSize, 0,
+                  kPieces) {
+    requests_ = exchange_.notices();
+  }
+
+  bool advance(Comm& comm) override {
+    if (consumed_) return true;  // the peer's credits and our own sends have completed
+    requests_ = exchange_.consume(comm, data_, &red_);
+    consumed_ = true;
+    return false;
+  }
+
+ private:
+  uint8_t* data_;
+  Reduction red_;
+  PostedStagedExchange exchange_;
+  bool consumed_ = false;
+};
+
+const StagingArea* hostStaging(const Comm& comm) {
+  return comm.memoryType() == MemoryType::kHost ? comm.staging() : nullptr;
 }
 
-void PostedAllreduce::finish(Comm& comm) {
-  comm.wait(requests_);
-  comm.reduce(red_, data_, peerData_, count_);
+}  // namespace
+
+bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
+                       const StagingArea* staging) {
+  return PostedExchangeAllreduce::applies(tuning, count, elementSize, worldSize) ||
+         PostedStagedAllreduce::applies(tuning, count, elementSize, worldSize, staging);
+}
+
+std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
+                                        const Reduction& red) {
+  if (PostedExchangeAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size())) {
+    return std::make_unique<PostedExchangeAllreduce>(comm, data, count, red);
+  }
+  if (PostedStagedAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size(),
+                                     hostStaging(comm))) {
+    return std::make_unique<PostedStagedAllreduce>(comm, data, count, red);
+  }
+  throw OpFailed("internal: postAllreduce called for an all_reduce that is not postable");
 }
 
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
   if (comm.size() == 1) return;
+  if (allreducePostable(comm.tuning(), count, red.elementSize, comm.size(), hostStaging(comm))) {
+    postAllreduce(comm, data, count, red)->finish(comm);
+    return;
+  }
   auto* bytes = static_cast<uint8_t*>(data);
   switch (choose(comm.tuning(), Op::kAllreduce, count * red.elementSize, comm.size())) {
     case Algorithm::kRecursiveDoubling:

@@ -11,13 +11,46 @@ namespace ucxb::algo::detail {
 
 namespace {
 
-struct Notice {
-  uint64_t bytes;  // in this piece's slot
-  uint64_t total;  // of the whole message: ranks that disagree on it fail, not corrupt
-};
+using Notice = StagedNotice;
 
 uint32_t noticeStep(uint32_t first, size_t k) { return first + static_cast<uint32_t>(2 * k); }
 uint32_t creditStep(uint32_t first, size_t k) { return noticeStep(first, k) + 1; }
+
+// Piece k's notice from `from` must describe an `n`-byte piece of a `total`-byte message.
+void checkNotice(const Notice& got, size_t total, size_t n, int from) {
+  if (got.total != total || got.bytes != n) {
+    throw OpFailed("expected " + std::to_string(total) + " bytes from rank " +
+                   std::to_string(from) + " but it sent " + std::to_string(got.total) +
+                   ": the ranks passed tensors of different sizes");
+  }
+}
+
+// Length of piece k of a `total`-byte message cut into `piece`-byte pieces.
+size_t pieceLength(size_t total, size_t piece, size_t k) {
+  return std::min(piece, total - std::min(total, k * piece));
+}
+
+// Folds an `n`-byte piece out of the peer's slot into `dst` with `red`, or copies it.
+void takePiece(uint8_t* dst, const uint8_t* in, size_t n, const Reduction* red) {
+  if (red != nullptr) {
+    red->fn(dst, in, n / red->elementSize);
+  } else {
+    std::memcpy(dst, in, n);
+  }
+}
+
+std::string slotsInUse(int rank, int peer) {
+  return "rank " + std::to_string(rank) +
+         " stopped using its shared-memory slots after an earlier op failed while rank " +
+         std::to_string(peer) +
+         " could still read them; destroy this process group and create a new one";
+}
+
+bool outstanding(const std::vector<RequestPtr>& credits) {
+  return std::any_of(credits.begin(), credits.end(), [](const RequestPtr& r) {
+    return r && (r->pending() || r->failed());
+  });
+}
 
 }  // namespace
 
@@ -54,7 +87,7 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
     for (size_t k = 0; k < std::max(sendPieces, recvPieces); ++k) {
       if (k < sendPieces) {
         if (k >= slots) c.wait({credits[k - slots]});
-        const size_t n = std::min(sendPiece, sendBytes - std::min(sendBytes, k * sendPiece));
+        const size_t n = pieceLength(sendBytes, sendPiece, k);
         st.fillOwnSlot(k, src + k * sendPiece, n);
         sent[k] = Notice{n, sendBytes};
         small.push_back(c.send(to, noticeStep(firstStep, k), &sent[k], sizeof(Notice)));
@@ -63,19 +96,10 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
       if (k < recvPieces) {
         c.wait({notices[k]});
         const Notice got = arrived[k % slots];
-        const size_t n = std::min(recvPiece, recvBytes - std::min(recvBytes, k * recvPiece));
-        if (got.total != recvBytes || got.bytes != n) {
-          throw OpFailed("expected " + std::to_string(recvBytes) + " bytes from rank " +
-                         std::to_string(from) + " but it sent " + std::to_string(got.total) +
-                         ": the ranks passed tensors of different sizes");
-        }
+        const size_t n = pieceLength(recvBytes, recvPiece, k);
+        checkNotice(got, recvBytes, n, from);
         if (k + slots < recvPieces) postNotice(k + slots);  // after `got` was read
-        const uint8_t* in = st.peerSlot(from, k);
-        if (red != nullptr) {
-          red->fn(dst + k * recvPiece, in, n / red->elementSize);
-        } else {
-          std::memcpy(dst + k * recvPiece, in, n);
-        }
+        takePiece(dst + k * recvPiece, st.peerSlot(from, k), n, red);
         small.push_back(c.send(from, creditStep(firstStep, k), nullptr, 0));
       }
     }
@@ -84,17 +108,58 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
     c.abandon(pending());
     // A credit that never arrived (still pending, or failed: a timeout cancels it) means `to`
     // may yet read that slot, even after this op is gone.
-    const bool slotsInUse = std::any_of(credits.begin(), credits.end(), [](const RequestPtr& r) {
-      return r && (r->pending() || r->failed());
-    });
-    if (slotsInUse) {
-      st.retire("rank " + std::to_string(c.rank()) +
-                " stopped using its shared-memory slots after an earlier op failed while rank " +
-                std::to_string(to) +
-                " could still read them; destroy this process group and create a new one");
-    }
+    if (outstanding(credits)) st.retire(slotsInUse(c.rank(), to));
     throw;
   }
+}
+
+bool PostedStagedExchange::fits(const StagingArea& staging, size_t bytes, size_t elementSize,
+                                PieceSize pieces) {
+  return chunksOf(bytes, staging.pieceBytes(elementSize, pieces, bytes)) <= staging.slots();
+}
+
+PostedStagedExchange::PostedStagedExchange(Comm& c, int peer, const uint8_t* src, size_t bytes,
+                                           size_t elementSize, uint32_t firstStep,
+                                           PieceSize pieces)
+    : staging_(*c.staging()),
+      peer_(peer),
+      rank_(c.rank()),
+      bytes_(bytes),
+      piece_(staging_.pieceBytes(elementSize, pieces, bytes)),
+      firstStep_(firstStep) {
+  if (!staging_.retiredBecause().empty()) throw OpFailed(staging_.retiredBecause());
+  const size_t n = chunksOf(bytes, piece_);
+  sent_.resize(n);
+  arrived_.resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    notices_.push_back(c.recv(peer, noticeStep(firstStep, k), &arrived_[k], sizeof(Notice)));
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const size_t len = pieceLength(bytes, piece_, k);
+    staging_.fillOwnSlot(k, src + k * piece_, len);
+    sent_[k] = Notice{len, bytes};
+    small_.push_back(c.send(peer, noticeStep(firstStep, k), &sent_[k], sizeof(Notice)));
+    credits_.push_back(c.recv(peer, creditStep(firstStep, k), nullptr, 0));
+  }
+}
+
+PostedStagedExchange::~PostedStagedExchange() {
+  if (outstanding(credits_)) staging_.retire(slotsInUse(rank_, peer_));
+}
+
+std::vector<RequestPtr> PostedStagedExchange::consume(Comm& c, uint8_t* dst,
+                                                      const Reduction* red) {
+  if (consumed_) throw OpFailed("internal: a staged exchange consumed twice");
+  consumed_ = true;
+  for (size_t k = 0; k < arrived_.size(); ++k) {
+    const size_t n = pieceLength(bytes_, piece_, k);
+    checkNotice(arrived_[k], bytes_, n, peer_);
+    takePiece(dst + k * piece_, staging_.peerSlot(peer_, k), n, red);
+    small_.push_back(c.send(peer_, creditStep(firstStep_, k), nullptr, 0));
+  }
+  std::vector<RequestPtr> last = credits_;
+  last.insert(last.end(), small_.begin(), small_.end());
+  return last;
 }
 
 }  // namespace ucxb::algo::detail

@@ -14,10 +14,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "csrc/collectives/algorithms.h"
 
 namespace ucxb::algo::detail {
+
+// The 16-byte notice that announces a piece in its sender's slot.
+struct StagedNotice {
+  uint64_t bytes;  // in this piece's slot
+  uint64_t total;  // of the whole message: ranks that disagree on it fail, not corrupt
+};
 
 // Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
 // folded into it with `red`, or copied when `red` is null. Either direction may be absent
@@ -28,5 +35,48 @@ namespace ucxb::algo::detail {
 // the group fails with that reason.
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces);
+
+// stagedExchange with one peer both ways, for a message that fits the slots at once (no
+// piece waits for a credit), split where it waits: for the posted all_reduce (PostedOp),
+// which the backend may drive on the caller's thread. It sends the same messages with the
+// same steps through the same slots as stagedExchange(c, peer, src, bytes, peer, dst, bytes,
+// firstStep, red, pieces), so a rank running one interoperates with a peer running the other.
+class PostedStagedExchange {
+ public:
+  // Whether `bytes` of `elementSize`-byte elements fit the slots at once.
+  static bool fits(const StagingArea& staging, size_t bytes, size_t elementSize,
+                   PieceSize pieces);
+  // Posts the receives of the peer's notices, copies `src` into this rank's slots, sends the
+  // notices and posts the receives of the credits. Throws OpFailed if the slots are retired.
+  PostedStagedExchange(Comm& c, int peer, const uint8_t* src, size_t bytes, size_t elementSize,
+                       uint32_t firstStep, PieceSize pieces);
+  // An exchange that ends with a credit outstanding (it failed) retires the slots, as
+  // stagedExchange does.
+  ~PostedStagedExchange();
+  PostedStagedExchange(const PostedStagedExchange&) = delete;
+  PostedStagedExchange& operator=(const PostedStagedExchange&) = delete;
+
+  // What the first half waits for: the peer's notices.
+  const std::vector<RequestPtr>& notices() const { return notices_; }
+  // Once the notices have arrived: folds the peer's pieces into `dst` with `red` (copies them
+  // when null), answers each with a credit and returns what the exchange waits for last (the
+  // peer's credits, so that the slots are free for the next exchange, and its own sends).
+  // Throws OpFailed when the peer's message has another length.
+  std::vector<RequestPtr> consume(Comm& c, uint8_t* dst, const Reduction* red);
+
+ private:
+  StagingArea& staging_;
+  const int peer_;
+  const int rank_;
+  const size_t bytes_;
+  const size_t piece_;
+  const uint32_t firstStep_;
+  std::vector<StagedNotice> sent_;
+  std::vector<StagedNotice> arrived_;
+  std::vector<RequestPtr> notices_;
+  std::vector<RequestPtr> credits_;
+  std::vector<RequestPtr> small_;
+  bool consumed_ = false;
+};
 
 }  // namespace ucxb::algo::detail

@@ -153,6 +153,8 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // The transport's traffic counters as last published (after each op, and whenever the
   // thread goes idle). Any thread.
   TrafficSnapshot traffic() const { return traffic_.snapshot(); }
+  // The transport's trace samples since the last call (udp trace_samples). Any thread.
+  std::vector<OpTraceSeries> drainTraceSeries() { return traffic_.drainTraceSeries(); }
   // Stops the thread: the running op fails within ~100 ms, queued tasks are abandoned.
   // Idempotent; from any thread (on the progress thread itself it only asks).
   void stop();

@@ -1,6 +1,7 @@
 #include "csrc/engine/traffic_stats.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace ucxb {
 namespace {
@@ -33,13 +34,17 @@ Counters sumOverPeers(const std::vector<Counters>& peers) {
   return sum;
 }
 
-void TrafficStats::beforeOp(const Transport& transport) {
+void TrafficStats::beforeOp(Transport& transport) {
   if (!enabled_) return;
   before_ = sumOverPeers(transport.peerCounters());
+  takeTraceSeries(transport, lastOp_, lastSeq_);  // what came after the last op
 }
 
-void TrafficStats::afterOp(const Transport& transport, const std::string& op, uint64_t seq) {
+void TrafficStats::afterOp(Transport& transport, const std::string& op, uint64_t seq) {
   if (!enabled_) return;
+  takeTraceSeries(transport, op, seq);
+  lastOp_ = op;
+  lastSeq_ = seq;
   auto peers = transport.peerCounters();
   OpTraffic record{op, seq, sumOverPeers(peers)};
   for (size_t i = 0; i < record.counters.size() && i < before_.size(); ++i) {
@@ -61,6 +66,31 @@ void TrafficStats::publish(const Transport& transport) {
   std::lock_guard<std::mutex> lock(mu_);
   peers_ = std::move(peers);
   transport_ = std::move(transportCounters);
+}
+
+void TrafficStats::takeTraceSeries(Transport& transport, const std::string& op, uint64_t seq) {
+  std::vector<TraceSeries> series = transport.drainTraceSeries();
+  if (series.empty()) return;  // not recording: the common case
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : series) {
+    if (s.values.empty()) continue;
+    traceValues_ += s.values.size();
+    traces_.push_back(OpTraceSeries{op, seq, std::move(s)});
+  }
+  // Nobody reads them (trace_samples set, trace_series never called): keep the newest.
+  while (traceValues_ > kTraceValuesHeld && traces_.size() > 1) {
+    traceValues_ -= traces_.front().series.values.size();
+    traces_.pop_front();
+  }
+}
+
+std::vector<OpTraceSeries> TrafficStats::drainTraceSeries() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<OpTraceSeries> out(std::make_move_iterator(traces_.begin()),
+                                 std::make_move_iterator(traces_.end()));
+  traces_.clear();
+  traceValues_ = 0;
+  return out;
 }
 
 TrafficSnapshot TrafficStats::snapshot() const {

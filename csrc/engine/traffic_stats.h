@@ -26,6 +26,15 @@ struct OpTraffic {
 // the same counters in the same order.
 Counters sumOverPeers(const std::vector<Counters>& peers);
 
+// Time-series samples (Transport::drainTraceSeries) with the op they belong to: the op they
+// were taken in, or the last one before them (its ACKs and retransmissions go on after it
+// returned); seq 0 and no op before the first.
+struct OpTraceSeries {
+  std::string op;
+  uint64_t seq = 0;
+  TraceSeries series;
+};
+
 struct TrafficSnapshot {
   std::vector<Counters> peers;  // index = peer rank
   Counters transport;
@@ -40,13 +49,18 @@ class TrafficStats {
   explicit TrafficStats(const Transport& transport);
   bool enabled() const { return enabled_; }
 
-  // Progress thread only.
-  void beforeOp(const Transport& transport);
-  void afterOp(const Transport& transport, const std::string& op, uint64_t seq);
+  // Most trace sample values held for Python (32 MiB); past it the oldest batches go.
+  static constexpr size_t kTraceValuesHeld = size_t{1} << 22;
+
+  // Progress thread only. beforeOp and afterOp also take the transport's trace samples.
+  void beforeOp(Transport& transport);
+  void afterOp(Transport& transport, const std::string& op, uint64_t seq);
   void publish(const Transport& transport);
 
   // Any thread.
   TrafficSnapshot snapshot() const;
+  // The trace samples taken since the last call, oldest first (moved out: each is read once).
+  std::vector<OpTraceSeries> drainTraceSeries();
 
  private:
   bool enabled_ = false;
@@ -55,6 +69,12 @@ class TrafficStats {
   std::vector<Counters> peers_;
   Counters transport_;
   std::deque<OpTraffic> ops_;
+  // Trace samples not yet read, and the op that later samples belong to (progress thread).
+  void takeTraceSeries(Transport& transport, const std::string& op, uint64_t seq);
+  std::deque<OpTraceSeries> traces_;
+  size_t traceValues_ = 0;
+  std::string lastOp_;
+  uint64_t lastSeq_ = 0;
 };
 
 }  // namespace ucxb

@@ -632,6 +632,123 @@ void testCreditDownlink() {
   }
 }
 
+// ------------------------------------------------------------------------------ traces
+
+// 2 MiB from node 0 to node 1 through a 1 Gbit/s bottleneck in front of each node with a
+// 32-packet drop-tail queue; returns the endpoints' trace samples (node 0's connection
+// samples, node 1's queue samples) after checking that every byte arrived.
+struct Traced {
+  std::vector<ConnectionSample> sender;
+  std::vector<QueueSample> receiverQueue;
+  uint64_t overwritten = 0;
+  bool recording = false;
+};
+
+Traced tracedTransfer(const std::string& config, uint32_t paths = 1) {
+  EndpointOptions options = smallOptions();
+  options.config = parseUdpConfig(config, options.config);
+  options.config.paths = paths;
+  options.faults = parseFaultConfig("rate_mbps=1000,queue=32,seed=5");
+  EndpointNetwork net(2, options);
+  constexpr size_t kBytes = 2 << 20;
+  const std::vector<uint8_t> out = message(0, 9, kBytes);
+  Inbox inbox(kBytes);
+  std::vector<RequestPtr> requests = {
+      net.endpoint(1)->recv(0, 9, ~Tag{0}, inbox.data.data(), kBytes),
+      net.endpoint(0)->send(1, 9, out.data(), kBytes)};
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+  CHECK(inbox.holds(0, 9, kBytes));
+  Traced t;
+  t.recording = net.endpoint(0)->trace() != nullptr;
+  std::vector<QueueSample> senderQueue;  // the ACKs' queue at node 0
+  std::vector<ConnectionSample> receiver;
+  net.endpoint(0)->drainTrace(t.sender, senderQueue);
+  net.endpoint(1)->drainTrace(receiver, t.receiverQueue);
+  if (t.recording) t.overwritten = net.endpoint(0)->trace()->connectionsOverwritten();
+  return t;
+}
+
+void testTraceSamples() {
+  // Off by default: no recorder, nothing sampled.
+  const Traced off = tracedTransfer("congestion=aimd");
+  CHECK(!off.recording);
+  CHECK(off.sender.empty() && off.receiverQueue.empty());
+
+  const Traced t = tracedTransfer("congestion=aimd,trace_samples=100000,trace_interval_us=20");
+  CHECK(t.recording);
+  CHECK_EQ(t.overwritten, uint64_t{0});
+  CHECK(t.sender.size() > 20);
+  CHECK(!t.receiverQueue.empty());
+  for (size_t i = 1; i < t.sender.size(); ++i) CHECK(t.sender[i - 1].tUs <= t.sender[i].tUs);
+  for (const auto& s : t.sender) CHECK_EQ(s.peer, uint32_t{1});  // never its own loopback
+
+  // The queue at the receiver fills up to its limit: drop-tail, sampled when it happens.
+  uint64_t deepest = 0;
+  TimeUs firstDropUs = 0;
+  for (const auto& q : t.receiverQueue) {
+    CHECK_EQ(q.queueLimit, uint64_t{32});
+    CHECK(q.queuePackets <= q.queueLimit);
+    deepest = std::max(deepest, q.queuePackets);
+    if (q.queueDropped > 0 && firstDropUs == 0) {
+      firstDropUs = q.tUs;
+      CHECK_EQ(q.queuePackets, uint64_t{32});  // full when it dropped
+    }
+  }
+  CHECK(t.receiverQueue.front().queuePackets < 32);  // it rose from below
+  CHECK_EQ(deepest, uint64_t{32});
+  CHECK(firstDropUs > 0);
+
+  // The sender learns of the drop later and cuts its window: after the first loss the window
+  // falls to at most half of its peak before it (AIMD halves it).
+  size_t firstLoss = 0;
+  while (firstLoss < t.sender.size() && t.sender[firstLoss].lost == 0) ++firstLoss;
+  CHECK(firstLoss > 0 && firstLoss < t.sender.size());
+  if (firstLoss == 0 || firstLoss >= t.sender.size()) return;
+  CHECK(t.sender[firstLoss].tUs > firstDropUs);
+  uint64_t peak = 0;
+  for (size_t i = 0; i < firstLoss; ++i) peak = std::max(peak, t.sender[i].cwndPackets);
+  uint64_t after = peak;
+  for (size_t i = firstLoss; i < t.sender.size(); ++i) {
+    after = std::min(after, t.sender[i].cwndPackets);
+  }
+  std::printf("cwnd peak %llu before the first loss, %llu after; queue deepest %llu, "
+              "%zu connection and %zu queue samples\n",
+              static_cast<unsigned long long>(peak), static_cast<unsigned long long>(after),
+              static_cast<unsigned long long>(deepest), t.sender.size(), t.receiverQueue.size());
+  CHECK(peak > 32);
+  CHECK_MSG(after <= peak / 2 + 1, std::to_string(after) + " vs peak " + std::to_string(peak));
+  CHECK(t.sender.back().retransmitted > 0);
+  // Until the first cut, what is in flight stays within the window.
+  for (size_t i = 0; i < firstLoss; ++i) {
+    CHECK(t.sender[i].inFlightPackets <= t.sender[i].cwndPackets);
+  }
+
+  // A small ring keeps the newest samples and counts what it overwrote.
+  const Traced small = tracedTransfer("congestion=aimd,trace_samples=16,trace_interval_us=20");
+  CHECK_EQ(small.sender.size(), size_t{16});
+  CHECK(small.overwritten > 0);
+  CHECK_EQ(small.sender.back().tUs, t.sender.back().tUs);  // deterministic: same last event
+
+  // Several paths: one sample per path each time, each with the path's own counters.
+  const Traced two = tracedTransfer("trace_samples=100000,trace_interval_us=50", 2);
+  size_t onPath[2] = {0, 0};
+  for (const auto& s : two.sender) {
+    CHECK(s.path < 2);
+    if (s.path < 2) ++onPath[s.path];
+  }
+  CHECK(onPath[0] > 0);
+  CHECK_EQ(onPath[0], onPath[1]);
+
+  // Each kind's field names match the values written for it.
+  std::vector<uint64_t> values;
+  appendTraceValues(ConnectionSample{}, values);
+  CHECK_EQ(values.size(), connectionSampleFields().size());
+  values.clear();
+  appendTraceValues(QueueSample{}, values);
+  CHECK_EQ(values.size(), queueSampleFields().size());
+}
+
 // ------------------------------------------------------------------------------ multipath
 
 // Every pair of `nodes` ranks sends each other messages of several sizes with spraying over
@@ -669,15 +786,27 @@ void testMultipathFaultMatrix() {
   }
 }
 
-// One bulk transfer from rank 0 to rank 1 over 4 paths with the given per-path faults:
-// rank 0's statistics of the connection to rank 1.
-Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "seed=3;drop=0.05") {
+// 4 paths with the given per-path faults (parseFaultPaths).
+EndpointOptions fourPathOptions(const std::string& policy, const std::string& faults) {
   EndpointOptions options = smallOptions();
   options.config.paths = 4;
   options.config.pathPolicy = policy;
   options.pathFaults = parseFaultPaths(faults);
   options.faults = options.pathFaults.front();
-  EndpointNetwork net(2, options);
+  return options;
+}
+
+// The share of a connection's reliable packets that took `path`.
+double pathShare(const Stats& s, size_t path) {
+  uint64_t total = 0;
+  for (const PathStats& p : s.paths) total += p.packetsSent;
+  return static_cast<double>(s.paths[path].packetsSent) / static_cast<double>(total);
+}
+
+// One bulk transfer from rank 0 to rank 1 over 4 paths with the given per-path faults:
+// rank 0's statistics of the connection to rank 1.
+Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "seed=3;drop=0.05") {
+  EndpointNetwork net(2, fourPathOptions(policy, faults));
   constexpr size_t kBytes = 4 << 20;
   const std::vector<uint8_t> out = message(0, 7, kBytes);
   Inbox inbox(kBytes);
@@ -693,11 +822,7 @@ Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "
 void testMultipathAdaptive() {
   const Stats spray = lossyPathTransfer("spray");
   const Stats adaptive = lossyPathTransfer("adaptive");
-  const auto share = [](const Stats& s, size_t path) {
-    uint64_t total = 0;
-    for (const PathStats& p : s.paths) total += p.packetsSent;
-    return static_cast<double>(s.paths[path].packetsSent) / static_cast<double>(total);
-  };
+  const auto share = pathShare;
   std::printf("bad path share: spray %.3f adaptive %.3f; lost: spray %llu adaptive %llu\n",
               share(spray, 1), share(adaptive, 1),
               static_cast<unsigned long long>(spray.paths[1].lost),
@@ -731,6 +856,207 @@ void testMultipathReordering() {
   CHECK_EQ(s.retransmittedPackets, uint64_t{0});
 }
 
+// adaptive's weights packet by packet, the selector alone: path 1 loses every 20th of its
+// packets (5%) for 4000 packets, then heals. Its share must fall to a trickle while it loses,
+// and stay there through a retransmission timeout, and come back to a full quarter within a
+// few thousand packets once it stops (it keeps a trickle precisely so that its ACKs can show
+// this).
+void testMultipathAdaptiveHeals() {
+  PathSelector selector(4, "adaptive");
+  uint64_t path1Packets = 0;
+  // Path 1's share of the next `packets` packets, every packet acknowledged at once but
+  // every 20th of path 1's while it is lossy.
+  const auto run = [&](int packets, bool lossy) {
+    int onPath1 = 0;
+    for (int i = 0; i < packets; ++i) {
+      const uint32_t p = selector.choose(false);
+      selector.onSent(p, false);
+      if (p == 1) {
+        ++onPath1;
+        if (lossy && ++path1Packets % 20 == 0) {
+          selector.onLost(p, /*byTimeout=*/false);
+          continue;
+        }
+      }
+      selector.onAcked(p, 100);
+    }
+    return static_cast<double>(onPath1) / packets;
+  };
+  run(4000, true);
+  // A retransmission timeout declares every path's packets in flight lost: no path's fault,
+  // and what was learned about path 1 stays.
+  for (uint32_t p = 0; p < 4; ++p) {
+    for (int i = 0; i < 16; ++i) selector.onLost(p, /*byTimeout=*/true);
+  }
+  const double lossyShare = run(1000, true);
+  int healedAfter = 0;
+  double share = 0;
+  while (share < 0.24 && healedAfter < 20'000) {
+    share = run(500, false);
+    healedAfter += 500;
+  }
+  std::printf("path 1 share while losing 5%%: %.3f; back to %.3f within %d packets of healing\n",
+              lossyShare, share, healedAfter);
+  CHECK_MSG(lossyShare < 0.03, std::to_string(lossyShare));
+  CHECK_MSG(share >= 0.24 && healedAfter <= 5000, std::to_string(healedAfter));
+}
+
+// A packet declared lost and then acknowledged (late, not lost) was no fault of its path:
+// loss detection reports the path (SentPackets), and adaptive takes the loss back. One that a
+// timeout declared lost blamed no path, so its late ACK takes nothing back.
+void testMultipathSpuriousLoss() {
+  SentPackets sent;
+  PacketContent data;
+  data.kind = PacketContent::Kind::kData;
+  for (uint32_t path = 0; path < 4; ++path) sent.record(100, 1000, data, path);  // 0..3
+  sent.setPerPathDetection(true);
+  const auto ack = [&sent](PacketNumber smallest, PacketNumber largest) {
+    AckFrame f;
+    f.rangeCount = 1;
+    f.ranges[0] = {smallest, largest};
+    SentPackets::AckResult r;
+    CHECK(sent.onAck(f, r));
+    return r;
+  };
+  ack(3, 3);
+  std::vector<SentPacket> lost;
+  sent.detectLosses(10'000, 100, 3, lost);  // 0..2 are long overdue: lost by time
+  CHECK_EQ(lost.size(), size_t{3});
+  CHECK(ack(1, 1).spuriousLossPaths == std::vector<uint32_t>{1});
+  sent.record(20'000, 1000, data, 2);  // 4
+  lost.clear();
+  sent.expireSentAtOrBefore(20'000, lost);  // a timeout: 0, 2 were lost already, 4 now
+  CHECK_EQ(lost.size(), size_t{1});
+  const SentPackets::AckResult late = ack(4, 4);
+  CHECK_EQ(late.lateDataAcks, uint64_t{1});
+  CHECK(late.spuriousLossPaths.empty());
+
+  PathSelector selector(4, "adaptive");
+  selector.onLost(1, /*byTimeout=*/false);
+  CHECK(selector.stats(1).weightPermille < 1000);
+  selector.onSpuriousLoss(1);
+  CHECK_EQ(selector.stats(1).weightPermille, uint64_t{1000});
+}
+
+// The issue's multipath comparison in virtual time: two ranks, 4 paths, path 1 losing 5%,
+// jumbo datagrams, running `ops` all_reduces of `bytes` the way the ring runs one on two
+// ranks (a reduce-scatter step, then an all-gather step: each rank sends the other half the
+// tensor and waits for the other half, in messages of at most 4 MiB, the default chunk).
+// One network for all ops, so that what a connection learned (RTT, path weights) carries
+// over from op to op, as in a process group. Deterministic: the figures repeat exactly.
+struct OpTimes {
+  DurationUs totalUs = 0;
+  DurationUs worstUs = 0;
+  Stats stats;  // rank 0's connection to rank 1, over every op
+};
+
+OpTimes allReduceOpTimes(const std::string& policy, const std::string& faults, size_t bytes,
+                         int ops) {
+  EndpointOptions options = fourPathOptions(policy, faults);
+  options.config.mtuPayload = 8972;
+  EndpointNetwork net(2, options);
+  constexpr size_t kChunk = 4 << 20;
+  const size_t half = bytes / 2;
+  std::vector<std::vector<uint8_t>> outs = {message(0, 1, half), message(1, 1, half)};
+  OpTimes t;
+  Tag tag = 1;
+  for (int op = 0; op < ops; ++op) {
+    const TimeUs start = net.nowUs();
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::unique_ptr<Inbox>> inboxes;
+      std::vector<RequestPtr> requests;
+      for (size_t off = 0; off < half; off += kChunk, ++tag) {
+        const size_t n = std::min(kChunk, half - off);
+        for (int r = 0; r < 2; ++r) {
+          inboxes.push_back(std::make_unique<Inbox>(n));
+          requests.push_back(net.endpoint(r)->recv(1 - r, tag, ~Tag{0},
+                                                   inboxes.back()->data.data(), n));
+          requests.push_back(net.endpoint(r)->send(1 - r, tag, outs[r].data() + off, n));
+        }
+      }
+      CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond),
+                policy + ": " + net.stuckReason());
+      for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    }
+    const DurationUs took = net.nowUs() - start;
+    t.totalUs += took;
+    t.worstUs = std::max(t.worstUs, took);
+  }
+  t.stats = net.endpoint(0)->peerStats(1);
+  return t;
+}
+
+// The three variants of one case; `noise` is added to every path's faults.
+struct OpTimeCase {
+  size_t bytes;
+  int ops;
+  OpTimes clean, spray, adaptive;
+};
+
+// The share of round-robin's extra op time (over clean) that adaptive does without.
+double wonBack(const OpTimeCase& c) {
+  const double cost = static_cast<double>(c.spray.totalUs) - static_cast<double>(c.clean.totalUs);
+  return (static_cast<double>(c.spray.totalUs) - static_cast<double>(c.adaptive.totalUs)) / cost;
+}
+
+OpTimeCase opTimeCase(size_t bytes, int ops, const std::string& noise) {
+  OpTimeCase c{bytes, ops, {}, {}, {}};
+  c.clean = allReduceOpTimes("spray", "seed=3" + noise, bytes, ops);
+  c.spray = allReduceOpTimes("spray", "seed=3" + noise + ";drop=0.05", bytes, ops);
+  c.adaptive = allReduceOpTimes("adaptive", "seed=3" + noise + ";drop=0.05", bytes, ops);
+  for (const auto& [name, o] :
+       {std::pair{"clean", &c.clean}, {"spray", &c.spray}, {"adaptive", &c.adaptive}}) {
+    const Stats& s = o->stats;
+    std::printf("%5zu KiB %-8s op %7.1f us (worst %5llu) lost %3llu (path 1: %3llu of %5llu sent) "
+                "spurious %llu rto %llu tail probes %llu\n",
+                bytes >> 10, name, static_cast<double>(o->totalUs) / ops,
+                static_cast<unsigned long long>(o->worstUs),
+                static_cast<unsigned long long>(s.packetsDeclaredLost),
+                static_cast<unsigned long long>(s.paths[1].lost),
+                static_cast<unsigned long long>(s.paths[1].packetsSent),
+                static_cast<unsigned long long>(s.spuriousRetransmissions),
+                static_cast<unsigned long long>(s.rtoExpiries),
+                static_cast<unsigned long long>(s.tailLossProbes));
+  }
+  std::printf("%5zu KiB adaptive / round-robin %.2fx (bound clean / round-robin %.2fx), "
+              "won back %.0f%% of the loss's cost\n",
+              bytes >> 10, static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs,
+              static_cast<double>(c.spray.totalUs) / c.clean.totalUs, 100 * wonBack(c));
+  return c;
+}
+
+// What a lossy path costs an op, and how much of it adaptive wins back. Round-robin puts a
+// quarter of every op's packets on the lossy path, and each loss there delays its message by
+// about a path RTT (found by the per-path time threshold, resent on another path); adaptive
+// must leave almost nothing there. No policy can beat `clean` (the same spray without the
+// loss), so the best ratio adaptive / round-robin can reach is clean / round-robin, which is
+// 1.48 at 1 MiB and falls with the size (an op's fixed round trips weigh less): the issue's
+// 1.5x is out of reach in this network, and the test asks for what is in reach, adaptive
+// winning back at least 85% of what the loss costs round-robin.
+void testMultipathOpTime() {
+  for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
+                                   {size_t{16} << 20, 5}}) {
+    const OpTimeCase c = opTimeCase(bytes, ops, "");
+    CHECK(c.spray.totalUs > c.clean.totalUs);
+    CHECK_MSG(wonBack(c) >= 0.85, std::to_string(bytes) + ": " + std::to_string(wonBack(c)));
+    // Round-robin keeps a quarter on the lossy path; adaptive under 3% of it.
+    CHECK(pathShare(c.spray.stats, 1) > 0.24);
+    CHECK_MSG(pathShare(c.adaptive.stats, 1) < 0.03, std::to_string(pathShare(c.adaptive.stats, 1)));
+  }
+  // A noisy host: 1% of the datagrams on every path held up to 3 ms (a receiver whose progress
+  // thread did not run), which the time threshold takes for losses on every path, the clean
+  // ones included, until the late ACK shows otherwise. Adaptive weighs a path by its losses
+  // beyond the best path's, so noise common to all paths does not hide the lossy one: it
+  // must still win back three quarters of what the loss costs round-robin (when every loss
+  // counted in full, 46% at 1 MiB and 70% at 16 MiB).
+  for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{16} << 20, 5}}) {
+    const OpTimeCase c = opTimeCase(bytes, ops, ",delay=0.01,delay_us=3000");
+    CHECK(c.spray.totalUs > c.clean.totalUs);
+    CHECK_MSG(wonBack(c) >= 0.75, std::to_string(bytes) + ": " + std::to_string(wonBack(c)));
+    CHECK_MSG(pathShare(c.adaptive.stats, 1) < 0.1, std::to_string(pathShare(c.adaptive.stats, 1)));
+  }
+}
+
 const check::Group kGroups[] = {
     {"routing", testRouting, true},
     {"any_source", testAnySource, true},
@@ -742,9 +1068,13 @@ const check::Group kGroups[] = {
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},
+    {"trace_samples", testTraceSamples, true},
     {"multipath_fault_matrix", testMultipathFaultMatrix, true},
     {"multipath_adaptive", testMultipathAdaptive, true},
     {"multipath_reordering", testMultipathReordering, true},
+    {"multipath_adaptive_heals", testMultipathAdaptiveHeals, true},
+    {"multipath_spurious_loss", testMultipathSpuriousLoss, true},
+    {"multipath_op_time", testMultipathOpTime, true},
 };
 
 }  // namespace

@@ -117,6 +117,10 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     anyFaults = anyFaults || perPath[p].any();
   }
   if (anyFaults) faults_ = std::make_unique<FaultInjector>(std::move(perPath));
+  if (options_.config.traceSamples > 0) {
+    trace_ = std::make_unique<TraceRecorder>(options_.config.traceSamples,
+                                             options_.config.traceIntervalUs, rank_, size_, paths);
+  }
 }
 
 Endpoint::~Endpoint() {
@@ -252,6 +256,7 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
     }
     faultOut_.clear();
     faults_->apply(piece, now, faultOut_, path);
+    if (trace_) trace_->sampleQueue(now, peer, path, *faults_);
     for (auto& copy : faultOut_) {
       if (copy.extraDelayUs == 0) {
         deliver(peer, copy.bytes, now);
@@ -321,6 +326,7 @@ void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
     p.unreachableSince.reset();  // it is alive: whatever the ICMP said was not from it
   }
   p.connection->onDatagram(bytes, now);
+  if (trace_) trace_->sampleConnection(now, peer, *p.connection);
 }
 
 bool Endpoint::handleTimeout(TimeUs now) {
@@ -342,7 +348,11 @@ bool Endpoint::handleTimeout(TimeUs now) {
   for (auto& peer : peers_) {
     if (!peer.connected) continue;
     const auto t = peer.connection->nextTimeout();
-    if (t && *t <= now) peer.connection->onTimeout(now);
+    if (t && *t <= now) {
+      peer.connection->onTimeout(now);
+      const int rank = peer.connection->identity().peerRank;
+      if (trace_) trace_->sampleConnection(now, rank, *peer.connection);
+    }
   }
   return delivered;
 }
@@ -362,6 +372,7 @@ size_t Endpoint::pollTransmit(TimeUs now, std::span<uint8_t> out, SocketAddress&
       if (peer.connected) {
         if (const size_t n = peer.connection->pollTransmit(now, out)) {
           ++turnBurst_;
+          if (trace_) trace_->sampleConnection(now, transmitTurn_, *peer.connection);
           path = peer.connection->transmitPath();
           to = peer.addresses[peer.addresses.size() == 1 ? 0 : path];
           return peer.sealer ? peer.sealer->seal(out, n) : n;

@@ -42,6 +42,7 @@
 #include "transports/udp/faults.h"
 #include "transports/udp/reliability.h"
 #include "transports/udp/socket_address.h"
+#include "transports/udp/trace_recorder.h"
 #include "transports/udp/udp_config.h"
 
 namespace ucxb::udp {
@@ -155,6 +156,12 @@ class Endpoint {
   Stats peerStats(int peer) const;
   uint64_t unknownSourceDrops() const { return unknownSource_; }
   const FaultInjector* faults() const { return faults_.get(); }
+  // Time series (udp_config trace_samples; null when off): what was sampled since the last
+  // call, oldest first, appended to the two vectors.
+  const TraceRecorder* trace() const { return trace_.get(); }
+  void drainTrace(std::vector<ConnectionSample>& connections, std::vector<QueueSample>& queues) {
+    if (trace_) trace_->drain(connections, queues);
+  }
 
  private:
   class EndpointRequest;
@@ -226,6 +233,7 @@ class Endpoint {
   std::unique_ptr<FaultInjector> faults_;
   // congestion=credit's receiving side: this rank's downlink, shared by its connections.
   std::unique_ptr<CreditScheduler> credits_;
+  std::unique_ptr<TraceRecorder> trace_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;
   uint64_t delayedOrder_ = 0;
   std::vector<FaultInjector::Delivery> faultOut_;

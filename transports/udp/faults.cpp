@@ -157,6 +157,13 @@ FaultInjector::Counters FaultInjector::counters() const {
   return sum;
 }
 
+uint64_t FaultInjector::queueDepth(size_t path, TimeUs now) const {
+  const std::deque<double>& departures = paths_[path].departuresUs;
+  const auto departed =
+      std::upper_bound(departures.begin(), departures.end(), static_cast<double>(now));
+  return static_cast<uint64_t>(departures.end() - departed);
+}
+
 bool FaultInjector::queueThrough(Path& path, TimeUs now, Delivery& d) {
   const FaultConfig& config = path.config;
   Counters& counters = path.counters;

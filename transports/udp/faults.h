@@ -124,6 +124,8 @@ class FaultInjector {
   // Summed over the paths (queueHighWater: the largest).
   Counters counters() const;
   const Counters& pathCounters(size_t path) const { return paths_[path].counters; }
+  // Packets in the bottleneck queue of `path` at `now`: not yet departed (trace samples).
+  uint64_t queueDepth(size_t path, TimeUs now) const;
 
  private:
   struct Path {

@@ -5,15 +5,28 @@
 namespace ucxb::udp {
 namespace {
 
-// adaptive: a loss halves a path's weight; each ACK gives back kRecover of what it lacks. At
-// loss rate p the weight settles near 2 kRecover (1 - p) / p: about 0.2 at 5% loss, so a lossy
-// path of four carries some 6% of the packets instead of 25%, and still enough of them to
-// notice when it heals.
-constexpr double kLossFactor = 0.5;
-constexpr double kRecover = 0.005;
-constexpr double kMinWeight = 0.02;
+// adaptive: each path keeps an estimate of the fraction of its packets that are lost (an
+// exponentially weighted average over its own packets, acked 0, lost 1, gain kLossGain), and
+// its weight is 1 / (1 + kLossPenalty x the estimate's excess over the best path's): 0.9 at
+// 0.02% more loss, 0.2 at 1%, 0.05 at 5% (a lossy path of four then carries some 1.6% of the
+// packets instead of 25%). The excess, because what every path suffers alike (a loaded host
+// delaying packets past the time threshold) tells no path from another. The estimate
+// is per connection and outlives ops, so what one op learned serves the next. A path never
+// drops below kMinWeight, so it keeps a trickle of packets whose ACKs show when it heals:
+// each ACK takes kLossGain of the estimate away, and 50 ACKs in a row bring a 5% path back
+// above half weight.
+constexpr double kLossGain = 1.0 / 16;
+constexpr double kLossPenalty = 400.0;
+constexpr double kMinWeight = 0.005;
 // A path's RTT this many times the best path's halves its share (in proportion beyond 1x).
 constexpr double kRttSlack = 2.0;
+
+double lossWeight(double lossRate) { return 1.0 / (1.0 + kLossPenalty * lossRate); }
+
+// The loss-driven weight as the stats show it (1000 = full).
+uint64_t permille(double lossRate) {
+  return static_cast<uint64_t>(1000.0 * lossWeight(lossRate) + 0.5);
+}
 
 }  // namespace
 
@@ -28,8 +41,8 @@ PathSelector::PathSelector(uint32_t paths, const std::string& policy)
                                      : Policy::kSingle),
       paths_(std::max<uint32_t>(paths, 1)) {}
 
-double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt) const {
-  double w = p.weight;
+double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const {
+  double w = lossWeight(p.lossRate - bestLoss);
   if (bestRtt > 0 && p.stats.rttSmoothedUs > 0) {
     const double ratio = static_cast<double>(p.stats.rttSmoothedUs) /
                          (kRttSlack * static_cast<double>(bestRtt));
@@ -52,16 +65,18 @@ uint32_t PathSelector::next(uint32_t avoid) {
   }
   // Smooth weighted round-robin (deterministic, interleaves paths rather than bursting).
   DurationUs bestRtt = 0;
+  double bestLoss = 1.0;
   for (const Path& p : paths_) {
     if (p.stats.rttSmoothedUs > 0 && (bestRtt == 0 || p.stats.rttSmoothedUs < bestRtt)) {
       bestRtt = p.stats.rttSmoothedUs;
     }
+    bestLoss = std::min(bestLoss, p.lossRate);
   }
   double total = 0;
   for (uint32_t i = 0; i < n; ++i) {
     if (i == avoid) continue;
     Path& p = paths_[i];
-    const double w = effectiveWeight(p, bestRtt);
+    const double w = effectiveWeight(p, bestRtt, bestLoss);
     p.credit += w;
     total += w;
   }
@@ -87,7 +102,7 @@ uint32_t PathSelector::chooseControl() {
   }
   uint32_t best = 0;
   for (uint32_t i = 1; i < n; ++i) {
-    if (paths_[i].weight > paths_[best].weight) best = i;
+    if (paths_[i].lossRate < paths_[best].lossRate) best = i;
   }
   return best;
 }
@@ -104,16 +119,28 @@ void PathSelector::onAcked(uint32_t path, DurationUs rttUs) {
   // RFC 6298's 1/8 gain, per path.
   p.stats.rttSmoothedUs =
       p.stats.rttSmoothedUs == 0 ? rttUs : (7 * p.stats.rttSmoothedUs + rttUs) / 8;
-  p.weight += kRecover * (1.0 - p.weight);
-  p.stats.weightPermille = static_cast<uint64_t>(p.weight * 1000.0 + 0.5);
+  p.lossRate -= kLossGain * p.lossRate;
+  p.stats.weightPermille = permille(p.lossRate);
 }
 
-void PathSelector::onLost(uint32_t path) {
+void PathSelector::onLost(uint32_t path, bool byTimeout) {
   Path& p = paths_[path];
   ++p.stats.lost;
+  // A timeout declares everything in flight lost, on every path at once: it says the peer (or
+  // this host's scheduler) went quiet, not which path loses packets. Counted, it reset what
+  // adaptive had learned whenever a loaded host starved the progress thread.
+  if (byTimeout) return;
   lastLost_ = path;
-  p.weight = std::max(kMinWeight, p.weight * kLossFactor);
-  p.stats.weightPermille = static_cast<uint64_t>(p.weight * 1000.0 + 0.5);
+  p.lossRate += kLossGain * (1.0 - p.lossRate);
+  p.stats.weightPermille = permille(p.lossRate);
+}
+
+void PathSelector::onSpuriousLoss(uint32_t path) {
+  // What onLost added, about kLossGain; the ACKs since have shrunk it a little, so this takes
+  // back slightly more, which the floor at 0 bounds.
+  Path& p = paths_[path % paths_.size()];
+  p.lossRate = std::max(0.0, p.lossRate - kLossGain);
+  p.stats.weightPermille = permille(p.lossRate);
 }
 
 }  // namespace ucxb::udp

@@ -6,10 +6,12 @@
 // Policies (udp_config `path_policy`):
 //   single   - everything on path 0 (one path, as without multipath);
 //   spray    - round-robin over every path (packet spraying, as AWS SRD and UET do);
-//   adaptive - weighted round-robin whose weights follow what each path's packets met: a loss
-//              halves the path's weight, an ACK wins a little of it back, and a path whose
-//              smoothed RTT is well above the best path's is weighted down in proportion (the
-//              per-path signals of UET's NSCC and UCCL's path selection, in miniature).
+//   adaptive - weighted round-robin whose weights follow what each path's packets met: a
+//              path's weight falls with its estimated loss rate beyond the best path's
+//              (1 / (1 + 400 x excess); the losses loss detection declares, not a timeout's,
+//              and not those that a late ACK shows were none), and a path whose smoothed RTT
+//              is well above the best path's is weighted down in proportion (the per-path signals of UET's NSCC and
+//              UCCL's path selection, in miniature).
 // Under every policy a retransmission avoids the path its content was last lost on.
 #pragma once
 
@@ -38,7 +40,11 @@ class PathSelector {
   uint32_t chooseControl();
   void onSent(uint32_t path, bool retransmission);
   void onAcked(uint32_t path, DurationUs rttUs);
-  void onLost(uint32_t path);
+  // byTimeout: declared by the retransmission timeout, which blames no path in particular.
+  void onLost(uint32_t path, bool byTimeout);
+  // A packet that loss detection declared lost on `path` was acknowledged after all (it was
+  // late, e.g. held up by the receiving host): the loss is taken back.
+  void onSpuriousLoss(uint32_t path);
 
   const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
 
@@ -46,10 +52,10 @@ class PathSelector {
   enum class Policy : uint8_t { kSingle, kSpray, kAdaptive };
   struct Path {
     PathStats stats;
-    double weight = 1.0;
+    double lossRate = 0.0;  // adaptive: estimated fraction of this path's packets lost
     double credit = 0.0;  // smooth weighted round-robin's running score
   };
-  double effectiveWeight(const Path& p, DurationUs bestRtt) const;
+  double effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const;
   uint32_t next(uint32_t avoid);
 
   Policy policy_;

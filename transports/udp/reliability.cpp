@@ -193,6 +193,7 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   stats_.lateAcks += ackResult_.lateAcks;
   stats_.spuriousRetransmissions += ackResult_.lateDataAcks;
   if (ackResult_.lateDataAcks > 0) lossRecovery_->onSpuriousRetransmission();
+  for (const uint32_t path : ackResult_.spuriousLossPaths) paths_.onSpuriousLoss(path);
   AckSignal signal;
   signal.now = now;
   if (ackResult_.rttSampleSentTime && now >= *ackResult_.rttSampleSentTime) {
@@ -269,7 +270,7 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   TimeUs newestSent = 0;
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
-    paths_.onLost(p.path);
+    paths_.onLost(p.path, cause == LossCause::kTimeout);
     switch (p.content.kind) {
       case PacketContent::Kind::kData: sender_.onLost(std::move(p.content)); break;
       case PacketContent::Kind::kCts: receiver_.onClearToSendLost(p.content.ctsIds); break;

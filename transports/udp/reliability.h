@@ -106,6 +106,7 @@ class PeerConnection {
   const UdpConfig& config() const { return config_; }
   const PeerIdentity& identity() const { return identity_; }
   size_t packetsInFlight() const { return sent_.inFlightCount(); }
+  uint64_t bytesInFlight() const { return sent_.inFlightBytes(); }
   uint64_t congestionWindow() const { return congestion_->windowPackets(); }
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
   // Nothing left to send or to wait for (tests use it to detect quiescence).

@@ -34,6 +34,7 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   out.newlyAcked.clear();
   out.lateAcks = 0;
   out.lateDataAcks = 0;
+  out.spuriousLossPaths.clear();
   out.rttSampleSentTime.reset();
   if (ack.rangeCount == 0) return true;
   // Ranges are descending: the first one holds the largest number.
@@ -64,8 +65,9 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   }
   for (uint16_t i = 0; i < ack.rangeCount && !lostData_.empty(); ++i) {
     auto it = lostData_.lower_bound(ack.ranges[i].smallest);
-    while (it != lostData_.end() && *it <= ack.ranges[i].largest) {
+    while (it != lostData_.end() && it->first <= ack.ranges[i].largest) {
       ++out.lateDataAcks;
+      if (it->second != kByTimeout) out.spuriousLossPaths.push_back(it->second);
       it = lostData_.erase(it);
     }
   }
@@ -76,12 +78,12 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   return true;
 }
 
-void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost) {
+void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost, bool byTimeout) {
   p.state = SentPacket::State::kLost;
   --inFlight_;
   inFlightBytes_ -= p.bytes;
   if (p.content.kind == PacketContent::Kind::kData) {
-    lostData_.insert(p.number);
+    lostData_.emplace(p.number, byTimeout ? kByTimeout : p.path);
     if (lostData_.size() > kRememberedLost) lostData_.erase(lostData_.begin());
   }
   lost.push_back(std::move(p));
@@ -160,7 +162,7 @@ std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) con
 void SentPackets::expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost) {
   for (SentPacket& p : packets_) {
     if (p.sentTime > cutoff) break;
-    if (p.state == SentPacket::State::kInFlight) markLost(p, lost);
+    if (p.state == SentPacket::State::kInFlight) markLost(p, lost, /*byTimeout=*/true);
   }
   trimFront();
 }

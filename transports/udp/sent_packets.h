@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
-#include <set>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -57,6 +57,9 @@ class SentPackets {
     // content was resent for nothing (spurious retransmissions). Counted even after the
     // record itself is gone, which for a loss at the front of the window is at once.
     uint64_t lateDataAcks = 0;
+    // The path of each of those that loss detection (not a timeout) had declared lost: a
+    // path that was blamed for a loss it did not cause (path_selector.h takes it back).
+    std::vector<uint32_t> spuriousLossPaths;
     // Send time of the frame's largest packet if this frame is the first to acknowledge it:
     // the one RTT sample the frame yields (RFC 9002 5.1).
     std::optional<TimeUs> rttSampleSentTime;
@@ -94,7 +97,7 @@ class SentPackets {
 
  private:
   SentPacket* find(PacketNumber pn);
-  void markLost(SentPacket& p, std::vector<SentPacket>& lost);
+  void markLost(SentPacket& p, std::vector<SentPacket>& lost, bool byTimeout = false);
   // Drops settled packets from the front, so that the front is the oldest in flight.
   void trimFront();
 
@@ -110,9 +113,11 @@ class SentPackets {
                            std::vector<SentPacket>& lost);
   std::optional<TimeUs> nextLossTimePerPath(DurationUs lossDelay) const;
   // Numbers of the DATA packets declared lost most recently, to tell a spurious
-  // retransmission when one of them is acknowledged after all.
+  // retransmission when one of them is acknowledged after all, with the path each took
+  // (kByTimeout: a timeout declared it, which blamed no path).
   static constexpr size_t kRememberedLost = 1024;
-  std::set<PacketNumber> lostData_;
+  static constexpr uint32_t kByTimeout = UINT32_MAX;
+  std::map<PacketNumber, uint32_t> lostData_;
 };
 
 }  // namespace ucxb::udp

@@ -77,6 +77,15 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                        "kernel receive and send buffer of the socket (forced as root, else "
                        "capped at net.core.rmem_max); must hold every peer's send window"),
                  &UdpConfig::socketBufferBytes),
+          member(integer("trace_samples", 0, kMaxCount,
+                         "time series within an op: samples kept of each kind (per peer and "
+                         "path: cwnd, in flight, RTT, losses, marks, trims; per path: the "
+                         "bottleneck's queue) until read, the oldest overwritten (0: off)"),
+                 &UdpConfig::traceSamples),
+          member(integer("trace_interval_us", 0, kMaxUs,
+                         "least time between two trace samples of one peer or path; window "
+                         "cuts and drop-tails are sampled whatever it says (0: every event)"),
+                 &UdpConfig::traceIntervalUs),
           member(choice("loss_recovery", lossRecoveryNames(), "selective_repeat (resend what was lost; the receiver keeps "
                         "out-of-order data) or go_back_n (the receiver drops what follows a "
                         "gap; the sender resends from the lost packet on)"),

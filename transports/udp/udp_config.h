@@ -85,6 +85,13 @@ struct UdpConfig {
   // drops it and the sender waits out a loss timeout.
   uint64_t socketBufferBytes = uint64_t{8} << 20;
 
+  // Time series within an op (trace_recorder.h): this many samples of each kind (connection,
+  // bottleneck queue) are kept until the progress thread takes them (at each op's start and
+  // end), the oldest overwritten; 0 records nothing and costs nothing. A sample is taken at most every traceIntervalUs per peer (and path),
+  // and at every window cut and drop-tail whatever the interval; 0: at every event.
+  uint64_t traceSamples = 0;
+  DurationUs traceIntervalUs = 100;
+
   std::string lossRecovery = "selective_repeat";  // see lossRecoveryNames()
   std::string congestion = "none";                // see congestionControlNames()
   uint32_t initialCwndPackets = 32;  // window at start (aimd: its slow-start origin)

@@ -306,6 +306,19 @@ std::vector<Counters> UdpTransport::peerCounters() const {
   return out;
 }
 
+std::vector<TraceSeries> UdpTransport::drainTraceSeries() {
+  const TraceRecorder* trace = endpoint_.trace();
+  if (trace == nullptr) return {};
+  std::vector<ConnectionSample> connections;
+  std::vector<QueueSample> queues;
+  endpoint_.drainTrace(connections, queues);
+  TraceSeries conn{"conn", connectionSampleFields(), {}, trace->connectionsOverwritten()};
+  for (const auto& s : connections) appendTraceValues(s, conn.values);
+  TraceSeries queue{"queue", queueSampleFields(), {}, trace->queuesOverwritten()};
+  for (const auto& s : queues) appendTraceValues(s, queue.values);
+  return {std::move(conn), std::move(queue)};
+}
+
 Counters UdpTransport::transportCounters() const {
   Counters c = {
       {"unknown_source_drops", endpoint_.unknownSourceDrops()},

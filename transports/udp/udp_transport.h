@@ -63,6 +63,7 @@ class UdpTransport final : public Transport {
 
   std::vector<Counters> peerCounters() const override;
   Counters transportCounters() const override;
+  std::vector<TraceSeries> drainTraceSeries() override;
 
   const SocketAddress& boundAddress() const { return socket_.localAddress(); }
 

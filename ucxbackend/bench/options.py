@@ -305,8 +305,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         metavar="DIR",
-        help="udp columns: write per-op, per-peer and per-path time series to "
-        "DIR/trace-rank<R>.jsonl and plot them to DIR/trace-<column>.png (matplotlib)",
+        help="udp columns: write per-op, per-peer and per-path time series, and samples "
+        "within each op (window, RTT, in flight, bottleneck queue), to "
+        "DIR/trace-rank<R>.jsonl and plot them to DIR/trace-*.png (matplotlib)",
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="progress lines and log messages on stderr"

@@ -73,7 +73,7 @@ from .timing import (
     round_lengths,
     time_round,
 )
-from .trace import TraceWriter, write_trace_plots
+from .trace import TraceWriter, traced_pg_options, write_trace_plots
 from .udp import UDP
 
 logger = logging.getLogger(__name__)
@@ -317,7 +317,10 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
             if reason is not None:
                 skipped[NCCL] = reason
         groups = {
-            v.label: dist.new_group(backend=UDP, timeout=timeout, pg_options=v.pg_options())
+            v.label: dist.new_group(
+                backend=UDP, timeout=timeout,
+                pg_options=traced_pg_options(v.pg_options()) if opts.trace else v.pg_options(),
+            )
             for v in opts.udp_variants
         }
         if FAKE in opts.backends:

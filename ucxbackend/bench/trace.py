@@ -5,8 +5,13 @@ one ``"kind": "op"`` line per op of the round (what that op changed, summed over
 ``ops`` records of ``ucxbackend.stats``), then one ``"kind": "peer"`` line per peer with its
 connection's counters so far (RTT, retransmissions, losses, ECN echoes, NACKed trims) and,
 with several paths, one ``"kind": "path"`` line per peer and path (packets sent, lost,
-retransmitted, RTT, adaptive weight). Every line carries the column, collective, size, rank
-and the wall time ``t_s``. Nothing is sampled or written without ``--trace``.
+retransmitted, RTT, adaptive weight). Within each op the transport samples its state
+(``ucxbackend.trace_samples``; the bench turns recording on with ``trace_samples`` in every
+udp column's ``udp_config`` unless the column sets it): ``"kind": "conn"`` lines per peer and
+path (window, in flight, RTT, retransmissions, losses, marks, trims) and ``"kind": "queue"``
+lines per path (the emulated bottleneck's queue), each with the transport's ``t_us`` and the
+``seq`` of its op. Every line carries the column, collective, size, rank and the wall time
+``t_s``. Nothing is sampled or written without ``--trace``.
 
 :func:`write_trace_plots` draws them on rank 0 at the end (matplotlib, optional: without it
 the plots are skipped with a message and the JSON lines stay).
@@ -41,6 +46,20 @@ PATH_FIELDS: Final = ("sent", "retransmitted", "acked", "lost", "rtt_us", "weigh
 # What an "op" line carries of the op's own change.
 OP_FIELDS: Final = ("retransmitted_packets", "declared_lost", "rto_expiries", "packets_nacked")
 _PATH_KEY: Final = re.compile(r"path([0-9]+)_sent")
+# The sample kinds of ucxbackend.trace_samples, as the JSON lines name them too.
+SAMPLE_KINDS: Final = ("conn", "queue")
+# Samples of each kind a rank keeps between two reads (after every timed round) when a udp
+# column does not set trace_samples itself: 64Ki x ~100 bytes per kind and rank.
+BENCH_TRACE_SAMPLES: Final = 65536
+
+
+def traced_pg_options(pg_options: Mapping[str, str]) -> dict[str, str]:
+    """A udp column's ``pg_options`` with recording on (``trace_samples``) unless it is set."""
+    config = pg_options.get("udp_config", "")
+    if re.search(r"(^|,)\s*trace_samples\s*=", config):
+        return dict(pg_options)
+    extra = f"trace_samples={BENCH_TRACE_SAMPLES}"
+    return {**pg_options, "udp_config": f"{config},{extra}" if config else extra}
 
 
 def trace_path(directory: str, rank: int) -> str:
@@ -72,6 +91,15 @@ def trace_records(
     return out
 
 
+def sample_records(
+    samples: Iterable[Mapping[str, Any]], *, column: str, collective: str, nbytes: int,
+    rank: int, t_s: float,
+) -> list[dict[str, Any]]:
+    """The lines for the time-series samples ``ucxbackend.trace_samples`` returned."""
+    base = {"t_s": t_s, "column": column, "collective": collective, "bytes": nbytes, "rank": rank}
+    return [{**base, **s} for s in samples if s["kind"] in SAMPLE_KINDS]
+
+
 class TraceWriter:
     """Appends one rank's samples to its JSON-lines file."""
 
@@ -84,8 +112,11 @@ class TraceWriter:
         import ucxbackend
 
         stats = ucxbackend.stats(group)
+        now = time.time()
         records = trace_records(stats, column=column, collective=collective, nbytes=nbytes,
-                                rank=self.rank, since_seq=self._last_seq, t_s=time.time())
+                                rank=self.rank, since_seq=self._last_seq, t_s=now)
+        records += sample_records(ucxbackend.trace_samples(group), column=column,
+                                  collective=collective, nbytes=nbytes, rank=self.rank, t_s=now)
         if stats.get("ops"):
             self._last_seq = int(stats["ops"][-1]["seq"])
         with open(self.path, "a", encoding="utf-8") as f:
@@ -114,9 +145,16 @@ def _series(records: Iterable[Mapping[str, Any]], kind: str, key: tuple[str, ...
     return series
 
 
+def _file_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@%+-]", "_", text)
+
+
 def write_trace_plots(directory: str) -> list[str]:
-    """One PNG per column in ``directory``: per-path RTT and packets sent, the peers' RTT and
-    retransmissions, over time. Returns the files written; without matplotlib, none (logged)."""
+    """One PNG per column in ``directory`` (per-path RTT and packets sent, the peers' RTT and
+    retransmissions, over the rounds) and, where the transport sampled within ops, one per
+    column, collective and size for its last traced op (window, RTT, in flight and bottleneck
+    queue against time within the op). Returns the files written; without matplotlib, none
+    (logged)."""
     try:
         import matplotlib
 
@@ -128,8 +166,9 @@ def write_trace_plots(directory: str) -> list[str]:
         return []
     records = read_traces(directory)
     written: list[str] = []
-    for column in sorted({r["column"] for r in records}):
-        mine = [r for r in records if r["column"] == column]
+    totals = [r for r in records if r["kind"] not in SAMPLE_KINDS]
+    for column in sorted({r["column"] for r in totals}):
+        mine = [r for r in totals if r["column"] == column]
         t0 = min(float(r["t_s"]) for r in mine)
         panels = [
             ("path", ("rank", "peer", "path"), "rtt_us", "path RTT (us)"),
@@ -148,7 +187,72 @@ def write_trace_plots(directory: str) -> list[str]:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize="small")
         fig.tight_layout()
-        path = os.path.join(directory, f"trace-{re.sub(r'[^A-Za-z0-9_.@%+-]', '_', column)}.png")
+        path = os.path.join(directory, f"trace-{_file_part(column)}.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    written += _write_op_plots(directory, [r for r in records if r["kind"] in SAMPLE_KINDS], plt)
+    return written
+
+
+# The panels of an op's plot: (kind, field, title); the RTT panel draws the latest sample
+# dotted over the smoothed one.
+_OP_PANELS: Final = (
+    ("conn", "cwnd_packets", "congestion window (packets; 0: none)"),
+    ("conn", "rtt_smoothed_us", "RTT (us): smoothed, latest dotted"),
+    ("conn", "inflight_packets", "packets in flight"),
+    ("queue", "queue_packets", "bottleneck queue (packets; dashed: its limit)"),
+)
+
+
+def last_traced_ops(
+    samples: Iterable[Mapping[str, Any]],
+) -> dict[tuple[str, str, int], list[Mapping[str, Any]]]:
+    """The samples of the last traced op (highest ``seq`` with connection samples) of each
+    (column, collective, bytes)."""
+    by_key: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for s in samples:
+        by_key.setdefault((s["column"], s["collective"], int(s["bytes"])), []).append(s)
+    out: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
+    for key, mine in by_key.items():
+        seqs = [int(s["seq"]) for s in mine if s["kind"] == "conn"]
+        if seqs:
+            out[key] = [s for s in mine if int(s["seq"]) == max(seqs)]
+    return out
+
+
+def _write_op_plots(directory: str, samples: list[dict[str, Any]], plt: Any) -> list[str]:
+    written: list[str] = []
+    for (column, collective, nbytes), mine in sorted(last_traced_ops(samples).items()):
+        t0 = min(int(s["t_us"]) for s in mine)
+        seq = int(mine[0]["seq"])
+        fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
+        for ax, (kind, field, title) in zip(axes.flat, _OP_PANELS, strict=True):
+            key = ("rank", "peer", "path") if kind == "conn" else ("rank", "path")
+            lines: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+            for s in mine:
+                if s["kind"] == kind:
+                    lines.setdefault(tuple(s[k] for k in key), []).append(s)
+            for label, points in sorted(lines.items()):
+                xs = [(int(p["t_us"]) - t0) / 1000 for p in points]
+                name = " ".join(f"{k} {v}" for k, v in zip(key, label, strict=True))
+                drawn = ax.plot(xs, [p[field] for p in points], drawstyle="steps-post",
+                                label=name)
+                if field == "rtt_smoothed_us":
+                    ax.plot(xs, [p["rtt_latest_us"] for p in points], linestyle=":",
+                            color=drawn[0].get_color() if drawn else None)
+            if kind == "queue":
+                for limit in sorted({s["queue_limit"] for s in mine if s["kind"] == "queue"}):
+                    ax.axhline(limit, linestyle="--", color="grey", linewidth=0.8)
+            ax.set_title(title)
+            ax.set_xlabel("time within the op (ms)")
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+        fig.suptitle(f"{column}: {collective} of {nbytes} B, op {seq}")
+        fig.tight_layout()
+        name = f"trace-{_file_part(column)}-{_file_part(collective)}-{nbytes}B-op{seq}.png"
+        path = os.path.join(directory, name)
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
