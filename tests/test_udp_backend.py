@@ -218,7 +218,7 @@ def test_bottleneck_marks_trims_and_nacks_over_sockets() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("congestion", ["aimd", "delay", "ecn", "bdp"])
+@pytest.mark.parametrize("congestion", ["aimd", "delay", "ecn", "bdp", "credit"])
 def test_congestion_policies_behind_a_lossy_bottleneck(congestion: str) -> None:
     # Every byte delivered once (matches Gloo) with each policy and RACK, behind the
     # bottleneck with loss, duplication and reordering on top, 3 ranks.

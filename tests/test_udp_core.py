@@ -53,6 +53,9 @@ GROUPS = [
     "incast",
     "rack_reordering",
     "lab_determinism",
+    "credit",
+    "credit_incast",
+    "credit_grant_loss",
 ]
 
 RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1
@@ -173,6 +176,7 @@ ENDPOINT_GROUPS = [
     "linger",
     "transmit_turns",
     "faults",
+    "credit_downlink",
     "trace_samples",
     "multipath_fault_matrix",
     "multipath_adaptive",

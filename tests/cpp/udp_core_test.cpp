@@ -30,6 +30,8 @@
 #include "tests/udp_sim/simulator.h"
 #include "transports/udp/congestion.h"
 #include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_credit.h"
+#include "transports/udp/credit_scheduler.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
 #include "transports/udp/crc32c.h"
@@ -134,6 +136,8 @@ struct TransferPlan {
   bool sameTag = false;          // every message of a flow carries the same tag (order test)
   uint64_t maxSimNs = 60'000'000'000ull;
   bool verbose = false;
+  // Datagrams it returns true for are lost before the link (Simulator::setDropFilter).
+  std::function<bool(int from, int to, std::span<const uint8_t>)> dropFilter;
 };
 
 // Counters summed over every connection of a run.
@@ -145,7 +149,7 @@ struct Totals {
            eager = 0, unexpectedMessages = 0, unexpectedHighWater = 0, pings = 0,
            datagramsSent = 0, ackPacketsSent = 0, rttSamples = 0, afterGapDrops = 0,
            tailProbes = 0, spurious = 0, packetsNacked = 0, nacksSent = 0, trimmedReceived = 0,
-           ceReceived = 0, ceEchoed = 0;
+           ceReceived = 0, ceEchoed = 0, creditPacketsSent = 0, creditTimeouts = 0;
   DurationUs rttMinUs = 0, rttSmoothedUs = 0;
   double goodputBps = 0;  // the best receiving connection's (Stats' own figure)
 };
@@ -175,6 +179,8 @@ Totals totalsOf(Simulator& sim) {
       t.trimmedReceived += s.trimmedReceived;
       t.ceReceived += s.ceReceived;
       t.ceEchoed += s.ceEchoed;
+      t.creditPacketsSent += s.creditPacketsSent;
+      t.creditTimeouts += s.creditTimeouts;
       t.payloadBytesReceived += s.payloadBytesReceived;
       t.bytesDelivered += s.bytesDelivered;
       t.creditStalls += s.creditStalls;
@@ -236,6 +242,7 @@ TransferOutcome runTransfer(const TransferPlan& plan) {
   TransferOutcome out;
   Simulator sim(plan.nodes, plan.config, plan.link);
   applyFaults(sim, plan);
+  if (plan.dropFilter) sim.setDropFilter(plan.dropFilter);
   for (int n = 0; plan.downlinkFaults && n < plan.nodes; ++n) {
     FaultConfig c = *plan.downlinkFaults;
     c.seed = plan.downlinkFaults->seed * 1000003ull + static_cast<uint64_t>(n);
@@ -605,7 +612,10 @@ void testWireFormat() {
   CHECK(decodePacket(longer, p) == DecodeError::kMalformed);
   // Version and type.
   std::vector<uint8_t> bad(buf.begin(), buf.begin() + n);
-  bad[0] = 2;
+  bad[0] = 1;  // version 1 (before CREDIT) is refused: a mixed pair fails loudly
+  sealChecksum(bad);
+  CHECK(decodePacket(bad, p) == DecodeError::kBadVersion);
+  bad[0] = kWireVersion + 1;
   sealChecksum(bad);
   CHECK(decodePacket(bad, p) == DecodeError::kBadVersion);
   bad[0] = kWireVersion;
@@ -1914,7 +1924,8 @@ void testSoak() {
 // The protocol lab: the emulated bottleneck, and the congestion and loss-recovery policies
 // under it (issue #22).
 
-const std::vector<std::string> kCongestionPolicies = {"none", "aimd", "delay", "ecn", "bdp"};
+const std::vector<std::string> kCongestionPolicies = {"none", "aimd", "delay", "ecn", "bdp",
+                                                      "credit"};
 const std::vector<std::string> kLossPolicies = {"selective_repeat", "go_back_n", "rack"};
 
 std::vector<uint8_t> dataDatagram(size_t payloadBytes, PacketNumber pn = 1) {
@@ -2259,6 +2270,18 @@ void testTrimNack() {
   CHECK_MSG(2 * nack.doneNs <= sack.doneNs, "NACK-on-trim was not 2x faster than SACK alone");
 }
 
+// The issue's incast: nodes 1-3 send `each` bytes at once to node 0, whose 2 Gbit/s downlink
+// has a 64-packet queue marking above 16 (links 10 Gbit/s).
+TransferPlan incastPlan(const std::string& config, uint64_t each) {
+  TransferPlan plan;
+  plan.nodes = 4;
+  plan.config = configWith(config);
+  plan.label = "incast 3 to 1, " + config;
+  plan.downlinkFaults = parseFaultConfig("rate_mbps=2000,queue=64,mark_above=16,seed=3");
+  plan.flows = {{1, 0, {each}}, {2, 0, {each}}, {3, 0, {each}}};
+  return plan;
+}
+
 void testIncast() {
   // Three nodes send 2 MiB each to a fourth at once, whose 2 Gbit/s downlink has a 64-packet
   // queue marking above 16 (the issue's incast, in the simulator where time is exact and no
@@ -2271,13 +2294,8 @@ void testIncast() {
   const uint64_t each = 2u << 20;
   std::map<std::string, TransferOutcome> by;
   for (const std::string& cc : kCongestionPolicies) {
-    TransferPlan plan;
-    plan.nodes = 4;
-    plan.config = configWith("congestion=" + cc + ",cc_link_mbps=2000,initial_cwnd_packets=16");
-    plan.label = "incast 3 to 1 " + cc;
-    plan.downlinkFaults = parseFaultConfig("rate_mbps=2000,queue=64,mark_above=16,seed=3");
-    plan.flows = {{1, 0, {each}}, {2, 0, {each}}, {3, 0, {each}}};
-    const TransferOutcome o = runTransfer(plan);
+    const TransferOutcome o = runTransfer(
+        incastPlan("congestion=" + cc + ",cc_link_mbps=2000,initial_cwnd_packets=16", each));
     // Goodput at the receiver: every byte of the three flows over the op's time.
     const double gbps = 3.0 * each * 8 / static_cast<double>(o.doneNs);
     std::printf("  incast %-5s %6.2f ms  %.2f Gb/s (%.2fx the downlink)  retx %llu  queue drops "
@@ -2293,9 +2311,10 @@ void testIncast() {
   }
   const auto retx = [&](const std::string& cc) { return by[cc].totals.retransmittedPackets; };
   CHECK_MSG(retx("aimd") <= retx("none"), "aimd resent more than none");
-  for (const std::string cc : {"delay", "ecn"}) {
+  for (const std::string cc : {"delay", "ecn", "credit"}) {
     CHECK_MSG(5 * retx(cc) <= retx("aimd"), cc + " did not resend 5x less than aimd");
-    // They read the queue (its delay, its marks) and keep it from filling at all.
+    // They read the queue (its delay, its marks), or pace what enters it (credit), and keep
+    // it from filling at all.
     CHECK_MSG(by[cc].faults.queueDropped == 0 && by[cc].faults.queueHighWater < 64,
               cc + " filled the queue");
     const double gbps = 3.0 * each * 8 / static_cast<double>(by[cc].doneNs);
@@ -2387,6 +2406,192 @@ void measure() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// congestion=credit: the receiver-driven policy (congestion_credit.h, credit_scheduler.h).
+
+void testCredit() {
+  std::vector<uint8_t> buf(kMaxDatagramBytes);
+  DecodedPacket p;
+  // The CREDIT packet: round trip, every prefix refused, flags and reserved bits checked.
+  {
+    CreditFrame f;
+    f.granted = 0x0102030405060708ull;
+    f.wanted = 77;
+    f.flags = credit_flags::kRequest;
+    const size_t n = encodeCredit(buf, testHeader(), f);
+    CHECK_EQ(n, kCreditBytes);
+    CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kNone);
+    CHECK(p.header.type == PacketType::kCredit && p.header.sourceRank == 3);
+    CHECK(p.credit.granted == f.granted && p.credit.wanted == 77 &&
+          p.credit.flags == credit_flags::kRequest);
+    for (size_t k = 0; k < n; ++k) CHECK(decodePacket({buf.data(), k}, p) != DecodeError::kNone);
+    std::vector<uint8_t> bad(buf.begin(), buf.begin() + n);
+    bad[32] = 0x02;  // an unknown flag
+    sealChecksum(bad);
+    CHECK(decodePacket(bad, p) == DecodeError::kMalformed);
+    bad[32] = 0x01;
+    bad[35] = 1;  // reserved
+    sealChecksum(bad);
+    CHECK(decodePacket(bad, p) == DecodeError::kMalformed);
+    bad[35] = 0;
+    bad.push_back(0);
+    sealChecksum(bad);
+    CHECK(decodePacket(bad, p) == DecodeError::kMalformed);
+  }
+  // The scheduler: nothing before anyone wants credit; then grants at the rate, one quantum
+  // at a time, round-robin among those wanting; each sender up to its demand plus one
+  // unsolicited window; a late call makes up for at most 300 us, and nothing is kept while
+  // nobody wants any.
+  {
+    CreditScheduler s(800, 1000, 100);  // 800 Mbit/s = 100 bytes/us
+    const size_t a = s.join(), b = s.join(), c = s.join();
+    CHECK_EQ(s.granted(a), uint64_t{1000});
+    CHECK(!s.nextGrantTime());
+    s.advance(50);
+    CHECK_EQ(s.granted(a), uint64_t{1000});
+    s.onWanted(a, 1'000'000, 100);
+    s.onWanted(b, 1'000'000, 100);
+    CHECK_EQ(s.nextGrantTime().value_or(0), TimeUs{101});
+    s.advance(110);  // 1000 bytes earned, 5 quanta each
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{3000});
+    CHECK_EQ(s.granted(a), s.granted(b));
+    CHECK_EQ(s.granted(c), uint64_t{1000});
+    s.advance(410);  // 300 us late: made up for
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{33'000});
+    s.advance(3110);  // 2.7 ms late: only 300 us of it made up for
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{63'000});
+    // Other traffic on the downlink (ACKs, CREDITs) is taken from the credit first.
+    s.onOtherArrival(500);
+    s.advance(3115);
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{63'000});
+    s.advance(3120);
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{63'500});
+    s.advance(3125);
+    CHECK_EQ(s.granted(a) + s.granted(b), uint64_t{64'000});
+    // A small demand is met up to its window and then gets nothing more.
+    s.onWanted(c, 1150, 3125);
+    for (TimeUs t = 3126; t <= 3175; ++t) s.advance(t);  // 50 quanta, 12 of them c's
+    CHECK_EQ(s.granted(c), uint64_t{2150});
+    CHECK(s.satisfied(c) && !s.satisfied(a));
+    CHECK(s.granted(a) >= 32'000 + 1800 && s.granted(b) >= 32'000 + 1800);
+    // Paced over a long run: within one quantum of the rate.
+    const uint64_t before = s.granted(a) + s.granted(b) + s.granted(c);
+    for (TimeUs t = 3176; t <= 3675; ++t) s.advance(t);
+    const uint64_t granted = s.granted(a) + s.granted(b) + s.granted(c) - before;
+    CHECK_MSG(granted >= 500 * 100 - 100 && granted <= 500 * 100 + 100, std::to_string(granted));
+  }
+  // The sender: the unsolicited window, then only against grants; the demand reported as
+  // it grows; a request again after the timeout while waiting with a backlog.
+  {
+    CreditCongestionControl c(1000, 500, 2000);
+    CHECK_EQ(c.windowPackets(), UINT64_MAX);
+    CHECK(c.credits() == &c);
+    c.setBacklog(3000);
+    bool timedOut = false;
+    CHECK(c.requestDue(0, timedOut) && !timedOut);
+    c.onRequestSent(0);
+    CHECK(!c.requestDue(1, timedOut));
+    CHECK(c.maySend());
+    c.onDataSent(600);
+    CHECK(c.maySend());
+    c.onDataSent(600);  // overshoots the window by 200: spent, so owed
+    CHECK(!c.maySend() && c.wanted() == 3000);
+    CHECK_EQ(c.nextRequestTime().value_or(0), TimeUs{500});
+    CHECK(c.requestDue(500, timedOut) && timedOut);
+    c.onRequestSent(500);
+    c.onGrant(1100, 600);  // older than what it has: no news
+    CHECK(!c.maySend());
+    c.onGrant(2400, 700);
+    CHECK(c.maySend() && !c.nextRequestTime());
+    // Grants that piled up beyond 2000 unused (a descheduled sender) are forfeited: spent,
+    // so the demand grows by them and a request asks for them again.
+    c.onGrant(10'000, 800);
+    CHECK_EQ(c.spent(), uint64_t{8000});
+    CHECK_EQ(c.wanted(), uint64_t{8000 + 1800});
+    CHECK(c.requestDue(800, timedOut) && !timedOut);
+    c.onRetransmissionTimeout(800);
+    c.onPacketsLost(700, 800);
+    CHECK(c.maySend());
+    CHECK_EQ(std::string(makeCongestionControl(configWith("congestion=credit"))->name()),
+             std::string("credit"));
+  }
+}
+
+// The issue's incast (incastPlan) with 4 MiB per sender, jumbo datagrams as in the bench.
+// Deterministic, so the counts are exact.
+TransferOutcome creditIncast(const std::string& config,
+                             std::function<bool(int, int, std::span<const uint8_t>)> drop = {}) {
+  const uint64_t each = 4u << 20;
+  TransferPlan plan = incastPlan(config, each);
+  plan.dropFilter = std::move(drop);
+  const TransferOutcome o = runTransfer(plan);
+  const double gbps = 3.0 * each * 8 / static_cast<double>(o.doneNs);
+  const std::string counts = "retx " + std::to_string(o.totals.retransmittedPackets) +
+                             "  queue drops " + std::to_string(o.faults.queueDropped) + " max " +
+                             std::to_string(o.faults.queueHighWater) + "  credit packets " +
+                             std::to_string(o.totals.creditPacketsSent) + " timeouts " +
+                             std::to_string(o.totals.creditTimeouts);
+  std::printf("  %-56s %6.2f ms  %.3f Gb/s (%.3fx the downlink)  %s\n", config.c_str(),
+              o.doneNs / 1e6, gbps, gbps / 2.0, counts.c_str());
+  return o;
+}
+
+double incastGoodputGbps(const TransferOutcome& o) {
+  return static_cast<double>(o.bytes) * 8 / static_cast<double>(o.doneNs);
+}
+
+void testCreditIncast() {
+  const std::string common = "mtu_payload=8972,loss_recovery=rack,";
+  const TransferOutcome aimd = creditIncast(common + "congestion=aimd");
+  const TransferOutcome credit = creditIncast(common + "congestion=credit");
+  // The receiver paces the senders at its downlink's rate: the port stays busy, its queue
+  // never overflows, nothing is resent. aimd overflows it and resends.
+  CHECK_MSG(incastGoodputGbps(credit) >= 0.9 * 2.0,
+            std::to_string(incastGoodputGbps(credit)) + " Gb/s of the downlink's 2");
+  CHECK(incastGoodputGbps(credit) <= 2.0);
+  CHECK(aimd.totals.retransmittedPackets > 0);
+  CHECK_MSG(5 * credit.totals.retransmittedPackets <= aimd.totals.retransmittedPackets,
+            "credit resent " + std::to_string(credit.totals.retransmittedPackets) +
+                ", aimd " + std::to_string(aimd.totals.retransmittedPackets));
+  CHECK_EQ(credit.faults.queueDropped, uint64_t{0});
+  CHECK(credit.faults.queueHighWater < 64);
+  CHECK(credit.totals.creditPacketsSent > 0);
+}
+
+void testCreditGrantLoss() {
+  // Every sender's first two requests are lost (the demand of its RTS, then of the message
+  // the CTS cleared), so the receiver learns of no demand until the sender asks again; and the receiver's (node 0's) first 30 grants are all lost, then
+  // every other one. The senders stall once their unsolicited window is spent, ask again
+  // after cc_credit_timeout_us, and the op still completes with every byte delivered once
+  // (runTransfer checks each message). Grants are cumulative, so a lost one is superseded
+  // by the next; without the timeout a lost request would stall its sender for good.
+  const std::string config = "mtu_payload=8972,loss_recovery=rack,congestion=credit";
+  uint64_t grants = 0, dropped = 0;
+  std::vector<int> requestsLost(4, 0);
+  const auto drop = [&](int from, int, std::span<const uint8_t> bytes) {
+    DecodedPacket p;
+    if (decodePacket(bytes, p) != DecodeError::kNone || p.header.type != PacketType::kCredit) {
+      return false;
+    }
+    bool lost = false;
+    if (from != 0 && (p.credit.flags & credit_flags::kRequest) && requestsLost[from] < 2) {
+      ++requestsLost[from];
+      lost = true;
+    } else if (from == 0 && p.credit.granted > 0) {
+      lost = ++grants <= 30 || grants % 2 == 0;
+    }
+    dropped += lost;
+    return lost;
+  };
+  const TransferOutcome o = creditIncast(config, drop);
+  CHECK(o.completed);
+  CHECK(dropped >= 36);
+  CHECK_MSG(o.totals.creditTimeouts >= 3, "the senders did not ask again");
+  const TransferOutcome clean = creditIncast(config);
+  CHECK(clean.completed && clean.totals.creditTimeouts == 0);
+  CHECK(o.doneNs > clean.doneNs);
+}
+
 const ucxb::check::Group kGroups[] = {
     {"crc32c", testCrc32c, true},
     {"range_set", testRangeSet, true},
@@ -2418,6 +2623,9 @@ const ucxb::check::Group kGroups[] = {
     {"incast", testIncast, true},
     {"rack_reordering", testRackReordering, true},
     {"lab_determinism", testLabDeterminism, true},
+    {"credit", testCredit, true},
+    {"credit_incast", testCreditIncast, true},
+    {"credit_grant_loss", testCreditGrantLoss, true},
     {"measure", measure, false},
 };
 

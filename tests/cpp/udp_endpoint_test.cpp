@@ -607,6 +607,31 @@ void testFaults() {
   }
 }
 
+// Every rank behind an emulated 2 Gbit/s downlink with congestion=credit: the Endpoint's one
+// scheduler grants at that rate (emulatedDownlinkMbps), not at cc_link_mbps (10 Gbit/s
+// here), shared by its peers, so every byte arrives and the queue never overflows.
+void testCreditDownlink() {
+  EndpointOptions options = smallOptions();
+  options.config.congestion = "credit";
+  // Four senders (each rank sends to itself too) of 1200-byte datagrams: four unsolicited
+  // windows of 16 KiB (13 datagrams each) fit the 64-packet queue.
+  options.config.ccCreditInitialBytes = 16 << 10;
+  options.faults = parseFaultConfig("rate_mbps=2000,queue=64,seed=3");
+  EndpointNetwork net(4, options);
+  AllPairsExchange exchange(net, {size_t{10}, size_t{60'000}, size_t{1'000'000}},
+                            /*anySource=*/false);
+  exchange.run(60 * kSecond, "credit behind a 2 Gbit/s downlink");
+  for (int n = 0; n < 4; ++n) {
+    const FaultInjector* f = net.endpoint(n)->faults();
+    CHECK(f != nullptr);
+    if (f == nullptr) continue;
+    CHECK_MSG(f->counters().queueDropped == 0,
+              "rank " + std::to_string(n) + ": " + std::to_string(f->counters().queueDropped) +
+                  " queue drops");
+    CHECK(net.endpoint(n)->peerStats((n + 1) % 4).creditPacketsSent > 0);
+  }
+}
+
 // ------------------------------------------------------------------------------ traces
 
 // 2 MiB from node 0 to node 1 through a 1 Gbit/s bottleneck in front of each node with a
@@ -1042,6 +1067,7 @@ const check::Group kGroups[] = {
     {"linger", testLinger, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
+    {"credit_downlink", testCreditDownlink, true},
     {"trace_samples", testTraceSamples, true},
     {"multipath_fault_matrix", testMultipathFaultMatrix, true},
     {"multipath_adaptive", testMultipathAdaptive, true},

@@ -243,6 +243,10 @@ void checkDecoded(std::span<const uint8_t> datagram, const DecodedPacket& p) {
       m = encodeNack(again, p.header,
                      std::span<const PacketNumber>(p.nack.numbers.data(), p.nack.count));
       break;
+    case PacketType::kCredit:
+      FUZZ_CHECK((p.credit.flags & ~credit_flags::kKnown) == 0, hex(datagram));
+      m = encodeCredit(again, p.header, p.credit);
+      break;
     default:
       FUZZ_CHECK(false, "decoded an unknown packet type: " + hex(datagram));
   }
@@ -574,7 +578,8 @@ class Harness {
     FUZZ_CHECK(e == DecodeError::kNone, std::string(decodeErrorName(e)) + ": " + what());
     checkDecoded(d, p);
     FUZZ_CHECK(p.header.token == kToken && p.header.sourceRank == me.rank, what());
-    if (p.header.type != PacketType::kAck && p.header.type != PacketType::kNack) {
+    if (p.header.type != PacketType::kAck && p.header.type != PacketType::kNack &&
+        p.header.type != PacketType::kCredit) {
       // One number per reliable packet, retransmissions included, never reused.
       FUZZ_CHECK(p.packetNumber == me.nextPacketNumber,
                  "expected packet number " + std::to_string(me.nextPacketNumber) + ": " + what());
@@ -606,7 +611,8 @@ class Harness {
           }
         }
         break;
-      case PacketType::kPing: break;
+      case PacketType::kPing:
+      case PacketType::kCredit: break;
       case PacketType::kNack:
         if (!tainted_) {
           for (uint16_t i = 0; i < p.nack.count; ++i) {

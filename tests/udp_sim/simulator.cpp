@@ -17,6 +17,7 @@ Simulator::Simulator(int nodes, const UdpConfig& config, const LinkConfig& link,
   conns_.resize(static_cast<size_t>(nodes * nodes));
   downlinks_.resize(static_cast<size_t>(nodes));
   links_.resize(static_cast<size_t>(nodes * nodes));
+  for (int n = 0; n < nodes; ++n) credits_.push_back(makeCreditScheduler(config));
   for (int n = 0; n < nodes; ++n) {
     for (int p = 0; p < nodes; ++p) {
       if (n == p) continue;
@@ -24,7 +25,8 @@ Simulator::Simulator(int nodes, const UdpConfig& config, const LinkConfig& link,
       id.localRank = static_cast<uint16_t>(n);
       id.peerRank = static_cast<uint16_t>(p);
       id.sessionToken = token;
-      conns_[index(n, p)] = std::make_unique<PeerConnection>(config, id);
+      conns_[index(n, p)] =
+          std::make_unique<PeerConnection>(config, id, credits_[static_cast<size_t>(n)].get());
     }
   }
 }
@@ -35,6 +37,7 @@ void Simulator::setFaults(int from, int to, const FaultConfig& faults) {
 
 void Simulator::setDownlink(int node, const FaultConfig& faults) {
   downlinks_[static_cast<size_t>(node)] = std::make_unique<FaultInjector>(faults);
+  if (faults.bottleneck()) credits_[static_cast<size_t>(node)]->setRateMbps(faults.rateMbps);
 }
 
 void Simulator::setLinkUp(int from, int to, bool up) { links_[index(from, to)].up = up; }
@@ -47,6 +50,10 @@ void Simulator::transmit(int from, int to, std::span<const uint8_t> bytes) {
   if (tap_) tap_(from, to, bytes);
   Link& link = links_[index(from, to)];
   ++link.counters.datagrams;
+  if (dropFilter_ && dropFilter_(from, to, bytes)) {
+    ++link.counters.filterDrops;
+    return;
+  }
   if (!link.up) {
     ++link.counters.downDrops;
     return;

@@ -32,6 +32,7 @@ struct LinkCounters {
   uint64_t datagrams = 0;     // handed to the link
   uint64_t queueDrops = 0;    // tail drops at the queue limit
   uint64_t downDrops = 0;     // dropped while the link was down
+  uint64_t filterDrops = 0;   // dropped by the drop filter
   uint64_t delivered = 0;     // copies that reached the other end
 };
 
@@ -61,6 +62,11 @@ class Simulator {
   // Sees every datagram a connection sends, before the link and faults.
   void setTap(std::function<void(int from, int to, std::span<const uint8_t>)> tap) {
     tap_ = std::move(tap);
+  }
+  // Drops what `drop` returns true for, after the tap and before the link (a test's aim at
+  // one kind of packet, e.g. congestion=credit's grants).
+  void setDropFilter(std::function<bool(int from, int to, std::span<const uint8_t>)> drop) {
+    dropFilter_ = std::move(drop);
   }
   void setEventHandler(std::function<void(const SimEvent&)> handler) {
     eventHandler_ = std::move(handler);
@@ -114,6 +120,8 @@ class Simulator {
 
   const int nodes_;
   const LinkConfig link_;
+  // Each node's congestion=credit scheduler, shared by its connections like its downlink.
+  std::vector<std::unique_ptr<CreditScheduler>> credits_;
   std::vector<std::unique_ptr<PeerConnection>> conns_;  // [node * nodes + peer], null on the diagonal
   std::vector<Link> links_;                             // [from * nodes + to]
   std::vector<std::unique_ptr<FaultInjector>> downlinks_;  // [node], null: none
@@ -123,6 +131,7 @@ class Simulator {
   std::vector<uint8_t> buffer_;
   std::vector<FaultInjector::Delivery> deliveries_;
   std::function<void(int, int, std::span<const uint8_t>)> tap_;
+  std::function<bool(int, int, std::span<const uint8_t>)> dropFilter_;
   std::function<void(const SimEvent&)> eventHandler_;
   std::string stuck_;
 };

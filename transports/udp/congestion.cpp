@@ -4,8 +4,10 @@
 
 #include "transports/config/key_values.h"
 #include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_credit.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
+#include "transports/udp/faults.h"
 
 namespace ucxb::udp {
 namespace {
@@ -38,6 +40,14 @@ const Registration kRegistry[] = {
     {"bdp", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
        return std::make_unique<BdpCapCongestionControl>(c.initialCwndPackets, c.minCwndPackets,
                                                         c.ccLinkMbps, c.mtuPayload);
+     }},
+    {"credit", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       // Unused credit kept: four unsolicited windows (a receiver catching up after a late
+       // wake-up grants more at once than one), and never less than two datagrams.
+       const uint64_t datagram = c.mtuPayload + kFramingOverheadBytes;
+       return std::make_unique<CreditCongestionControl>(
+           c.ccCreditInitialBytes, c.ccCreditTimeoutUs,
+           std::max<uint64_t>(4 * c.ccCreditInitialBytes, 2 * datagram));
      }},
 };
 

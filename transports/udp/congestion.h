@@ -15,6 +15,8 @@
 namespace ucxb::udp {
 
 // What one ACK frame told the sender, after the per-packet onPacketAcked calls.
+class CreditCongestionControl;  // congestion_credit.h
+
 struct AckSignal {
   TimeUs now = 0;
   uint64_t ackedPackets = 0;  // newly acknowledged reliable packets
@@ -45,6 +47,9 @@ class CongestionControl {
     onPacketsLost(newestTrimmedSentTime, now);
   }
   virtual void onRetransmissionTimeout(TimeUs now) = 0;
+  // A receiver-driven policy (congestion_credit.h) sends DATA only against the receiver's
+  // credit, which the connection exchanges for it; the window-based ones have none.
+  virtual CreditCongestionControl* credits() { return nullptr; }
 };
 
 // A window in (fractional) packets, between a floor and a ceiling far beyond any send window,

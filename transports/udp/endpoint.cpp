@@ -41,6 +41,18 @@ UdpConfig connectionConfig(const EndpointOptions& options) {
   return c;
 }
 
+// The rate of this rank's downlink when the fault layer emulates it on every path (the sum
+// over the paths), else 0: congestion=credit grants at it (credit_scheduler.h).
+uint64_t emulatedDownlinkMbps(const EndpointOptions& options) {
+  uint64_t total = 0;
+  for (uint32_t p = 0; p < options.config.paths; ++p) {
+    const FaultConfig& f = p < options.pathFaults.size() ? options.pathFaults[p] : options.faults;
+    if (!f.bottleneck()) return 0;
+    total += f.rateMbps;
+  }
+  return total;
+}
+
 }  // namespace
 
 class Endpoint::EndpointRequest final : public Request {
@@ -72,13 +84,16 @@ class Endpoint::EndpointRequest final : public Request {
 Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     : rank_(rank), size_(size), options_(std::move(options)), peers_(static_cast<size_t>(size)) {
   validate(options_.config);
+  credits_ = makeCreditScheduler(options_.config);
+  if (const uint64_t mbps = emulatedDownlinkMbps(options_)) credits_->setRateMbps(mbps);
   for (int p = 0; p < size_; ++p) {
     PeerIdentity id;
     id.localRank = static_cast<uint16_t>(rank_);
     id.peerRank = static_cast<uint16_t>(p);
     id.sessionToken = options_.sessionToken;
     Peer& peer = peers_[static_cast<size_t>(p)];
-    peer.connection = std::make_unique<PeerConnection>(connectionConfig(options_), id);
+    peer.connection =
+        std::make_unique<PeerConnection>(connectionConfig(options_), id, credits_.get());
     if (options_.groupKey) {
       peer.sealer = std::make_unique<DatagramSealer>(
           deriveDirectionKey(*options_.groupKey, rank_, p), id.localRank, id.peerRank);

@@ -231,6 +231,8 @@ class Endpoint {
   };
   std::unordered_map<SocketAddress, Route, SocketAddressHash> peerByAddress_;
   std::unique_ptr<FaultInjector> faults_;
+  // congestion=credit's receiving side: this rank's downlink, shared by its connections.
+  std::unique_ptr<CreditScheduler> credits_;
   std::unique_ptr<TraceRecorder> trace_;
   std::priority_queue<Delayed, std::vector<Delayed>, std::greater<>> delayed_;
   uint64_t delayedOrder_ = 0;

@@ -143,6 +143,28 @@ void MessageSender::onLost(PacketContent content) {
   resend_.push_back(std::move(content));
 }
 
+uint64_t MessageSender::backlogWireBytes(uint64_t perDatagramOverhead) const {
+  const uint64_t perDatagram = kDataHeaderBytes + perDatagramOverhead;
+  const auto wire = [&](uint64_t payload) {
+    return payload + std::max<uint64_t>(1, fragmentsOf(payload)) * perDatagram;
+  };
+  uint64_t total = 0;
+  for (const PacketContent& c : resend_) total += c.length + perDatagram;
+  for (const MessageId id : ready_) {
+    const Outgoing& m = messages_.at(id);
+    if (m.rendezvous && !m.rtsSent) {
+      total += perDatagram;
+    } else {
+      total += wire(m.length - m.nextOffset);
+    }
+  }
+  for (const MessageId id : waiting_) {
+    const Outgoing& m = messages_.at(id);
+    total += m.length <= eagerMax_ ? wire(m.length) : perDatagram;
+  }
+  return total;
+}
+
 bool MessageSender::blockedOnCredit() const {
   if (waiting_.empty() || !resend_.empty() || !ready_.empty()) return false;
   const uint64_t room = creditLimit_ > charged_ ? creditLimit_ - charged_ : 0;

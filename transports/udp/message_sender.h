@@ -56,6 +56,11 @@ class MessageSender {
   // probes the receiver so that a lost credit update cannot stall it forever.
   bool blockedOnCredit() const;
   bool idle() const { return messages_.empty(); }
+  // What could be sent now or as soon as the flow-control credit allows, in bytes on the
+  // wire (each datagram's header and `perDatagramOverhead` counted): lost content, the rest
+  // of admitted and waiting messages (of a rendezvous one its RTS, and its data once the
+  // receiver cleared it). What congestion=credit asks the receiver for.
+  uint64_t backlogWireBytes(uint64_t perDatagramOverhead) const;
   // Fails every message not yet complete (kSendFailed events).
   void failAll(const std::string& why);
 

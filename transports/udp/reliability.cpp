@@ -24,7 +24,8 @@ DropReason toDropReason(DecodeError e) {
 
 }  // namespace
 
-PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& identity)
+PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& identity,
+                               CreditScheduler* credits)
     : config_((validate(config), config)),
       identity_(identity),
       sender_(config_, stats_, events_),
@@ -35,10 +36,18 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
       lossRecovery_(makeLossRecovery(config_)),
       paths_(config_.paths, config_.pathPolicy) {
   sent_.setPerPathDetection(config_.paths > 1);
+  if (credits == nullptr) {
+    ownCredits_ = makeCreditScheduler(config_);
+    credits = ownCredits_.get();
+  }
+  creditScheduler_ = credits;
+  creditSlot_ = creditScheduler_->join();
+  credit_ = congestion_->credits();
 }
 
 MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
   const MessageId id = sender_.send(tag, data, length);
+  backlogChanged_ = true;
   if (failed_) sender_.failAll(failure_);
   return id;
 }
@@ -75,6 +84,7 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
   if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
   if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
   lastHeard_ = std::max(lastHeard_, now);
+  if (p.header.type != PacketType::kData) creditOtherArrival(datagram.size());
 
   if (p.header.type == PacketType::kAck) {
     if (!onAck(p.ack, now)) return drop(DropReason::kProtocol);
@@ -85,6 +95,12 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
   if (p.header.type == PacketType::kNack) {
     if (!onNack(p.nack, now)) return drop(DropReason::kProtocol);
     ++stats_.nacksReceived;
+    ++stats_.datagramsAccepted;
+    return;
+  }
+  if (p.header.type == PacketType::kCredit) {
+    onCredit(p.credit, now);
+    ++stats_.creditPacketsReceived;
     ++stats_.datagramsAccepted;
     return;
   }
@@ -141,6 +157,7 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
         if (!sender_.ctsPlausible(p.cts.ids[i])) return drop(DropReason::kProtocol);
       }
       for (uint16_t i = 0; i < p.cts.count; ++i) sender_.onClearToSend(p.cts.ids[i]);
+      backlogChanged_ = true;  // the cleared messages' data may go now
       break;
     case PacketType::kPing:
       // A probe: the sender is waiting for news (a lost tail, credit, liveness), and its
@@ -148,7 +165,8 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
       acks_.ackSoon();
       break;
     case PacketType::kAck:
-    case PacketType::kNack: break;
+    case PacketType::kNack:
+    case PacketType::kCredit: break;
   }
   if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
   ++stats_.datagramsAccepted;
@@ -248,6 +266,7 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   stats_.packetsDeclaredLost += lost.size();
   // The peer discards everything after the gap: the next DATA starts a new in-order run.
   if (lossRecovery_->inOrderOnly()) restartPending_ = true;
+  backlogChanged_ = true;  // lost content is backlog again
   TimeUs newestSent = 0;
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
@@ -333,6 +352,7 @@ std::optional<TimeUs> PeerConnection::nextTimeout() const {
   consider(probeDeadline());
   consider(tailProbeDeadline());
   consider(keepaliveDeadline());
+  consider(creditDeadline());
   if (receiver_.creditUpdateUrgent() || !pendingNacks_.empty()) consider(lastNow_);
   return next;
 }
@@ -431,6 +451,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
   // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
   if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
   if (!pendingNacks_.empty()) return sendNack(out);
+  if (const size_t n = pollCredit(now, out)) return n;
   if (probeDue_ || keepaliveDue_ || timeoutProbeDue_) {
     // A PING is reliable: if the peer never acknowledges it, the RTO path gives up on it.
     if (probeDue_) ++probeBackoff_;
@@ -452,6 +473,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     c.ctsIds = ctsIds_;
     return recordAndCount(now, std::move(c), n, false, /*ackedAtOnce=*/false);
   }
+  if (creditBlocksData()) return 0;
   if (auto f = sender_.nextFragment()) {
     DataHeader d;
     d.tag = f->tag;
@@ -467,6 +489,7 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
     }
     const size_t n = encodeData(out, header(), sent_.nextNumber(), d, f->payload);
     ++stats_.dataPacketsSent;
+    spendCredit(n);
     // The peer acknowledges at once the packet that completes a message, which this one
     // does unless an earlier packet of the message is still missing. Then its ACK may be
     // delayed and a tail probe may go out early: one PING, which the peer answers at once.

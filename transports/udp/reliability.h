@@ -28,6 +28,7 @@
 
 #include "transports/udp/ack_tracker.h"
 #include "transports/udp/congestion.h"
+#include "transports/udp/credit_scheduler.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/message_receiver.h"
 #include "transports/udp/message_sender.h"
@@ -50,7 +51,12 @@ struct PeerIdentity {
 
 class PeerConnection {
  public:
-  PeerConnection(const UdpConfig& config, const PeerIdentity& identity);
+  // `credits`: the rank's CreditScheduler (congestion=credit's receiving side), which its
+  // connections share because they share its downlink; it must outlive the connection.
+  // Null: the connection grants credit from a scheduler of its own, as if it had the
+  // downlink to itself.
+  PeerConnection(const UdpConfig& config, const PeerIdentity& identity,
+                 CreditScheduler* credits = nullptr);
   PeerConnection(const PeerConnection&) = delete;
   PeerConnection& operator=(const PeerConnection&) = delete;
 
@@ -130,6 +136,16 @@ class PeerConnection {
   bool windowFull() const;
   size_t sendAck(TimeUs now, std::span<uint8_t> out);
   size_t sendNack(std::span<uint8_t> out);
+  // congestion=credit (reliability_credit.cpp): a CREDIT from the peer; writes a CREDIT to
+  // it when a grant or a request is due (0 otherwise); when that is next; whether credit
+  // holds DATA back, and what a DATA datagram sent spends of it.
+  void onCredit(const CreditFrame& credit, TimeUs now);
+  size_t pollCredit(TimeUs now, std::span<uint8_t> out);
+  std::optional<TimeUs> creditDeadline() const;
+  bool creditBlocksData() const;
+  bool grantDue() const;  // the peer's grant grew enough to be sent
+  void creditOtherArrival(size_t datagramBytes);  // a non-DATA datagram used the downlink
+  void spendCredit(size_t datagramBytes);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
                         bool ackedAtOnce);
 
@@ -179,6 +195,17 @@ class PeerConnection {
   // last seen (both modulo 2^16 on the wire).
   uint64_t ceReceived_ = 0;
   uint16_t ceEchoSeen_ = 0;
+  // congestion=credit. Receiving: the rank's scheduler (or our own), our slot in it, the
+  // grant last sent and whether the peer asked for it. Sending: the policy's credit side
+  // (null for the window-based policies), and whether the backlog must be recounted.
+  std::unique_ptr<CreditScheduler> ownCredits_;
+  CreditScheduler* creditScheduler_ = nullptr;
+  size_t creditSlot_ = 0;
+  uint64_t grantSent_ = 0;
+  bool creditAnswerDue_ = false;
+  CreditCongestionControl* credit_ = nullptr;
+  bool backlogChanged_ = true;
+
   // Trimmed DATA received and not yet NACKed.
   std::vector<PacketNumber> pendingNacks_;
 

@@ -57,6 +57,9 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("rto_expiries", s.rtoExpiries);
   add("tail_loss_probes", s.tailLossProbes);
   add("credit_stalls", s.creditStalls);
+  add("credit_packets_sent", s.creditPacketsSent);
+  add("credit_packets_received", s.creditPacketsReceived);
+  add("credit_timeouts", s.creditTimeouts);
   add("ack_packets_received", s.ackPacketsReceived);
   add("duplicate_packets", s.duplicatePackets);
   add("duplicate_fragments", s.duplicateFragments);

@@ -75,6 +75,11 @@ struct Stats {
   uint64_t rtoExpiries = 0;
   uint64_t tailLossProbes = 0;        // PINGs sent because ACKs stopped with packets in flight
   uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
+  // congestion=credit (congestion_credit.h): CREDIT datagrams either way (grants we sent the
+  // peer, demands we told it), and requests sent again after cc_credit_timeout_us in vain.
+  uint64_t creditPacketsSent = 0;
+  uint64_t creditPacketsReceived = 0;
+  uint64_t creditTimeouts = 0;
 
   // Receiving side.
   uint64_t ackPacketsReceived = 0;

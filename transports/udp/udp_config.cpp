@@ -93,7 +93,9 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
           member(choice("congestion", congestionControlNames(),
                         "none (a fixed window), aimd (a Reno-style window in packets), delay "
                         "(Swift-style, from the queueing delay), ecn (DCQCN-style, from the "
-                        "echoed marks) or bdp (IRN's cap at the bandwidth-delay product)"),
+                        "echoed marks), bdp (IRN's cap at the bandwidth-delay product) or credit "
+                        "(receiver-driven, EQDS/NDP-style: data only against the receiver's "
+                        "paced grants)"),
                  &UdpConfig::congestion),
           member(integer("initial_cwnd_packets", 1, kMaxCount,
                          "congestion window at start (aimd: its slow-start origin)"),
@@ -111,8 +113,19 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                                             "alpha = (1 - g) alpha + g F"),
                  &UdpConfig::ccEcnGain),
           member(integer("cc_link_mbps", 1, 10'000'000,
-                         "bdp: bottleneck rate in Mbit/s; the cap is it times the min RTT"),
+                         "bdp: bottleneck rate in Mbit/s; the cap is it times the min RTT. "
+                         "credit: this rank's downlink rate, at which it grants credit (an "
+                         "emulated bottleneck's rate_mbps, when set, takes its place)"),
                  &UdpConfig::ccLinkMbps),
+          member(sameOnEveryRank(bytes("cc_credit_initial_bytes", 0, kTiB,
+                                       "credit: unsolicited window, what a sender may send "
+                                       "before any grant and again after each burst (bytes "
+                                       "on the wire, framing included)")),
+                 &UdpConfig::ccCreditInitialBytes),
+          member(integer("cc_credit_timeout_us", 1, kMaxUs,
+                         "credit: a sender with a backlog and no credit asks again after this "
+                         "long without a grant (a lost grant or request)"),
+                 &UdpConfig::ccCreditTimeoutUs),
           member(integer("trim_nack", 0, 1,
                          "1: NACK a trimmed DATA at once so the sender resends it; 0: treat it "
                          "as lost (SACK finds it)"),

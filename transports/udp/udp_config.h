@@ -103,7 +103,17 @@ struct UdpConfig {
   // ecn: weight of the latest window's marked fraction in alpha (DCTCP's g).
   double ccEcnGain = 1.0 / 16;
   // bdp: the bottleneck's rate, which times the min RTT is the cap on bytes in flight.
+  // credit: the rate of this rank's downlink, at which it grants credit, unless an emulated
+  // bottleneck (faults rate_mbps) in front of it says what its downlink's rate is.
   uint64_t ccLinkMbps = 10'000;
+  // credit: what a sender may send before any grant, and again after each burst (the
+  // unsolicited window; bytes on the wire, 66 bytes of framing per datagram counted). About
+  // one bandwidth-delay product keeps the downlink busy for the round trip the first grant
+  // takes; the senders of an incast together must fit the downlink's queue: 32 KiB is 3.6
+  // jumbo datagrams, 21 of 1472 bytes (three senders: 64 in a 64-packet queue at most).
+  uint64_t ccCreditInitialBytes = uint64_t{32} << 10;
+  // credit: a sender with a backlog and no credit asks again after this long without a grant.
+  DurationUs ccCreditTimeoutUs = 1000;
 
   // A DATA datagram that arrives trimmed (a congested switch cut its payload) is answered at
   // once with a NACK, on which the sender resends it: loss news one queue early. 0: the

@@ -19,6 +19,7 @@ constexpr size_t kOffLargest = 16, kOffCredit = 24, kOffAckDelay = 32, kOffRange
                  kOffCeCount = 38, kOffFirstRange = 40;
 constexpr size_t kOffCtsCount = 24, kOffCtsReserved = 26;
 constexpr size_t kOffNackCount = 16, kOffNackReserved = 18;
+constexpr size_t kOffGranted = 16, kOffWanted = 24, kOffCreditFlags = 32, kOffCreditReserved = 34;
 
 // Explicit little-endian stores and loads: the format does not depend on the host.
 void put8(uint8_t* p, uint8_t v) { p[0] = v; }
@@ -172,6 +173,19 @@ DecodeError decodeNack(const uint8_t* p, size_t n, DecodedPacket& out) {
   return DecodeError::kNone;
 }
 
+DecodeError decodeCredit(const uint8_t* p, size_t n, DecodedPacket& out) {
+  if (n < kCreditBytes) return DecodeError::kTruncated;
+  if (n > kCreditBytes) return DecodeError::kMalformed;
+  CreditFrame& c = out.credit;
+  c.granted = get64(p + kOffGranted);
+  c.wanted = get64(p + kOffWanted);
+  c.flags = get16(p + kOffCreditFlags);
+  if ((c.flags & ~credit_flags::kKnown) != 0 || get16(p + kOffCreditReserved) != 0) {
+    return DecodeError::kMalformed;
+  }
+  return DecodeError::kNone;
+}
+
 // A DATA datagram whose checksum holds (an emulated switch leaves anything else alone).
 bool isIntactData(std::span<const uint8_t> d) {
   return d.size() >= kDataHeaderBytes && d[kOffVersion] == kWireVersion &&
@@ -201,7 +215,7 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   if (p[kOffVersion] != kWireVersion) return DecodeError::kBadVersion;
   const uint8_t type = p[kOffType];
   if (type < static_cast<uint8_t>(PacketType::kData) ||
-      type > static_cast<uint8_t>(PacketType::kNack)) {
+      type > static_cast<uint8_t>(PacketType::kCredit)) {
     return DecodeError::kBadType;
   }
   // The checksum before any other field: a corrupted length must not be believed.
@@ -212,6 +226,7 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   out.payload = {};
   if (out.header.type == PacketType::kAck) return decodeAck(p, n, out);
   if (out.header.type == PacketType::kNack) return decodeNack(p, n, out);
+  if (out.header.type == PacketType::kCredit) return decodeCredit(p, n, out);
   if (n < kReliableHeaderBytes) return DecodeError::kTruncated;
   out.packetNumber = get64(p + kOffPacketNumber);
   if (out.packetNumber > kMaxPacketNumber) return DecodeError::kMalformed;
@@ -221,7 +236,8 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
     case PacketType::kPing:
       return n == kPingBytes ? DecodeError::kNone : DecodeError::kMalformed;
     case PacketType::kAck:
-    case PacketType::kNack: break;
+    case PacketType::kNack:
+    case PacketType::kCredit: break;
   }
   return DecodeError::kBadType;
 }
@@ -316,6 +332,18 @@ size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
   for (size_t i = 0; i < numbers.size(); ++i) put64(p + kNackFixedBytes + 8 * i, numbers[i]);
   put32(p + kOffCrc, datagramChecksum(p, n));
   return n;
+}
+
+size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const CreditFrame& credit) {
+  requireRoom(out, kCreditBytes, "CREDIT packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kCredit);
+  put64(p + kOffGranted, credit.granted);
+  put64(p + kOffWanted, credit.wanted);
+  put16(p + kOffCreditFlags, credit.flags);
+  put16(p + kOffCreditReserved, 0);
+  put32(p + kOffCrc, datagramChecksum(p, kCreditBytes));
+  return kCreditBytes;
 }
 
 size_t maxAckRangesFor(size_t mtuPayload) {

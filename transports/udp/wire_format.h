@@ -1,9 +1,14 @@
-// The datagram format of the UDP transport, version 1: encoders, and a decoder that checks
+// The datagram format of the UDP transport, version 2: encoders, and a decoder that checks
 // every length, offset and count before anything else looks at a datagram.
+//
+// Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
+// control, congestion=credit). A version-1 peer would count every CREDIT as bad_type and
+// stall a credit sender, so the version says it: each end drops the other's datagrams as
+// bad_version, and a mixed group fails loudly instead.
 //
 // All integers are little-endian. Every datagram starts with the common header:
 //
-//    0  u8   version          kWireVersion; anything else is dropped (room for a v2)
+//    0  u8   version          kWireVersion; anything else is dropped
 //    1  u8   type             PacketType
 //    2  u16  source rank      demultiplexes datagrams arriving on one socket to connections
 //    4  u32  crc32c           over every byte of the datagram except these four
@@ -34,6 +39,13 @@
 // PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
 // NACK (20 bytes + 8 per number; not reliable): 16 u16 count   18 u16 reserved (0)
 //   20 count x u64 packet number: DATA that arrived trimmed; the sender resends at once.
+// CREDIT (36 bytes; not reliable, never acknowledged; version 2): 16 u64 granted   24 u64 wanted
+//   32 u16 flags (credit_flags)   34 u16 reserved (0)
+//   Both counts are cumulative bytes on the wire (datagram + kFramingOverheadBytes) of DATA
+//   from the receiving end of this packet to its sending end, since the connection began:
+//   `granted`, what this end lets the peer send it (0: this end grants nothing); `wanted`,
+//   what this end wants to send the peer (what it sent plus its backlog). Cumulative, so a
+//   later packet supersedes a lost or reordered one (congestion_credit.h).
 #pragma once
 
 #include <array>
@@ -47,9 +59,16 @@
 
 namespace ucxb::udp {
 
-constexpr uint8_t kWireVersion = 1;
+constexpr uint8_t kWireVersion = 2;
 
-enum class PacketType : uint8_t { kData = 1, kAck = 2, kCts = 3, kPing = 4, kNack = 5 };
+enum class PacketType : uint8_t {
+  kData = 1,
+  kAck = 2,
+  kCts = 3,
+  kPing = 4,
+  kNack = 5,
+  kCredit = 6,  // version 2
+};
 
 // DATA flags. A message is sent either eagerly (fragments go out at once; the receiver
 // buffers them if no receive is posted yet) or by rendezvous (a request-to-send carrying only
@@ -73,6 +92,15 @@ constexpr uint8_t kKnown =
     kRendezvousRequest | kRendezvousData | kInOrder | kRestart | kCongestionExperienced | kTrimmed;
 }  // namespace data_flags
 
+// CREDIT flags.
+namespace credit_flags {
+// The sender of this packet asks for the peer's grant at once (its demand grew, or it waited
+// a credit timeout in vain). Only a request is answered at once, so two ends never echo each
+// other's CREDIT packets back and forth.
+constexpr uint16_t kRequest = 0x0001;
+constexpr uint16_t kKnown = kRequest;
+}  // namespace credit_flags
+
 constexpr size_t kCommonHeaderBytes = 16;
 constexpr size_t kReliableHeaderBytes = 24;  // common header + packet number
 constexpr size_t kDataHeaderBytes = 60;
@@ -82,6 +110,7 @@ constexpr size_t kCtsFixedBytes = 28;
 constexpr size_t kPingBytes = 24;
 constexpr size_t kNackFixedBytes = 20;
 constexpr size_t kMaxNackNumbers = 64;
+constexpr size_t kCreditBytes = 36;
 constexpr size_t kMaxDatagramBytes = 65507;  // largest UDP payload over IPv4
 constexpr size_t kMaxAckRanges = 64;
 constexpr size_t kMaxCtsIds = 64;
@@ -125,6 +154,12 @@ struct AckFrame {
   PacketNumber largest() const { return rangeCount ? ranges[0].largest : 0; }
 };
 
+struct CreditFrame {
+  uint64_t granted = 0;
+  uint64_t wanted = 0;
+  uint16_t flags = 0;
+};
+
 struct CtsFrame {
   uint16_t count = 0;
   std::array<MessageId, kMaxCtsIds> ids{};
@@ -156,6 +191,7 @@ struct DecodedPacket {
   AckFrame ack;                   // ACK
   CtsFrame cts;                   // CTS
   NackFrame nack;                 // NACK
+  CreditFrame credit;             // CREDIT
 };
 
 // Checks and decodes one datagram. On kNone, `out` describes it; otherwise `out` is
@@ -176,6 +212,8 @@ size_t encodeCts(std::span<uint8_t> out, const PacketHeader& header, PacketNumbe
 size_t encodePing(std::span<uint8_t> out, const PacketHeader& header, PacketNumber pn);
 size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
                   std::span<const PacketNumber> numbers);
+
+size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const CreditFrame& credit);
 
 constexpr size_t ackBytes(size_t ranges) {
   return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0);

@@ -1,0 +1,109 @@
+#include "transports/udp/credit_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "transports/udp/faults.h"
+
+namespace ucxb::udp {
+namespace {
+
+// Credit earned while the rank could not hand it out (a timer that fired late, a thread
+// descheduled on a loaded host) is kept for up to this long at the downlink's rate, so that
+// a late wake-up still grants what the port could have carried meanwhile. Tried on the
+// issue's incast bench on a loaded 2-core host (docs/bench.md): with only one unsolicited
+// window kept, a receiver woken every millisecond granted 32 KiB per wake-up (0.26 Gbit/s
+// whatever its rate); with 1 ms kept, the bursts a late wake-up released overflowed the
+// emulated queue (100-600 drops per op); with 300 us, 6-95.
+constexpr DurationUs kCatchUpUs = 300;
+
+}  // namespace
+
+CreditScheduler::CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes)
+    : rateMbps_(std::max<uint64_t>(1, rateMbps)),
+      initialBytes_(initialBytes),
+      quantumBytes_(std::max<uint64_t>(1, quantumBytes)) {}
+
+void CreditScheduler::setRateMbps(uint64_t rateMbps) { rateMbps_ = std::max<uint64_t>(1, rateMbps); }
+
+size_t CreditScheduler::join() {
+  slots_.push_back(Slot{0, initialBytes_});
+  return slots_.size() - 1;
+}
+
+bool CreditScheduler::anyActive() const {
+  return std::any_of(slots_.begin(), slots_.end(), [this](const Slot& s) { return active(s); });
+}
+
+void CreditScheduler::onWanted(size_t slot, uint64_t wanted, TimeUs now) {
+  advance(now);  // credit earned so far belongs to the senders that wanted it until now
+  Slot& s = slots_[slot];
+  if (wanted <= s.wanted) return;
+  const bool wasIdle = !anyActive();
+  s.wanted = wanted;
+  if (wasIdle) {
+    // Nothing was earned while nobody wanted anything: the pacing starts now.
+    tokens_ = 0;
+    last_ = now;
+  }
+}
+
+double CreditScheduler::keptCredit() const {
+  return std::max(static_cast<double>(std::max(initialBytes_, quantumBytes_)),
+                  static_cast<double>(kCatchUpUs * rateMbps_) / 8);
+}
+
+void CreditScheduler::onOtherArrival(uint64_t wireBytes) {
+  if (!anyActive()) return;  // nothing is being paced: nothing to make room in
+  // A debt of at most one catch-up's worth: a flood of control packets (a burst read after a
+  // stall) delays the grants, it does not stop them for long.
+  tokens_ = std::max(-keptCredit(), tokens_ - static_cast<double>(wireBytes));
+}
+
+void CreditScheduler::advance(TimeUs now) {
+  if (now <= last_) return;
+  if (!anyActive()) {
+    tokens_ = 0;
+    last_ = now;
+    return;
+  }
+  // Mbit/s are bits per microsecond.
+  const double earned = static_cast<double>(now - last_) * static_cast<double>(rateMbps_) / 8;
+  tokens_ = std::min(keptCredit(), tokens_ + earned);
+  last_ = now;
+  share();
+}
+
+void CreditScheduler::share() {
+  const double quantum = static_cast<double>(quantumBytes_);
+  while (tokens_ >= quantum) {
+    bool gave = false;
+    for (size_t i = 0; i < slots_.size() && !gave; ++i) {
+      Slot& s = slots_[turn_];
+      turn_ = (turn_ + 1) % slots_.size();
+      if (!active(s)) continue;
+      const uint64_t give = std::min(quantumBytes_, s.wanted + initialBytes_ - s.granted);
+      s.granted += give;
+      tokens_ -= static_cast<double>(give);
+      gave = true;
+    }
+    if (!gave) {
+      tokens_ = 0;  // everyone has what they want
+      return;
+    }
+  }
+}
+
+std::optional<TimeUs> CreditScheduler::nextGrantTime() const {
+  if (!anyActive()) return std::nullopt;
+  const double missing = std::max(0.0, static_cast<double>(quantumBytes_) - tokens_);
+  const auto wait = static_cast<DurationUs>(std::ceil(missing * 8 / static_cast<double>(rateMbps_)));
+  return last_ + std::max<DurationUs>(1, wait);
+}
+
+std::unique_ptr<CreditScheduler> makeCreditScheduler(const UdpConfig& config) {
+  return std::make_unique<CreditScheduler>(config.ccLinkMbps, config.ccCreditInitialBytes,
+                                           config.mtuPayload + kFramingOverheadBytes);
+}
+
+}  // namespace ucxb::udp
