@@ -158,7 +158,8 @@ class PostedExchangeAllreduce : public PostedOp {
 // moves the same bytes between the cores (half the vector each phase) but waits for its peer
 // twice per op (reduce-scatter, then all-gather); this waits once, and each rank folds the
 // whole vector (a + b on one rank, b + a on the other: IEEE addition and multiplication are
-// commutative, min and max too, so both ranks end bit-identical).
+// commutative, and the min and max kernels order -0 below +0, so both ranks end bit-identical
+// but for which of two NaNs comes out).
 class PostedStagedAllreduce : public PostedOp {
  public:
   static constexpr PieceSize kPieces = PieceSize::kCacheSized;

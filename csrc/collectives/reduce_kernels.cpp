@@ -105,14 +105,20 @@ struct Product {
     }
   }
 };
-// min/max propagate NaN, as torch.minimum/maximum do.
+// min/max propagate NaN, as torch.minimum/maximum do, and order -0 below +0 (IEEE 754-2019
+// minimum/maximum), where torch returns its first operand: but for which of two NaNs comes out,
+// the result does not depend on the order of the operands.
 // (Selects, not branches, so that the loops vectorize.)
 struct Min {
   template <typename T>
   T operator()(T a, T b) const {
     const T m = b < a ? b : a;
     if constexpr (std::is_floating_point_v<T>) {
-      return std::isunordered(a, b) ? a + b : m;
+      // Equal values differ only in a zero's sign: -0 wins whichever operand it is, so
+      // that two ranks folding each other's vector into their own (a 2-rank all_reduce)
+      // end with the same bits.
+      const T tie = std::signbit(b) ? b : a;
+      return std::isunordered(a, b) ? a + b : (a == b ? tie : m);
     } else {
       return m;
     }
@@ -123,7 +129,8 @@ struct Max {
   T operator()(T a, T b) const {
     const T m = a < b ? b : a;
     if constexpr (std::is_floating_point_v<T>) {
-      return std::isunordered(a, b) ? a + b : m;
+      const T tie = std::signbit(b) ? a : b;  // +0 wins, as -0 does in Min
+      return std::isunordered(a, b) ? a + b : (a == b ? tie : m);
     } else {
       return m;
     }

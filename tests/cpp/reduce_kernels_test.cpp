@@ -80,9 +80,11 @@ float refOp(ucxb::ReduceKind op, float a, float b) {
     case ucxb::ReduceKind::kProduct: return a * b;
     case ucxb::ReduceKind::kMin:
       if (std::isnan(a) || std::isnan(b)) return a + b;
+      if (a == b) return std::signbit(a) ? a : b;  // -0 below +0, whichever operand
       return b < a ? b : a;
     case ucxb::ReduceKind::kMax:
       if (std::isnan(a) || std::isnan(b)) return a + b;
+      if (a == b) return std::signbit(a) ? b : a;
       return a < b ? b : a;
     default: return 0;
   }
@@ -145,6 +147,32 @@ void checkNarrowFloat(ucxb::DType dt) {
   }
 }
 
+// MIN and MAX of -0 and +0 give the same bits in either operand order (-0 for MIN, +0 for
+// MAX): a 2-rank all_reduce folds the peer's vector into each rank's own, in opposite orders.
+template <typename T>
+void checkSignedZeros(ucxb::DType dt) {
+  using ucxb::ReduceKind;
+  for (ReduceKind op : {ReduceKind::kMin, ReduceKind::kMax}) {
+    const ucxb::ReduceFn fn = ucxb::findReduce(dt, op);
+    // 33 elements: the vector loop and its tail.
+    std::vector<T> negFirst(33, T(-0.0)), posFirst(33, T(0.0));
+    const std::vector<T> pos(33, T(0.0)), neg(33, T(-0.0));
+    fn(negFirst.data(), pos.data(), negFirst.size());
+    fn(posFirst.data(), neg.data(), posFirst.size());
+    const bool wantNeg = op == ReduceKind::kMin;
+    for (size_t i = 0; i < negFirst.size(); ++i) {
+      CHECK_MSG(std::signbit(negFirst[i]) == wantNeg && std::signbit(posFirst[i]) == wantNeg,
+                std::string(ucxb::dtypeName(dt)) + " " + ucxb::reduceName(op) +
+                    " of -0 and +0 depends on the operand order");
+    }
+  }
+}
+
+void testSignedZeros() {
+  checkSignedZeros<float>(ucxb::DType::kFloat32);
+  checkSignedZeros<double>(ucxb::DType::kFloat64);
+}
+
 void testFloat16() { checkNarrowFloat(ucxb::DType::kFloat16); }
 void testBFloat16() { checkNarrowFloat(ucxb::DType::kBFloat16); }
 
@@ -154,6 +182,7 @@ int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"float16", testFloat16, true},
       {"bfloat16", testBFloat16, true},
+      {"signed zeros", testSignedZeros, true},
   };
   return ucxb::check::runGroups("reduce_kernels_test", groups, argc, argv);
 }
