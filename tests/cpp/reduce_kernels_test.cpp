@@ -5,7 +5,8 @@
 // operands are NaN either NaN may come out (the vector units pick the payload by operand
 // order). Uses tests/cpp/check.h (one check per kernel and operand; the first mismatches are
 // printed). Built twice by tests/test_reduce_kernels.py:
-// as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES.
+// as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES. Also:
+// findReduceTiesToIn's kernels give findReduce's bits with the operands swapped.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -80,11 +81,9 @@ float refOp(ucxb::ReduceKind op, float a, float b) {
     case ucxb::ReduceKind::kProduct: return a * b;
     case ucxb::ReduceKind::kMin:
       if (std::isnan(a) || std::isnan(b)) return a + b;
-      if (a == b) return std::signbit(a) ? a : b;  // -0 below +0, whichever operand
       return b < a ? b : a;
     case ucxb::ReduceKind::kMax:
       if (std::isnan(a) || std::isnan(b)) return a + b;
-      if (a == b) return std::signbit(a) ? b : a;
       return a < b ? b : a;
     default: return 0;
   }
@@ -147,30 +146,43 @@ void checkNarrowFloat(ucxb::DType dt) {
   }
 }
 
-// MIN and MAX of -0 and +0 give the same bits in either operand order (-0 for MIN, +0 for
-// MAX): a 2-rank all_reduce folds the peer's vector into each rank's own, in opposite orders.
-template <typename T>
-void checkSignedZeros(ucxb::DType dt) {
+// findReduceTiesToIn's kernel folding y into x gives the bits findReduce's gives folding x
+// into y (a 2-rank all_reduce folds with one on each rank): -0 and +0 in both orders, and
+// unequal values. `bits` are the element's bit patterns, as the dtype stores them.
+template <typename Bits>
+void checkTiesToIn(ucxb::DType dt, const std::vector<Bits>& bits) {
   using ucxb::ReduceKind;
-  for (ReduceKind op : {ReduceKind::kMin, ReduceKind::kMax}) {
-    const ucxb::ReduceFn fn = ucxb::findReduce(dt, op);
-    // 33 elements: the vector loop and its tail.
-    std::vector<T> negFirst(33, T(-0.0)), posFirst(33, T(0.0));
-    const std::vector<T> pos(33, T(0.0)), neg(33, T(-0.0));
-    fn(negFirst.data(), pos.data(), negFirst.size());
-    fn(posFirst.data(), neg.data(), posFirst.size());
-    const bool wantNeg = op == ReduceKind::kMin;
-    for (size_t i = 0; i < negFirst.size(); ++i) {
-      CHECK_MSG(std::signbit(negFirst[i]) == wantNeg && std::signbit(posFirst[i]) == wantNeg,
-                std::string(ucxb::dtypeName(dt)) + " " + ucxb::reduceName(op) +
-                    " of -0 and +0 depends on the operand order");
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kProduct, ReduceKind::kMin,
+                        ReduceKind::kMax}) {
+    // Every ordered pair, 33 long or more: the vector loops and their tails.
+    std::vector<Bits> xs, ys;
+    for (Bits x : bits) {
+      for (Bits y : bits) {
+        xs.push_back(x);
+        ys.push_back(y);
+      }
     }
+    while (xs.size() < 33) {
+      xs.push_back(xs[0]);
+      ys.push_back(ys[0]);
+    }
+    std::vector<Bits> plain = ys, tiesToIn = xs;  // y op x; x op' y
+    ucxb::findReduce(dt, op)(plain.data(), xs.data(), xs.size());
+    ucxb::findReduceTiesToIn(dt, op)(tiesToIn.data(), ys.data(), ys.size());
+    int wrong = 0;
+    for (size_t i = 0; i < xs.size(); ++i) wrong += plain[i] != tiesToIn[i];
+    CHECK_MSG(wrong == 0, std::string(ucxb::dtypeName(dt)) + " " + ucxb::reduceName(op) + ": " +
+                              std::to_string(wrong) + " pairs depend on the fold's direction");
   }
 }
 
-void testSignedZeros() {
-  checkSignedZeros<float>(ucxb::DType::kFloat32);
-  checkSignedZeros<double>(ucxb::DType::kFloat64);
+void testTiesToIn() {
+  // -0, +0, 1, -1.5 in each format.
+  checkTiesToIn<uint16_t>(ucxb::DType::kFloat16, {0x8000, 0x0000, 0x3c00, 0xbe00});
+  checkTiesToIn<uint16_t>(ucxb::DType::kBFloat16, {0x8000, 0x0000, 0x3f80, 0xbfc0});
+  checkTiesToIn<uint32_t>(ucxb::DType::kFloat32, {0x80000000u, 0, 0x3f800000u, 0xbfc00000u});
+  checkTiesToIn<uint64_t>(ucxb::DType::kFloat64,
+                          {uint64_t{1} << 63, 0, 0x3ff0000000000000u, 0xbff8000000000000u});
 }
 
 void testFloat16() { checkNarrowFloat(ucxb::DType::kFloat16); }
@@ -182,7 +194,7 @@ int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"float16", testFloat16, true},
       {"bfloat16", testBFloat16, true},
-      {"signed zeros", testSignedZeros, true},
+      {"ties to in", testTiesToIn, true},
   };
   return ucxb::check::runGroups("reduce_kernels_test", groups, argc, argv);
 }
