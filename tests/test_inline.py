@@ -6,7 +6,7 @@ only where the path under test really ran:
 
 * results of every dtype and reduce op (2 ranks) equal a reference computed from the inputs
   that Gloo gathered, bit for bit for integers and bool, on ucx and on udp, and both ranks
-  end with the same bits;
+  end with the same bits (float inputs hold zeros of opposite signs on the two ranks);
 * a rank 200 ms late: the early rank's op starts inline, is handed over to the progress
   thread (blocking and ``async_op=True``, which returns at once; and a 2-rank op through the
   shared-memory slots, handed over while it waits for the peer's notices) and is still right;
@@ -58,7 +58,10 @@ def _inputs(rank: int, n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.randint(0, 2, (n,), generator=g).bool()
     if dtype.is_floating_point:
-        return torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+        x = torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+        # Zeros of opposite signs on the two ranks: MIN and MAX must give both the same bits.
+        x[::5] = -0.0 if rank == 0 else 0.0
+        return x
     info = torch.iinfo(dtype)
     return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
 
@@ -94,9 +97,14 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(torch.equal(got, want))
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """`x`'s bytes: torch.equal holds -0.0 equal to +0.0."""
+    return x.to(torch.uint8) if x.dtype == torch.bool else x.view(torch.uint8)
+
+
 def _gathered(x: torch.Tensor, ws: int, gloo: Any) -> list[torch.Tensor]:
     """Every rank's `x`, gathered by Gloo as raw bytes (Gloo lacks some dtypes)."""
-    raw = x.to(torch.uint8) if x.dtype == torch.bool else x.view(torch.uint8)
+    raw = _bits(x)
     parts = [torch.empty_like(raw) for _ in range(ws)]
     dist.all_gather(parts, raw, group=gloo)
     return [p.bool() if x.dtype == torch.bool else p.view(x.dtype) for p in parts]
@@ -123,7 +131,7 @@ def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
                 if not _same(got, want):
                     bad.append(f"{op} {dtype} n={n}: {got[:4].tolist()} != {want[:4].tolist()}")
                 # Every rank must hold the same bits.
-                theirs = _gathered(got, ws, gloo)
+                theirs = [_bits(t) for t in _gathered(got, ws, gloo)]
                 if not all(torch.equal(t, theirs[0]) for t in theirs):
                     bad.append(f"{op} {dtype} n={n}: the ranks' results differ")
     after = _inline_stats(group)

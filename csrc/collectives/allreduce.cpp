@@ -118,6 +118,14 @@ void PostedOp::finish(Comm& comm) {
 
 namespace {
 
+// What a rank of a 2-rank op that folds the peer's vector into its own folds with: rank 1
+// keeps the peer's value where the two compare equal (findReduceTiesToIn), so that both ranks
+// compute rank 0's value op rank 1's, bit for bit (MIN and MAX of -0 and +0).
+Reduction foldOrder(const Comm& comm, Reduction red) {
+  if (comm.rank() == 1) red.fn = findReduceTiesToIn(red.dtype, red.kind);
+  return red;
+}
+
 // Recursive doubling at two ranks in one chunk: one exchange of the whole vector through the
 // transport, received into scratch and folded in.
 class PostedExchangeAllreduce : public PostedOp {
@@ -132,7 +140,7 @@ class PostedExchangeAllreduce : public PostedOp {
   // The step recursive doubling gives its one exchange at two ranks: after foldIn's (empty)
   // phase of one step, its only chunk, which is also its last.
   PostedExchangeAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
-      : data_(data), count_(count), red_(red) {
+      : data_(data), count_(count), red_(foldOrder(comm, red)) {
     const uint32_t step = chunkStep(1, 0, 1);
     const size_t bytes = count * red.elementSize;
     const int peer = 1 - comm.rank();
@@ -158,7 +166,8 @@ class PostedExchangeAllreduce : public PostedOp {
 // moves the same bytes between the cores (half the vector each phase) but waits for its peer
 // twice per op (reduce-scatter, then all-gather); this waits once, and each rank folds the
 // whole vector (a + b on one rank, b + a on the other: IEEE addition and multiplication are
-// commutative, min and max too, so both ranks end bit-identical).
+// commutative, and foldOrder makes min and max so, so both ranks end bit-identical but for
+// which of two NaNs comes out).
 class PostedStagedAllreduce : public PostedOp {
  public:
   static constexpr PieceSize kPieces = PieceSize::kCacheSized;
@@ -174,7 +183,7 @@ class PostedStagedAllreduce : public PostedOp {
 
   PostedStagedAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
       : data_(static_cast<uint8_t*>(data)),
-        red_(red),
+        red_(foldOrder(comm, red)),
         exchange_(comm, 1 - comm.rank(), data_, count * red.elementSize, red.elementSize, 0,
                   kPieces) {
     requests_ = exchange_.notices();

@@ -129,6 +129,23 @@ struct Max {
     }
   }
 };
+// Min and Max that keep `b` where the two compare equal (a float's -0 and +0; the bits of
+// equal values differ nowhere else): folding y into x with these gives the bits that folding
+// x into y with Min and Max does.
+struct MinTiesToIn {
+  template <typename T>
+  T operator()(T a, T b) const {
+    const T m = a < b ? a : b;
+    return std::isunordered(a, b) ? a + b : m;
+  }
+};
+struct MaxTiesToIn {
+  template <typename T>
+  T operator()(T a, T b) const {
+    const T m = b < a ? a : b;
+    return std::isunordered(a, b) ? a + b : m;
+  }
+};
 struct Band {
   template <typename T>
   T operator()(T a, T b) const { return static_cast<T>(a & b); }
@@ -277,6 +294,8 @@ UCXB_BFLOAT16_KERNEL(bfloat16Sum, Sum)
 UCXB_BFLOAT16_KERNEL(bfloat16Product, Product)
 UCXB_BFLOAT16_KERNEL(bfloat16Min, Min)
 UCXB_BFLOAT16_KERNEL(bfloat16Max, Max)
+UCXB_BFLOAT16_KERNEL(bfloat16MinTiesToIn, MinTiesToIn)
+UCXB_BFLOAT16_KERNEL(bfloat16MaxTiesToIn, MaxTiesToIn)
 #undef UCXB_BFLOAT16_KERNEL
 
 ReduceFn bfloat16Reduce(ReduceKind op) {
@@ -303,6 +322,19 @@ ReduceFn halfReduce(ReduceKind op) {
     case ReduceKind::kProduct: return halfKernel<Product>();
     case ReduceKind::kMin: return halfKernel<Min>();
     case ReduceKind::kMax: return halfKernel<Max>();
+    default: return nullptr;
+  }
+}
+
+// findReduceTiesToIn's kernels: only floating-point MIN and MAX differ from findReduce's.
+ReduceFn tiesToInReduce(DType dtype, ReduceKind op) {
+  const bool min = op == ReduceKind::kMin;
+  if (!min && op != ReduceKind::kMax) return nullptr;
+  switch (dtype) {
+    case DType::kFloat16: return min ? halfKernel<MinTiesToIn>() : halfKernel<MaxTiesToIn>();
+    case DType::kBFloat16: return min ? &bfloat16MinTiesToIn : &bfloat16MaxTiesToIn;
+    case DType::kFloat32: return min ? &apply<float, MinTiesToIn> : &apply<float, MaxTiesToIn>;
+    case DType::kFloat64: return min ? &apply<double, MinTiesToIn> : &apply<double, MaxTiesToIn>;
     default: return nullptr;
   }
 }
@@ -383,6 +415,11 @@ ReduceFn findReduce(DType dtype, ReduceKind op) {
     case DType::kComplex128: return complexReduce<double>(op);
   }
   return nullptr;
+}
+
+ReduceFn findReduceTiesToIn(DType dtype, ReduceKind op) {
+  const ReduceFn fn = tiesToInReduce(dtype, op);
+  return fn != nullptr ? fn : findReduce(dtype, op);
 }
 
 }  // namespace ucxb

@@ -33,5 +33,10 @@ const char* reduceName(ReduceKind op);
 // nullptr where the combination has no meaning (bitwise on floating types, min/max on complex).
 // bool: sum = logical or, product = logical and, min = and, max = or.
 ReduceFn findReduce(DType dtype, ReduceKind op);
+// findReduce's kernel, but where acc[i] and in[i] compare equal it keeps in[i]'s bits (only
+// floating-point MIN and MAX differ: -0 and +0): fn(x, y) with it gives the bits that
+// findReduce's fn(y, x) gives, so two ranks that fold each other's vector into their own, one
+// with each kernel, end bit-identical.
+ReduceFn findReduceTiesToIn(DType dtype, ReduceKind op);
 
 }  // namespace ucxb

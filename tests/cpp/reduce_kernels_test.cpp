@@ -5,7 +5,8 @@
 // operands are NaN either NaN may come out (the vector units pick the payload by operand
 // order). Uses tests/cpp/check.h (one check per kernel and operand; the first mismatches are
 // printed). Built twice by tests/test_reduce_kernels.py:
-// as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES.
+// as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES. Also:
+// findReduceTiesToIn's kernels give findReduce's bits with the operands swapped.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -145,6 +146,45 @@ void checkNarrowFloat(ucxb::DType dt) {
   }
 }
 
+// findReduceTiesToIn's kernel folding y into x gives the bits findReduce's gives folding x
+// into y (a 2-rank all_reduce folds with one on each rank): -0 and +0 in both orders, and
+// unequal values. `bits` are the element's bit patterns, as the dtype stores them.
+template <typename Bits>
+void checkTiesToIn(ucxb::DType dt, const std::vector<Bits>& bits) {
+  using ucxb::ReduceKind;
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kProduct, ReduceKind::kMin,
+                        ReduceKind::kMax}) {
+    // Every ordered pair, 33 long or more: the vector loops and their tails.
+    std::vector<Bits> xs, ys;
+    for (Bits x : bits) {
+      for (Bits y : bits) {
+        xs.push_back(x);
+        ys.push_back(y);
+      }
+    }
+    while (xs.size() < 33) {
+      xs.push_back(xs[0]);
+      ys.push_back(ys[0]);
+    }
+    std::vector<Bits> plain = ys, tiesToIn = xs;  // y op x; x op' y
+    ucxb::findReduce(dt, op)(plain.data(), xs.data(), xs.size());
+    ucxb::findReduceTiesToIn(dt, op)(tiesToIn.data(), ys.data(), ys.size());
+    int wrong = 0;
+    for (size_t i = 0; i < xs.size(); ++i) wrong += plain[i] != tiesToIn[i];
+    CHECK_MSG(wrong == 0, std::string(ucxb::dtypeName(dt)) + " " + ucxb::reduceName(op) + ": " +
+                              std::to_string(wrong) + " pairs depend on the fold's direction");
+  }
+}
+
+void testTiesToIn() {
+  // -0, +0, 1, -1.5 in each format.
+  checkTiesToIn<uint16_t>(ucxb::DType::kFloat16, {0x8000, 0x0000, 0x3c00, 0xbe00});
+  checkTiesToIn<uint16_t>(ucxb::DType::kBFloat16, {0x8000, 0x0000, 0x3f80, 0xbfc0});
+  checkTiesToIn<uint32_t>(ucxb::DType::kFloat32, {0x80000000u, 0, 0x3f800000u, 0xbfc00000u});
+  checkTiesToIn<uint64_t>(ucxb::DType::kFloat64,
+                          {uint64_t{1} << 63, 0, 0x3ff0000000000000u, 0xbff8000000000000u});
+}
+
 void testFloat16() { checkNarrowFloat(ucxb::DType::kFloat16); }
 void testBFloat16() { checkNarrowFloat(ucxb::DType::kBFloat16); }
 
@@ -154,6 +194,7 @@ int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"float16", testFloat16, true},
       {"bfloat16", testBFloat16, true},
+      {"ties to in", testTiesToIn, true},
   };
   return ucxb::check::runGroups("reduce_kernels_test", groups, argc, argv);
 }
