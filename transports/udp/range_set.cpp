@@ -14,7 +14,10 @@ uint64_t RangeSet::insert(uint64_t begin, uint64_t end, std::vector<Range>* newP
     auto prev = std::prev(it);
     if (prev->second >= begin) it = prev;
   }
-  uint64_t mergedBegin = begin;
+  // The first interval met is kept and becomes the union; the others it swallows are erased.
+  // Keeping it is what makes the common case (a stream arriving in order extends its one
+  // interval, once per datagram) free of allocation and rebalancing.
+  auto kept = ranges_.end();
   uint64_t mergedEnd = end;
   uint64_t cursor = begin;  // values below cursor are accounted for
   uint64_t added = 0;
@@ -25,15 +28,29 @@ uint64_t RangeSet::insert(uint64_t begin, uint64_t end, std::vector<Range>* newP
       if (newParts) newParts->push_back({cursor, gapEnd});
     }
     cursor = std::max(cursor, it->second);
-    mergedBegin = std::min(mergedBegin, it->first);
     mergedEnd = std::max(mergedEnd, it->second);
-    it = ranges_.erase(it);
+    if (kept == ranges_.end()) {
+      kept = it++;
+    } else {
+      it = ranges_.erase(it);
+    }
   }
   if (cursor < end) {
     added += end - cursor;
     if (newParts) newParts->push_back({cursor, end});
   }
-  ranges_.emplace(mergedBegin, mergedEnd);
+  if (kept == ranges_.end()) {
+    ranges_.emplace_hint(it, begin, end);
+  } else if (kept->first <= begin) {
+    kept->second = mergedEnd;
+  } else {
+    // The union starts before the kept interval: its key changes, its node is reused. No
+    // interval lies between the two starts, so its place (just before `it`) stays the same.
+    auto node = ranges_.extract(kept);
+    node.key() = begin;
+    node.mapped() = mergedEnd;
+    ranges_.insert(it, std::move(node));
+  }
   return added;
 }
 
