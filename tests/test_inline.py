@@ -248,8 +248,13 @@ def _never_inline(rank: int, backend: str, gloo: Any) -> dict[str, Any]:
 def _staged_mixed(rank: int, gloo: Any) -> dict[str, Any]:
     """An all_reduce that stages through the slots at once, inline on rank 1 and queued on rank
     0 (inline_bytes=0 there: the knob may differ per rank), so the two paths must exchange the
-    same messages; checked bit for bit against the inputs that Gloo gathered."""
-    sub = dist.new_group(backend="ucx", pg_options={"inline_bytes": 0} if rank == 0 else None)
+    same messages; checked bit for bit against the inputs that Gloo gathered. Rank 1 waits up
+    to 2 s on its own thread before handing an op over (spin_us): on a loaded host the queued
+    rank, which goes through its progress thread, is often later than the default 250 us."""
+    sub = dist.new_group(
+        backend="ucx",
+        pg_options={"inline_bytes": 0} if rank == 0 else {"spin_us": 2_000_000},
+    )
     dist.all_reduce(torch.ones(4), group=sub)  # connected
     before = _inline_stats(sub)
     bad: list[str] = []
