@@ -155,7 +155,11 @@ def test_must_agree_is_in_the_schema() -> None:
     assert {k for k, knob in cfg.KNOBS.items() if knob.must_agree} == flagged - {"transport"}
     udp_flagged = {r["name"] for r in _C.udp.config_schema() if r["must_agree"]}
     assert udp_flagged == {
-        "unexpected_bytes", "eager_max_bytes", "max_message_bytes", "paths", "cc_credit_initial_bytes"
+        "unexpected_bytes",
+        "eager_max_bytes",
+        "max_message_bytes",
+        "paths",
+        "cc_credit_initial_bytes",
     }
     assert not any(r["must_agree"] for r in _C.udp.fault_schema())
     reference = config_reference.render()
