@@ -148,12 +148,12 @@ Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
     default:
       fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");
   }
-  ReduceFn fn = findReduce(dtype, kind);
-  if (fn == nullptr) {
+  const Reduction red = makeReduction(dtype, kind);
+  if (red.fn == nullptr) {
     fail(std::string("reduce op ") + reduceName(kind) + " is not defined for dtype " +
          dtypeName(dtype));
   }
-  return {fn, elementSize(dtype), dtype, kind};
+  return red;
 }
 
 }  // namespace ucxb

@@ -120,13 +120,10 @@ namespace {
 
 // What a rank of a 2-rank op that folds the peer's vector into its own folds with: rank 1
 // keeps the peer's value where the two compare equal (findReduceTiesToIn), so that both ranks
-// compute rank 0's value op rank 1's, bit for bit (MIN and MAX of -0 and +0). Only a
-// reduction whose kernel is findReduce's for its dtype and kind is swapped: one built from a
-// kernel alone (dtype and kind left at their defaults) keeps its kernel.
+// compute rank 0's value op rank 1's, bit for bit (MIN and MAX of -0 and +0). It relies on
+// the Reduction's dtype and kind, which makeReduction sets together with its kernel.
 Reduction foldOrder(const Comm& comm, Reduction red) {
-  if (comm.rank() == 1 && red.fn == findReduce(red.dtype, red.kind)) {
-    red.fn = findReduceTiesToIn(red.dtype, red.kind);
-  }
+  if (comm.rank() == 1) red.fn = findReduceTiesToIn(red.dtype, red.kind);
   return red;
 }
 

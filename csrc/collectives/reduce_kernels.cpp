@@ -417,6 +417,10 @@ ReduceFn findReduce(DType dtype, ReduceKind op) {
   return nullptr;
 }
 
+Reduction makeReduction(DType dtype, ReduceKind op) {
+  return {findReduce(dtype, op), elementSize(dtype), dtype, op};
+}
+
 ReduceFn findReduceTiesToIn(DType dtype, ReduceKind op) {
   const ReduceFn fn = tiesToInReduce(dtype, op);
   return fn != nullptr ? fn : findReduce(dtype, op);

@@ -38,5 +38,9 @@ ReduceFn findReduce(DType dtype, ReduceKind op);
 // findReduce's fn(y, x) gives, so two ranks that fold each other's vector into their own, one
 // with each kernel, end bit-identical.
 ReduceFn findReduceTiesToIn(DType dtype, ReduceKind op);
+// The Reduction for (dtype, op): findReduce's kernel (nullptr where it has none) together with
+// the dtype and kind it was found for, which kernels chosen later (device memory, the 2-rank
+// fold order) are looked up by. Build every Reduction here, so the three always agree.
+Reduction makeReduction(DType dtype, ReduceKind op);
 
 }  // namespace ucxb

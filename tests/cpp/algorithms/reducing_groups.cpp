@@ -27,7 +27,7 @@ void allreduceWith(Algorithm a) {
         const size_t esz = elementSize(k.dtype);
         GuardedBuffer data(k.count * esz,
                            algotest::inputBytes(k.dtype, k.op, c.rank(), k.count, salt));
-        algo::allreduce(c, data.data(), k.count, reductionOf(k.dtype, k.op));
+        algo::allreduce(c, data.data(), k.count, makeReduction(k.dtype, k.op));
         return compare(data,
                        algotest::reducedBytes(k.dtype, k.op, world.size(), 0, k.count, salt),
                        "result", valuesOf(k.dtype));
@@ -59,7 +59,7 @@ void reduceScatterWith(Algorithm a) {
         GuardedBuffer out(blockCount * esz);
         std::vector<const void*> blocks;
         for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * blockCount * esz);
-        algo::reduceScatter(c, blocks, out.data(), blockCount, reductionOf(k.dtype, k.op));
+        algo::reduceScatter(c, blocks, out.data(), blockCount, makeReduction(k.dtype, k.op));
         return compare(out,
                        algotest::reducedBytes(k.dtype, k.op, n, c.rank() * blockCount,
                                               blockCount, salt),
@@ -92,7 +92,7 @@ void reduceWith(Algorithm a) {
             GuardedBuffer in(input.size(), input);
             GuardedBuffer out(k.count * esz);  // off the root it must stay untouched
             void* dst = inPlace ? static_cast<void*>(in.data()) : out.data();
-            algo::reduce(c, in.data(), dst, k.count, reductionOf(k.dtype, k.op), root);
+            algo::reduce(c, in.data(), dst, k.count, makeReduction(k.dtype, k.op), root);
             const std::string want =
                 algotest::reducedBytes(k.dtype, k.op, world.size(), 0, k.count, salt);
             if (c.rank() != root) {

@@ -87,10 +87,6 @@ void sweep(Op op, Algorithm algorithm, const Cases& cases) {
   }
 }
 
-algo::Reduction reductionOf(DType d, ReduceKind op) {
-  return {findReduce(d, op), elementSize(d), d, op};
-}
-
 std::function<std::string(std::string)> valuesOf(DType d) {
   return [d](std::string bytes) { return algotest::withPositiveZeros(d, std::move(bytes)); };
 }

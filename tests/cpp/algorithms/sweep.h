@@ -79,7 +79,6 @@ using Cases = std::function<void(inproc::ThreadWorld& world, const WorldShape& s
 // the group at its first timeout (each further world would wait out the deadline again).
 void sweep(algo::Op op, algo::Algorithm algorithm, const Cases& cases);
 
-algo::Reduction reductionOf(DType d, ReduceKind op);
 // What a reduction's result is compared as: its bytes, up to the sign of zeros.
 std::function<std::string(std::string)> valuesOf(DType d);
 std::string caseLabel(DType d, ReduceKind op, size_t count);
