@@ -334,6 +334,13 @@ class NetnsRig:
             )
         return proc
 
+    def udp_counters(self, host: Host) -> dict[str, int]:
+        """``host``'s kernel UDP counters (the ``Udp:`` rows of /proc/net/snmp, which is per
+        network namespace): ``RcvbufErrors`` is what the kernel dropped for a full buffer."""
+        text = self.run(host, ["cat", "/proc/net/snmp"]).stdout
+        names, values = [line.split()[1:] for line in text.splitlines() if line.startswith("Udp:")]
+        return {n: int(v) for n, v in zip(names, values, strict=True)}
+
     def popen(self, host: Host, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
         """Start ``argv`` in ``host``'s namespace in a new session (kill it with killpg)."""
         kwargs.setdefault("start_new_session", True)

@@ -228,13 +228,8 @@ def _iperf_both_ways(rig: NetnsRig, seconds: int, port: int) -> list[tuple[float
 
 
 def _udp_snmp(rig: NetnsRig) -> list[dict[str, int]]:
-    """Each host's kernel UDP counters (/proc/net/snmp, per network namespace)."""
-    out = []
-    for host in HOSTS:
-        text = rig.run(host, ["cat", "/proc/net/snmp"]).stdout
-        names, values = [line.split()[1:] for line in text.splitlines() if line.startswith("Udp:")]
-        out.append({n: int(v) for n, v in zip(names, values, strict=True)})
-    return out
+    """Each host's kernel UDP counters."""
+    return [rig.udp_counters(host) for host in HOSTS]
 
 
 def _bench(rig: NetnsRig, args: argparse.Namespace, port: int) -> str:
