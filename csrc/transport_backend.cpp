@@ -512,6 +512,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
       auto posted = std::make_shared<Posted>(post(*comm));
       bool complete = false;
       while (lease->wait(posted->op->requests(), deadline)) {
+        comm->completed(posted->op->requests());
         complete = posted->op->advance(*comm);
         if (complete) break;
       }

@@ -296,6 +296,21 @@ def test_bad_input_mismatched_sizes() -> None:
     assert any(names(r[2], OP_ALL_REDUCE) for r in res), [r[2] for r in res]
 
 
+def test_bad_input_mismatched_sizes_inline() -> None:
+    """The same, with each rank waiting up to 2 s on its own thread (spin_us) before it hands
+    the op over: rank 1's op then completes inline, where the size of what arrived must be
+    checked as on the progress thread (it was not, and rank 1 returned folded garbage)."""
+    if not UCX:
+        pytest.skip(f"ucx only ({BACKEND} under test): Gloo aborts the process here")
+    pg_timeout = 5.0
+    res = run_world(_mismatched_sizes, 2, pg_timeout=pg_timeout, timeout=60,
+                    env={"UCXBACKEND_SPIN_US": "2000000"})
+    for rank, (elapsed, exc, msg, data) in enumerate(res):
+        assert exc is not None, f"rank {rank}: mismatched all_reduce returned data {data}"
+        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
+    assert any(names(r[2], OP_ALL_REDUCE) for r in res), [r[2] for r in res]
+
+
 def _local_validation(rank: int, ws: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # wrong output-list length

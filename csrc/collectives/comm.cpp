@@ -81,6 +81,10 @@ RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
 
 void Comm::wait(const std::vector<RequestPtr>& requests) {
   driver_.waitAll(requests, deadline_);
+  completed(requests);
+}
+
+void Comm::completed(const std::vector<RequestPtr>& requests) {
   for (const auto& r : requests) {
     if (!r->isSend() && r->receivedBytes() != r->postedBytes()) {
       throw OpFailed("expected " + std::to_string(r->postedBytes()) + " bytes from rank " +

@@ -47,6 +47,10 @@ class Comm {
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);
+  // What wait() does once the requests have completed, for a caller that waited for them
+  // itself (an op run inline on the caller's thread): the size check, and staged receives
+  // copied into the op's memory.
+  void completed(const std::vector<RequestPtr>& requests);
   void abandon(const std::vector<RequestPtr>& requests);
   // Local work on the op's buffers, done where they live (op_memory.h).
   void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
