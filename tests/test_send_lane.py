@@ -97,6 +97,50 @@ def test_peer_killed_during_lane_sends_fails_the_op_naming_it() -> None:
     assert error == "REMOTE_ERROR", (error, msg)
 
 
+def _lane_worker_cannot_be_made(rank: int, world: int) -> tuple[str | None, float]:
+    import os
+    import resource
+    import time
+
+    from dist_harness import timed_failure
+
+    small = torch.ones(10)
+    dist.all_reduce(small)  # connected; no lane thread yet (it starts with the first large send)
+    if rank == 1:
+        # Room for one more fd: the lane thread's epoll set, not its UCX worker.
+        open_fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
+        lowest_free = next(fd for fd in range(1 << 16) if fd not in open_fds)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free + 1, hard))
+    _, msg = timed_failure(lambda: dist.all_reduce(torch.ones(1 << 20)))
+    if rank == 1:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    start = time.monotonic()
+    dist.destroy_process_group()
+    destroy_seconds = time.monotonic() - start
+    # The harness destroys a default group after fn: give it one of this rank alone.
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1
+    )
+    return msg, destroy_seconds
+
+
+def test_lane_worker_that_cannot_be_made_fails_the_op_and_destroy_returns() -> None:
+    """Out of fds when the lane thread starts: its UCX worker cannot be made. The op fails
+    naming it, and destroying the group returns: the lane thread still wakes for stop()
+    (it used to sleep on an epoll set without its command fd, and destroy joined it forever)."""
+    results = run_world(
+        _lane_worker_cannot_be_made,
+        2,
+        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        pg_timeout=5,
+        timeout=90,
+    )
+    msg, destroy_seconds = results[1]
+    assert msg is not None and "send lane" in msg and "rank 1" in msg, msg
+    assert destroy_seconds < 5, destroy_seconds
+
+
 @pytest.mark.slow
 def test_forced_lane_carries_every_collective_exactly() -> None:
     """send_lane=on (shared-memory staging off, so that UCX carries every byte): every op the

@@ -1,5 +1,6 @@
 #include "transports/ucx/send_lane.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -289,6 +290,13 @@ void SendLane::threadMain() {
       runCommand(worker, cmd);
     }
     if (stop) break;
+    if (!startError.empty()) {
+      // No worker, or an epoll set that may lack wakeFd_: wait on the command fd alone, so
+      // that later sends fail at once and stop() (destroying the group) is seen.
+      pollfd wake{wakeFd_, POLLIN, 0};
+      if (::poll(&wake, 1, -1) < 0 && errno != EINTR) std::this_thread::yield();
+      continue;
+    }
     if (worker != nullptr) {
       while (ucp_worker_progress(worker) != 0) {
       }
