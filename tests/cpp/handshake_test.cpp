@@ -71,6 +71,13 @@ void testNotARecord() {
                "rank 1 published an address record of version " +
                    std::to_string(ucxb::kHandshakeVersion + 1) + " but this rank reads version " +
                    std::to_string(ucxb::kHandshakeVersion));
+  // What the release before the ucx address carried its host (and udp wire version 2)
+  // published: version 1, which must not be read as this one.
+  std::vector<uint8_t> earlier = encodeHandshake(ucx);
+  earlier[4] = 1;
+  CHECK_THROWS(checkHandshakes(0, ucx, {encodeHandshake(ucx), earlier}), HandshakeMismatch,
+               "rank 1 published an address record of version 1 but this rank reads version " +
+                   std::to_string(ucxb::kHandshakeVersion));
   // Cut short anywhere, or with bytes after its end.
   const std::vector<uint8_t> full = encodeHandshake(ucx);
   for (size_t n = 5; n < full.size(); ++n) {
