@@ -1,6 +1,9 @@
 #include "csrc/tensor_checks.hpp"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <sstream>
+#include <string_view>
 
 #include "csrc/errors.hpp"
 
@@ -77,6 +80,14 @@ DType Checker::tensor(const at::Tensor& t, const char* role) const {
   }
   if (t.layout() != at::kStrided) {
     fail(std::string(role) + " " + describe(t) + " is sparse; only dense tensors are supported");
+  }
+  // The op writes into every tensor but an input (and send's): one whose elements share
+  // memory (an expanded view) could only be written on the progress thread, after the
+  // exchange, where torch refuses and the group fails with a message naming no op.
+  if (std::string_view(role) != "input" && op != "send" &&
+      at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+    fail(std::string(role) + " " + describe(t) + " has elements that share memory (an " +
+         "expanded view?) and the op writes into it; pass a tensor of its own (.clone())");
   }
   auto dt = toDType(t.scalar_type());
   if (!dt) {

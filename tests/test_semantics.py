@@ -344,6 +344,43 @@ def test_bad_input_local_validation() -> None:
             assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
 
 
+def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    expanded = torch.ones(1).expand(4)  # four elements, one memory location
+    out["all_reduce"] = timed(lambda: dist.all_reduce(expanded))
+    out["broadcast"] = timed(lambda: dist.broadcast(expanded, src=0))
+    outs = [torch.empty(4) for _ in range(ws - 1)] + [expanded]
+    out["all_gather"] = timed(lambda: dist.all_gather(outs, torch.ones(4)))
+    # Read, never written: still fine.
+    gathered = [torch.empty(4) for _ in range(ws)]
+    dist.all_gather(gathered, torch.full((1,), float(rank)).expand(4))
+    out["expanded input"] = all(
+        torch.equal(g, torch.full((4,), float(j))) for j, g in enumerate(gathered)
+    )
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    out["still usable"] = torch.equal(t, torch.full((4,), float(ws * (ws + 1) // 2)))
+    return out
+
+
+def test_overlapping_output_is_refused() -> None:
+    """A tensor the op writes into whose elements share memory (an expanded view) is a
+    ValueError naming the op, the tensor and the rank before anything is queued, and the group
+    stays usable. Before, the op ran, torch refused the copy back on the progress thread, and
+    the group failed with torch's bare message."""
+    if not UCX and BACKEND != "udp":
+        pytest.skip(f"ucx/udp only ({BACKEND} under test): Gloo aborts the process here")
+    res = run_world(_overlapping_outputs, 2, pg_timeout=10, timeout=60)
+    for rank, out in enumerate(res):
+        assert out.pop("still usable"), f"rank {rank}: group broken after rejected calls"
+        assert out.pop("expanded input"), f"rank {rank}: expanded input gathered wrong"
+        for what, (elapsed, exc, msg) in out.items():
+            assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
+            assert "share memory" in msg and "Float[4]" in msg, (rank, what, msg)
+            assert names_rank(msg, rank), (rank, what, msg)
+        assert names(out["all_reduce"][2], OP_ALL_REDUCE), out
+
+
 # --------------------------------------------------------------------------
 # world size 1
 # --------------------------------------------------------------------------
