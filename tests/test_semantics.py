@@ -376,6 +376,7 @@ def test_overlapping_output_is_refused() -> None:
         assert out.pop("expanded input"), f"rank {rank}: expanded input gathered wrong"
         for what, (elapsed, exc, msg) in out.items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
+            assert elapsed < 10, (rank, what, elapsed)  # refused, not run into a timeout
             assert "share memory" in msg and "Float[4]" in msg, (rank, what, msg)
             assert names_rank(msg, rank), (rank, what, msg)
         assert names(out["all_reduce"][2], OP_ALL_REDUCE), out

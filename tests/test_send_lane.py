@@ -119,9 +119,7 @@ def _lane_worker_cannot_be_made(rank: int, world: int) -> tuple[str | None, floa
     dist.destroy_process_group()
     destroy_seconds = time.monotonic() - start
     # The harness destroys a default group after fn: give it one of this rank alone.
-    dist.init_process_group(
-        "gloo", store=dist.HashStore(), rank=0, world_size=1
-    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return msg, destroy_seconds
 
 
