@@ -268,3 +268,50 @@ def test_a_finished_op_keeps_no_reference_to_its_output() -> None:
     skip_unless_ucx("tests the ucx/udp Work")
     for rank_counts in run_world(_output_references_after_ops, 2, timeout=90):
         assert rank_counts == {"ucx": [0, 0, 0], "udp": [0, 0, 0]}
+
+
+# Exits without destroy_process_group. Its own atexit handler is registered before ucxbackend
+# is imported, so it runs after ucxbackend's (LIFO) and sees what finalization will find.
+_EXIT_WITHOUT_DESTROY = """
+import atexit, os, sys
+
+def progress_threads():
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{t}/comm").read().strip())
+        except OSError:
+            pass
+    print("progress threads at exit:", names.count("ucxb-progress"), flush=True)
+
+atexit.register(progress_threads)
+import torch, torch.distributed as dist, ucxbackend
+dist.init_process_group(sys.argv[1], store=dist.HashStore(), rank=0, world_size=1)
+dist.new_group([0])
+dist.all_reduce(torch.ones(1 << 16))
+work = dist.all_reduce(torch.ones(4), async_op=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_exit_without_destroy_stops_the_progress_threads_first(backend: str) -> None:
+    """A program that exits without destroy_process_group: every group's progress thread has
+    ended before Python's finalization, where a thread that takes the GIL is ended with
+    pthread_exit (a progress thread dropping an op's tensors there died with "terminate
+    called without an active exception", about one exit in ten with a peer that had left)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
+    run = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_DESTROY, backend],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "progress threads at exit: 0" in run.stdout, run.stdout + run.stderr
+    assert "terminate called" not in run.stderr, run.stderr

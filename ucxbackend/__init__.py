@@ -18,6 +18,7 @@ and creating a ``ucx`` process group raises a RuntimeError that carries the orig
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -209,6 +210,25 @@ def _register() -> None:
                 continue
             logger.warning("replacing the %r backend registered by %r", name, fn)
         dist.Backend.register_backend(name, creator, extended_api=True, devices=list(DEVICES))
+
+
+def _stop_groups_at_exit() -> None:
+    """Stop the progress thread of every ucx/udp group still alive at interpreter exit.
+
+    A program that exits without ``destroy_process_group`` leaves the groups to Python's
+    finalization, which ends any thread that then takes the GIL with ``pthread_exit``. A
+    progress thread that dropped the last reference to an op's tensors there (their Python
+    objects need the GIL) was unwound through a noexcept destructor, and the process died
+    with "terminate called without an active exception". atexit handlers run before that,
+    while threads may still take the GIL: the groups are shut down here (the binding releases
+    the GIL while the thread ends), as ``destroy_process_group`` would.
+    """
+    world = getattr(dist.distributed_c10d, "_world", None)
+    for pg in list(getattr(world, "pg_map", None) or {}):
+        try:
+            _native_backend(pg, "exit").shutdown()
+        except (ValueError, RuntimeError) as exc:  # not ours, or already gone
+            logger.debug("at exit: group %r not shut down: %s", pg, exc)
 
 
 def _allow_nocolor_split() -> None:
@@ -436,3 +456,4 @@ _check_torch_version()
 if dist.is_available():
     _register()
     _allow_nocolor_split()
+    atexit.register(_stop_groups_at_exit)
