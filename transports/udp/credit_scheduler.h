@@ -29,8 +29,9 @@ namespace ucxb::udp {
 // of queue the grants released at once then meet (credit_scheduler.cpp says how these were
 // found). Emulated: the fault layer's queue, run as the rank reads, so a stall's backlog
 // meets it in one burst and overflows it beyond a few hundred microseconds at the rate.
-// A real port (or loopback): the datagrams of a burst wait in the kernel's socket buffer
-// (several MB) until the rank reads them. A sender keeps this much unused credit too
+// A port the fault layer does not emulate: on loopback the datagrams of a burst wait in the
+// kernel's socket buffer (several MB) until the rank reads them (across real switches they
+// meet the switch's queue first, which this cannot know). A sender keeps this much unused credit too
 // (congestion_credit.h), or a catch-up grant would be forfeited as soon as it arrived.
 constexpr DurationUs kEmulatedCatchUpUs = 300;
 constexpr DurationUs kPortCatchUpUs = 4000;
