@@ -104,6 +104,22 @@ def test_case_data_simulated(world: int) -> None:
         for r in range(world)
     ]
     assert [d.expected is not None for d in reduce] == [r == root for r in range(world)]
+    # gather: only the root has an output, every rank's input in rank order
+    gather = [
+        bench_cases.make_case_data(
+            "gather", bench_sizes.layout_for("gather", 40, 4, world), dtype, op, r, world, root
+        )
+        for r in range(world)
+    ]
+    for r, d in enumerate(gather):
+        assert d.recv_numel == (10 // world * world if r == root else 0), (r, d.recv_numel)
+        if r != root:
+            assert d.expected is None
+            continue
+        assert d.expected is not None
+        assert bench_cases.count_wrong(torch.cat([g.send for g in gather]), d.expected, op) == 0
+        swapped = torch.cat([g.send for g in gather[::-1]])
+        assert bench_cases.count_wrong(swapped, d.expected, op) > 0
     sr = [
         bench_cases.make_case_data(
             "sendrecv", bench_sizes.layout_for("sendrecv", 40, 4, world), dtype, op, r, world, 0
@@ -187,3 +203,20 @@ def test_check_off_reports_nothing_checked(tmp_path: Path) -> None:
     assert doc["wrong_total"] is None and doc["ok"] is True
     assert len(doc["results"]) == 6
     assert all(r["wrong"] is None for r in doc["results"]), doc["results"]
+
+
+@needs_native
+def test_gather_is_checked_at_its_root(tmp_path: Path) -> None:
+    """gather with root 1 of 3: the root's output is checked against the reference (one
+    element corrupted on ucx is one wrong), the other ranks have none to check."""
+    proc = run_bench(
+        "gather", "-b", "12", "-e", "3K", "-f", "16", "-n", "2", "-w", "0", "--nproc", "3",
+        "-r", "1", env=bench_env(**{bench_common.CORRUPT_ENV: "ucx"}),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = parse_tables(proc.stdout)["gather"]
+    assert [(int(r[0]), int(r[1])) for r in table["rows"]] == [(12, 1), (192, 16), (3072, 256)]
+    for row in table["rows"]:
+        assert row[3:5] == ["none", "1"]
+        assert cell(table, row, "ucx", "wrong") == "1"
+        assert cell(table, row, "gloo", "wrong") == "0"

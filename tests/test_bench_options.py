@@ -41,6 +41,7 @@ def test_collectives_positional() -> None:
         "all_reduce",
     )
     assert options("all_gather_into_tensor").collectives == ("all_gather",)
+    assert options("gather").collectives == ("gather",)
 
 
 def test_options_round_trip() -> None:
@@ -96,7 +97,7 @@ def test_options_round_trip() -> None:
         (("-d", "complex64"), "invalid choice"),
         (("-o", "band"), "invalid choice"),
         (("-c", "2"), "invalid choice"),
-        (("gather",), "unknown collective 'gather'"),
+        (("scatter",), "unknown collective 'scatter'"),
         (("--backends", "ucx,ucx"), "listed twice"),
         (("--timeout", "0"), "positive number"),
         (("--rounds", "0"), "expected an integer >= 1"),

@@ -67,7 +67,7 @@ def test_layouts_follow_nccl_tests() -> None:
     )  # >= 1 elt
     # total-buffer collectives: size = whole buffer, rounded to whole per-rank chunks;
     # count = per rank (all_gather, reduce_scatter) or per peer (all_to_all)
-    for coll in ("all_gather", "reduce_scatter", "all_to_all"):
+    for coll in ("all_gather", "reduce_scatter", "all_to_all", "gather"):
         assert bench_sizes.layout_for(coll, 1000, 4, 3) == bench_sizes.Layout(coll, 996, 83)
         assert bench_sizes.layout_for(coll, 8, 4, 3) == bench_sizes.Layout(coll, 12, 1)
     assert bench_sizes.layout_for("barrier", 1 << 20, 4, 2) == bench_sizes.Layout("barrier", 0, 0)
@@ -85,13 +85,13 @@ def test_layouts_follow_nccl_tests() -> None:
 def test_bus_factors_are_nccl_tests(n: int) -> None:
     # PERFORMANCE.md of nccl-tests
     assert bench_sizes.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
-    for coll in ("reduce_scatter", "all_gather", "all_to_all"):
+    for coll in ("reduce_scatter", "all_gather", "all_to_all", "gather"):
         assert bench_sizes.bus_factor(coll, n) == pytest.approx((n - 1) / n)
     for coll in ("broadcast", "reduce", "sendrecv"):
         assert bench_sizes.bus_factor(coll, n) == 1.0
     assert bench_sizes.bus_factor("barrier", n) == 0.0
     with pytest.raises(ValueError):
-        bench_sizes.bus_factor("gather", n)
+        bench_sizes.bus_factor("scatter", n)
 
 
 def test_bandwidths() -> None:

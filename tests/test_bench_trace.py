@@ -222,3 +222,30 @@ def test_bench_trace_writes_json_lines(tmp_path: Path) -> None:
         ops = [r for r in mine if r["kind"] == "op"]
         assert sum(r["op"] == "allreduce" for r in ops) >= 4  # the timed iterations at least
         assert all(r["column"] == "ad" and r["bytes"] == 65536 for r in mine)
+
+
+@needs_native
+def test_bench_trace_records_credit_state(tmp_path: Path) -> None:
+    """congestion=credit's state in the conn lines (the window is 0 there): the sender's grant
+    past its unsolicited window, its demand, the receiver's view of both, CREDIT packets."""
+    proc = run_bench(
+        "all_reduce", "-b", "1M", "-e", "1M", "-n", "3", "-w", "1",
+        "--udp-variant", "cr:congestion=credit,mtu_payload=8972,rate_mbps=4000,queue=100",
+        "--trace", str(tmp_path), "--timeout", "60", timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = bench_trace.read_traces(str(tmp_path))
+    window = 32 << 10  # cc_credit_initial_bytes
+    for rank in (0, 1):
+        conn = [r for r in records if r["rank"] == rank and r["kind"] == "conn"]
+        assert conn, records
+        assert all(r["cwnd_packets"] == 0 for r in conn)
+        assert all(r["credit_granted"] >= window for r in conn), conn
+        assert all(r["credit_available"] <= r["credit_granted"] for r in conn)
+        assert max(r["credit_granted"] for r in conn) > window
+        assert max(r["credit_wanted"] for r in conn) >= 1 << 20
+        assert max(r["grant_to_peer"] for r in conn) > window
+        assert max(r["peer_wanted"] for r in conn) >= 1 << 20
+        assert max(r["credit_packets_sent"] for r in conn) > 0
+        assert max(r["credit_packets_received"] for r in conn) > 0
+        assert all(r["credit_timeouts"] >= 0 for r in conn)

@@ -2462,7 +2462,7 @@ void testCredit() {
           p.credit.flags == credit_flags::kRequest);
     for (size_t k = 0; k < n; ++k) CHECK(decodePacket({buf.data(), k}, p) != DecodeError::kNone);
     std::vector<uint8_t> bad(buf.begin(), buf.begin() + n);
-    bad[32] = 0x02;  // an unknown flag
+    bad[32] = 0x04;  // an unknown flag
     sealChecksum(bad);
     CHECK(decodePacket(bad, p) == DecodeError::kMalformed);
     bad[32] = 0x01;
@@ -2480,6 +2480,9 @@ void testCredit() {
   // nobody wants any.
   {
     CreditScheduler s(800, 1000, 100);  // 800 Mbit/s = 100 bytes/us
+    CHECK_EQ(s.catchUpUs(), kPortCatchUpUs);
+    s.setEmulatedDownlinkMbps(800);  // its queue is run as the rank reads: 300 us only
+    CHECK_EQ(s.catchUpUs(), kEmulatedCatchUpUs);
     const size_t a = s.join(), b = s.join(), c = s.join();
     CHECK_EQ(s.granted(a), uint64_t{1000});
     CHECK(!s.nextGrantTime());
@@ -2515,6 +2518,18 @@ void testCredit() {
     for (TimeUs t = 3176; t <= 3675; ++t) s.advance(t);
     const uint64_t granted = s.granted(a) + s.granted(b) + s.granted(c) - before;
     CHECK_MSG(granted >= 500 * 100 - 100 && granted <= 500 * 100 + 100, std::to_string(granted));
+    CHECK_EQ(s.wanted(c), uint64_t{1150});
+  }
+  // A real port's scheduler (no emulated queue; the kernel's socket buffer takes a burst)
+  // makes up for a stall of up to kPortCatchUpUs: 4 ms late, all of it.
+  {
+    CreditScheduler s(800, 1000, 100);
+    const size_t a = s.join();
+    s.onWanted(a, 10'000'000, 100);
+    s.advance(100 + kPortCatchUpUs);
+    CHECK_EQ(s.granted(a), uint64_t{1000 + kPortCatchUpUs * 100});
+    s.advance(100 + 3 * kPortCatchUpUs);  // 8 ms late: only 4 ms of it
+    CHECK_EQ(s.granted(a), uint64_t{1000 + 2 * kPortCatchUpUs * 100});
   }
   // The sender: the unsolicited window, then only against grants; the demand reported as
   // it grows; a request again after the timeout while waiting with a backlog.
@@ -2524,27 +2539,37 @@ void testCredit() {
     CHECK(c.credits() == &c);
     c.setBacklog(3000);
     bool timedOut = false;
-    CHECK(c.requestDue(0, timedOut) && !timedOut);
+    CHECK(c.requestDue(0, true, timedOut) && !timedOut);
     c.onRequestSent(0);
-    CHECK(!c.requestDue(1, timedOut));
+    CHECK(!c.requestDue(1, true, timedOut));
     CHECK(c.maySend());
     c.onDataSent(600);
     CHECK(c.maySend());
     c.onDataSent(600);  // overshoots the window by 200: spent, so owed
     CHECK(!c.maySend() && c.wanted() == 3000);
     CHECK_EQ(c.nextRequestTime().value_or(0), TimeUs{500});
-    CHECK(c.requestDue(500, timedOut) && timedOut);
+    // Not while the receiver is silent with data in flight (descheduled, not lost).
+    CHECK(!c.requestDue(500, false, timedOut) && !timedOut);
+    CHECK(c.requestDue(500, true, timedOut) && timedOut);
     c.onRequestSent(500);
     c.onGrant(1100, 600);  // older than what it has: no news
     CHECK(!c.maySend());
     c.onGrant(2400, 700);
     CHECK(c.maySend() && !c.nextRequestTime());
+    // A catch-up grant (the receiver making up for a stall of its own) is kept whole.
+    c.onGrant(6000, 750, /*catchUp=*/true);
+    CHECK_EQ(c.spent(), uint64_t{1200});
+    CHECK_EQ(c.granted() - c.spent(), uint64_t{4800});
     // Grants that piled up beyond 2000 unused (a descheduled sender) are forfeited: spent,
-    // so the demand grows by them and a request asks for them again.
+    // so the demand grows by them and a request asks for them again; what is left of the
+    // catch-up (2800 beyond the 2000) is kept on top until spent.
     c.onGrant(10'000, 800);
-    CHECK_EQ(c.spent(), uint64_t{8000});
-    CHECK_EQ(c.wanted(), uint64_t{8000 + 1800});
-    CHECK(c.requestDue(800, timedOut) && !timedOut);
+    CHECK_EQ(c.spent(), uint64_t{10'000 - 2000 - 2800});
+    CHECK_EQ(c.wanted(), uint64_t{5200 + 1800});
+    c.onDataSent(2800);  // the catch-up spent: the next pile-up is cut to 2000
+    c.onGrant(20'000, 850);
+    CHECK_EQ(c.spent(), uint64_t{18'000});
+    CHECK(c.requestDue(800, true, timedOut) && !timedOut);
     c.onRetransmissionTimeout(800);
     c.onPacketsLost(700, 800);
     CHECK(c.maySend());
@@ -2627,6 +2652,7 @@ void testCreditGrantLoss() {
   CHECK(clean.completed && clean.totals.creditTimeouts == 0);
   CHECK(o.doneNs > clean.doneNs);
 }
+
 
 const ucxb::check::Group kGroups[] = {
     {"crc32c", testCrc32c, true},

@@ -12,6 +12,10 @@
 //     and length, its tag matches under its mask, and nothing is written past its buffer or
 //     into it after it completed (poisoned for ASan, and hashed);
 // and at the end, after the victim closes, lingers and goes, that no request is left pending.
+// Every endpoint records trace samples (trace_samples, every event, in rings of
+// kTraceSamples that wrap within an input), and the victim runs congestion=credit, so the
+// recorder and credit's sampled state see what the attacker does too: each time advances,
+// the victim's samples are drained and must fit their rings and name a real peer.
 // Leaks are LeakSanitizer's (the fuzz build runs with detect_leaks=1).
 #include "tests/fuzz/endpoint_fuzz.h"
 
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "transports/udp/endpoint.h"
+#include "transports/udp/trace_recorder.h"
 #include "transports/udp/wire_format.h"
 
 #include "tests/fuzz/asan_poison.h"
@@ -58,6 +63,7 @@ constexpr size_t kMaxInFlight = 256;
 // not worth waiting for.
 constexpr int kSettleRounds = 40;
 constexpr int kQuietRounds = 2;  // rounds of 500 us: a retransmission timeout's worth
+constexpr size_t kTraceSamples = 8;  // per kind: small, so that the rings wrap
 
 UDP_FUZZ_NO_COVERAGE uint8_t patternByte(int from, Tag tag, size_t i) {
   uint64_t x = (static_cast<uint64_t>(from) << 40) ^ (tag * 0x9e3779b97f4a7c15ull) ^ (i * 0x2545f491u);
@@ -116,6 +122,8 @@ class EndpointHarness {
     o.config.rtoMaxUs = 4000;
     o.lingerQuietUs = 1000;
     o.lingerMaxUs = 8000;
+    o.config.traceSamples = kTraceSamples;
+    o.config.traceIntervalUs = 0;  // a sample at every event
     // UDP_FUZZ_AUTH=1: every endpoint in the authenticated mode (secret_file). Then nothing the
     // attacker makes may be accepted, not even a packet with the right token, rank and address
     // (which the unauthenticated mode must accept), and the content checks stay on throughout.
@@ -129,7 +137,11 @@ class EndpointHarness {
       addresses_[r] = SocketAddress::parse("10.0.0." + std::to_string(r + 1), 7000);
     }
     for (int r = 0; r < kRanks; ++r) {
-      endpoints_[r] = std::make_unique<Endpoint>(r, kRanks, o);
+      // The victim's sends wait for its peers' grants; every rank grants (the receiver
+      // serves a demand whatever its own policy).
+      EndpointOptions mine = o;
+      if (r == 0) mine.config.congestion = "credit";
+      endpoints_[r] = std::make_unique<Endpoint>(r, kRanks, mine);
       for (int p = 0; p < kRanks; ++p) endpoints_[r]->connect(p, addresses_[p]);
     }
     scratch_.resize(o.config.mtuPayload);
@@ -312,6 +324,27 @@ class EndpointHarness {
   void advance(TimeUs by) {
     now_ += by;
     for (auto& e : endpoints_) e->handleTimeout(now_);
+    checkTrace();
+  }
+
+  // What the victim recorded since the last look: at most a ring of each kind, about real
+  // peers other than itself, with consistent credit counts; what the rings overwrote only
+  // grows.
+  void checkTrace() {
+    const TraceRecorder* trace = victim().trace();
+    ENDPOINT_CHECK(trace != nullptr, "trace_samples is on");
+    connectionSamples_.clear();
+    queueSamples_.clear();
+    victim().drainTrace(connectionSamples_, queueSamples_);
+    ENDPOINT_CHECK(connectionSamples_.size() <= kTraceSamples, std::to_string(connectionSamples_.size()));
+    ENDPOINT_CHECK(queueSamples_.empty(), "a queue sample without an emulated bottleneck");
+    for (const ConnectionSample& s : connectionSamples_) {
+      ENDPOINT_CHECK(s.peer > 0 && s.peer < kRanks, "a sample of peer " + std::to_string(s.peer));
+      ENDPOINT_CHECK(s.path == 0 && s.tUs <= now_, std::to_string(s.tUs));
+      ENDPOINT_CHECK(s.creditAvailable <= s.creditGranted, std::to_string(s.creditAvailable));
+    }
+    ENDPOINT_CHECK(trace->connectionsOverwritten() >= overwritten_, "overwritten went down");
+    overwritten_ = trace->connectionsOverwritten();
   }
 
   void cancel(uint8_t index) {
@@ -406,6 +439,9 @@ class EndpointHarness {
   std::deque<InFlight> wire_;
   std::deque<InFlight> history_;
   std::vector<uint8_t> scratch_;
+  std::vector<ConnectionSample> connectionSamples_;
+  std::vector<QueueSample> queueSamples_;
+  uint64_t overwritten_ = 0;
   TimeUs now_ = 1;
   bool tainted_ = false;
   bool auth_ = false;  // UDP_FUZZ_AUTH=1: the authenticated mode

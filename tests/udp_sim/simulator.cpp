@@ -37,7 +37,7 @@ void Simulator::setFaults(int from, int to, const FaultConfig& faults) {
 
 void Simulator::setDownlink(int node, const FaultConfig& faults) {
   downlinks_[static_cast<size_t>(node)] = std::make_unique<FaultInjector>(faults);
-  if (faults.bottleneck()) credits_[static_cast<size_t>(node)]->setRateMbps(faults.rateMbps);
+  if (faults.bottleneck()) credits_[static_cast<size_t>(node)]->setEmulatedDownlinkMbps(faults.rateMbps);
 }
 
 void Simulator::setLinkUp(int from, int to, bool up) { links_[index(from, to)].up = up; }

@@ -6,25 +6,30 @@
 #include "transports/udp/faults.h"
 
 namespace ucxb::udp {
-namespace {
 
-// Credit earned while the rank could not hand it out (a timer that fired late, a thread
-// descheduled on a loaded host) is kept for up to this long at the downlink's rate, so that
-// a late wake-up still grants what the port could have carried meanwhile. Tried on the
-// issue's incast bench on a loaded 2-core host (docs/bench.md): with only one unsolicited
-// window kept, a receiver woken every millisecond granted 32 KiB per wake-up (0.26 Gbit/s
-// whatever its rate); with 1 ms kept, the bursts a late wake-up released overflowed the
-// emulated queue (100-600 drops per op); with 300 us, 6-95.
-constexpr DurationUs kCatchUpUs = 300;
-
-}  // namespace
+// Credit earned while the rank could not hand it out is kept so that a late wake-up still
+// grants what the port could have carried meanwhile (credit_scheduler.h). Behind the
+// emulated bottleneck, tried on the incast bench on a loaded 2-core host
+// (docs/bench.md): with only one unsolicited window kept, a receiver woken every millisecond
+// granted 32 KiB per wake-up (0.26 Gbit/s whatever its rate); with 1 ms kept, the bursts a
+// late wake-up released overflowed the emulated queue (100-600 drops per op); with 300 us,
+// 6-95. Without it, 300 us was the whole of credit's slowness on a loaded host (the
+// "duplication" weakness of docs/udp-protocol.md): a receiver descheduled 3 ms in every 4
+// granted a quarter of its rate plus 300 us per wake-up, 4.5x slower than undisturbed, with
+// hundreds of credit timeouts per op (udp_endpoint_test credit_receiver_stall); 4 ms keeps
+// such a stall whole, within the 6 MB socket buffers udp_transport asks for (5 MB at 10
+// Gbit/s).
 
 CreditScheduler::CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes)
     : rateMbps_(std::max<uint64_t>(1, rateMbps)),
+      catchUpUs_(kPortCatchUpUs),
       initialBytes_(initialBytes),
       quantumBytes_(std::max<uint64_t>(1, quantumBytes)) {}
 
-void CreditScheduler::setRateMbps(uint64_t rateMbps) { rateMbps_ = std::max<uint64_t>(1, rateMbps); }
+void CreditScheduler::setEmulatedDownlinkMbps(uint64_t rateMbps) {
+  rateMbps_ = std::max<uint64_t>(1, rateMbps);
+  catchUpUs_ = kEmulatedCatchUpUs;
+}
 
 size_t CreditScheduler::join() {
   slots_.push_back(Slot{0, initialBytes_});
@@ -50,7 +55,7 @@ void CreditScheduler::onWanted(size_t slot, uint64_t wanted, TimeUs now) {
 
 double CreditScheduler::keptCredit() const {
   return std::max(static_cast<double>(std::max(initialBytes_, quantumBytes_)),
-                  static_cast<double>(kCatchUpUs * rateMbps_) / 8);
+                  static_cast<double>(catchUpUs_ * rateMbps_) / 8);
 }
 
 void CreditScheduler::onOtherArrival(uint64_t wireBytes) {

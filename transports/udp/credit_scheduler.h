@@ -25,19 +25,34 @@
 
 namespace ucxb::udp {
 
+// How long a stall of the receiving rank its scheduler makes up for afterwards, by the kind
+// of queue the grants released at once then meet (credit_scheduler.cpp says how these were
+// found). Emulated: the fault layer's queue, run as the rank reads, so a stall's backlog
+// meets it in one burst and overflows it beyond a few hundred microseconds at the rate.
+// A port the fault layer does not emulate: on loopback the datagrams of a burst wait in the
+// kernel's socket buffer (several MB) until the rank reads them (across real switches they
+// meet the switch's queue first, which this cannot know). A sender keeps this much unused credit too
+// (congestion_credit.h), or a catch-up grant would be forfeited as soon as it arrived.
+constexpr DurationUs kEmulatedCatchUpUs = 300;
+constexpr DurationUs kPortCatchUpUs = 4000;
+
 class CreditScheduler {
  public:
   // rateMbps: the downlink's rate. quantumBytes: the grant handed out per turn, one full
-  // datagram on the wire. Credit earned while nobody wants any is not kept, and while the
-  // rank is too busy to hand it out, at most 300 us worth (or one unsolicited window, if
-  // more) is (kCatchUpUs).
+  // datagram on the wire. Credit earned while nobody wants any is not kept; credit earned
+  // while the rank is too busy to hand it out (a late timer, a descheduled thread) is kept
+  // up to kPortCatchUpUs at the rate, or kEmulatedCatchUpUs once setEmulatedDownlinkMbps
+  // was called (at least one unsolicited window either way).
   CreditScheduler(uint64_t rateMbps, uint64_t initialBytes, uint64_t quantumBytes);
   CreditScheduler(const CreditScheduler&) = delete;
   CreditScheduler& operator=(const CreditScheduler&) = delete;
 
-  // The rate the emulated downlink (the fault layer's bottleneck) in front of this rank has.
-  void setRateMbps(uint64_t rateMbps);
+  // The fault layer emulates this rank's downlink (its bottleneck, at `rateMbps`): grant at
+  // its rate, and keep only kEmulatedCatchUpUs of credit through a stall, because that queue
+  // is run when the rank reads, so whatever a stall let pile up meets it as one burst.
+  void setEmulatedDownlinkMbps(uint64_t rateMbps);
   uint64_t rateMbps() const { return rateMbps_; }
+  DurationUs catchUpUs() const { return catchUpUs_; }
   uint64_t initialBytes() const { return initialBytes_; }
 
   // One slot per sending peer (each connection joins once).
@@ -46,6 +61,8 @@ class CreditScheduler {
   void onWanted(size_t slot, uint64_t wanted, TimeUs now);
   // Whether the peer of `slot` ever asked for credit (only those are sent grants).
   bool wants(size_t slot) const { return slots_[slot].wanted > 0; }
+  // The cumulative demand the peer of `slot` reported (0 before it asked).
+  uint64_t wanted(size_t slot) const { return slots_[slot].wanted; }
   // The cumulative credit granted to the peer of `slot` (initialBytes at first).
   uint64_t granted(size_t slot) const { return slots_[slot].granted; }
   // Whether the peer of `slot` has all it wants (and its window ahead): its last grant.
@@ -76,11 +93,12 @@ class CreditScheduler {
   };
   bool active(const Slot& s) const { return s.wanted + initialBytes_ > s.granted; }
   bool anyActive() const;
-  // The most credit kept unhanded (kCatchUpUs at the rate, or one window), and the most debt.
+  // The most credit kept unhanded (catchUpUs_ at the rate, or one window), and the most debt.
   double keptCredit() const;
   void share();
 
   uint64_t rateMbps_;
+  DurationUs catchUpUs_;
   const uint64_t initialBytes_;
   const uint64_t quantumBytes_;
   std::vector<Slot> slots_;
@@ -89,8 +107,8 @@ class CreditScheduler {
   TimeUs last_ = 0;      // when tokens_ was last brought up to date
 };
 
-// A rank's scheduler under `config`: granting at cc_link_mbps (setRateMbps corrects it for an
-// emulated downlink), cc_credit_initial_bytes of unsolicited window, a quantum of one full
+// A rank's scheduler under `config`: granting at cc_link_mbps (setEmulatedDownlinkMbps
+// corrects it for an emulated downlink), cc_credit_initial_bytes of unsolicited window, a quantum of one full
 // mtu_payload datagram on the wire.
 std::unique_ptr<CreditScheduler> makeCreditScheduler(const UdpConfig& config);
 

@@ -85,7 +85,7 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
     : rank_(rank), size_(size), options_(std::move(options)), peers_(static_cast<size_t>(size)) {
   validate(options_.config);
   credits_ = makeCreditScheduler(options_.config);
-  if (const uint64_t mbps = emulatedDownlinkMbps(options_)) credits_->setRateMbps(mbps);
+  if (const uint64_t mbps = emulatedDownlinkMbps(options_)) credits_->setEmulatedDownlinkMbps(mbps);
   for (int p = 0; p < size_; ++p) {
     PeerIdentity id;
     id.localRank = static_cast<uint16_t>(rank_);

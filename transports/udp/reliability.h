@@ -41,6 +41,18 @@
 
 namespace ucxb::udp {
 
+// congestion=credit's state on one connection, both roles (trace_recorder.h samples it).
+// Sending: the peer's cumulative grant, what we spent of it (forfeited credit included) and
+// our cumulative demand as last reported, all 0 unless our policy is credit. Receiving: the
+// rank's scheduler's cumulative grant to the peer and the demand the peer reported.
+struct CreditView {
+  uint64_t granted = 0;
+  uint64_t spent = 0;
+  uint64_t wanted = 0;
+  uint64_t grantToPeer = 0;
+  uint64_t peerWanted = 0;
+};
+
 struct PeerIdentity {
   uint16_t localRank = 0;
   uint16_t peerRank = 0;
@@ -108,6 +120,7 @@ class PeerConnection {
   size_t packetsInFlight() const { return sent_.inFlightCount(); }
   uint64_t bytesInFlight() const { return sent_.inFlightBytes(); }
   uint64_t congestionWindow() const { return congestion_->windowPackets(); }
+  CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
   // Nothing left to send or to wait for (tests use it to detect quiescence).
   bool idle() const;
@@ -144,6 +157,10 @@ class PeerConnection {
   std::optional<TimeUs> creditDeadline() const;
   bool creditBlocksData() const;
   bool grantDue() const;  // the peer's grant grew enough to be sent
+  // Whether a credit timeout may fire: the peer was heard from since our last request or
+  // grant, within the last cc_credit_timeout_us (a silent one is not running, or is gone:
+  // a PING, or the RTO of what is in flight, finds out which).
+  bool creditMayTimeOut() const;
   void creditOtherArrival(size_t datagramBytes);  // a non-DATA datagram used the downlink
   void spendCredit(size_t datagramBytes);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,

@@ -33,6 +33,15 @@ void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection&
   sample.marksEchoed = s.ceEchoed;
   sample.trimsNacked = s.packetsNacked;
   sample.rtoExpiries = s.rtoExpiries;
+  const CreditView credit = connection.creditView();
+  sample.creditGranted = credit.granted;
+  sample.creditAvailable = credit.granted - std::min(credit.granted, credit.spent);
+  sample.creditWanted = credit.wanted;
+  sample.grantToPeer = credit.grantToPeer;
+  sample.peerWanted = credit.peerWanted;
+  sample.creditPacketsSent = s.creditPacketsSent;
+  sample.creditPacketsReceived = s.creditPacketsReceived;
+  sample.creditTimeouts = s.creditTimeouts;
   if (s.paths.empty()) {
     sample.rttSmoothedUs = s.rttSmoothedUs;
     sample.retransmitted = s.retransmittedPackets;
@@ -82,7 +91,9 @@ const std::vector<std::string>& connectionSampleFields() {
       "t_us",           "peer",          "path",          "cwnd_packets",
       "inflight_packets", "inflight_bytes", "rtt_smoothed_us", "rtt_latest_us",
       "retransmitted",  "lost",          "marks_echoed",  "trims_nacked",
-      "rto_expiries",
+      "rto_expiries",   "credit_granted", "credit_available", "credit_wanted",
+      "grant_to_peer",  "peer_wanted",   "credit_packets_sent", "credit_packets_received",
+      "credit_timeouts",
   };
   return fields;
 }
@@ -97,7 +108,10 @@ const std::vector<std::string>& queueSampleFields() {
 void appendTraceValues(const ConnectionSample& s, std::vector<uint64_t>& out) {
   out.insert(out.end(), {s.tUs, s.peer, s.path, s.cwndPackets, s.inFlightPackets,
                          s.inFlightBytes, s.rttSmoothedUs, s.rttLatestUs, s.retransmitted,
-                         s.lost, s.marksEchoed, s.trimsNacked, s.rtoExpiries});
+                         s.lost, s.marksEchoed, s.trimsNacked, s.rtoExpiries,
+                         s.creditGranted, s.creditAvailable, s.creditWanted, s.grantToPeer,
+                         s.peerWanted, s.creditPacketsSent, s.creditPacketsReceived,
+                         s.creditTimeouts});
 }
 
 void appendTraceValues(const QueueSample& s, std::vector<uint64_t>& out) {

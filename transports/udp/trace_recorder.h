@@ -4,7 +4,10 @@
 //
 //   connection - per peer and path, at the sending side: the congestion window, packets and
 //                bytes in flight, the smoothed and latest RTT, and the running counts of
-//                retransmissions, losses, marks echoed (ECN) and packets NACKed (trims);
+//                retransmissions, losses, marks echoed (ECN) and packets NACKed (trims), and
+//                congestion=credit's state in both roles (what the peer granted us and what
+//                we have of it, our demand; what our scheduler granted the peer and the
+//                demand it reported; CREDIT packets each way and our credit timeouts);
 //   queue      - per path, at the receiving side: the emulated bottleneck's queue depth
 //                (faults.h) and its running counts of drop-tail losses, marks and trims.
 //
@@ -45,6 +48,20 @@ struct ConnectionSample {
   uint64_t marksEchoed = 0;
   uint64_t trimsNacked = 0;
   uint64_t rtoExpiries = 0;
+  // congestion=credit (zero under the window-based policies, which neither ask nor grant).
+  // As the sender: the peer's cumulative grant to us, what of it we have not spent yet
+  // (granted less spent, 0 when overspent) and our cumulative demand as last reported.
+  uint64_t creditGranted = 0;
+  uint64_t creditAvailable = 0;
+  uint64_t creditWanted = 0;
+  // As the receiver: our scheduler's cumulative grant to the peer and the peer's cumulative
+  // demand (0 until it asks; the grant starts at the unsolicited window).
+  uint64_t grantToPeer = 0;
+  uint64_t peerWanted = 0;
+  // Running counts: CREDIT packets sent (requests and grants) and received, credit timeouts.
+  uint64_t creditPacketsSent = 0;
+  uint64_t creditPacketsReceived = 0;
+  uint64_t creditTimeouts = 0;
 };
 
 // One bottleneck sample, taken as a datagram from `peer` went through the queue of `path`.

@@ -124,7 +124,8 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                  &UdpConfig::ccCreditInitialBytes),
           member(integer("cc_credit_timeout_us", 1, kMaxUs,
                          "credit: a sender with a backlog and no credit asks again after this "
-                         "long without a grant (a lost grant or request)"),
+                         "long without a grant (a lost grant or request), if it heard from the "
+                         "receiver within it (else it sends a PING when nothing is in flight)"),
                  &UdpConfig::ccCreditTimeoutUs),
           member(integer("trim_nack", 0, 1,
                          "1: NACK a trimmed DATA at once so the sender resends it; 0: treat it "

@@ -98,7 +98,11 @@ namespace credit_flags {
 // a credit timeout in vain). Only a request is answered at once, so two ends never echo each
 // other's CREDIT packets back and forth.
 constexpr uint16_t kRequest = 0x0001;
-constexpr uint16_t kKnown = kRequest;
+// The grant made up for a stall of the receiving rank (its scheduler kept the credit it
+// earned meanwhile, credit_scheduler.h): the sender keeps it whole instead of cutting unused
+// credit to what a paced stream leaves unused (congestion_credit.h).
+constexpr uint16_t kCatchUp = 0x0002;
+constexpr uint16_t kKnown = kRequest | kCatchUp;
 }  // namespace credit_flags
 
 constexpr size_t kCommonHeaderBytes = 16;

@@ -39,9 +39,9 @@ Exit status: 0 success; 1 wrong results (``#wrong`` > 0); 2 bad options; 3 a ran
 the run went past ``--timeout``.
 
 Test-only hook: ``UCXBACKEND_BENCH_CORRUPT=<backend>`` makes the bench overwrite one element of
-the checked output of every op of that backend (on rank 0; on the root for ``reduce``) right
-after the op, so that ``#wrong`` is non-zero and the bench exits 1. It exists to prove that
-``-c 1`` can fail; never set it for a real measurement.
+the checked output of every op of that backend (on rank 0; on the root for ``reduce`` and
+``gather``) right after the op, so that ``#wrong`` is non-zero and the bench exits 1. It
+exists to prove that ``-c 1`` can fail; never set it for a real measurement.
 
 The package, one job a module, in the order a run uses them (gloo/benchmark's main, options,
 runner)::

@@ -120,20 +120,22 @@ def make_case_data(
 
     if collective == "barrier":
         return CaseData(None, 0, None)
-    if collective in ("all_reduce", "reduce", "broadcast", "sendrecv", "all_gather"):
+    if collective in ("all_reduce", "reduce", "broadcast", "sendrecv", "all_gather", "gather"):
         send = vals(rank, 0, c)
     else:  # reduce_scatter, all_to_all: one chunk per rank
         send = vals(rank, 0, c * world)
     recv_numel = {"all_gather": c * world, "reduce_scatter": c, "all_to_all": c * world}.get(
         collective, c if collective == "sendrecv" else 0
     )
+    if collective == "gather" and rank == root:  # only the root has an output
+        recv_numel = c * world
     expected: torch.Tensor | None = None
     if with_expected:
         if collective == "all_reduce" or (collective == "reduce" and rank == root):
             expected = reduced(0)
         elif collective == "broadcast":
             expected = vals(root, 0, c)
-        elif collective == "all_gather":
+        elif collective == "all_gather" or (collective == "gather" and rank == root):
             expected = torch.cat([vals(q, 0, c) for q in range(world)])
         elif collective == "reduce_scatter":
             expected = reduced(rank * c)

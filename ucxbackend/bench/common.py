@@ -16,12 +16,13 @@ COLLECTIVES: Final = (
     "reduce_scatter",
     "broadcast",
     "reduce",
+    "gather",
     "all_to_all",
     "barrier",
     "sendrecv",
 )
 REDUCING: Final = frozenset({"all_reduce", "reduce_scatter", "reduce"})
-ROOTED: Final = frozenset({"broadcast", "reduce"})
+ROOTED: Final = frozenset({"broadcast", "reduce", "gather"})
 
 # nccl-tests names first; the display name of each dtype is its nccl-tests name.
 DTYPE_NAMES: Final[Mapping[str, str]] = {

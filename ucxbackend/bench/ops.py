@@ -131,6 +131,11 @@ def make_op(
         return lambda: reduce_scatter(recv, send, op=reduce_op, group=group)
     if collective == "all_to_all":
         return lambda: dist.all_to_all_single(recv, send, group=group)
+    if collective == "gather":
+        # The root's output as one chunk per rank: views of one tensor, so the check reads
+        # what every rank's chunk landed in. The other ranks have no output.
+        chunks = list(recv.chunk(world)) if rank == root else None
+        return lambda: dist.gather(send, chunks, dst=root, group=group)
     if collective == "sendrecv":
         # isend/irecv rather than batch_isend_irecv: a batch whose op fails validation leaves
         # torch's coalescing state open on a group that supports coalescing, and later

@@ -21,7 +21,7 @@ from ..config import format_size as format_size
 from ..config import parse_size as parse_size
 
 # nccl-tests: the size of these is the whole (gathered / scattered / exchanged) buffer.
-_TOTAL_BUFFER: Final = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
+_TOTAL_BUFFER: Final = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather"})
 
 
 def size_sweep(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
@@ -44,10 +44,11 @@ def size_sweep(minbytes: int, maxbytes: int, stepfactor: int) -> list[int]:
 class Layout:
     """One row of a sweep, with nccl-tests' meaning of the ``size`` and ``count`` columns.
 
-    ``nbytes``: the whole buffer (the gathered output of all_gather, the input of
-    reduce_scatter, the send buffer of all_to_all; the tensor for the others). ``count``:
-    nccl-tests' count column, i.e. elements per rank for all_gather/reduce_scatter, per peer
-    for all_to_all, and of the tensor for the others. Barrier has neither (0, 0).
+    ``nbytes``: the whole buffer (the gathered output of all_gather and of gather at its root,
+    the input of reduce_scatter, the send buffer of all_to_all; the tensor for the others).
+    ``count``: nccl-tests' count column, i.e. elements per rank for all_gather, gather and
+    reduce_scatter, per peer for all_to_all, and of the tensor for the others. Barrier has
+    neither (0, 0).
     """
 
     collective: str

@@ -155,7 +155,7 @@ def udp_transport_stats(
 
 
 def _corrupt_rank(collective: str, root: int) -> int:
-    return root if collective == "reduce" else 0
+    return root if collective in ("reduce", "gather") else 0
 
 
 def _maybe_corrupt(
