@@ -739,6 +739,20 @@ void testTraceSamples() {
   }
   CHECK(onPath[0] > 0);
   CHECK_EQ(onPath[0], onPath[1]);
+  // Each path's bytes in flight are its own: the two samples taken together (path 0, then
+  // path 1) add up to the connection's, and spraying keeps both paths busy.
+  bool bothBusy = false;
+  for (size_t i = 0; i + 1 < two.sender.size(); i += 2) {
+    const ConnectionSample& a = two.sender[i];
+    const ConnectionSample& b = two.sender[i + 1];
+    CHECK(a.path == 0 && b.path == 1 && a.tUs == b.tUs);
+    CHECK_EQ(a.pathInFlightBytes + b.pathInFlightBytes, a.inFlightBytes);
+    CHECK_EQ(a.pathInFlightPackets + b.pathInFlightPackets, a.inFlightPackets);
+    bothBusy = bothBusy || (a.pathInFlightBytes > 0 && b.pathInFlightBytes > 0);
+  }
+  CHECK(bothBusy);
+  // With one path, the path's are the connection's.
+  for (const auto& s : t.sender) CHECK_EQ(s.pathInFlightBytes, s.inFlightBytes);
 
   // Each kind's field names match the values written for it.
   std::vector<uint64_t> values;
