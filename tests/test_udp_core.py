@@ -184,6 +184,7 @@ ENDPOINT_GROUPS = [
     "multipath_adaptive_heals",
     "multipath_spurious_loss",
     "multipath_op_time",
+    "multipath_rate_limited",
 ]
 
 
