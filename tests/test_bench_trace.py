@@ -122,7 +122,9 @@ def _samples() -> list[dict[str, Any]]:
                 out.append({"kind": "conn", "op": "allreduce", "seq": seq, "overwritten": 0,
                             "t_us": t0 + 150 * i, "peer": 1, "path": path,
                             "cwnd_packets": cwnd, "inflight_packets": cwnd - 1,
-                            "inflight_bytes": 1000 * cwnd, "rtt_smoothed_us": 80 + i,
+                            "inflight_bytes": 1000 * cwnd,
+                            "path_inflight_packets": (cwnd - 1) // 2,
+                            "path_inflight_bytes": 500 * cwnd, "rtt_smoothed_us": 80 + i,
                             "rtt_latest_us": 90 + i, "retransmitted": i, "lost": i,
                             "marks_echoed": 0, "trims_nacked": 0, "rto_expiries": 0})
         out.append({"kind": "queue", "op": "allreduce", "seq": seq, "overwritten": 0,
@@ -209,6 +211,9 @@ def test_bench_trace_writes_json_lines(tmp_path: Path) -> None:
         assert {(r["peer"], r["path"]) for r in conn} == {(1 - rank, 0), (1 - rank, 1)}
         assert all(r["cwnd_packets"] > 0 and r["overwritten"] == 0 for r in conn)
         assert any(r["inflight_bytes"] > 0 for r in conn)
+        # each path's own share of it (the two paths' samples are taken together)
+        assert all(r["path_inflight_bytes"] <= r["inflight_bytes"] for r in conn)
+        assert {r["path"] for r in conn if r["path_inflight_bytes"] > 0} == {0, 1}
         assert any(r["rtt_smoothed_us"] > 0 for r in conn)
         for seq in timed:
             times = [r["t_us"] for r in conn if r["seq"] == seq and r["path"] == 0]

@@ -186,6 +186,7 @@ ENDPOINT_GROUPS = [
     "multipath_adaptive_heals",
     "multipath_spurious_loss",
     "multipath_op_time",
+    "multipath_rate_limited",
 ]
 
 

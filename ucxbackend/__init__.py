@@ -299,6 +299,7 @@ def trace_samples(group: dist.ProcessGroup | None = None) -> list[dict[str, Any]
     each kind kept until read, the oldest overwritten; ``trace_interval_us`` spaces them).
     Returns one dict per sample, oldest first within its kind: ``kind`` ``"conn"`` (per peer
     and path, at the sender: ``cwnd_packets``, ``inflight_packets``, ``inflight_bytes``,
+    the path's own ``path_inflight_packets`` and ``path_inflight_bytes``,
     ``rtt_smoothed_us``, ``rtt_latest_us`` and running counts) or ``"queue"`` (per path, the
     emulated bottleneck in front of this rank: ``queue_packets``, ``queue_limit``, ...), with
     ``t_us`` (the transport's monotonic clock, shared by processes on one host), ``peer``,

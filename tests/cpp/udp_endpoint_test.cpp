@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -739,6 +740,20 @@ void testTraceSamples() {
   }
   CHECK(onPath[0] > 0);
   CHECK_EQ(onPath[0], onPath[1]);
+  // Each path's bytes in flight are its own: the two samples taken together (path 0, then
+  // path 1) add up to the connection's, and spraying keeps both paths busy.
+  bool bothBusy = false;
+  for (size_t i = 0; i + 1 < two.sender.size(); i += 2) {
+    const ConnectionSample& a = two.sender[i];
+    const ConnectionSample& b = two.sender[i + 1];
+    CHECK(a.path == 0 && b.path == 1 && a.tUs == b.tUs);
+    CHECK_EQ(a.pathInFlightBytes + b.pathInFlightBytes, a.inFlightBytes);
+    CHECK_EQ(a.pathInFlightPackets + b.pathInFlightPackets, a.inFlightPackets);
+    bothBusy = bothBusy || (a.pathInFlightBytes > 0 && b.pathInFlightBytes > 0);
+  }
+  CHECK(bothBusy);
+  // With one path, the path's are the connection's.
+  for (const auto& s : t.sender) CHECK_EQ(s.pathInFlightBytes, s.inFlightBytes);
 
   // Each kind's field names match the values written for it.
   std::vector<uint64_t> values;
@@ -992,9 +1007,10 @@ struct OpTimes {
 };
 
 OpTimes allReduceOpTimes(const std::string& policy, const std::string& faults, size_t bytes,
-                         int ops) {
+                         int ops, const std::string& config = "") {
   EndpointOptions options = fourPathOptions(policy, faults);
   options.config.mtuPayload = 8972;
+  options.config = parseUdpConfig(config, options.config);
   EndpointNetwork net(2, options);
   constexpr size_t kChunk = 4 << 20;
   const size_t half = bytes / 2;
@@ -1040,11 +1056,13 @@ double wonBack(const OpTimeCase& c) {
   return (static_cast<double>(c.spray.totalUs) - static_cast<double>(c.adaptive.totalUs)) / cost;
 }
 
-OpTimeCase opTimeCase(size_t bytes, int ops, const std::string& noise) {
+// `noise`: faults of every path (path 1 adds its 5% loss); `config`: udp_config keys.
+OpTimeCase opTimeCase(size_t bytes, int ops, const std::string& noise,
+                      const std::string& config = "") {
   OpTimeCase c{bytes, ops, {}, {}, {}};
-  c.clean = allReduceOpTimes("spray", "seed=3" + noise, bytes, ops);
-  c.spray = allReduceOpTimes("spray", "seed=3" + noise + ";drop=0.05", bytes, ops);
-  c.adaptive = allReduceOpTimes("adaptive", "seed=3" + noise + ";drop=0.05", bytes, ops);
+  c.clean = allReduceOpTimes("spray", "seed=3" + noise, bytes, ops, config);
+  c.spray = allReduceOpTimes("spray", "seed=3" + noise + ";drop=0.05", bytes, ops, config);
+  c.adaptive = allReduceOpTimes("adaptive", "seed=3" + noise + ";drop=0.05", bytes, ops, config);
   for (const auto& [name, o] :
        {std::pair{"clean", &c.clean}, {"spray", &c.spray}, {"adaptive", &c.adaptive}}) {
     const Stats& s = o->stats;
@@ -1207,6 +1225,41 @@ void testCreditReceiverStall() {
             std::to_string(stalled.creditTimeouts) + " credit timeouts in " + std::to_string(ops) + " ops");
 }
 
+// The comparison as a researcher sets it up on a fabric: every path a 2 Gbit/s link with a
+// 64-packet drop-tail queue, and a congestion policy that reacts to loss (aimd: one window
+// for the connection, halved once per round trip with losses). Here the lossy path costs
+// round-robin far more than above (its 1.25% aggregate loss keeps the shared window small),
+// so the 1.5x is within the bound (clean / round-robin 1.8-1.9x); but adaptive, by
+// moving its packets off path 1, also gives up a quarter of the capacity, and its window is
+// still cut by losses the time threshold declares on the loaded paths (most of them
+// spurious): 1.45x at 1 MiB, 1.00x at 4 and 16 MiB (docs/udp-protocol.md). The test holds
+// what is true today: the bound leaves room for 1.5x, and adaptive, with a trickle on the
+// lossy path, is no slower than round-robin. UCXB_MULTIPATH_SWEEP=1 prints the table of the
+// docs instead (every congestion policy; 1, 4 and 16 MiB; minutes).
+void testMultipathRateLimited() {
+  const std::string links = ",rate_mbps=2000,queue=64,mark_above=16";
+  if (std::getenv("UCXB_MULTIPATH_SWEEP") != nullptr) {
+    for (const std::string config : {"congestion=none", "congestion=aimd",
+                                     "congestion=delay,cc_target_delay_us=300", "congestion=ecn",
+                                     "congestion=bdp,cc_link_mbps=8000", "congestion=credit"}) {
+      std::printf("%s\n", config.c_str());
+      for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
+                                       {size_t{16} << 20, 5}}) {
+        opTimeCase(bytes, ops, links, config);
+      }
+    }
+    return;
+  }
+  for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 10}, {size_t{4} << 20, 5}}) {
+    const OpTimeCase c = opTimeCase(bytes, ops, links, "congestion=aimd");
+    const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
+    const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
+    CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
+    CHECK_MSG(ratio >= 0.95, std::to_string(bytes) + ": " + std::to_string(ratio));
+    CHECK_MSG(pathShare(c.adaptive.stats, 1) < 0.05, std::to_string(pathShare(c.adaptive.stats, 1)));
+  }
+}
+
 const check::Group kGroups[] = {
     {"routing", testRouting, true},
     {"any_source", testAnySource, true},
@@ -1227,6 +1280,7 @@ const check::Group kGroups[] = {
     {"multipath_adaptive_heals", testMultipathAdaptiveHeals, true},
     {"multipath_spurious_loss", testMultipathSpuriousLoss, true},
     {"multipath_op_time", testMultipathOpTime, true},
+    {"multipath_rate_limited", testMultipathRateLimited, true},
 };
 
 }  // namespace

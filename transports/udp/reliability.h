@@ -119,6 +119,8 @@ class PeerConnection {
   const PeerIdentity& identity() const { return identity_; }
   size_t packetsInFlight() const { return sent_.inFlightCount(); }
   uint64_t bytesInFlight() const { return sent_.inFlightBytes(); }
+  uint64_t pathPacketsInFlight(uint32_t path) const { return sent_.pathInFlightCount(path); }
+  uint64_t pathBytesInFlight(uint32_t path) const { return sent_.pathInFlightBytes(path); }
   uint64_t congestionWindow() const { return congestion_->windowPackets(); }
   CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }

@@ -6,7 +6,7 @@
 #include "transports/udp/path_selector.h"
 
 namespace ucxb::udp {
-static_assert(kMaxPaths <= 16, "SentPackets::pathLossDelay_ holds 16 paths");
+static_assert(kMaxPaths <= 16, "SentPackets keeps 16 paths' loss delays and bytes in flight");
 }
 
 namespace ucxb::udp {
@@ -19,10 +19,24 @@ PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent conte
   p.bytes = bytes;
   p.path = path;
   p.content = std::move(content);
+  countInFlight(p, +1);
   packets_.push_back(std::move(p));
-  ++inFlight_;
-  inFlightBytes_ += bytes;
   return next_++;
+}
+
+void SentPackets::countInFlight(const SentPacket& p, int change) {
+  InFlight& path = pathInFlight_[p.path % kPathSlots];
+  if (change > 0) {
+    ++inFlight_;
+    inFlightBytes_ += p.bytes;
+    ++path.packets;
+    path.bytes += p.bytes;
+  } else {
+    --inFlight_;
+    inFlightBytes_ -= p.bytes;
+    --path.packets;
+    path.bytes -= p.bytes;
+  }
 }
 
 SentPacket* SentPackets::find(PacketNumber pn) {
@@ -53,8 +67,7 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
       SentPacket& p = packets_[pn - base_];
       if (p.state == SentPacket::State::kInFlight) {
         p.state = SentPacket::State::kAcked;
-        --inFlight_;
-        inFlightBytes_ -= p.bytes;
+        countInFlight(p, -1);
         out.newlyAcked.push_back(p);
       } else if (p.state == SentPacket::State::kLost) {
         // Its content is already on its way again; the copy in flight will be a duplicate.
@@ -80,8 +93,7 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
 
 void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost, bool byTimeout) {
   p.state = SentPacket::State::kLost;
-  --inFlight_;
-  inFlightBytes_ -= p.bytes;
+  countInFlight(p, -1);
   if (p.content.kind == PacketContent::Kind::kData) {
     lostData_.emplace(p.number, byTimeout ? kByTimeout : p.path);
     if (lostData_.size() > kRememberedLost) lostData_.erase(lostData_.begin());

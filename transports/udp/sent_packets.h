@@ -49,6 +49,9 @@ class SentPackets {
 
   size_t inFlightCount() const { return inFlight_; }
   uint64_t inFlightBytes() const { return inFlightBytes_; }
+  // The same, of the packets that took `path` (< kMaxPaths).
+  uint64_t pathInFlightCount(uint32_t path) const { return pathInFlight_[path % kPathSlots].packets; }
+  uint64_t pathInFlightBytes(uint32_t path) const { return pathInFlight_[path % kPathSlots].bytes; }
 
   struct AckResult {
     std::vector<SentPacket> newlyAcked;
@@ -104,11 +107,20 @@ class SentPackets {
   std::deque<SentPacket> packets_;  // packets_[i].number == base_ + i
   PacketNumber base_ = 0;
   PacketNumber next_ = 0;
+  // One in-flight packet more (+1) or less (-1), on the whole and on its path.
+  void countInFlight(const SentPacket& p, int change);
+
   size_t inFlight_ = 0;
   uint64_t inFlightBytes_ = 0;
+  static constexpr size_t kPathSlots = 16;  // kMaxPaths (path_selector.h)
+  struct InFlight {
+    uint64_t packets = 0;
+    uint64_t bytes = 0;
+  };
+  std::array<InFlight, kPathSlots> pathInFlight_{};
   std::optional<PacketNumber> largestAcked_;
   bool perPath_ = false;
-  std::array<DurationUs, 16> pathLossDelay_{};  // kMaxPaths (path_selector.h)
+  std::array<DurationUs, kPathSlots> pathLossDelay_{};
   void detectLossesPerPath(TimeUs now, DurationUs lossDelay, uint32_t reorderThreshold,
                            std::vector<SentPacket>& lost);
   std::optional<TimeUs> nextLossTimePerPath(DurationUs lossDelay) const;

@@ -46,6 +46,8 @@ void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection&
     sample.rttSmoothedUs = s.rttSmoothedUs;
     sample.retransmitted = s.retransmittedPackets;
     sample.lost = s.packetsDeclaredLost;
+    sample.pathInFlightPackets = sample.inFlightPackets;
+    sample.pathInFlightBytes = sample.inFlightBytes;
     connections_.push(sample);
     return;
   }
@@ -54,6 +56,8 @@ void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection&
     sample.rttSmoothedUs = s.paths[p].rttSmoothedUs;
     sample.retransmitted = s.paths[p].retransmitted;
     sample.lost = s.paths[p].lost;
+    sample.pathInFlightPackets = connection.pathPacketsInFlight(sample.path);
+    sample.pathInFlightBytes = connection.pathBytesInFlight(sample.path);
     connections_.push(sample);
   }
 }
@@ -91,7 +95,8 @@ const std::vector<std::string>& connectionSampleFields() {
       "t_us",           "peer",          "path",          "cwnd_packets",
       "inflight_packets", "inflight_bytes", "rtt_smoothed_us", "rtt_latest_us",
       "retransmitted",  "lost",          "marks_echoed",  "trims_nacked",
-      "rto_expiries",   "credit_granted", "credit_available", "credit_wanted",
+      "rto_expiries",   "path_inflight_packets", "path_inflight_bytes",
+      "credit_granted", "credit_available", "credit_wanted",
       "grant_to_peer",  "peer_wanted",   "credit_packets_sent", "credit_packets_received",
       "credit_timeouts",
   };
@@ -109,6 +114,7 @@ void appendTraceValues(const ConnectionSample& s, std::vector<uint64_t>& out) {
   out.insert(out.end(), {s.tUs, s.peer, s.path, s.cwndPackets, s.inFlightPackets,
                          s.inFlightBytes, s.rttSmoothedUs, s.rttLatestUs, s.retransmitted,
                          s.lost, s.marksEchoed, s.trimsNacked, s.rtoExpiries,
+                         s.pathInFlightPackets, s.pathInFlightBytes,
                          s.creditGranted, s.creditAvailable, s.creditWanted, s.grantToPeer,
                          s.peerWanted, s.creditPacketsSent, s.creditPacketsReceived,
                          s.creditTimeouts});

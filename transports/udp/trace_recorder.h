@@ -3,11 +3,12 @@
 // that overwrites its oldest sample when full (and counts what it overwrote):
 //
 //   connection - per peer and path, at the sending side: the congestion window, packets and
-//                bytes in flight, the smoothed and latest RTT, and the running counts of
-//                retransmissions, losses, marks echoed (ECN) and packets NACKed (trims), and
-//                congestion=credit's state in both roles (what the peer granted us and what
-//                we have of it, our demand; what our scheduler granted the peer and the
-//                demand it reported; CREDIT packets each way and our credit timeouts);
+//                bytes in flight (the connection's and the path's), the smoothed and latest
+//                RTT, and the running counts of retransmissions, losses, marks echoed (ECN)
+//                and packets NACKed (trims), and congestion=credit's state in both roles
+//                (what the peer granted us and what we have of it, our demand; what our
+//                scheduler granted the peer and the demand it reported; CREDIT packets each
+//                way and our credit timeouts);
 //   queue      - per path, at the receiving side: the emulated bottleneck's queue depth
 //                (faults.h) and its running counts of drop-tail losses, marks and trims.
 //
@@ -33,7 +34,8 @@ class PeerConnection;
 
 // One connection sample. With several paths a sample is taken for every path at once: the
 // window, what is in flight, the latest RTT and the marks and trims are the connection's, the
-// smoothed RTT, retransmissions and losses the path's own.
+// smoothed RTT, retransmissions, losses and path_inflight_* the path's own (with one path,
+// path_inflight_* equal inflight_*).
 struct ConnectionSample {
   TimeUs tUs = 0;
   uint32_t peer = 0;
@@ -48,6 +50,8 @@ struct ConnectionSample {
   uint64_t marksEchoed = 0;
   uint64_t trimsNacked = 0;
   uint64_t rtoExpiries = 0;
+  uint64_t pathInFlightPackets = 0;
+  uint64_t pathInFlightBytes = 0;
   // congestion=credit (zero under the window-based policies, which neither ask nor grant).
   // As the sender: the peer's cumulative grant to us, what of it we have not spent yet
   // (granted less spent, 0 when overspent) and our cumulative demand as last reported.

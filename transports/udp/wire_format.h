@@ -1,4 +1,4 @@
-// The datagram format of the UDP transport, version 2: encoders, and a decoder that checks
+// The datagram format of the UDP transport, version 3: encoders, and a decoder that checks
 // every length, offset and count before anything else looks at a datagram.
 //
 // Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
@@ -39,7 +39,7 @@
 // PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
 // NACK (20 bytes + 8 per number; not reliable): 16 u16 count   18 u16 reserved (0)
 //   20 count x u64 packet number: DATA that arrived trimmed; the sender resends at once.
-// CREDIT (36 bytes; not reliable, never acknowledged; version 2): 16 u64 granted   24 u64 wanted
+// CREDIT (36 bytes; not reliable, never acknowledged; version 2, catch-up flag version 3): 16 u64 granted   24 u64 wanted
 //   32 u16 flags (credit_flags)   34 u16 reserved (0)
 //   Both counts are cumulative bytes on the wire (datagram + kFramingOverheadBytes) of DATA
 //   from the receiving end of this packet to its sending end, since the connection began:
@@ -59,7 +59,7 @@
 
 namespace ucxb::udp {
 
-constexpr uint8_t kWireVersion = 2;
+constexpr uint8_t kWireVersion = 3;
 
 enum class PacketType : uint8_t {
   kData = 1,

@@ -200,7 +200,7 @@ def write_trace_plots(directory: str) -> list[str]:
 _OP_PANELS: Final = (
     ("conn", "cwnd_packets", "congestion window (packets; 0: none)"),
     ("conn", "rtt_smoothed_us", "RTT (us): smoothed, latest dotted"),
-    ("conn", "inflight_packets", "packets in flight"),
+    ("conn", "path_inflight_packets", "packets in flight on the path"),
     ("queue", "queue_packets", "bottleneck queue (packets; dashed: its limit)"),
 )
 
