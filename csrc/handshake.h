@@ -31,9 +31,9 @@ inline constexpr uint8_t kHandshakeMagic[4] = {'U', 'C', 'X', 'B'};
 // The layout after the magic. Raise it whenever the layout or the meaning of a field changes:
 // ranks of different releases then fail naming both versions instead of misreading each
 // other's records. 1: the first record. 2: a ucx address starts with its host's identity
-// (the send lane's choice), and udp speaks wire version 3 (CREDIT and its catch-up flag); a rank of version 1 would
-// hand the packed address to UCX as a worker address, and udp ops would time out with each
-// end dropping the other's datagrams.
+// (the send lane's choice), and udp speaks wire version 3 (CREDIT and its catch-up flag);
+// a rank of version 1 would hand the packed address to UCX as a worker address, and udp ops
+// would time out with each end dropping the other's datagrams.
 inline constexpr uint8_t kHandshakeVersion = 2;
 
 struct Handshake {

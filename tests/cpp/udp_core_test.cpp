@@ -2531,6 +2531,18 @@ void testCredit() {
     s.advance(100 + 3 * kPortCatchUpUs);  // 8 ms late: only 4 ms of it
     CHECK_EQ(s.granted(a), uint64_t{1000 + 2 * kPortCatchUpUs * 100});
   }
+  // A demand near 2^64 (a hostile or corrupt CREDIT that passed authentication) must not
+  // wrap the slot's target: the slot stays active and a later genuine demand still counts.
+  {
+    CreditScheduler s(800, 1000, 100);
+    const size_t a = s.join(), b = s.join();
+    s.onWanted(a, UINT64_MAX - 10, 100);
+    s.onWanted(b, 10'000, 100);
+    s.advance(120);  // 2000 bytes earned, shared round-robin
+    CHECK_EQ(s.granted(a), uint64_t{2000});
+    CHECK_EQ(s.granted(b), uint64_t{2000});
+    CHECK(!s.satisfied(a));
+  }
   // The sender: the unsolicited window, then only against grants; the demand reported as
   // it grows; a request again after the timeout while waiting with a backlog.
   {

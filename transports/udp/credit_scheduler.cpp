@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "transports/udp/faults.h"
 
@@ -43,6 +44,10 @@ bool CreditScheduler::anyActive() const {
 void CreditScheduler::onWanted(size_t slot, uint64_t wanted, TimeUs now) {
   advance(now);  // credit earned so far belongs to the senders that wanted it until now
   Slot& s = slots_[slot];
+  // A demand is cumulative bytes, far below 2^64 in any real connection; one near it (a
+  // corrupt or hostile CREDIT) would wrap `wanted + initialBytes` and leave the slot without
+  // grants for good, so it is held to the largest target that does not wrap.
+  wanted = std::min(wanted, std::numeric_limits<uint64_t>::max() - initialBytes_);
   if (wanted <= s.wanted) return;
   const bool wasIdle = !anyActive();
   s.wanted = wanted;

@@ -39,7 +39,8 @@
 // PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
 // NACK (20 bytes + 8 per number; not reliable): 16 u16 count   18 u16 reserved (0)
 //   20 count x u64 packet number: DATA that arrived trimmed; the sender resends at once.
-// CREDIT (36 bytes; not reliable, never acknowledged; version 2, catch-up flag version 3): 16 u64 granted   24 u64 wanted
+// CREDIT (36 bytes; not reliable, never acknowledged; version 2, its catch-up flag version 3):
+//   16 u64 granted   24 u64 wanted
 //   32 u16 flags (credit_flags)   34 u16 reserved (0)
 //   Both counts are cumulative bytes on the wire (datagram + kFramingOverheadBytes) of DATA
 //   from the receiving end of this packet to its sending end, since the connection began:
