@@ -21,7 +21,8 @@ LIBUCX_VERSION ?= 1.22.0
 MAX_JOBS ?= 2
 # Two workers keep both cores busy: much of a multi-rank test is one rank waiting for another,
 # or a timeout running out. Whole files go to one worker (loadfile), so a file's shared worlds
-# and module fixtures run once.
+# and module fixtures run once; they are handed out in collection order, longest first
+# (--no-loadscope-reorder; tests/conftest.py's FILE_SECONDS), so that no long file starts last.
 TEST_JOBS ?= 2
 BUILD_EXT_FLAGS ?=
 PYTEST_ARGS ?=
@@ -93,7 +94,7 @@ build:
 demo: deps build
 	PYTHON=$(PYTHON) OMP_NUM_THREADS=1 bash scripts/demo.sh
 
-PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 test: deps build
 	$(PYTEST) tests $(PYTEST_ARGS)

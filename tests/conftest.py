@@ -38,6 +38,75 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# make test hands whole files to two pytest-xdist workers (--dist loadfile), each worker the
+# next file in collection order when it runs low (--no-loadscope-reorder: else xdist orders
+# files by their number of tests, which put long files of few tests, the namespace-rig jobs
+# and the fuzzer among them, last, leaving one worker alone with them at the end). The longest
+# files go first, so that the last files handed out are short. Seconds each file took in
+# two-worker runs of 2026-11-26 on the shared host (load 11-35, `pytest -v -n 2 --dist
+# loadfile`, per-test end stamps; rounded): only their order matters. Files not listed (a few
+# seconds or less) follow in their usual order. Paths are relative to tests/.
+FILE_SECONDS = {
+    "test_udp_core.py": 1360,
+    "test_collectives.py": 915,
+    "test_algorithms_inproc.py": 470,
+    "test_udp_backend.py": 440,
+    "test_udp_fuzz.py": 345,
+    "test_split_shrink.py": 330,
+    "test_shared_memory.py": 330,
+    "test_multinode_collectives.py": 215,
+    "test_cli.py": 175,
+    "test_multinode_interfaces.py": 175,
+    "test_algorithms.py": 130,
+    "test_udp_auth.py": 105,
+    "test_multinode_chunks.py": 100,
+    "test_docker_files.py": 100,
+    "test_torch_suite.py": 85,
+    "test_semantics.py": 60,
+    "test_soak.py": 55,
+    "test_consumers.py": 50,
+    "test_bench_runner.py": 45,
+    "test_abort.py": 40,
+    "test_doctor.py": 30,
+    "test_bench_options.py": 30,
+    "test_bench_launcher.py": 30,
+    "test_send_lane.py": 30,
+    "test_bench_mpi.py": 30,
+    "test_tutorials.py": 25,
+    "test_netif.py": 25,
+    "test_bench_cases.py": 25,
+    "test_lifecycle.py": 25,
+    "test_failure_model.py": 25,
+    "test_reduce_kernels.py": 25,
+    "test_flight_recorder.py": 20,
+    "test_config.py": 20,
+    "test_chunking.py": 20,
+    "test_rig_real_loss.py": 15,
+    "test_group_agreement.py": 15,
+    "test_rig_plain_udp.py": 15,
+    "test_progress.py": 15,
+    "test_udp_multipath.py": 15,
+    "test_bench_startup.py": 15,
+    "test_bench_trace.py": 10,
+    "test_dist_harness.py": 10,
+    "test_udp_cost.py": 10,
+    "test_bench_udp.py": 10,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+
+    def cost(item: pytest.Item) -> int:
+        try:
+            name = item.path.relative_to(tests_dir).as_posix()
+        except ValueError:  # a test outside tests/
+            return 0
+        return FILE_SECONDS.get(name, 0)
+
+    items.sort(key=cost, reverse=True)  # stable: the order within a file, and of the rest, stays
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"ucxbackend tests: backend under test = {BACKEND!r} (UCXB_TEST_BACKEND)"
 

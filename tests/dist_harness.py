@@ -54,6 +54,11 @@ PRELOAD = (
 # level) read when they are imported: a rank that needs other values than the fork server had
 # must import them itself.
 IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "UCX_", "UCXBACKEND_LOG_LEVEL", "OMP_", "MKL_", "KMP_")
+# Variables under those prefixes that are read on first use, not at import: a forked rank that
+# has them before its first group sees them as a real job does. TORCH_FR_BUFFER_SIZE sizes
+# torch's Flight Recorder and ours (csrc/flight_recorder.cpp), each built at its first use;
+# tests/test_flight_recorder.py fails if either was built without it.
+FIRST_USE_ENV = ("TORCH_FR_BUFFER_SIZE",)
 
 _forkserver_env: dict[str, str] | None = None  # the import-time variables the server started with
 
@@ -61,7 +66,9 @@ _forkserver_env: dict[str, str] | None = None  # the import-time variables the s
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
     # OMP_NUM_THREADS is left out: every rank applies it with torch.set_num_threads().
     return {
-        k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k != "OMP_NUM_THREADS"
+        k: v
+        for k, v in env.items()
+        if k.startswith(IMPORT_TIME_ENV) and k not in ("OMP_NUM_THREADS", *FIRST_USE_ENV)
     }
 
 

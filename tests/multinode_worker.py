@@ -1,4 +1,4 @@
-"""One rank of the multi-node test (``tests/test_multinode.py``), launched by torchrun.
+"""One rank of the multi-node tests (``tests/test_multinode_*.py``), launched by torchrun.
 
 Every collective runs on the backend under test (the default group, ``--backend``) and on a
 Gloo group over the same ranks with the same inputs; results must agree with each other and

@@ -165,6 +165,11 @@ def _get_error_timeout(rank: int, backend: str) -> dict[str, Any]:
         sub.abort()
         out["after_abort"] = _error_name(sub)
     dist.barrier()
+    if rank == 1:
+        # Closing the udp group would linger its longest (lingerMaxUs, 5 s) over rank 0's
+        # timed-out all_reduce, a message that arrived here and was never matched; an aborted
+        # group closes at once. Rank 0 is done with the group.
+        sub.abort()
     dist.destroy_process_group(sub)
     return out
 

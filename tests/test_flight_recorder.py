@@ -4,8 +4,9 @@ ended as completed and the op a rank is stuck in (one its peer never joins) as s
 not completed, then, once it timed out, retired without completing; in torch's own layout,
 checked against the dump torch makes of a Gloo group in the same process.
 
-Slow: the ranks start from scratch (TORCH_* is read at import), and each backend's hung op
-waits out its timeout: about 20 s in all."""
+Slow: the backends' hung ops wait out their timeout (both at once, OP_TIMEOUT_S). The ranks
+come from the harness's fork server: the recorders read TORCH_FR_BUFFER_SIZE on first use
+(dist_harness.FIRST_USE_ENV)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
 
+BACKENDS = ("ucx", "udp")
 OP_TIMEOUT_S = 3.0
 _FIELDS = ("profiling_name", "state", "retired", "collective_seq_id", "p2p_seq_id")
 
@@ -40,9 +42,11 @@ def _hang_and_dump(rank: int, world: int) -> dict[str, Any]:
     torch_dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
     out["torch_version"] = torch_dump["version"]
     out["torch_keys"] = sorted(_mine(torch_dump, gloo)[-1])
-    for backend in ("ucx", "udp"):
-        group = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
-        t = torch.arange(4, dtype=torch.int64)
+    groups = {
+        b: dist.new_group(backend=b, timeout=timedelta(seconds=OP_TIMEOUT_S)) for b in BACKENDS
+    }
+    t = torch.arange(4, dtype=torch.int64)
+    for group in groups.values():
         dist.all_reduce(t, group=group)
         dist.broadcast(t, src=0, group=group)
         gathered = torch.empty(4 * world, dtype=torch.int64)
@@ -51,33 +55,45 @@ def _hang_and_dump(rank: int, world: int) -> dict[str, Any]:
             dist.send(t, dst=1, group=group)
         else:
             dist.recv(t, src=0, group=group)
-        if rank == 0:  # rank 1 never joins this one
-            work = dist.all_reduce(t, group=group, async_op=True)
-            time.sleep(0.5)
-            hung = flight_recorder.dump()
+    if rank == 0:  # rank 1 never joins these: both backends' ops hang, and time out, at once
+        works = {b: dist.all_reduce(t, group=g, async_op=True) for b, g in groups.items()}
+        time.sleep(0.5)
+        hung = flight_recorder.dump()
+        for work in works.values():
             with pytest.raises(RuntimeError, match="timed out"):
                 work.wait()
-            deadline = time.monotonic() + 2 * OP_TIMEOUT_S
-            while not _mine(flight_recorder.dump(), group)[-1]["retired"]:
-                assert time.monotonic() < deadline, "the timed-out op was never retired"
-                time.sleep(0.05)
+        deadline = time.monotonic() + 2 * OP_TIMEOUT_S
+        while not all(_mine(flight_recorder.dump(), g)[-1]["retired"] for g in groups.values()):
+            assert time.monotonic() < deadline, "a timed-out op was never retired"
+            time.sleep(0.05)
+        timed_out = flight_recorder.dump()
+        for backend, group in groups.items():
             out[backend] = {
                 "hung": _summary(_mine(hung, group)),
                 "hung_status": hung["pg_status"][str(_mine(hung, group)[-1]["pg_id"])],
-                "timed_out": _summary(_mine(flight_recorder.dump(), group)),
+                "timed_out": _summary(_mine(timed_out, group)),
             }
-        else:
-            out[backend] = {"done": _summary(_mine(flight_recorder.dump(), group))}
-        entries = _mine(flight_recorder.dump(), group)
+    else:
+        done = flight_recorder.dump()
+        for backend, group in groups.items():
+            out[backend] = {"done": _summary(_mine(done, group))}
+    final = flight_recorder.dump()
+    for backend, group in groups.items():
+        entries = _mine(final, group)
         out[backend]["first"] = {
             k: entries[0][k]
             for k in ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "timeout_ms")
         }
         out[backend]["gather"] = (entries[2]["input_sizes"], entries[2]["output_sizes"])
         out[backend]["keys"] = sorted(entries[0])
-        out[backend]["config"] = flight_recorder.dump()["pg_config"][group.group_name]
-        out["version"] = flight_recorder.dump()["version"]
+        out[backend]["config"] = final["pg_config"][group.group_name]
+    out["version"] = final["version"]
     dist.barrier(group=gloo)
+    if rank == 1:
+        # Rank 0 is done with the groups. Closing the udp group here would linger its longest
+        # (EndpointOptions::lingerMaxUs, 5 s) over rank 0's hung all_reduce, a message that
+        # arrived and was never matched; an aborted group closes at once.
+        groups["udp"].abort()
     return out
 
 
@@ -97,7 +113,7 @@ def _expected(backend: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_completed_ops_are_completed_and_the_hung_one_is_in_flight(
     world: list[dict[str, Any]], backend: str
 ) -> None:
@@ -116,7 +132,7 @@ def test_completed_ops_are_completed_and_the_hung_one_is_in_flight(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_entries_carry_sizes_dtypes_group_and_torch_layout(
     world: list[dict[str, Any]], backend: str
 ) -> None:

@@ -1,8 +1,8 @@
 """ucx's send lane (transports/ucx/send_lane.h) on one host: forced on, every collective still
 matches its references exactly; left on auto, a group on one host never gets a lane.
 
-Across hosts, where auto picks the lane, tests/test_multinode.py checks the same worker's
-results and that the lane carried them (test_ucx_send_lane_*).
+Across hosts, where auto picks the lane, tests/test_multinode_chunks.py checks the same
+worker's results and that the lane carried them (test_ucx_send_lane_*).
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""Every collective across two hosts of the namespace rig (tests/multinode_harness.py): one and
+(slow) two ranks per host, over ucx and udp, against Gloo in the same job and a local reference;
+and a run in which every comparison must reject a corrupted copy of its result."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from multinode_harness import (
+    SLOW_SIZES,
+    check_job,
+    needs_rig,
+    rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
+    run_job,
+    start_job,
+)
+from rig_harness import NetnsRig
+
+pytestmark = needs_rig
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_one_rank_per_host(rig: NetnsRig, backend: str) -> None:
+    run_job(rig, backend, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:
+    out = run_job(
+        rig,
+        backend,
+        2,
+        sizes=SLOW_SIZES,
+        timeout=150,
+        extra_env={"UCX_PROTO_INFO": "y"} if backend == "ucx" else None,
+    )
+    if backend == "ucx":
+        # shared memory within a host, TCP on the veth across hosts
+        for host in ("a", "b"):
+            assert re.search(r"\|\s*(sysv|posix)/memory", out[host]), f"host {host}: no shm"
+            assert f"tcp/{rig.ifname(host)}" in out[host], f"host {host}: no tcp lane"  # type: ignore[arg-type]
+
+
+# A kind of check for each op the worker covers (the ones run_more added included).
+WORKER_CHECKS = {
+    "all_reduce",
+    "all_reduce MAX",
+    "all_reduce MIN",
+    "all_reduce PRODUCT",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter list",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all list",
+    "all_to_all uneven",
+    "all_to_all_single uneven",
+    "send/recv",
+    "batch_isend_irecv",
+    "recv any source",
+}
+
+
+def test_worker_detects_wrong_results(rig: NetnsRig) -> None:
+    """The checks can fail: with the corrupting hook every comparison, of every kind, must
+    reject a corrupted copy of its result, and the worker must not report OK."""
+    results = start_job(rig, "ucx", 1, extra_env={"MULTINODE_CORRUPT": "1"}, timeout=60)
+    with pytest.raises(AssertionError, match="ranks reporting OK: \\[\\]"):
+        check_job(rig, "ucx", 1, results)
+    output = "".join(r.output for r in results.values())
+    reports = re.findall(
+        r"MULTINODE_FAIL rank=(\d+): corrupted results caught: (\d+) of (\d+); kinds: ([^;]*);",
+        output,
+    )
+    assert sorted(int(r[0]) for r in reports) == [0, 1], output[-3000:]
+    kinds: set[str] = set()
+    for _, caught, total, seen in reports:
+        assert int(caught) == int(total) > 0, reports
+        kinds.update(seen.split(","))
+    assert kinds == WORKER_CHECKS, kinds ^ WORKER_CHECKS
