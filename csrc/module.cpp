@@ -181,11 +181,13 @@ PYBIND11_MODULE(_C, m) {
         py::dict out;
         out["inline"] = group->inlineOps();
         out["handed_over"] = group->handedOver();
+        out["core_moves"] = group->coreMoves();
         return out;
       },
       py::arg("backend"),
-      "How many ops of the group ran on the caller's thread ('inline') and how many of those "
-      "started there and were handed to the progress thread ('handed_over').");
+      "How many ops of the group ran on the caller's thread ('inline'), how many of those "
+      "started there and were handed to the progress thread ('handed_over'), and how many "
+      "times such a caller moved off a core it shared with a peer rank ('core_moves').");
 
   m.def(
       "startup_profile",

@@ -147,6 +147,8 @@ class TransportBackend : public c10d::Backend {
   // thread after an inline start. Any thread.
   uint64_t inlineOps() const { return engine_ ? engine_->inlineOps() : 0; }
   uint64_t handedOver() const { return engine_ ? engine_->handedOver() : 0; }
+  // Times such a caller moved off a core it shared with a peer rank. Any thread.
+  uint64_t coreMoves() const { return engine_ ? engine_->coreMoves() : 0; }
   // Whether a small all_reduce of `bytes` may try the inline path (inline_bytes).
   bool inlineWanted(size_t bytes) const { return bytes <= options_.inlineBytes; }
   // Test-only (UCXBACKEND_TEST_FAULT_INJECTION=1 at creation, else ValueError): the group's

@@ -13,6 +13,9 @@ only where the path under test really ran:
 * two threads issuing ops on one group at once (some inline, some queued behind a lease);
 * ``abort()`` from another thread while an op is inline (``spin_us`` long, the peer absent);
 * ``inline_bytes=0`` and a message above the threshold never go inline;
+* two ranks on one core: the higher rank moves itself off it (``core_moves``), gets its
+  affinity mask back, and each op still equals the numpy sum of both ranks' inputs, bit for
+  bit;
 * a 2-rank all_reduce through the shared-memory slots, inline on one rank and queued on the
   other (``inline_bytes=0`` there), gives the reference bit for bit.
 
@@ -22,6 +25,7 @@ One world runs every scenario: starting ranks is what costs here.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from datetime import timedelta
@@ -276,6 +280,47 @@ def _staged_mixed(rank: int, gloo: Any) -> dict[str, Any]:
     }
 
 
+SHARED_CORE_OPS = 300
+
+
+def _shared_core(rank: int, group: Any, gloo: Any) -> dict[str, Any]:
+    """Both ranks start on one core: rank 0 stays pinned there, rank 1 may run on every core
+    it had. Rank 1's inline ops must move it off that core (core_moves), restore its affinity
+    mask, and give the numpy sum of both ranks' inputs bit for bit, op after op."""
+    import numpy as np
+
+    import ucxbackend
+
+    mask = os.sched_getaffinity(0)
+    if len(mask) < 2 or not ucxbackend.shared_memory(group):
+        return {"skip": f"needs 2 cores and staging slots (cores {sorted(mask)})"}
+    os.sched_setaffinity(0, {min(mask)})
+    dist.barrier(group=gloo)  # rank 1 sleeps here and wakes on rank 0's core
+    if rank == 1:
+        os.sched_setaffinity(0, mask)  # free to move; still on rank 0's core
+    before = _inline_stats(group)
+    bad: list[str] = []
+    for i in range(SHARED_CORE_OPS):
+        x = _inputs(rank, 16, torch.int64, 5000 + i)
+        want = (
+            _inputs(0, 16, torch.int64, 5000 + i).numpy()
+            + _inputs(1, 16, torch.int64, 5000 + i).numpy()
+        )
+        dist.all_reduce(x, group=group)
+        if not np.array_equal(x.numpy(), want):
+            bad.append(f"op {i}: {x.tolist()} != {want.tolist()}")
+    after = _inline_stats(group)
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, mask)
+    dist.barrier(group=gloo)
+    return {
+        "bad": bad,
+        "mask": sorted(mask),
+        "mask_after": sorted(kept),
+        **{k: after[k] - before[k] for k in ("inline", "handed_over", "core_moves")},
+    }
+
+
 def _inline_world(rank: int, ws: int) -> dict[str, Any]:
     gloo = dist.new_group(backend="gloo")
     out: dict[str, Any] = {}
@@ -292,6 +337,7 @@ def _inline_world(rank: int, ws: int) -> dict[str, Any]:
     out["abort"] = _abort_inline(rank, "ucx", gloo)
     out["never"] = _never_inline(rank, "ucx", gloo)
     out["staged"] = _staged_mixed(rank, gloo)
+    out["shared_core"] = _shared_core(rank, world, gloo)
     return out
 
 
@@ -357,3 +403,17 @@ def test_staged_inline_meets_queued(inline_world: list[dict[str, Any]]) -> None:
         assert not out["bad"], (rank, out)
     assert queued["inline"] == 0 and queued["handed_over"] == 0, queued
     assert inline["inline"] + inline["handed_over"] == 5 and inline["inline"] > 0, inline
+
+
+def test_shared_core_moves_higher_rank(inline_world: list[dict[str, Any]]) -> None:
+    low, high = inline_world[0]["shared_core"], inline_world[1]["shared_core"]
+    if "skip" in low:
+        pytest.skip(low["skip"])
+    for rank, out in enumerate((low, high)):
+        assert not out["bad"], (rank, out["bad"][:3])
+        assert out["inline"] > 0, (rank, out)
+    # The lower rank never moves (it is pinned anyway); the higher one leaves the shared core
+    # and gets back the mask it had (moving narrows it only for a moment).
+    assert low["core_moves"] == 0, low
+    assert high["core_moves"] >= 1, high
+    assert high["mask_after"] == high["mask"], high

@@ -338,15 +338,16 @@ def shared_memory(group: dist.ProcessGroup | None = None) -> bool:
 def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     """How many ops of a ``ucx`` or ``udp`` group ran on the caller's thread.
 
-    Returns ``{"inline": n, "handed_over": m}``: ``inline`` ops were posted and completed on
-    the thread that issued them, ``handed_over`` ones were posted there but a peer was late,
-    so the progress thread finished them. See docs/architecture.md#inline-ops (the
-    ``inline_bytes`` knob).
+    Returns ``{"inline": n, "handed_over": m, "core_moves": k}``: ``inline`` ops were posted
+    and completed on the thread that issued them, ``handed_over`` ones were posted there but
+    a peer was late, so the progress thread finished them; ``core_moves`` counts the times
+    such a thread moved itself off a core that a lower rank of the group was waiting on
+    (docs/architecture.md#inline-ops, the ``inline_bytes`` knob).
     """
     backend = _native_backend(group, "inline_stats")
     assert _C is not None
     raw = _C.inline_stats(backend)
-    return {"inline": int(raw["inline"]), "handed_over": int(raw["handed_over"])}
+    return {key: int(raw[key]) for key in ("inline", "handed_over", "core_moves")}
 
 
 def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:

@@ -366,7 +366,11 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 }
 
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
-                               Clock::time_point deadline, Clock::time_point giveUpAt) {
+                               Clock::time_point deadline, Clock::time_point giveUpAt,
+                               bool borrowed) {
+  // Ranks sharing a host see where this caller waits (see the top of the header).
+  StagingArea* const cores = borrowed ? staging_.get() : nullptr;
+  if (cores) cores->publishCore(sched_getcpu());
   auto lastEvent = Clock::now();
   bool published = false;
   for (;;) {
@@ -413,6 +417,7 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       // spin holds the core the peer needs to make the progress we wait for. sched_yield
       // costs nothing when a core is free.
       sched_yield();
+      if (cores && Clock::now() - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
     }
     if (!published) {
@@ -428,6 +433,29 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     sleepUntilEvent(waitEpollFd_, std::min(deadline, giveUpAt));
     lastEvent = Clock::now();
   }
+}
+
+void ProgressEngine::leaveSharedCore(int core) {
+  if (core < 0) return;
+  staging_->publishCore(core);
+  bool shared = false;
+  for (int peer = 0; peer < transport_->rank(); ++peer) {  // the higher rank of a pair moves
+    shared = shared || staging_->peerCore(peer) == core;
+  }
+  if (!shared) return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;  // over 1024 cores: stay
+  cpu_set_t others = allowed;
+  CPU_CLR(core, &others);
+  if (CPU_COUNT(&others) == 0) return;  // pinned to this core by its owner: stay
+  if (sched_setaffinity(0, sizeof(others), &others) != 0) return;  // the kernel moves us now
+  // Restoring the mask leaves this thread where it now runs.
+  if (sched_setaffinity(0, sizeof(allowed), &allowed) != 0) {
+    throw OpFailed(errnoMessage("restoring the caller's CPU affinity after leaving a core "
+                                "shared with a peer rank: sched_setaffinity"));
+  }
+  coreMoves_.fetch_add(1, std::memory_order_relaxed);
+  staging_->publishCore(sched_getcpu());
 }
 
 // --- inline ops ---------------------------------------------------------------------------------
@@ -482,7 +510,7 @@ ProgressEngine::Lease::Lease(ProgressEngine& engine, std::unique_lock<std::mutex
 
 bool ProgressEngine::Lease::wait(const std::vector<RequestPtr>& requests,
                                  Clock::time_point deadline) {
-  return engine_.waitUntil(requests, deadline, handOverAt_);
+  return engine_.waitUntil(requests, deadline, handOverAt_, /*borrowed=*/true);
 }
 
 void ProgressEngine::Lease::handOver(Task continuation) {

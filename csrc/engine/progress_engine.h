@@ -23,6 +23,15 @@
 //   caller is held no longer than Work.wait() would poll) is handed over: its continuation
 //   (the requests already posted, and what completes the op) is queued first and the thread
 //   finishes it, so nothing is posted twice and nothing is lost.
+// * Two ranks on one core: a borrowing caller that yields runs the peer rank, which then
+//   runs only while this one yields, so each op costs both ranks' time in turn (30-40 us at
+//   8 B here, against 7 us with a core each), and two threads that never block are not moved
+//   apart within a short burst of ops. So where the group's ranks share a host (staging
+//   slots), a caller publishes its core in its slots' header while it waits; one whose
+//   sched_yield() lost the core for longer than kCrowdedYield and finds a lower rank waiting
+//   on the same core moves itself to another core it may run on (narrowing its affinity
+//   and restoring it at once: the scheduler may move it again as before). The lower rank
+//   never moves, so the two cannot chase each other.
 // * A group that has failed (an op failed or timed out, a point-to-point request failed, an
 //   exception escaped the transport on this thread) refuses every later op: fail() records
 //   the first reason, and the backend fails each later Work with GroupFailed naming it. So a
@@ -148,6 +157,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // thread (for tests and the bench). Any thread.
   uint64_t inlineOps() const { return inlineOps_.load(std::memory_order_relaxed); }
   uint64_t handedOver() const { return handedOver_.load(std::memory_order_relaxed); }
+  // How many times a borrowing caller moved off a core it shared with a peer rank (see the
+  // top of this file). Any thread.
+  uint64_t coreMoves() const { return coreMoves_.load(std::memory_order_relaxed); }
   // Describes what the running op is waiting for (empty when idle). Any thread.
   std::string waitingFor() const;
   // The transport's traffic counters as last published (after each op, and whenever the
@@ -200,9 +212,12 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   void abandonPending(const std::vector<RequestPtr>& requests);
   void setWaitingFor(std::string what);
   // waitAll that returns false once `giveUpAt` has passed with requests still pending (left
-  // posted); only an inline op's first attempt gives up early.
+  // posted); only an inline op's first attempt gives up early, and only it (`borrowed`)
+  // moves off a core it shares with a peer rank.
   bool waitUntil(const std::vector<RequestPtr>& requests, Clock::time_point deadline,
-                 Clock::time_point giveUpAt);
+                 Clock::time_point giveUpAt, bool borrowed = false);
+  // A borrowing caller's sched_yield() took long: move off `core` if a lower rank waits on it.
+  void leaveSharedCore(int core);
   // The thread, while a lease is out: wait on the eventfd (never the transport's fd).
   void park();
   void endLease(Lease& lease);
@@ -218,6 +233,10 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   static constexpr int kParkMs = 1;
   // How long lend() waits for an idle pass of the thread to end before the op is queued.
   static constexpr std::chrono::microseconds kLendWait{50};
+  // A sched_yield() that returns later than this ran another thread on this core (a bare
+  // yield costs well under a microsecond here; a peer rank's turn between two of its ops, 10
+  // us or more).
+  static constexpr std::chrono::microseconds kCrowdedYield{5};
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
@@ -229,6 +248,7 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   std::mutex ownerMu_;
   std::atomic<uint64_t> inlineOps_{0};
   std::atomic<uint64_t> handedOver_{0};
+  std::atomic<uint64_t> coreMoves_{0};
   std::atomic<bool> stopping_{false};
   mutable std::mutex failMu_;
   std::string failure_;  // the first failure (guarded by failMu_)

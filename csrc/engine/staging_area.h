@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -58,8 +59,10 @@ struct StagingLayout {
   size_t slotBytes = kMaxSlotBytes;
   size_t slots = 4;
   // The segment starts with a page holding the creator's cookie (how a peer knows it opened
-  // the right object); the slots follow, page-aligned.
+  // the right object) and, on a cache line of its own, the rank's core word (StagingArea::
+  // publishCore); the slots follow, page-aligned.
   static constexpr size_t kHeaderBytes = 4096;
+  static constexpr size_t kCoreWordOffset = 64;
   size_t slotStride() const {
     return (slotBytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   }
@@ -96,6 +99,16 @@ class StagingArea {
   }
   SlotStores stores() const { return stores_; }
 
+  // The core this rank's caller last waited on during an inline op, for a peer to see
+  // whether the two share a core (engine/progress_engine.h); -1 before the first. Stored as
+  // core + 1: the segment starts zero-filled.
+  void publishCore(int core) const {
+    coreWord(mine_).store(core + 1, std::memory_order_relaxed);
+  }
+  int peerCore(int peer) const {
+    return coreWord(peers_.at(peer)).load(std::memory_order_relaxed) - 1;
+  }
+
   // Called when an op fails while a peer may still read this rank's slots (it has not
   // returned every credit): writing them again could hand that peer the next op's bytes as
   // the old op's, so no later op of this group writes them; each fails with `why` instead.
@@ -104,6 +117,10 @@ class StagingArea {
   const std::string& retiredBecause() const { return retiredBecause_; }
 
  private:
+  static std::atomic<int32_t>& coreWord(const shm::SharedSegment& s) {
+    static_assert(std::atomic<int32_t>::is_always_lock_free, "shared between processes");
+    return *reinterpret_cast<std::atomic<int32_t>*>(s.data() + StagingLayout::kCoreWordOffset);
+  }
   uint8_t* slotIn(const shm::SharedSegment& s, size_t k) const {
     return s.data() + StagingLayout::kHeaderBytes + (k % layout_.slots) * layout_.slotStride();
   }
