@@ -11,17 +11,19 @@ Usage (root, iproute2; iperf3 for the reference)::
     python scripts/rig_plain_allreduce.py [--backends udp,ucx,gloo] [--rounds 3] [--mbytes 64]
         [--iters 20] [--warmup 3] [--iperf SECONDS] [--bench] [--env K=V ...] [--repo DIR]
 
-Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's
-mean time over the timed loop, the statistic bench reports) and the CPU both ranks' processes
-used per GB moved one way; for udp also the transport's counters (packets, resends, timeouts,
-smoothed RTT, the receive buffer the kernel granted, GRO trains) and each namespace's kernel
-UDP drops (``RcvbufErrors``). ``--bench`` runs ``python -m ucxbackend bench`` under torchrun
-after each round, as docs/performance.md does; ``--iperf`` then runs two iperf3 transfers at
-once, one per direction (two processes, not ``--bidir``), and prints each direction's rate and
-CPU per GB: what the kernel's TCP carries each way with both ways busy. ``--env`` adds
-variables to the ranks' environment (e.g. ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K``
-to emulate a rank without CAP_NET_ADMIN under the stock net.core.rmem_max); ``--repo`` runs
-the ranks on another checkout's build (to compare builds in one rig session).
+Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's mean
+time over the timed loop, the statistic bench reports), the CPU both ranks' processes used per
+GB moved one way and each rank's sleeps and preemptions per op (voluntary and involuntary
+context switches of all its threads: its wake-ups); for udp also the transport's counters
+(packets, resends, timeouts, smoothed RTT, the receive buffer the kernel granted, GRO trains)
+and each namespace's kernel UDP drops (``RcvbufErrors``). ``--bench`` runs ``python -m
+ucxbackend bench`` under torchrun after each round, as docs/performance.md does; ``--iperf``
+then runs two iperf3 transfers at once, one per direction (two processes, not ``--bidir``), and
+prints each direction's rate and CPU per GB: what the kernel's TCP carries each way with both
+ways busy. ``--env`` adds variables to the ranks' environment (e.g.
+``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K`` to emulate a rank without CAP_NET_ADMIN under
+the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build (to compare
+builds in one rig session).
 """
 
 from __future__ import annotations
@@ -62,12 +64,12 @@ def _worker(args: argparse.Namespace) -> int:
     before = _udp_counters() if args.backend == "udp" else {}
     dist.barrier()
     times = []
-    cpu0 = _cpu_seconds()
+    usage0 = _usage()
     for _ in range(args.iters):
         start = time.perf_counter()
         dist.all_reduce(t)
         times.append(time.perf_counter() - start)
-    cpu = _cpu_seconds() - cpu0
+    usage = {k: v - usage0[k] for k, v in _usage().items()}
     dist.barrier()
     # Every rank started from ones and each all_reduce of 2 ranks doubled them: a power of two,
     # exact in float32.
@@ -76,7 +78,11 @@ def _worker(args: argparse.Namespace) -> int:
         "rank": rank,
         "backend": args.backend,
         "times": times,
-        "cpu_per_op": cpu / args.iters,
+        "cpu_per_op": usage["cpu"] / args.iters,
+        # Sleeps (voluntary) and preemptions (involuntary) of all threads: the wake-ups an op
+        # costs, which the host's load moves far less than its CPU time.
+        "sleeps_per_op": usage["sleeps"] / args.iters,
+        "preemptions_per_op": usage["preemptions"] / args.iters,
         "correct": correct,
     }
     if args.backend == "udp":
@@ -92,12 +98,16 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cpu_seconds() -> float:
-    """User + system CPU time of every thread of this process so far."""
+def _usage() -> dict[str, float]:
+    """User + system CPU time and context switches of every thread of this process so far."""
     import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return {
+        "cpu": r.ru_utime + r.ru_stime,
+        "sleeps": float(r.ru_nvcsw),
+        "preemptions": float(r.ru_nivcsw),
+    }
 
 
 def _udp_counters() -> dict[str, int]:
@@ -277,7 +287,12 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
     # Each rank sends and receives the tensor's size per op (2 ranks): CPU seconds per GB moved
     # one way, both ranks together, comparable with iperf3's sender + receiver.
     cpu = sum(r["cpu_per_op"] for r in run.results) / (2 * nbytes / 1e9)
-    line = f"{backend:5s} round {rnd}: {run.gbs(nbytes):5.2f} GB/s (CPU {cpu:.2f} s per GB)"
+    sleeps = "/".join(f"{r['sleeps_per_op']:.0f}" for r in run.results)
+    preempted = "/".join(f"{r['preemptions_per_op']:.0f}" for r in run.results)
+    line = (
+        f"{backend:5s} round {rnd}: {run.gbs(nbytes):5.2f} GB/s (CPU {cpu:.2f} s per GB; "
+        f"per op and rank {sleeps} sleeps, {preempted} preemptions)"
+    )
     if not all(r["correct"] for r in run.results):
         line += " WRONG RESULT"
     if backend == "udp":
