@@ -10,6 +10,7 @@ Usage (root, iproute2; iperf3 for the reference)::
 
     python scripts/rig_plain_allreduce.py [--backends udp,ucx,gloo] [--rounds 3] [--mbytes 64]
         [--iters 20] [--warmup 3] [--iperf SECONDS] [--bench] [--env K=V ...] [--repo DIR]
+        [--against DIR]
 
 Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's mean
 time over the timed loop, the statistic bench reports), the CPU both ranks' processes used per
@@ -22,8 +23,9 @@ then runs two iperf3 transfers at once, one per direction (two processes, not ``
 prints each direction's rate and CPU per GB: what the kernel's TCP carries each way with both
 ways busy. ``--env`` adds variables to the ranks' environment (e.g.
 ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K`` to emulate a rank without CAP_NET_ADMIN under
-the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build (to compare
-builds in one rig session).
+the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build, and
+``--against DIR`` repeats each plain run on DIR's build right after (interleaved pairs of two
+builds in one rig session; the line names the checkout).
 """
 
 from __future__ import annotations
@@ -331,6 +333,11 @@ def main() -> int:
         help="the checkout (with its build) the ranks import ucxbackend from",
     )
     parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="another checkout (with its build): each plain run is repeated on it right after",
+    )
+    parser.add_argument(
         "--bench",
         action="store_true",
         help="after each round, also run `ucxbackend bench` (torchrun) on the rig",
@@ -348,18 +355,23 @@ def main() -> int:
         )
         for rnd in range(1, args.rounds + 1):
             for backend in args.backends.split(","):
-                port += 1
-                run = run_plain(
-                    rig,
-                    backend,
-                    port=port,
-                    mbytes=args.mbytes,
-                    iters=args.iters,
-                    warmup=args.warmup,
-                    repo=args.repo,
-                    extra_env=extra,
-                )
-                print(_describe(run, backend, rnd, args.mbytes << 20), flush=True)
+                # With --against, each backend runs on both builds back to back: pairs that
+                # share the host's state, as a comparison under load needs.
+                for repo in [args.repo, *([args.against] if args.against else [])]:
+                    port += 1
+                    run = run_plain(
+                        rig,
+                        backend,
+                        port=port,
+                        mbytes=args.mbytes,
+                        iters=args.iters,
+                        warmup=args.warmup,
+                        repo=repo,
+                        extra_env=extra,
+                    )
+                    first, *rest = _describe(run, backend, rnd, args.mbytes << 20).split("\n")
+                    label = f" [{repo}]" if args.against else ""
+                    print("\n".join([first + label, *rest]), flush=True)
             if args.bench:
                 port += 1
                 print(f"bench round {rnd}:\n{_bench(rig, args, port)}", flush=True)
