@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 SAMPLES = 240
+LR = 0.1  # plain SGD step size; tests/test_split_shrink.py replays the run with it
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +69,7 @@ def rank_main(rank: int, args: Any, store_path: str, results: Any) -> None:
     x, y = data()
     module = model()
     ddp = DDP(module)
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    opt = torch.optim.SGD(module.parameters(), lr=LR)
     step = 0
     while step < args.steps:
         size, me = dist.get_world_size(), dist.get_rank()
