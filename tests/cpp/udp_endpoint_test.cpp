@@ -486,6 +486,67 @@ void testLinger() {
     // Bounded by linger_max however the peers behave.
     CHECK(net.lingerEndedUs(0) > 0);
   }
+  // A message that arrived whole but that no receive matched holds nothing up: its sender
+  // completed on our ACK, and no receive will ever take it (a peer's op that timed out or
+  // aborted leaves one behind). Only the ACK for it is linger's business, and that the
+  // quiet time and the duplicates settle, as for any other message. An eager one, and a
+  // rendezvous one (its RTS seen, its data never asked for).
+  {
+    EndpointNetwork net(3, options);
+    auto eager = message(1, 62, 3000);
+    auto big = message(2, 63, options.config.eagerMaxBytes + 1);
+    auto eagerSend = net.endpoint(1)->send(0, 62, eager.data(), eager.size());
+    auto bigSend = net.endpoint(2)->send(0, 63, big.data(), big.size());
+    CHECK(net.runUntil([&] { return !eagerSend->pending(); }, kSecond));
+    CHECK_MSG(eagerSend->state() == RequestState::kDone, eagerSend->error());
+    CHECK(net.runUntil([] { return false; }, 10'000) == false);  // the RTS and its ACK
+    CHECK(bigSend->pending());  // waits for a CTS that never comes
+    const TimeUs closedAt = net.nowUs();
+    net.close(0);
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
+    CHECK_EQ(net.lingerEndedUs(0) - closedAt, options.lingerQuietUs);
+  }
+  // The same whole unmatched message, but every ACK for it was lost: rank 0 stays while
+  // rank 1 retransmits, until the repeated ACK completes rank 1's send.
+  {
+    EndpointNetwork net(3, options);
+    auto out = message(1, 64, 3000);
+    net.setLinkUp(0, 1, false);
+    auto send = net.endpoint(1)->send(0, 64, out.data(), out.size());
+    CHECK(net.runUntil([] { return false; }, 10'000) == false);  // the message arrives whole
+    const TimeUs closedAt = net.nowUs();
+    net.close(0);
+    CHECK(net.runUntil([] { return false; }, 300'000) == false);
+    CHECK(!net.gone(0));
+    net.setLinkUp(0, 1, true);
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK_MSG(send->state() == RequestState::kDone, send->error());
+    CHECK(!net.gone(0));
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
+    CHECK(net.lingerEndedUs(0) - closedAt < options.lingerMaxUs);
+  }
+  // An unmatched eager message still arriving at close keeps rank 0 there although it hears
+  // nothing (the rest is cut off for a while): its sender completes only once all of it
+  // has arrived and been acknowledged.
+  {
+    EndpointNetwork net(3, options);
+    FaultConfig lossy;
+    lossy.drop = 0.3;  // some of its 25 fragments are lost on their first way
+    net.setFaults(1, 0, lossy);
+    auto out = message(1, 65, 30'000);
+    auto send = net.endpoint(1)->send(0, 65, out.data(), out.size());
+    CHECK(net.runUntil([&] { return net.endpoint(0)->peerStats(1).datagramsReceived > 0; },
+                       kSecond));
+    net.setLinkUp(1, 0, false);
+    net.close(0);
+    CHECK(net.runUntil([] { return false; }, 300'000) == false);
+    CHECK(!net.gone(0));  // part of the message is missing: rank 0 stays
+    net.setFaults(1, 0, FaultConfig{});
+    net.setLinkUp(1, 0, true);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 10 * kSecond));
+    CHECK_MSG(send->state() == RequestState::kDone, send->error());
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
+  }
   // linger_max bounds the linger even while a peer keeps the endpoint busy.
   {
     EndpointOptions bounded = options;

@@ -223,6 +223,14 @@ void MessageReceiver::finishIfComplete(MessageId id, TimeUs now) {
   active_.erase(it);
 }
 
+bool MessageReceiver::receiving() const {
+  return std::any_of(active_.begin(), active_.end(), [](const auto& entry) {
+    const Incoming& m = entry.second;
+    const bool dataAsked = !m.rendezvous || m.destination || m.discarding;
+    return dataAsked && m.receivedBytes < m.length;
+  });
+}
+
 void MessageReceiver::release(Incoming& m, uint64_t bytes) {
   bytes = std::min(bytes, m.chargeHeld);
   m.chargeHeld -= bytes;

@@ -73,6 +73,12 @@ class MessageReceiver {
   uint64_t unexpectedBytesInUse() const { return used_; }
   size_t postedCount() const { return posted_.size(); }
   size_t activeMessages() const { return active_.size(); }
+  // Some message still has bytes on their way from the peer: an eager one partly arrived, or
+  // a rendezvous one whose data we asked for (matched, or its receive cancelled). A message
+  // that only waits for a receive (whole and eager, or rendezvous with its data not asked
+  // for) is not: nothing more comes from the peer until a receive matches it, and it may
+  // never (what a closing endpoint's linger needs to know, see PeerConnection::idle).
+  bool receiving() const;
 
   // Fails every posted or partly filled receive (kReceiveFailed events).
   void failAll(const std::string& why);

@@ -521,7 +521,7 @@ void PeerConnection::fail(const std::string& why) {
 bool PeerConnection::idle() const {
   return sender_.idle() && sent_.inFlightCount() == 0 && !acks_.ackDeadline() &&
          pendingNacks_.empty() &&
-         receiver_.activeMessages() == 0 && !receiver_.hasClearToSend();
+         !receiver_.receiving() && !receiver_.hasClearToSend();
 }
 
 Stats PeerConnection::stats() const {

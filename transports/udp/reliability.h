@@ -124,7 +124,10 @@ class PeerConnection {
   uint64_t congestionWindow() const { return congestion_->windowPackets(); }
   CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
-  // Nothing left to send or to wait for (tests use it to detect quiescence).
+  // Nothing left to send or to wait for from the peer: what a closing endpoint's linger waits
+  // for (tests use it to detect quiescence too). A message that arrived whole but that no
+  // receive has matched does not count: its ACK was sent (an ACK still due counts), and no
+  // receive may ever take it, so waiting for one would keep a closing group for linger_max.
   bool idle() const;
 
  private:
