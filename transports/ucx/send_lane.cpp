@@ -129,6 +129,7 @@ void SendLane::abortPeer(int peer) {
 }
 
 std::vector<SendLane::Completion> SendLane::takeCompleted() {
+  if (!pending_.exchange(false, std::memory_order_acquire)) return {};
   drain(doneFd_);  // before taking the list: a completion added after this writes the fd again
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Completion> out;
@@ -136,10 +137,7 @@ std::vector<SendLane::Completion> SendLane::takeCompleted() {
   return out;
 }
 
-bool SendLane::hasCompleted() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !done_.empty();
-}
+bool SendLane::hasCompleted() const { return pending_.load(std::memory_order_acquire); }
 
 void SendLane::finish(const void* token, ucs_status_t status, std::string error) {
   {
@@ -147,6 +145,9 @@ void SendLane::finish(const void* token, ucs_status_t status, std::string error)
     done_.push_back(Completion{token, status, std::move(error)});
   }
   wake(doneFd_);
+  // After the fd: a takeCompleted() that sees the flag drains this write too, so the fd is
+  // never left readable with the flag clear (an epoll wait would return at once, forever).
+  pending_.store(true, std::memory_order_release);
 }
 
 void SendLane::runCommand(ucp_worker_h worker, Command& cmd) {

@@ -20,6 +20,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -107,11 +108,15 @@ class SendLane {
   std::condition_variable aborted_;
   std::deque<Command> commands_;   // guarded by mu_
   std::vector<Completion> done_;   // guarded by mu_
+  // Set by finish() after it signals doneFd_, cleared by takeCompleted() before it drains:
+  // the owner's progress() reaps at every call, and without completions waiting that costs
+  // one load instead of a read() on the eventfd and the mutex (a group whose peers are on
+  // other hosts has a lane even if no send ever takes it).
+  std::atomic<bool> pending_{false};
   uint64_t abortsDone_ = 0;        // guarded by mu_
   uint64_t abortsAsked_ = 0;       // owner thread
   bool stop_ = false;              // guarded by mu_
   std::vector<bool> addressSent_;  // owner thread: the peer's address went with a command
-  std::string startError_;         // guarded by mu_: the worker could not be created
   // Lane thread only.
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::thread thread_;
