@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "transports/ucx/endpoint_close.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -45,14 +46,6 @@ void drain(int fd) {
   }
 }
 
-// Progresses `worker` until `done()` or `limit` has passed.
-template <typename Pred>
-void progressUntil(ucp_worker_h worker, Pred done, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done() && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker);
-}
-
-bool closed(void* request) { return ucp_request_check_status(request) != UCS_INPROGRESS; }
 
 }  // namespace
 
@@ -156,7 +149,7 @@ void SendLane::runCommand(ucp_worker_h worker, Command& cmd) {
   if (!slot) slot = std::make_unique<Endpoint>(Endpoint{this, cmd.peer, nullptr, {}, 0});
   Endpoint& ep = *slot;
   if (cmd.kind == Command::kAbort) {
-    forceClose(worker, ep);
+    forceClose(worker, ep.ep);
     if (ep.error.empty()) ep.error = "the connection to rank " + std::to_string(ep.peer) +
                                      " was aborted";
     std::lock_guard<std::mutex> lock(mu_);
@@ -210,19 +203,6 @@ void SendLane::runCommand(ucp_worker_h worker, Command& cmd) {
   }
 }
 
-void SendLane::forceClose(ucp_worker_h worker, Endpoint& ep) {
-  if (ep.ep == nullptr) return;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes every send on it as cancelled
-  const ucs_status_ptr_t r = ucp_ep_close_nbx(ep.ep, &param);
-  ep.ep = nullptr;
-  if (UCS_PTR_IS_PTR(r)) {
-    progressUntil(worker, [r] { return closed(r); }, std::chrono::milliseconds(1000));
-    ucp_request_free(r);
-  }
-}
-
 void SendLane::closeAll(ucp_worker_h worker) {
   // A healthy endpoint is flushed, so that a send UCX reported done has left; a peer that
   // already exited cannot acknowledge the flush, hence the bound. One with sends still in
@@ -230,24 +210,9 @@ void SendLane::closeAll(ucp_worker_h worker) {
   // them as cancelled before the thread ends.
   std::vector<void*> closing;
   for (auto& ep : endpoints_) {
-    if (!ep || ep->ep == nullptr) continue;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = ep->error.empty() && ep->inflight == 0 ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-    const ucs_status_ptr_t r = ucp_ep_close_nbx(ep->ep, &param);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-    ep->ep = nullptr;
+    if (ep) startClose(ep->ep, !ep->error.empty() || ep->inflight != 0, closing);
   }
-  progressUntil(
-      worker,
-      [&closing] {
-        for (void* r : closing) {
-          if (!closed(r)) return false;
-        }
-        return true;
-      },
-      std::chrono::milliseconds(500));
-  for (void* r : closing) ucp_request_free(r);
+  finishCloses(worker, closing, std::chrono::milliseconds(500));
 }
 
 void SendLane::threadMain() {

@@ -97,7 +97,6 @@ class SendLane {
   void threadMain();
   void runCommand(ucp_worker_h worker, Command& cmd);
   void closeAll(ucp_worker_h worker);
-  void forceClose(ucp_worker_h worker, Endpoint& ep);
   void finish(const void* token, ucs_status_t status, std::string error);
   void wake(int fd);
 

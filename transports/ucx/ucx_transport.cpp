@@ -10,6 +10,7 @@
 
 #include "transports/shm/shared_segment.h"
 #include "transports/tag.h"
+#include "transports/ucx/endpoint_close.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -134,14 +135,6 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices,
   }
 }
 
-template <typename Pred>
-void UcxTransport::progressUntil(Pred done, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done() && std::chrono::steady_clock::now() < deadline) {
-    ucp_worker_progress(worker());
-  }
-}
-
 UcxTransport::~UcxTransport() {
   // Only possible after a failed or aborted op: abandon what is still posted. Cancelling an
   // unmatched receive completes it (and removes it from inflight_) inside the call, so work
@@ -158,7 +151,8 @@ UcxTransport::~UcxTransport() {
   std::vector<std::shared_ptr<UcxRequest>> pending;
   for (auto& [ptr, req] : inflight_) pending.push_back(req);
   for (auto& req : pending) req->cancel();
-  progressUntil([this] { return inflight_.empty(); }, std::chrono::milliseconds(200));
+  progressUntil(worker(), [this] { return inflight_.empty(); },
+                std::chrono::milliseconds(200));
   // Cut off only the peers with requests cancel could not stop; the others keep the
   // graceful flush in closeEndpoints (their last eager messages may still be queued).
   std::vector<bool> abort(size_, false);
@@ -198,46 +192,18 @@ void UcxTransport::abortPeer(int peer, const std::string& why) {
     lane_->abortPeer(peer);
     reapLane();
   }
-  if (slot.ep != nullptr) {
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes every request on it as cancelled
-    ucs_status_ptr_t r = ucp_ep_close_nbx(slot.ep, &param);
-    slot.ep = nullptr;
-    if (UCS_PTR_IS_PTR(r)) {
-      progressUntil([r] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
-                    std::chrono::milliseconds(1000));
-      ucp_request_free(r);
-    }
-  }
+  forceClose(worker(), slot.ep);  // completes every request on it as cancelled
   cancelReceivesFromFailedPeers();
 }
 
 void UcxTransport::closeEndpoints() {
   std::vector<void*> closing;
   for (auto& slot : peers_) {
-    if (slot->ep == nullptr) {
-      continue;
-    }
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     // A failed endpoint cannot be flushed; a healthy one is flushed so queued data still leaves.
-    param.flags = slot->error.empty() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(slot->ep, &param);
-    if (UCS_PTR_IS_PTR(r)) {
-      closing.push_back(r);
-    }
-    slot->ep = nullptr;
+    startClose(slot->ep, !slot->error.empty(), closing);
   }
   // A peer that already exited cannot acknowledge a flush: bound the wait.
-  progressUntil(
-      [&closing] {
-        return std::all_of(closing.begin(), closing.end(), [](void* r) {
-          return ucp_request_check_status(r) != UCS_INPROGRESS;
-        });
-      },
-      std::chrono::milliseconds(500));
-  for (void* r : closing) ucp_request_free(r);
+  finishCloses(worker(), closing, std::chrono::milliseconds(500));
 }
 
 void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {

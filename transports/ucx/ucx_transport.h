@@ -93,9 +93,6 @@ class UcxTransport final : public Transport {
   std::shared_ptr<UcxRequest> untrack(UcxRequest* req);
   std::string failure(const UcxRequest& req, ucs_status_t status) const;
   void closeEndpoints();
-  // Progresses until `done()` or the deadline passes.
-  template <typename Pred>
-  void progressUntil(Pred done, std::chrono::milliseconds limit);
   void cancelReceivesFromFailedPeers();
   // Whether this send goes through the send lane (decides the peer's choice on first use).
   bool viaLane(PeerSlot& slot, Tag tag, size_t bytes, MemoryType mem);
