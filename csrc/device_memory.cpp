@@ -47,7 +47,7 @@ void DeviceMemory::reduce(const Reduction& red, void* acc, const void* in, size_
       } else if (red.kind == ReduceKind::kSum) {
         a.add_(b);
       } else {
-        at::maximum_out(a, a, b);
+        red.swapped ? at::maximum_out(a, b, a) : at::maximum_out(a, a, b);
       }
       break;
     case ReduceKind::kProduct:
@@ -57,7 +57,7 @@ void DeviceMemory::reduce(const Reduction& red, void* acc, const void* in, size_
       } else if (red.kind == ReduceKind::kProduct) {
         a.mul_(b);
       } else {
-        at::minimum_out(a, a, b);
+        red.swapped ? at::minimum_out(a, b, a) : at::minimum_out(a, a, b);
       }
       break;
     case ReduceKind::kBand: a.bitwise_and_(b); break;

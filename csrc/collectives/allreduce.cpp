@@ -123,7 +123,10 @@ namespace {
 // compute rank 0's value op rank 1's, bit for bit (MIN and MAX of -0 and +0). It relies on
 // the Reduction's dtype and kind, which makeReduction sets together with its kernel.
 Reduction foldOrder(const Comm& comm, Reduction red) {
-  if (comm.rank() == 1) red.fn = findReduceTiesToIn(red.dtype, red.kind);
+  if (comm.rank() == 1) {
+    red.fn = findReduceTiesToIn(red.dtype, red.kind);
+    red.swapped = true;
+  }
   return red;
 }
 

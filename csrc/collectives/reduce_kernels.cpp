@@ -129,22 +129,16 @@ struct Max {
     }
   }
 };
-// Min and Max that keep `b` where the two compare equal (a float's -0 and +0; the bits of
-// equal values differ nowhere else): folding y into x with these gives the bits that folding
-// x into y with Min and Max does.
+// Min and Max with their operands swapped: folding y into x with these gives the bits that
+// folding x into y with Min and Max does, -0 and +0 included (which of two NaNs comes out is
+// the compiler's to choose, as for SUM: it may commute the addition that propagates them).
 struct MinTiesToIn {
   template <typename T>
-  T operator()(T a, T b) const {
-    const T m = a < b ? a : b;
-    return std::isunordered(a, b) ? a + b : m;
-  }
+  T operator()(T a, T b) const { return Min{}(b, a); }
 };
 struct MaxTiesToIn {
   template <typename T>
-  T operator()(T a, T b) const {
-    const T m = b < a ? a : b;
-    return std::isunordered(a, b) ? a + b : m;
-  }
+  T operator()(T a, T b) const { return Max{}(b, a); }
 };
 struct Band {
   template <typename T>
