@@ -26,6 +26,8 @@ BUDGET_S=${GPU_SESSION_BUDGET_S:-420}
 WHEELS=${GPU_SESSION_WHEELS:-.whl}
 export WHEELS
 mkdir -p "$OUT"
+# The in-place build, importable by the bench and its ranks as by make's steps.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # A hung world is failed after this many seconds (tests/gpu/cuda_harness.py; default 150).
 export UCXB_GPU_WORLD_TIMEOUT=${UCXB_GPU_WORLD_TIMEOUT:-90}
