@@ -17,6 +17,8 @@
   gate never holds, it waits on the host as with ``cuda_wait=host``.
 * The Work's Future is CUDA-aware: a ``.then()`` callback that reads the result on the
   current stream sees it.
+* ``wait()`` under each of the stream pool's streams returns with the result: one of them is
+  the group's internal stream, which the gate must not hold (the op queues its own work there).
 
 Long kernels are ``torch.cuda._sleep``; "not finished yet" is an event recorded after the
 kernel whose ``query()`` is still False. One world of two ranks on GPU 0 per mode
@@ -57,6 +59,9 @@ def _all_equal(t: Any, want: float) -> bool:
 
 
 MODES = ("host", "stream")
+# Streams per priority in c10's CUDA stream pool (c10/cuda/CUDAStream.cpp, kStreamsPerPool).
+POOL_STREAMS = 32
+POOL_CHECK = "wait() under each of the pool's streams, the group's own among them, ends right"
 # The checks of wait_after_long_kernel that differ between the modes: with cuda_wait=host, and
 # on the default stream with cuda_wait=stream, wait() waits on the host; on a side stream with
 # cuda_wait=stream it holds the stream instead.
@@ -113,7 +118,9 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
         step = 2 if not on_side else 8
         x = torch.full((N,), -1.0, device=dev)
         torch.cuda.synchronize()
-        scope: Any = torch.cuda.stream(torch.cuda.Stream()) if on_side else contextlib.nullcontext()
+        # A high-priority stream: never a group's internal stream (those are low-priority).
+        side_stream = torch.cuda.Stream(priority=-1)
+        scope: Any = torch.cuda.stream(side_stream) if on_side else contextlib.nullcontext()
         with scope:
             gpu_sleep(LONG_MS)
             x.fill_(_value(rank, step))
@@ -284,6 +291,26 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
             f"received {_summary(buf)}, a clone after wait() {_summary(copy)}, want {want}",
         )
 
+    def every_pool_stream() -> None:
+        # c10's stream pool hands out the same POOL_STREAMS streams round-robin, to the group
+        # (its internal stream, taken at its first CUDA op, above) and to torch.cuda.Stream():
+        # one of that many new streams in a row is the group's own. A wait() that held it at
+        # the gate (cuda_wait=stream) would leave the op waiting for itself until its timeout.
+        step = 9
+        want = _expected(ws, step)
+        wrong = []
+        for i in range(POOL_STREAMS + 1):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x = torch.full((1024,), _value(rank, step), device=dev)
+                work = dist.all_reduce(x, async_op=True)
+                work.wait()
+                y = x.clone()
+            s.synchronize()
+            if not _all_equal(y, want):
+                wrong.append(f"stream {i}: {_summary(y)}")
+        out.check(POOL_CHECK, not wrong, f"want {want}; " + "; ".join(wrong[:4]))
+
     out.run("all_reduce ordered after the current stream's work", ordered_after_current_stream)
     out.run(HOST_WAIT[0], lambda: wait_after_long_kernel(on_side=False))
     if mode == "stream":
@@ -301,6 +328,8 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
                 "send is ordered after the current stream's work; irecv's wait() orders the stream",
                 True,
             )
+    # Last: where it fails, the op times out and fails the group.
+    out.run(POOL_CHECK, every_pool_stream)
     dist.barrier()
     return out.results
 
@@ -318,6 +347,7 @@ COMMON = (
     "wait() on another stream than the op's makes that stream wait",
     "the Work's future orders .then() after the op",
     "send is ordered after the current stream's work; irecv's wait() orders the stream",
+    POOL_CHECK,
 )
 
 
