@@ -41,6 +41,8 @@ def steps(out: Path) -> list[str]:
 
 
 def _outcome(case: ET.Element) -> tuple[str, str]:
+    if case.get("name") is None:  # what pytest writes for a test an interrupt stopped
+        return "interrupted", ""
     for kind in ("failure", "error"):
         found = case.find(kind)
         if found is not None:
@@ -68,9 +70,11 @@ def tests(out: Path) -> list[str]:
         for prop in case.iter("property"):
             props.append(f"- `{case.get('name')}`: {prop.get('name')} = {prop.get('value')}")
     total: Counter[str] = sum(per_file.values(), Counter())
+    stopped = total["interrupted"]
     lines = [
         f"{total['passed']} passed, {total['failure']} failed, {total['error']} errors, "
-        f"{total['skipped']} skipped",
+        f"{total['skipped']} skipped"
+        + (f", {stopped} interrupted (the time ran out)" if stopped else ""),
         "",
         "| file | passed | failed | errors | skipped |",
         "| --- | --- | --- | --- | --- |",
