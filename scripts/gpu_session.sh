@@ -13,6 +13,7 @@
 #   bench   all_reduce 1-64 MiB on cuda: ucx, Gloo host-staged, nccl (skipped: one GPU), the
 #           device-to-device copy limit (issue #20's "Done means" table)
 #   tests   make gpu-tests over GPU_TESTS in importance order, JUnit to $OUT, in the time left
+#   chunks  if time is left: the bench on ucx alone with 64 MiB chunks (UCXBACKEND_CHUNK_BYTES)
 #   summary scripts/gpu_session_summary.py: the verdicts and the #20 figures, $OUT/summary.md
 # The whole run stays within GPU_SESSION_BUDGET_S (420 s: with a machine's start that leaves
 # room in a 15-minute device budget to rerun a part). Exit status: 0 when every step passed.
@@ -53,7 +54,7 @@ step() {
         return 1
     fi
     # $OUT keeps at most 8 files for the device tool: the bench's table goes to session.log.
-    case $name in facts | wheels | bench) log="" ;; *) log="$OUT/$name.log" ;; esac
+    case $name in facts | wheels | bench | chunks) log="" ;; *) log="$OUT/$name.log" ;; esac
     echo "== $name (cap ${cap} s) $(date -u +%H:%M:%S)"
     t0=$(date +%s)
     export STEP_CAP=$cap
@@ -119,6 +120,13 @@ bench() {
         --timeout "$((STEP_CAP - 10))" --json "$OUT/bench.json" all_reduce
 }
 
+# The same all_reduce on ucx alone with 64 MiB chunks instead of 4 MiB: one device reduction
+# (and one host wait for it) per exchange instead of eight, where the time left allows.
+bench_big_chunks() {
+    UCXBACKEND_CHUNK_BYTES=64M "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 16M \
+        -e 64M -f 4 -n 20 -w 5 --backends ucx --timeout "$((STEP_CAP - 10))" all_reduce
+}
+
 # xdist's handing out of whole files in the order given needs --no-loadscope-reorder
 # (pytest-xdist 3.6); an older one hands them out its own way, and none runs them in turn.
 xdist_args() {
@@ -151,6 +159,7 @@ if [ "$built" -eq 0 ]; then
     step tests 100000 make gpu-tests PYTHON="$PYTHON" GPU_TESTS="$GPU_TESTS" \
         GPU_XDIST="$(xdist_args)" \
         PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
+    step chunks 90 bench_big_chunks
 else
     echo "== the build failed: no smoke, bench or tests"
 fi
