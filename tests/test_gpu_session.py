@@ -111,6 +111,7 @@ def test_summary_of_an_empty_session(tmp_path: Path) -> None:
         assert f"(no {what}" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     __import__("torch").version.cuda is not None, reason="the build step would run on CUDA torch"
 )
