@@ -5,15 +5,20 @@
 #   make test-quick  deps + build + tests not marked slow
 #   make build       (re)build ucxbackend/_C in place; ninja recompiles only what changed
 #   make lint        ruff, and mypy strict over ucxbackend/
-#   make gpu-check   on a CUDA machine: build with GPU_CXX (no deps step), info, the link tests,
-#                    scripts/gpu_smoke.py (60 s cap), then tests/gpu
+#   make gpu-check   on a CUDA machine: gpu-build, gpu-smoke, gpu-tests in turn (stops at a failure)
+#   make gpu-build   checks (CUDA torch, UCX, a GPU), build with GPU_CXX (no deps step), the link
+#                    tests, info
+#   make gpu-smoke   scripts/gpu_smoke.py (60 s cap)
+#   make gpu-tests   GPU_TESTS (tests/gpu) in GPU_TEST_JOBS workers
+#   (scripts/gpu_session.sh runs the three for a lent GPU, bounded, with the bench; docs/cuda.md)
 #   make clean       remove build outputs
 #
 # Variables: PYTHON (python3), UCX_HOME (a UCX prefix to build against instead of the
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
 # compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
 # worker processes, each taking whole test files; 0 runs the suite in this process), PYTEST_ARGS,
-# GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_CXX, GPU_CC (g++, gcc: gpu-check's compilers).
+# GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_TESTS (tests/gpu: the files gpu-tests runs,
+# whole files per worker, handed out in this order), GPU_CXX, GPU_CC (g++, gcc: gpu-check's compilers).
 
 PYTHON ?= python3
 TORCH_REQ ?= torch==2.13.0
@@ -34,6 +39,9 @@ else
 GPU_MAX_JOBS := $(MAX_JOBS)
 endif
 GPU_TEST_JOBS ?= 4
+GPU_TESTS ?= tests/gpu
+# How gpu-tests spreads the files (scripts/gpu_session.sh drops what the machine's xdist lacks).
+GPU_XDIST ?= -n $(GPU_TEST_JOBS) --dist loadfile --no-loadscope-reorder
 # gpu-check compiles with GPU_CXX and GPU_CC, not the environment's CXX and CC: the GPU image sets CXX to a
 # wrapper (/opt/gcc/bin/g++) that links libstdc++ statically, and an extension with its own
 # libstdc++ next to torch's crashed every process at its first std::ostringstream.
@@ -49,7 +57,7 @@ endif
 
 # Targets depend on each other in order (deps before build before tests): never in parallel.
 .NOTPARALLEL:
-.PHONY: all deps build demo test test-quick lint gpu-check clean
+.PHONY: all deps build demo test test-quick lint gpu-check gpu-build gpu-smoke gpu-tests clean
 
 all: build
 
@@ -112,7 +120,9 @@ lint:
 # first (no CUDA library, libstdc++ shared: a bad build fails in seconds), prints `info` (UCX's
 # CUDA transports, GPUDirect RDMA), runs scripts/gpu_smoke.py (two ranks stage by stage, capped
 # at 60 s: a hang shows which stage), then tests/gpu (GPU_TEST_JOBS workers, whole files each).
-gpu-check:
+gpu-check: gpu-build gpu-smoke gpu-tests
+
+gpu-build:
 	@$(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' || { \
 		echo "gpu-check: torch $$($(PYTHON) -c 'import torch; print(torch.__version__)') is built without CUDA"; exit 1; }
 	@if [ -z "$(UCX_HOME)" ] && ! $(PYTHON) -c 'import libucx' 2>/dev/null; then \
@@ -131,9 +141,14 @@ gpu-check:
 	CC=$(GPU_CC) CXX=$(GPU_CXX) MAX_JOBS=$(GPU_MAX_JOBS) $(PYTHON) setup.py build_ext --inplace -j $(GPU_MAX_JOBS) $(BUILD_EXT_FLAGS)
 	CXX=$(GPU_CXX) $(PYTHON) -m pytest -q tests/test_no_cuda_link.py
 	$(PYTHON) -m ucxbackend info
+
+gpu-smoke:
 	timeout -k 5 60 $(PYTHON) scripts/gpu_smoke.py --timeout 55
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(GPU_TEST_JOBS) --dist loadfile \
-		tests/gpu $(PYTEST_ARGS)
+
+# Files go to the workers in GPU_TESTS' order (--no-loadscope-reorder), so a session short of
+# time lists what matters most first.
+gpu-tests:
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q $(GPU_XDIST) $(GPU_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -2,19 +2,49 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ucxb {
+
+namespace {
+
+// Every stream a group has taken as its internal one; kept after the group is gone (a pool
+// stream outlives it, and a later group may take it again). A few per device at most: the pool
+// has a fixed number of streams.
+std::mutex internalMu;
+std::vector<c10::Stream>& internalStreams() {
+  static auto* streams = new std::vector<c10::Stream>();
+  return *streams;
+}
+
+void noteInternal(const c10::Stream& stream) {
+  std::lock_guard<std::mutex> lock(internalMu);
+  auto& streams = internalStreams();
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+    streams.push_back(stream);
+  }
+}
+
+}  // namespace
+
+bool isInternalStream(const c10::Stream& stream) {
+  std::lock_guard<std::mutex> lock(internalMu);
+  const auto& streams = internalStreams();
+  return std::find(streams.begin(), streams.end(), stream) != streams.end();
+}
 
 GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
   auto it = devices_.find(device.index());
   if (it == devices_.end()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+    const c10::Stream stream = impl->getStreamFromGlobalPool(device);
+    noteInternal(stream);
     it = devices_
              .emplace(device.index(),
-                      PerDevice{impl->getStreamFromGlobalPool(device),
-                                std::make_shared<DeviceScratch>(), nullptr})
+                      PerDevice{stream, std::make_shared<DeviceScratch>(), nullptr})
              .first;
   }
   return it->second;

@@ -75,6 +75,12 @@ std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
 // This thread's current stream of `device`.
 c10::Stream currentStream(c10::Device device);
 
+// Whether `stream` is the internal stream of some group (GroupDevices) in this process, now or
+// before. c10's stream pool hands out the same few streams round-robin to groups and to users
+// (torch.cuda.Stream()), so a caller's stream may be one: a Work must never hold it at its
+// gate, since the op that would open the gate queues its own device work on it.
+bool isInternalStream(const c10::Stream& stream);
+
 // Waits until the device has passed `event`, polling, so that a device that never gets there
 // (a stream held up by something that waits on this very thread) ends in OpTimeout at
 // `deadline`, naming `what`, instead of hanging the progress thread.

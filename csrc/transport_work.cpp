@@ -35,10 +35,12 @@ namespace {
 // Holds `stream` at the gate until op `seq` has ended; false where the host must wait
 // instead. Never the legacy default stream (PyTorch's default): every blocking stream and
 // every implicitly synchronising CUDA call (a cudaFree, a pinned allocation) waits for it,
-// and the progress thread that opens the gate may itself be making such a call.
+// and the progress thread that opens the gate may itself be making such a call. Never a
+// group's internal stream either (a user's pool stream may be one): the op queues its own
+// copies and reductions there, behind the hold, and would wait for itself until its timeout.
 bool holdAtGate(const StreamGate& gate, c10::Device device, uint64_t seq) {
   const c10::Stream stream = currentStream(device);
-  if (stream.native_handle() == nullptr) return false;
+  if (stream.native_handle() == nullptr || isInternalStream(stream)) return false;
   return gate.holdUntil(stream, seq);
 }
 

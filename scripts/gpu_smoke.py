@@ -10,9 +10,10 @@ crashes says where it stopped: ``init_process_group("ucx")``, a CPU all_reduce, 
 all_reduce of 4 MiB (values checked), broadcast, all_gather_into_tensor, send/recv both ways,
 all_reduce timed at 1, 16 and 64 MiB (bus bandwidth as nccl-tests counts it), and an async
 all_reduce queued behind a long kernel (``torch.cuda._sleep``) on the default group and on a
-group with ``pg_options={"cuda_wait": "stream"}``, with how long ``wait()`` blocked the host
-(about the kernel's length where wait() waits on the host, ``cuda_wait=host``; about nothing
-where it makes the stream wait, ``cuda_wait=stream``).
+group with ``pg_options={"cuda_wait": "stream"}`` (on the default stream and on a side stream),
+with how long ``wait()`` blocked the host (about the kernel's length where wait() waits on the
+host: ``cuda_wait=host``, and the default stream, which the gate never holds; about nothing
+where it makes the stream wait: ``cuda_wait=stream`` on a side stream).
 
 Deadlines: a rank still running ``--timeout`` - 5 seconds after this script started prints
 every Python thread's stack (``faulthandler``) and exits; this process kills whatever is left
@@ -216,15 +217,19 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
     for mib in (1, 16, 64):
         stage(f"CUDA all_reduce {mib} MiB, timed", lambda mib=mib: timed(mib))
 
-    def wait_after_kernel(group: Any) -> str:
+    def wait_after_kernel(group: Any, side: bool = False) -> str:
         x = torch.full((16 * MIB // 4,), float(rank + 1), device=dev)
         torch.cuda.synchronize()
-        torch.cuda._sleep(int(SLEEP_MS * CYCLES_PER_MS))  # the op's input is ready after it
-        work = dist.all_reduce(x, group=group, async_op=True)
-        t0 = time.monotonic()
-        work.wait()
-        blocked = time.monotonic() - t0
-        y = x.clone()  # on the current stream, right after wait()
+        # cuda_wait=stream holds a side stream only, never the legacy default one nor a group's
+        # internal stream (a low-priority pool stream: a high-priority one never is).
+        stream = torch.cuda.Stream(priority=-1) if side else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(int(SLEEP_MS * CYCLES_PER_MS))  # the op's input is ready after it
+            work = dist.all_reduce(x, group=group, async_op=True)
+            t0 = time.monotonic()
+            work.wait()
+            blocked = time.monotonic() - t0
+            y = x.clone()  # on the current stream, right after wait()
         torch.cuda.synchronize()
         total_s = time.monotonic() - t0
         got = y.cpu()
@@ -248,7 +253,14 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
         groups["stream"] = dist.new_group(backend="ucx", pg_options={"cuda_wait": "stream"})
 
     stage('new_group(pg_options={"cuda_wait": "stream"})', stream_group)
-    stage("wait() after a kernel, cuda_wait=stream", lambda: wait_after_kernel(groups["stream"]))
+    stage(
+        "wait() after a kernel, cuda_wait=stream, default stream",
+        lambda: wait_after_kernel(groups["stream"]),
+    )
+    stage(
+        "wait() after a kernel, cuda_wait=stream, side stream",
+        lambda: wait_after_kernel(groups["stream"], side=True),
+    )
 
     def teardown() -> None:
         dist.barrier()

@@ -74,6 +74,8 @@ FILE_SECONDS = {
     "test_bench_launcher.py": 10,
     "test_chunking.py": 10,
     "test_algorithms.py": 10,
+    "test_signed_zero.py": 10,
+    "test_gpu_session.py": 10,
     "test_failure_model.py": 10,
     "test_bench_mpi.py": 5,
     "test_abort.py": 5,

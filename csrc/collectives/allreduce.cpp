@@ -11,6 +11,19 @@ using namespace detail;
 
 namespace {
 
+// What a rank that folds its peer's vector into its own, while the peer folds this rank's into
+// its own, folds with: the higher rank of the two keeps the peer's value where the two compare
+// equal (findReduceTiesToIn, and `swapped` for a memory that reduces without fn), so that both
+// compute the lower rank's value op the higher's, bit for bit (MIN and MAX of -0 and +0). It
+// relies on the Reduction's dtype and kind, which makeReduction sets together with its kernel.
+Reduction lowerFirst(Reduction red, int me, int peer) {
+  if (peer < me) {
+    red.fn = findReduceTiesToIn(red.dtype, red.kind);
+    red.swapped = true;
+  }
+  return red;
+}
+
 // After size()-1 steps, block rank() of `data` holds the reduction of every rank's block.
 // Step s: send block (r-s-1), receive block (r-s-2) from the left and fold it in, chunked.
 // Returns the number of tag steps used.
@@ -72,7 +85,8 @@ void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t s
   }
 }
 
-// log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k.
+// log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k. Both
+// partners fold in one order (lowerFirst), so that they end each round with the same bits.
 void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
   const Pow2Fold f(c.rank(), c.size());
   const size_t chunk =
@@ -82,7 +96,8 @@ void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& re
   if (!f.folded()) {
     for (int mask = 1; mask < f.pof2; mask *= 2, step += perPhase) {
       const int peer = f.oldRank(f.participant ^ mask);
-      exchangeReduce(c, peer, data, count, peer, data, count, chunk, step, red);
+      exchangeReduce(c, peer, data, count, peer, data, count, chunk, step,
+                     lowerFirst(red, c.rank(), peer));
     }
   }
   foldOut(c, f, data, count * red.elementSize, perPhase * static_cast<uint32_t>(f.levels() + 1));
@@ -118,16 +133,9 @@ void PostedOp::finish(Comm& comm) {
 
 namespace {
 
-// What a rank of a 2-rank op that folds the peer's vector into its own folds with: rank 1
-// keeps the peer's value where the two compare equal (findReduceTiesToIn), so that both ranks
-// compute rank 0's value op rank 1's, bit for bit (MIN and MAX of -0 and +0). It relies on
-// the Reduction's dtype and kind, which makeReduction sets together with its kernel.
+// What a 2-rank op that folds the peer's vector into its own folds with (lowerFirst).
 Reduction foldOrder(const Comm& comm, Reduction red) {
-  if (comm.rank() == 1) {
-    red.fn = findReduceTiesToIn(red.dtype, red.kind);
-    red.swapped = true;
-  }
-  return red;
+  return lowerFirst(red, comm.rank(), 1 - comm.rank());
 }
 
 // Recursive doubling at two ranks in one chunk: one exchange of the whole vector through the

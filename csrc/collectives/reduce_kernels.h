@@ -24,9 +24,10 @@ struct Reduction {
   size_t elementSize = 0;
   DType dtype = DType::kUInt8;
   ReduceKind kind = ReduceKind::kSum;
-  // Fold with the operands swapped (fn is then findReduceTiesToIn's): set by the 2-rank
-  // allreduce on rank 1 so that both ranks compute rank 0's value op rank 1's. A memory that
-  // reduces without fn (the device's ATen ops) swaps the operands itself.
+  // Fold with the operands swapped (fn is then findReduceTiesToIn's): set by all_reduce on
+  // the higher rank of a pair that fold each other's vectors (allreduce.cpp's lowerFirst), so
+  // that both compute the lower rank's value op the higher's. A memory that reduces without
+  // fn (the device's ATen ops) swaps the operands itself.
   bool swapped = false;
 };
 

@@ -17,7 +17,9 @@ from dist_harness import run_world
 # The opt-in the ucx and udp backends need before they take CUDA tensors.
 CUDA_ENV = {"UCXBACKEND_CUDA": "1"}
 WORLD = 2
-WORLD_TIMEOUT = 150.0  # a hung world costs GPU time that is counted: fail it early
+# A hung world costs GPU time that is counted: fail it early. UCXB_GPU_WORLD_TIMEOUT (seconds)
+# shortens it further where a session's device time is short (scripts/gpu_session.sh).
+WORLD_TIMEOUT = float(os.environ.get("UCXB_GPU_WORLD_TIMEOUT", "150"))
 PG_TIMEOUT = 30.0
 # torch.cuda._sleep spins for this many GPU clock cycles per millisecond asked for: the top SM
 # clock of an H100/H200 is 1.98 GHz, so a sleep lasts at least as long as asked (longer when

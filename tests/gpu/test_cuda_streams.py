@@ -10,12 +10,15 @@
   has ended (the kernel before it has finished and ``is_completed()`` is True), and the outputs
   are then final on every stream (a copy on a fresh side stream, ordered after nothing, sees
   the result).
-* ``cuda_wait=stream`` (NCCL's semantics): ``Work.wait()`` does not block the host: it returns
-  before a kernel queued after the op has finished (it did not synchronise the stream or the
-  device), and before the op itself could have finished (its input is still being written by
-  a long kernel).
+* ``cuda_wait=stream`` (NCCL's semantics): ``Work.wait()`` on a side stream does not block the
+  host: it returns before a kernel queued after the op has finished (it did not synchronise the
+  stream or the device), and before the op itself could have finished (its input is still
+  being written by a long kernel). On the legacy default stream (PyTorch's default), which the
+  gate never holds, it waits on the host as with ``cuda_wait=host``.
 * The Work's Future is CUDA-aware: a ``.then()`` callback that reads the result on the
   current stream sees it.
+* ``wait()`` under each of the stream pool's streams returns with the result: one of them is
+  the group's internal stream, which the gate must not hold (the op queues its own work there).
 
 Long kernels are ``torch.cuda._sleep``; "not finished yet" is an event recorded after the
 kernel whose ``query()`` is still False. One world of two ranks on GPU 0 per mode
@@ -25,6 +28,7 @@ item.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -55,14 +59,19 @@ def _all_equal(t: Any, want: float) -> bool:
 
 
 MODES = ("host", "stream")
-# The checks of wait_does_not_block_host that differ between the modes.
-HOST_ONLY = (
-    "wait() returns only once the op has ended",
-    "wait() leaves the outputs final on every stream",
+# Streams per priority in c10's CUDA stream pool (c10/cuda/CUDAStream.cpp, kStreamsPerPool).
+POOL_STREAMS = 32
+POOL_CHECK = "wait() under each of the pool's streams, the group's own among them, ends right"
+# The checks of wait_after_long_kernel that differ between the modes: with cuda_wait=host, and
+# on the default stream with cuda_wait=stream, wait() waits on the host; on a side stream with
+# cuda_wait=stream it holds the stream instead.
+HOST_WAIT = (
+    "wait() on the default stream returns only once the op has ended",
+    "wait() on the default stream leaves the outputs final on every stream",
 )
 STREAM_ONLY = (
-    "wait() does not synchronise the stream",
-    "wait() does not wait for the op on the host",
+    "wait() on a side stream does not synchronise the stream",
+    "wait() on a side stream does not wait for the op on the host",
 )
 
 
@@ -102,35 +111,43 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
             f"a clone queued right after the call saw {_summary(y)}, want {want}",
         )
 
-    def wait_after_long_kernel() -> None:
-        step = 2
+    def wait_after_long_kernel(on_side: bool) -> None:
+        # cuda_wait=stream holds only streams other than the legacy default one (PyTorch's
+        # default): there wait() waits on the host, as with cuda_wait=host (docs/cuda.md).
+        held = mode == "stream" and on_side
+        step = 2 if not on_side else 8
         x = torch.full((N,), -1.0, device=dev)
         torch.cuda.synchronize()
-        gpu_sleep(LONG_MS)
-        x.fill_(_value(rank, step))
-        before = torch.cuda.Event()
-        before.record()  # done once the op's input is written: the op cannot finish earlier
-        work = dist.all_reduce(x, async_op=True)
-        issued_early = not before.query()
-        completed_early = work.is_completed()
-        gpu_sleep(LONG_MS)  # queued after the op
-        after = torch.cuda.Event()
-        after.record()
-        t0 = time.monotonic()
-        work.wait()
-        waited = time.monotonic() - t0
-        after_running = not after.query()
-        before_running = not before.query()
-        completed = work.is_completed()
-        if mode == "host":
-            # Ordered after nothing on this rank's streams: sees the result only if the op's
-            # writes are final on the device when wait() returns.
-            side = torch.cuda.Stream()
-            with torch.cuda.stream(side):
-                side_copy = x.clone()
-        y = x.clone()  # on the current stream, after wait()
+        # A high-priority stream: never a group's internal stream (those are low-priority).
+        side_stream = torch.cuda.Stream(priority=-1)
+        scope: Any = torch.cuda.stream(side_stream) if on_side else contextlib.nullcontext()
+        with scope:
+            gpu_sleep(LONG_MS)
+            x.fill_(_value(rank, step))
+            before = torch.cuda.Event()
+            before.record()  # done once the op's input is written: the op cannot finish earlier
+            work = dist.all_reduce(x, async_op=True)
+            issued_early = not before.query()
+            completed_early = work.is_completed()
+            gpu_sleep(LONG_MS)  # queued after the op
+            after = torch.cuda.Event()
+            after.record()
+            t0 = time.monotonic()
+            work.wait()
+            waited = time.monotonic() - t0
+            after_running = not after.query()
+            before_running = not before.query()
+            completed = work.is_completed()
+            if not held:
+                # Ordered after nothing on this rank's streams: sees the result only if the op's
+                # writes are final on the device when wait() returns.
+                side = torch.cuda.Stream()
+                with torch.cuda.stream(side):
+                    side_copy = x.clone()
+            y = x.clone()  # on the current stream, after wait()
         torch.cuda.synchronize()
         want = _expected(ws, step)
+        where = "a side stream" if on_side else "the default stream"
         out.check(
             "async all_reduce returns before its input is ready",
             issued_early,
@@ -142,29 +159,29 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
             not completed_early,
             "is_completed() was True while the op's input was still being written",
         )
-        if mode == "stream":
+        if held:
             out.check(
-                "wait() does not synchronise the stream",
+                STREAM_ONLY[0],
                 after_running,
                 f"wait() returned after {waited:.3f} s, when a kernel queued after the op had "
                 "finished: it synchronised the stream or the device",
             )
             out.check(
-                "wait() does not wait for the op on the host",
+                STREAM_ONLY[1],
                 before_running,
                 f"wait() returned after {waited:.3f} s, when the op's input was ready: it "
                 "blocked the host until the op could run instead of making the stream wait",
             )
         else:
             out.check(
-                "wait() returns only once the op has ended",
+                HOST_WAIT[0],
                 not before_running and completed,
-                f"wait() returned after {waited:.3f} s with the kernel before the op "
+                f"wait() on {where} returned after {waited:.3f} s with the kernel before the op "
                 f"{'still running' if before_running else 'finished'} and is_completed() "
-                f"{completed}: with cuda_wait=host it must block the host until the op has ended",
+                f"{completed}: it must block the host until the op has ended",
             )
             out.check(
-                "wait() leaves the outputs final on every stream",
+                HOST_WAIT[1],
                 _all_equal(side_copy, want),
                 f"a clone on a fresh side stream right after wait() saw {_summary(side_copy)}, "
                 f"want {want}: the op's writes were not final when wait() returned",
@@ -274,11 +291,30 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
             f"received {_summary(buf)}, a clone after wait() {_summary(copy)}, want {want}",
         )
 
+    def every_pool_stream() -> None:
+        # c10's stream pool hands out the same POOL_STREAMS streams round-robin, to the group
+        # (its internal stream, taken at its first CUDA op, above) and to torch.cuda.Stream():
+        # one of that many new streams in a row is the group's own. A wait() that held it at
+        # the gate (cuda_wait=stream) would leave the op waiting for itself until its timeout.
+        step = 9
+        want = _expected(ws, step)
+        wrong = []
+        for i in range(POOL_STREAMS + 1):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x = torch.full((1024,), _value(rank, step), device=dev)
+                work = dist.all_reduce(x, async_op=True)
+                work.wait()
+                y = x.clone()
+            s.synchronize()
+            if not _all_equal(y, want):
+                wrong.append(f"stream {i}: {_summary(y)}")
+        out.check(POOL_CHECK, not wrong, f"want {want}; " + "; ".join(wrong[:4]))
+
     out.run("all_reduce ordered after the current stream's work", ordered_after_current_stream)
-    out.run(
-        "wait() does not synchronise the stream" if mode == "stream" else HOST_ONLY[0],
-        wait_after_long_kernel,
-    )
+    out.run(HOST_WAIT[0], lambda: wait_after_long_kernel(on_side=False))
+    if mode == "stream":
+        out.run(STREAM_ONLY[0], lambda: wait_after_long_kernel(on_side=True))
     out.run("wait() makes the current stream wait for the op", wait_orders_stream)
     out.run("an op under torch.cuda.stream(s) is ordered after s's work", side_stream)
     out.run("the Work's future orders .then() after the op", future_then)
@@ -292,11 +328,13 @@ def streams_main(rank: int, ws: int, mode: str) -> dict[str, dict[str, Any]]:
                 "send is ordered after the current stream's work; irecv's wait() orders the stream",
                 True,
             )
+    # Last: where it fails, the op times out and fails the group.
+    out.run(POOL_CHECK, every_pool_stream)
     dist.barrier()
     return out.results
 
 
-# Every mode's checks; HOST_ONLY and STREAM_ONLY are added per mode.
+# Every mode's checks; HOST_WAIT and STREAM_ONLY are added per mode.
 COMMON = (
     "all_reduce ordered after the current stream's work",
     "blocking all_reduce makes the current stream wait",
@@ -309,6 +347,7 @@ COMMON = (
     "wait() on another stream than the op's makes that stream wait",
     "the Work's future orders .then() after the op",
     "send is ordered after the current stream's work; irecv's wait() orders the stream",
+    POOL_CHECK,
 )
 
 
@@ -316,7 +355,8 @@ def checks(mode: str) -> tuple[str, ...]:
     return (
         f"the ranks run with UCXBACKEND_CUDA_WAIT={mode}",
         *COMMON,
-        *(HOST_ONLY if mode == "host" else STREAM_ONLY),
+        *HOST_WAIT,
+        *(STREAM_ONLY if mode == "stream" else ()),
     )
 
 

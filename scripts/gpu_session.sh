@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Everything a session lent a GPU runs for issue #20, in one bounded command (docs/cuda.md,
+# "A lent GPU session"):
+#
+#   bash scripts/gpu_session.sh            # writes to $OUT (the device tool's), else /tmp/gpu-session
+#
+# Steps, most telling first; each has its own time cap and a failing step does not stop the
+# rest (a later step may still say what is wrong):
+#   facts   the machine: GPU, driver, Python, torch, UCX, compilers
+#   wheels  installs the carried wheels (GPU_SESSION_WHEELS, .whl: libucx-cu13) into /tmp/site
+#   build   make gpu-build: checks, the build against this torch, the link tests, `info`
+#   smoke   make gpu-smoke: two ranks stage by stage, wait()'s host block on both cuda_wait modes
+#   bench   all_reduce 1-64 MiB on cuda: ucx, Gloo host-staged, nccl (skipped: one GPU), the
+#           device-to-device copy limit (issue #20's "Done means" table)
+#   tests   make gpu-tests over GPU_TESTS in importance order, JUnit to $OUT, in the time left
+#   chunks  if time is left: the bench on ucx alone with 64 MiB chunks (UCXBACKEND_CHUNK_BYTES)
+#   summary scripts/gpu_session_summary.py: the verdicts and the #20 figures, $OUT/summary.md
+# The whole run stays within GPU_SESSION_BUDGET_S (420 s: with a machine's start that leaves
+# room in a 15-minute device budget to rerun a part). Exit status: 0 when every step passed.
+set -u -o pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-session}
+PYTHON=${PYTHON:-python3}
+export OUT PYTHON
+BUDGET_S=${GPU_SESSION_BUDGET_S:-420}
+WHEELS=${GPU_SESSION_WHEELS:-.whl}
+export WHEELS
+mkdir -p "$OUT"
+# The in-place build, importable by the bench and its ranks as by make's steps.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# A hung world is failed after this many seconds (tests/gpu/cuda_harness.py; default 150).
+export UCXB_GPU_WORLD_TIMEOUT=${UCXB_GPU_WORLD_TIMEOUT:-90}
+START=$(date +%s)
+STEPS="$OUT/steps.tsv"
+: >"$STEPS"
+exec > >(tee -a "$OUT/session.log") 2>&1
+
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+
+# step NAME CAP_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log (or session.log
+# for the short steps), capped at CAP_S or the time left, whichever is less; records the
+# outcome in steps.tsv.
+step() {
+    local name=$1 cap=$2 log rc t0 t1
+    shift 2
+    local avail
+    avail=$(($(left) - 30)) # the kill's grace and the summary's time
+    if [ "$avail" -lt "$cap" ]; then cap=$avail; fi
+    if [ "$cap" -le 5 ]; then
+        echo "== $name: skipped, no time left"
+        printf '%s\tskipped\t0\n' "$name" >>"$STEPS"
+        return 1
+    fi
+    # $OUT keeps at most 8 files for the device tool: the bench's table goes to session.log.
+    case $name in facts | wheels | bench | chunks) log="" ;; *) log="$OUT/$name.log" ;; esac
+    echo "== $name (cap ${cap} s) $(date -u +%H:%M:%S)"
+    t0=$(date +%s)
+    export STEP_CAP=$cap
+    # timeout runs programs, not this script's functions: a function runs in a child bash.
+    local run=("$@")
+    if declare -F "$1" >/dev/null; then
+        run=(bash -c "$(declare -f "$1"); \"\$@\"" "$1" "$@")
+    fi
+    # SIGINT first: pytest then still writes its JUnit file for the tests that ended (timeout
+    # signals the step's whole process group, the ranks included); SIGKILL 15 s later.
+    if [ -n "$log" ]; then
+        timeout -s INT -k 15 "$cap" "${run[@]}" >"$log" 2>&1
+    else
+        timeout -s INT -k 15 "$cap" "${run[@]}"
+    fi
+    rc=$?
+    t1=$(date +%s)
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$((t1 - t0))" >>"$STEPS"
+    echo "== $name: exit $rc in $((t1 - t0)) s"
+    if [ "$rc" -ne 0 ] && [ -n "$log" ]; then tail -n 25 "$log"; fi
+    return "$rc"
+}
+
+facts() {
+    date -u +"date %Y-%m-%d %H:%M:%S UTC"
+    uname -r
+    nproc
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
+        echo "nvidia-smi failed"
+    "$PYTHON" - <<'EOF'
+import importlib.metadata as md
+import sys
+
+import torch
+
+print("python", sys.version.split()[0], sys.executable)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl available",
+      torch.distributed.is_nccl_available())
+for name in ("pytest", "pytest-xdist", "numpy", "ninja", "libucx-cu12", "libucx-cu13"):
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        print(name, "missing")
+EOF
+    for c in g++ gcc "${CXX:-}"; do [ -n "$c" ] && command -v "$c" >/dev/null && echo "$c: $($c --version | head -1)"; done
+    git log -1 --format="commit %H %s" 2>/dev/null || true
+}
+
+wheels() {
+    shopt -s nullglob
+    local found=("$WHEELS"/*.whl)
+    if [ ${#found[@]} -eq 0 ]; then
+        echo "no $WHEELS/*.whl carried"
+        return 0
+    fi
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "${found[@]}" || return 1
+    echo "installed into /tmp/site: ${found[*]}"
+}
+
+bench() {
+    "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 1M -e 64M -f 4 -n 20 -w 5 \
+        --timeout "$((STEP_CAP - 10))" --json "$OUT/bench.json" all_reduce
+}
+
+# The same all_reduce on ucx alone with 64 MiB chunks instead of 4 MiB: one device reduction
+# (and one host wait for it) per exchange instead of eight, where the time left allows.
+bench_big_chunks() {
+    UCXBACKEND_CHUNK_BYTES=64M "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 16M \
+        -e 64M -f 4 -n 20 -w 5 --backends ucx --timeout "$((STEP_CAP - 10))" all_reduce
+}
+
+# xdist's handing out of whole files in the order given needs --no-loadscope-reorder
+# (pytest-xdist 3.6); an older one hands them out its own way, and none runs them in turn.
+xdist_args() {
+    if ! "$PYTHON" -c 'import xdist' 2>/dev/null; then
+        echo ""
+    elif "$PYTHON" -m pytest --help 2>/dev/null | grep -q -- --no-loadscope-reorder; then
+        echo "-n ${GPU_TEST_JOBS:-4} --dist loadfile --no-loadscope-reorder"
+    else
+        echo "-n ${GPU_TEST_JOBS:-4} --dist loadfile"
+    fi
+}
+
+# The stream semantics and the reductions decide most; the rest follows. Each file is one or a
+# few two-rank worlds (test_cuda_routing four, in turn: it starts early so it does not end last).
+GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_reductions.py \
+tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_consumers.py \
+tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py"}
+
+step facts 30 facts
+if step wheels 60 wheels && [ -d /tmp/site ]; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+step build 240 make gpu-build PYTHON="$PYTHON"
+built=$?
+if [ "$built" -eq 0 ]; then
+    step smoke 70 make gpu-smoke PYTHON="$PYTHON"
+    step bench 150 bench
+    # The rest of the budget, less the summary's time, is the tests'; the harness fails a hung
+    # world after UCXB_GPU_WORLD_TIMEOUT.
+    step tests 100000 make gpu-tests PYTHON="$PYTHON" GPU_TESTS="$GPU_TESTS" \
+        GPU_XDIST="$(xdist_args)" \
+        PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
+    step chunks 90 bench_big_chunks
+else
+    echo "== the build failed: no smoke, bench or tests"
+fi
+"$PYTHON" scripts/gpu_session_summary.py "$OUT" | tee "$OUT/summary.md"
+awk -F'\t' '$2 != 0 { bad = 1 } END { exit bad }' "$STEPS"

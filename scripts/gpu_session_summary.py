@@ -1,0 +1,158 @@
+"""The verdicts of a GPU session (scripts/gpu_session.sh) in one short Markdown page.
+
+    python scripts/gpu_session_summary.py OUT_DIR
+
+Reads what the session left in OUT_DIR: ``steps.tsv`` (step, exit status, seconds),
+``junit.xml`` (tests/gpu), ``bench.json`` (the bench's all_reduce on cuda) and ``smoke.log``
+(scripts/gpu_smoke.py). Prints, with whatever of them exists:
+
+* each step's exit status and time;
+* the tests' counts per file, every failure with the first lines of its message, and the
+  properties tests recorded (``record_property``: what a test measured without judging it);
+* issue #20's "Done means" figures at the largest size the bench ran (64 MiB): ucx's busbw
+  against Gloo's on the same tensors (target: at least 5x) and against the device-to-device
+  copy's bandwidth (target: at least 0.5x), and how long ``wait()`` held the host in the smoke,
+  per ``cuda_wait`` mode.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+GLOO_TARGET = 5.0
+COPY_TARGET = 0.5
+MAX_FAILURES = 25
+
+
+def steps(out: Path) -> list[str]:
+    path = out / "steps.tsv"
+    if not path.exists():
+        return ["(no steps.tsv)"]
+    lines = ["| step | exit | seconds |", "| --- | --- | --- |"]
+    for row in path.read_text().splitlines():
+        name, rc, secs = [*row.split("\t"), "", "", ""][:3]
+        lines.append(f"| {name} | {rc} | {secs} |")
+    return lines
+
+
+def _outcome(case: ET.Element) -> tuple[str, str]:
+    if case.get("name") is None:  # what pytest writes for a test an interrupt stopped
+        return "interrupted", ""
+    for kind in ("failure", "error"):
+        found = case.find(kind)
+        if found is not None:
+            text = (found.get("message") or found.text or "").strip()
+            return kind, " / ".join(text.splitlines()[:3])[:400]
+    if case.find("skipped") is not None:
+        return "skipped", ""
+    return "passed", ""
+
+
+def tests(out: Path) -> list[str]:
+    path = out / "junit.xml"
+    if not path.exists():
+        return ["(no junit.xml: the tests did not run or were killed before they ended)"]
+    root = ET.parse(path).getroot()
+    per_file: dict[str, Counter[str]] = {}
+    failures: list[str] = []
+    props: list[str] = []
+    for case in root.iter("testcase"):
+        where = (case.get("classname") or "?").rsplit(".", 1)[-1]
+        kind, text = _outcome(case)
+        per_file.setdefault(where, Counter())[kind] += 1
+        if kind in ("failure", "error"):
+            failures.append(f"- `{where}::{case.get('name')}` ({kind}): {text}")
+        for prop in case.iter("property"):
+            props.append(f"- `{case.get('name')}`: {prop.get('name')} = {prop.get('value')}")
+    total: Counter[str] = sum(per_file.values(), Counter())
+    stopped = total["interrupted"]
+    lines = [
+        f"{total['passed']} passed, {total['failure']} failed, {total['error']} errors, "
+        f"{total['skipped']} skipped"
+        + (f", {stopped} interrupted (the time ran out)" if stopped else ""),
+        "",
+        "| file | passed | failed | errors | skipped |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, c in per_file.items():
+        lines.append(f"| {name} | {c['passed']} | {c['failure']} | {c['error']} | {c['skipped']} |")
+    if failures:
+        lines += ["", f"Failures ({len(failures)}; the first {MAX_FAILURES}):"]
+        lines += failures[:MAX_FAILURES]
+    if props:
+        lines += ["", "Recorded by the tests:", *props]
+    return lines
+
+
+def _largest(records: list[dict[str, Any]], key: str = "bytes") -> int | None:
+    sizes = [r[key] for r in records if r.get(key) is not None]
+    return max(sizes) if sizes else None
+
+
+def bench(out: Path) -> list[str]:
+    path = out / "bench.json"
+    if not path.exists():
+        return ["(no bench.json)"]
+    doc = json.loads(path.read_text())
+    results = [r for r in doc.get("results", []) if r.get("collective") == "all_reduce"]
+    size = _largest(results)
+    if size is None:
+        return ["(bench.json holds no all_reduce result)"]
+    at = {r["backend"]: r for r in results if r["bytes"] == size}
+    copy = next((r for r in doc.get("limits", []) if r.get("bytes") == size), None)
+    lines = [f"all_reduce of {size / (1 << 20):g} MiB, {doc.get('world_size')} ranks:"]
+    for name, r in at.items():
+        busbw = r.get("busbw")
+        shown = f"{busbw:.2f} GB/s" if busbw is not None else f"none ({r.get('error')})"
+        wrong = r.get("wrong")
+        lines.append(f"- {name}: busbw {shown}, {'unchecked' if wrong is None else wrong} wrong")
+    copy_bw = copy.get("bandwidth") if copy else None
+    lines.append(f"- d2d copy: {copy_bw:.2f} GB/s" if copy_bw else "- d2d copy: not measured")
+    ucx = (at.get("ucx") or {}).get("busbw")
+    gloo = next((r.get("busbw") for name, r in at.items() if name.startswith("gloo")), None)
+    if ucx and gloo:
+        ratio = ucx / gloo
+        met = "met" if ratio >= GLOO_TARGET else "NOT met"
+        lines.append(f"- ucx / Gloo: {ratio:.1f}x (target {GLOO_TARGET:g}x: {met})")
+    if ucx and copy_bw:
+        ratio = ucx / copy_bw
+        met = "met" if ratio >= COPY_TARGET else "NOT met"
+        lines.append(f"- ucx / d2d copy: {ratio:.2f}x (target {COPY_TARGET:g}x: {met})")
+    return lines
+
+
+def smoke(out: Path) -> list[str]:
+    path = out / "smoke.log"
+    if not path.exists():
+        return ["(no smoke.log)"]
+    text = path.read_text(errors="replace").splitlines()
+    wanted = ("wait() blocked the host", "busbw", "gpu_smoke:")
+    picked = [line.strip() for line in text if any(w in line for w in wanted)]
+    return [f"    {line}" for line in picked] or ["(the smoke printed no timing or verdict)"]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    out = Path(argv[1])
+    sections = [
+        ("Steps", steps(out)),
+        ("tests/gpu", tests(out)),
+        ("Bench (issue #20's table)", bench(out)),
+        ("Smoke: busbw and wait()'s host block per cuda_wait mode", smoke(out)),
+    ]
+    for title, lines in sections:
+        print(f"## {title}\n")
+        print("\n".join(lines))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

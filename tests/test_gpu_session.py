@@ -1,0 +1,143 @@
+"""scripts/gpu_session.sh and its summary, on a machine without a GPU.
+
+* The summary reads a session's files: a bench document made by the bench's own report code
+  (so a change of its JSON breaks this test, not the GPU session), JUnit with a failure, a
+  recorded property and a test that the time running out stopped, the steps and the smoke's
+  lines; it says whether issue #20's targets (ucx >= 5x Gloo, >= 0.5x the d2d copy at
+  64 MiB) are met, on both sides of each target.
+* The script itself runs here end to end: its steps run under their caps (functions too),
+  the build step fails at once on a torch without CUDA, the rest is skipped, the summary is
+  written, and the exit status says that a step failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ucxbackend.bench import report as bench_report
+from ucxbackend.bench import sizes as bench_sizes
+from ucxbackend.bench import timing as bench_timing
+
+REPO = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.gpu.test_cuda_streams" name="test_stream_semantics[host-x]"/>
+<testcase classname="tests.gpu.test_cuda_streams" name="test_stream_semantics[stream-y]">
+<failure message="AssertionError: [rank 0] wait() returned after 0.512 s">tb</failure>
+</testcase>
+<testcase classname="tests.gpu.test_cuda_signed_zero" name="test_device_tie_rule">
+<properties><property name="minimum(-0,+0)" value="-0.0"/></properties>
+</testcase>
+<testcase time="0.000" />
+</testsuite></testsuites>
+"""
+
+
+def _m(us: float) -> bench_timing.Measurement:
+    return bench_timing.Measurement(True, None, dict.fromkeys(("mean", "median", "min", "max"), us))
+
+
+def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
+    rows = [
+        bench_report.Row(
+            bench_sizes.layout_for("all_reduce", size, 4, 2),
+            "float",
+            "sum",
+            -1,
+            {"ucx": _m(ucx_us * size / (64 * MiB)), "gloo": _m(gloo_us * size / (64 * MiB))},
+            limit=_m(copy_us * size / (64 * MiB)),
+        )
+        for size in (MiB, 64 * MiB)
+    ]
+    doc = {
+        "world_size": 2,
+        "results": bench_report.row_records(rows, "mean", 2),
+        "limits": bench_report.limit_records(rows, "mean"),
+    }
+    (tmp / "bench.json").write_text(json.dumps(doc))
+    (tmp / "junit.xml").write_text(JUNIT)
+    (tmp / "steps.tsv").write_text("facts\t0\t1\nbuild\t0\t40\ntests\t1\t200\n")
+    (tmp / "smoke.log").write_text(
+        "[rank 0] ok 0.6 s  wait() after a kernel, cuda_wait=stream: "
+        "wait() blocked the host 0.004 s (the kernel before the op: 0.5 s or more)\n"
+        "noise\ngpu_smoke: passed in 12.0 s\n"
+    )
+    return tmp
+
+
+def _summary(out: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_session_summary.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_summary_targets_met(tmp_path: Path) -> None:
+    # 64 MiB: ucx 1000 us (67.1 GB/s busbw at 2 ranks), Gloo 10x slower, the copy 2x faster.
+    text = _summary(_session(tmp_path, 1000.0, 10_000.0, 500.0))
+    assert "all_reduce of 64 MiB" in text
+    assert "- ucx: busbw 67.11 GB/s" in text
+    assert "ucx / Gloo: 10.0x (target 5x: met)" in text
+    assert "ucx / d2d copy: 0.50x (target 0.5x: met)" in text
+    # The nameless test case: what pytest writes for a test that SIGINT stopped.
+    assert "2 passed, 1 failed, 0 errors, 0 skipped, 1 interrupted" in text
+    assert "test_stream_semantics[stream-y]` (failure): AssertionError" in text
+    assert "minimum(-0,+0) = -0.0" in text
+    assert "wait() blocked the host 0.004 s" in text and "noise" not in text
+    assert "| tests | 1 | 200 |" in text
+
+
+def test_summary_targets_missed(tmp_path: Path) -> None:
+    text = _summary(_session(tmp_path, 1000.0, 4_900.0, 190.0))
+    assert "ucx / Gloo: 4.9x (target 5x: NOT met)" in text
+    assert "ucx / d2d copy: 0.19x (target 0.5x: NOT met)" in text
+
+
+def test_summary_of_an_empty_session(tmp_path: Path) -> None:
+    text = _summary(tmp_path)
+    for what in ("steps.tsv", "junit.xml", "bench.json", "smoke.log"):
+        assert f"(no {what}" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("torch").version.cuda is not None, reason="the build step would run on CUDA torch"
+)
+def test_session_script_without_a_gpu(tmp_path: Path) -> None:
+    wheels = tmp_path / "no-wheels"
+    wheels.mkdir()
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "GPU_SESSION_BUDGET_S": "120",
+        "GPU_SESSION_WHEELS": str(wheels),
+    }
+    env.pop("MAKEFLAGS", None)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_session.sh")],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    steps = [line.split("\t") for line in (tmp_path / "steps.tsv").read_text().splitlines()]
+    assert [s[:2] for s in steps] == [["facts", "0"], ["wheels", "0"], ["build", "2"]], steps
+    assert "built without CUDA" in (tmp_path / "build.log").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| build | 2 |" in summary and "(no junit.xml" in summary
+    log = (tmp_path / "session.log").read_text()
+    assert "torch " in log and f"no {wheels}/*.whl carried" in log
