@@ -1314,6 +1314,13 @@ void testMultipathRateLimited() {
         opTimeCase(bytes, ops, links, config);
       }
     }
+    // And aimd without the rate limit (multipath_op_time's network), where adaptive's
+    // windows per path meet losses only on path 1.
+    std::printf("no rate limit, congestion=aimd\n");
+    for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
+                                     {size_t{16} << 20, 5}}) {
+      opTimeCase(bytes, ops, "", "congestion=aimd");
+    }
     return;
   }
   for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 10}, {size_t{4} << 20, 5}}) {

@@ -11,7 +11,9 @@
 //              (1 / (1 + 400 x excess); the losses loss detection declares, not a timeout's,
 //              and not those that a late ACK shows were none), and a path whose smoothed RTT
 //              is well above the best path's is weighted down in proportion (the per-path signals of UET's NSCC and
-//              UCCL's path selection, in miniature).
+//              UCCL's path selection, in miniature). Under congestion=aimd each path has a
+//              window of its own (congestion_coupled.h): choose() is given the paths with
+//              room, and weighs them by RTT alone.
 // Under every policy a retransmission avoids the path its content was last lost on.
 #pragma once
 
