@@ -31,6 +31,7 @@
 #include "tests/cpp/check.h"
 #include "tests/udp_sim/simulator.h"
 #include "transports/udp/congestion.h"
+#include "transports/udp/congestion_coupled.h"
 #include "transports/udp/congestion_bdp.h"
 #include "transports/udp/congestion_credit.h"
 #include "transports/udp/credit_scheduler.h"
@@ -896,6 +897,43 @@ void testFaults() {
   CHECK_EQ(corruptedButAccepted, uint64_t{0});
 }
 
+// aimd under path_policy=adaptive: a window per path, LIA-coupled (congestion_coupled.h).
+void testCoupledWindows() {
+  CoupledAimdCongestionControl c(4, 32, 2);
+  CHECK(c.pathWindows() == &c);
+  for (uint32_t p = 0; p < 4; ++p) CHECK_EQ(c.pathWindowPackets(p), uint64_t{8});  // 32 / 4
+  CHECK_EQ(c.windowPackets(), uint64_t{32});
+  CHECK(c.pathHasRoom(1, 7) && !c.pathHasRoom(1, 8));
+  // A loss on path 1 halves path 1's window and no other.
+  c.onPathLost(1, 5, 100, 1);
+  CHECK_EQ(c.pathWindowPackets(1), uint64_t{4});
+  for (uint32_t p : {0u, 2u, 3u}) CHECK_EQ(c.pathWindowPackets(p), uint64_t{8});
+  c.onPathLost(1, 50, 110, 2);  // sent before the cut: the same round, no second cut
+  CHECK_EQ(c.pathWindowPackets(1), uint64_t{4});
+  // Every loss of that cut shown late (acknowledged after all): the cut is undone.
+  c.onPathSpuriousLoss(1);
+  c.onPathSpuriousLoss(1);
+  CHECK_EQ(c.pathWindowPackets(1), uint64_t{4});
+  c.onPathSpuriousLoss(1);
+  CHECK_EQ(c.pathWindowPackets(1), uint64_t{8});
+  // Congestion avoidance on four equal paths of 5 packets: LIA adds 1/80 per ACK (alpha /
+  // total, alpha = 20 x 5 / 20^2), so 400 ACKs (twenty round trips) grow the total by 4 to 5
+  // packets, as one Reno window on one of the paths would grow in 20 of its round trips;
+  // four uncoupled Reno windows would grow each path to about 15 (60 in all).
+  CoupledAimdCongestionControl d(4, 40, 2);
+  for (uint32_t p = 0; p < 4; ++p) {
+    d.setPathRtt(p, 100);
+    d.onPathLost(p, 1, 1, 1);  // each at 5: out of slow start
+  }
+  for (int i = 0; i < 100; ++i) {
+    for (uint32_t p = 0; p < 4; ++p) d.onPathAcked(p, 2, 3);
+  }
+  CHECK_MSG(d.windowPackets() == 24, std::to_string(d.windowPackets()));
+  // A timeout blames no path: every window to the floor.
+  d.onRetransmissionTimeout(10);
+  for (uint32_t p = 0; p < 4; ++p) CHECK_EQ(d.pathWindowPackets(p), uint64_t{2});
+}
+
 void testRttAndCongestion() {
   RttEstimator r(1000);
   CHECK(!r.hasSample());
@@ -931,6 +969,7 @@ void testRttAndCongestion() {
   NoCongestionControl none;
   none.onPacketsLost(1, 2);
   CHECK(none.windowPackets() > 1'000'000);
+  testCoupledWindows();
 }
 
 void testLossless() {

@@ -870,16 +870,18 @@ void testTraceCredit() {
 
 // Every pair of `nodes` ranks sends each other messages of several sizes with spraying over
 // `paths` paths (pathFaults: per path); every byte must arrive, once, where it belongs.
-void multipathExchange(const std::string& policy, int nodes, const std::string& faults) {
+void multipathExchange(const std::string& policy, int nodes, const std::string& faults,
+                       const std::string& congestion = "none") {
   EndpointOptions options = smallOptions();
   options.config.paths = 3;
   options.config.pathPolicy = policy;
+  options.config.congestion = congestion;
   options.pathFaults = parseFaultPaths(faults);
   options.faults = options.pathFaults.front();
   EndpointNetwork net(nodes, options);
   AllPairsExchange exchange(net, {size_t{10}, size_t{4000}, size_t{60'000}, size_t{300'000}},
                             /*anySource=*/false);
-  exchange.run(120 * kSecond, policy + " " + faults);
+  exchange.run(120 * kSecond, policy + " " + congestion + " " + faults);
   for (int n = 0; n < nodes; ++n) {
     const Stats s = net.endpoint(n)->peerStats((n + 1) % nodes);
     CHECK_EQ(s.paths.size(), size_t{3});
@@ -894,11 +896,14 @@ void multipathExchange(const std::string& policy, int nodes, const std::string& 
 }
 
 void testMultipathFaultMatrix() {
-  for (const std::string policy : {"spray", "adaptive"}) {
+  // adaptive under aimd keeps a window per path (congestion_coupled.h): its own row.
+  for (const auto& [policy, congestion] : {std::pair{"spray", "none"}, {"adaptive", "none"},
+                                           {"adaptive", "aimd"}}) {
     // The fault matrix on every path, then each fault at 30% on path 1 only.
-    multipathExchange(policy, 3, "drop=0.05,dup=0.05,reorder=0.05,delay=0.02,corrupt=0.02,seed=5");
+    multipathExchange(policy, 3, "drop=0.05,dup=0.05,reorder=0.05,delay=0.02,corrupt=0.02,seed=5",
+                      congestion);
     for (const std::string fault : {"drop", "dup", "reorder", "corrupt"}) {
-      multipathExchange(policy, 2, "seed=9;" + fault + "=0.3");
+      multipathExchange(policy, 2, "seed=9;" + fault + "=0.3", congestion);
     }
   }
 }
@@ -1287,16 +1292,16 @@ void testCreditReceiverStall() {
 }
 
 // The comparison as a researcher sets it up on a fabric: every path a 2 Gbit/s link with a
-// 64-packet drop-tail queue, and a congestion policy that reacts to loss (aimd: one window
-// for the connection, halved once per round trip with losses). Here the lossy path costs
-// round-robin far more than above (its 1.25% aggregate loss keeps the shared window small),
-// so the 1.5x is within the bound (clean / round-robin 1.8-1.9x); but adaptive, by
-// moving its packets off path 1, also gives up a quarter of the capacity, and its window is
-// still cut by losses the time threshold declares on the loaded paths (most of them
-// spurious): 1.45x at 1 MiB, 1.00x at 4 and 16 MiB (docs/udp-protocol.md). The test holds
-// what is true today: the bound leaves room for 1.5x, and adaptive, with a trickle on the
-// lossy path, is no slower than round-robin. UCXB_MULTIPATH_SWEEP=1 prints the table of the
-// docs instead (every congestion policy; 1, 4 and 16 MiB; minutes).
+// 64-packet drop-tail queue, and a congestion policy that reacts to loss. Round-robin under
+// aimd has one window for the connection, halved once per round trip with losses, so the
+// lossy path's 1.25% aggregate loss keeps it small (clean / round-robin 1.7-1.9x). adaptive
+// under aimd keeps a window per path, LIA-coupled (congestion_coupled.h): path 1's losses
+// cut path 1's window only, and path 1 carries what its window allows instead of a trickle.
+// Guarded here (deterministic, the shorter runs of this test): adaptive at least 1.45x
+// round-robin at 1 MiB and 1.2x at 4 MiB (1.47x, 1.21x reached; with one shared window it
+// was 1.42x and 0.97x), with path 1 in use beyond the trickle a loss weight leaves it
+// (5-20% of the packets). UCXB_MULTIPATH_SWEEP=1 prints the table of the docs instead
+// (every congestion policy; 1, 4 and 16 MiB).
 void testMultipathRateLimited() {
   const std::string links = ",rate_mbps=2000,queue=64,mark_above=16";
   if (std::getenv("UCXB_MULTIPATH_SWEEP") != nullptr) {
@@ -1309,15 +1314,24 @@ void testMultipathRateLimited() {
         opTimeCase(bytes, ops, links, config);
       }
     }
+    // And aimd without the rate limit (multipath_op_time's network), where adaptive's
+    // windows per path meet losses only on path 1.
+    std::printf("no rate limit, congestion=aimd\n");
+    for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
+                                     {size_t{16} << 20, 5}}) {
+      opTimeCase(bytes, ops, "", "congestion=aimd");
+    }
     return;
   }
   for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 10}, {size_t{4} << 20, 5}}) {
     const OpTimeCase c = opTimeCase(bytes, ops, links, "congestion=aimd");
     const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
     const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
+    const double share = pathShare(c.adaptive.stats, 1);
     CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
-    CHECK_MSG(ratio >= 0.95, std::to_string(bytes) + ": " + std::to_string(ratio));
-    CHECK_MSG(pathShare(c.adaptive.stats, 1) < 0.05, std::to_string(pathShare(c.adaptive.stats, 1)));
+    CHECK_MSG(ratio >= (bytes == size_t{1} << 20 ? 1.45 : 1.2),
+              std::to_string(bytes) + ": " + std::to_string(ratio));
+    CHECK_MSG(share > 0.05 && share < 0.2, std::to_string(share));
   }
 }
 

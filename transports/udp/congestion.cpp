@@ -4,6 +4,7 @@
 
 #include "transports/config/key_values.h"
 #include "transports/udp/congestion_bdp.h"
+#include "transports/udp/congestion_coupled.h"
 #include "transports/udp/congestion_credit.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
@@ -11,9 +12,6 @@
 
 namespace ucxb::udp {
 namespace {
-
-// Far beyond any send window; only keeps an application-limited window from growing forever.
-constexpr uint64_t kMaxWindow = uint64_t{1} << 24;
 
 struct Registration {
   const char* name;
@@ -27,6 +25,12 @@ const Registration kRegistry[] = {
        return std::make_unique<NoCongestionControl>();
      }},
     {"aimd", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
+       // adaptive over several paths keeps a window per path (congestion_coupled.h): one
+       // lossy path then cuts its own window, not the connection's.
+       if (c.paths > 1 && c.pathPolicy == "adaptive") {
+         return std::make_unique<CoupledAimdCongestionControl>(c.paths, c.initialCwndPackets,
+                                                               c.minCwndPackets);
+       }
        return std::make_unique<AimdCongestionControl>(c.initialCwndPackets, c.minCwndPackets);
      }},
     {"delay", [](const UdpConfig& c) -> std::unique_ptr<CongestionControl> {
@@ -58,7 +62,7 @@ PacketWindow::PacketWindow(uint64_t initial, uint64_t minimum)
       window_(std::max(static_cast<double>(initial), minimum_)) {}
 
 void PacketWindow::grow(double packets) {
-  window_ = std::min(static_cast<double>(kMaxWindow), window_ + packets);
+  window_ = std::min(static_cast<double>(kMaxCongestionWindow), window_ + packets);
 }
 
 void PacketWindow::cut(double factor, TimeUs now) {
@@ -82,10 +86,10 @@ void AimdCongestionControl::onPacketAcked(TimeUs sentTime, TimeUs) {
   // Packets sent before the last reduction describe the old window: they do not grow the new one.
   if (reduced_ && sentTime <= recoveryStart_) return;
   if (window_ < slowStartThreshold_) {
-    window_ = std::min(window_ + 1, kMaxWindow);
+    window_ = std::min(window_ + 1, kMaxCongestionWindow);
   } else if (++ackedTowardsIncrease_ >= window_) {
     ackedTowardsIncrease_ = 0;
-    window_ = std::min(window_ + 1, kMaxWindow);
+    window_ = std::min(window_ + 1, kMaxCongestionWindow);
   }
 }
 

@@ -14,8 +14,13 @@
 
 namespace ucxb::udp {
 
+class CreditCongestionControl;      // congestion_credit.h
+class CoupledAimdCongestionControl;  // congestion_coupled.h
+
+// Far beyond any send window; only keeps an application-limited window from growing forever.
+constexpr uint64_t kMaxCongestionWindow = uint64_t{1} << 24;
+
 // What one ACK frame told the sender, after the per-packet onPacketAcked calls.
-class CreditCongestionControl;  // congestion_credit.h
 
 struct AckSignal {
   TimeUs now = 0;
@@ -50,6 +55,10 @@ class CongestionControl {
   // A receiver-driven policy (congestion_credit.h) sends DATA only against the receiver's
   // credit, which the connection exchanges for it; the window-based ones have none.
   virtual CreditCongestionControl* credits() { return nullptr; }
+  // A policy with a window per path (congestion_coupled.h: `aimd` under path_policy=adaptive)
+  // is told of ACKs and losses per path, and the path selector sends only where a path's
+  // window has room; the others have one window for the connection.
+  virtual CoupledAimdCongestionControl* pathWindows() { return nullptr; }
 };
 
 // A window in (fractional) packets, between a floor and a ceiling far beyond any send window,

@@ -42,7 +42,9 @@ PathSelector::PathSelector(uint32_t paths, const std::string& policy)
       paths_(std::max<uint32_t>(paths, 1)) {}
 
 double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const {
-  double w = lossWeight(p.lossRate - bestLoss);
+  // With a window per path, the window already prices the path's loss (a 5% path runs at
+  // what Reno allows it); weighing it down as well would give up that rate.
+  double w = windowPerPath_ ? 1.0 : lossWeight(p.lossRate - bestLoss);
   if (bestRtt > 0 && p.stats.rttSmoothedUs > 0) {
     const double ratio = static_cast<double>(p.stats.rttSmoothedUs) /
                          (kRttSlack * static_cast<double>(bestRtt));
@@ -51,17 +53,17 @@ double PathSelector::effectiveWeight(const Path& p, DurationUs bestRtt, double b
   return std::max(w, kMinWeight);
 }
 
-uint32_t PathSelector::next(uint32_t avoid) {
+uint32_t PathSelector::next(uint32_t allowed) {
   const uint32_t n = paths();
   if (n == 1 || policy_ == Policy::kSingle) return 0;
+  const auto isAllowed = [allowed](uint32_t p) { return ((allowed >> p) & 1u) != 0; };
   if (policy_ == Policy::kSpray) {
-    uint32_t p = turn_;
-    turn_ = (turn_ + 1) % n;
-    if (p == avoid) {
-      p = turn_;
+    // The next allowed path in turn (choose() leaves at least one allowed).
+    for (;;) {
+      const uint32_t p = turn_;
       turn_ = (turn_ + 1) % n;
+      if (isAllowed(p)) return p;
     }
-    return p;
   }
   // Smooth weighted round-robin (deterministic, interleaves paths rather than bursting).
   DurationUs bestRtt = 0;
@@ -73,23 +75,29 @@ uint32_t PathSelector::next(uint32_t avoid) {
     bestLoss = std::min(bestLoss, p.lossRate);
   }
   double total = 0;
+  uint32_t best = UINT32_MAX;
   for (uint32_t i = 0; i < n; ++i) {
-    if (i == avoid) continue;
+    if (!isAllowed(i)) continue;
     Path& p = paths_[i];
     const double w = effectiveWeight(p, bestRtt, bestLoss);
     p.credit += w;
     total += w;
-  }
-  uint32_t best = avoid == 0 ? 1 : 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    if (i != avoid && paths_[i].credit > paths_[best].credit) best = i;
+    if (best == UINT32_MAX || p.credit > paths_[best].credit) best = i;
   }
   paths_[best].credit -= total;
   return best;
 }
 
-uint32_t PathSelector::choose(bool retransmission) {
-  return next(retransmission ? lastLost_ : UINT32_MAX);
+uint32_t PathSelector::choose(bool retransmission, uint32_t allowed) {
+  const uint32_t n = paths();
+  const uint32_t every = (uint32_t{1} << n) - 1;  // n <= kMaxPaths < 32
+  allowed &= every;
+  if (allowed == 0) allowed = every;
+  if (retransmission && lastLost_ < n) {
+    const uint32_t others = allowed & ~(uint32_t{1} << lastLost_);
+    if (others != 0) allowed = others;
+  }
+  return next(allowed);
 }
 
 uint32_t PathSelector::chooseControl() {

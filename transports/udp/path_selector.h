@@ -11,7 +11,9 @@
 //              (1 / (1 + 400 x excess); the losses loss detection declares, not a timeout's,
 //              and not those that a late ACK shows were none), and a path whose smoothed RTT
 //              is well above the best path's is weighted down in proportion (the per-path signals of UET's NSCC and
-//              UCCL's path selection, in miniature).
+//              UCCL's path selection, in miniature). Under congestion=aimd each path has a
+//              window of its own (congestion_coupled.h): choose() is given the paths with
+//              room, and weighs them by RTT alone.
 // Under every policy a retransmission avoids the path its content was last lost on.
 #pragma once
 
@@ -27,6 +29,8 @@ namespace ucxb::udp {
 
 // Most paths (sockets per rank) a group may use.
 constexpr uint32_t kMaxPaths = 16;
+// A set of paths as a bit mask (bit p: path p); every path.
+constexpr uint32_t kAllPaths = (uint32_t{1} << kMaxPaths) - 1;
 
 class PathSelector {
  public:
@@ -34,8 +38,11 @@ class PathSelector {
   PathSelector(uint32_t paths, const std::string& policy);
 
   uint32_t paths() const { return static_cast<uint32_t>(paths_.size()); }
-  // The path of the next reliable packet; a retransmission avoids the path of the last loss.
-  uint32_t choose(bool retransmission);
+  // The path of the next reliable packet, among the paths whose bit is set in `allowed` (those
+  // whose window has room, when the congestion policy keeps one per path; at least one bit of
+  // the first paths() set). A retransmission avoids the path of the last loss when another
+  // is allowed.
+  uint32_t choose(bool retransmission, uint32_t allowed = kAllPaths);
   // The path of an ACK or NACK: the best path (adaptive), else the next in turn.
   uint32_t chooseControl();
   void onSent(uint32_t path, bool retransmission);
@@ -47,6 +54,10 @@ class PathSelector {
   void onSpuriousLoss(uint32_t path);
 
   const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
+  // The congestion policy keeps a window per path (congestion_coupled.h), and choose() is
+  // given the paths with room: adaptive then weighs paths by RTT only, since each path's
+  // window already answers for its losses.
+  void setWindowPerPath() { windowPerPath_ = true; }
 
  private:
   enum class Policy : uint8_t { kSingle, kSpray, kAdaptive };
@@ -56,9 +67,10 @@ class PathSelector {
     double credit = 0.0;  // smooth weighted round-robin's running score
   };
   double effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const;
-  uint32_t next(uint32_t avoid);
+  uint32_t next(uint32_t allowed);
 
   Policy policy_;
+  bool windowPerPath_ = false;
   std::vector<Path> paths_;
   uint32_t turn_ = 0;
   uint32_t controlTurn_ = 0;

@@ -1,6 +1,7 @@
 #include "transports/udp/reliability.h"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 
 namespace ucxb::udp {
@@ -43,6 +44,8 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
   creditScheduler_ = credits;
   creditSlot_ = creditScheduler_->join();
   credit_ = congestion_->credits();
+  pathWindows_ = congestion_->pathWindows();
+  if (pathWindows_ != nullptr) paths_.setWindowPerPath();
 }
 
 MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
@@ -193,7 +196,10 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   stats_.lateAcks += ackResult_.lateAcks;
   stats_.spuriousRetransmissions += ackResult_.lateDataAcks;
   if (ackResult_.lateDataAcks > 0) lossRecovery_->onSpuriousRetransmission();
-  for (const uint32_t path : ackResult_.spuriousLossPaths) paths_.onSpuriousLoss(path);
+  for (const uint32_t path : ackResult_.spuriousLossPaths) {
+    paths_.onSpuriousLoss(path);
+    if (pathWindows_ != nullptr) pathWindows_->onPathSpuriousLoss(path);
+  }
   AckSignal signal;
   signal.now = now;
   if (ackResult_.rttSampleSentTime && now >= *ackResult_.rttSampleSentTime) {
@@ -214,7 +220,12 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     paths_.onAcked(p.path, now >= p.sentTime ? now - p.sentTime : 0);
     // RFC 9002's 9/8 of the RTT, of this path's own.
     if (paths_.paths() > 1) sent_.setPathLossDelay(p.path, paths_.stats(p.path).rttSmoothedUs * 9 / 8);
-    congestion_->onPacketAcked(p.sentTime, now);
+    if (pathWindows_ != nullptr) {
+      pathWindows_->setPathRtt(p.path, paths_.stats(p.path).rttSmoothedUs);
+      pathWindows_->onPathAcked(p.path, p.sentTime, now);
+    } else {
+      congestion_->onPacketAcked(p.sentTime, now);
+    }
     if (p.content.kind == PacketContent::Kind::kData) sender_.onAcked(p.content);
   }
   signal.ackedPackets = ackResult_.newlyAcked.size();
@@ -268,8 +279,13 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   if (lossRecovery_->inOrderOnly()) restartPending_ = true;
   backlogChanged_ = true;  // lost content is backlog again
   TimeUs newestSent = 0;
+  std::array<TimeUs, kMaxPaths> pathNewestSent{};
+  std::array<uint64_t, kMaxPaths> pathLost{};
   for (SentPacket& p : lost) {
     newestSent = std::max(newestSent, p.sentTime);
+    const uint32_t path = p.path % kMaxPaths;
+    pathNewestSent[path] = std::max(pathNewestSent[path], p.sentTime);
+    ++pathLost[path];
     paths_.onLost(p.path, cause == LossCause::kTimeout);
     switch (p.content.kind) {
       case PacketContent::Kind::kData: sender_.onLost(std::move(p.content)); break;
@@ -278,13 +294,17 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
     }
   }
   lost.clear();
-  switch (cause) {
-    case LossCause::kDetected:
-      lossRecovery_->onLossDeclared();
-      congestion_->onPacketsLost(newestSent, now);
-      break;
-    case LossCause::kNacked: congestion_->onPacketsTrimmed(newestSent, now); break;
-    case LossCause::kTimeout: break;
+  if (cause == LossCause::kDetected) lossRecovery_->onLossDeclared();
+  if (cause == LossCause::kTimeout) return;
+  if (pathWindows_ != nullptr) {
+    // Each path's window reacts to its own losses (a trim, like a loss, is congestion there).
+    for (uint32_t path = 0; path < kMaxPaths; ++path) {
+      if (pathLost[path] > 0) pathWindows_->onPathLost(path, pathNewestSent[path], now, pathLost[path]);
+    }
+  } else if (cause == LossCause::kDetected) {
+    congestion_->onPacketsLost(newestSent, now);
+  } else {
+    congestion_->onPacketsTrimmed(newestSent, now);
   }
 }
 
@@ -333,8 +353,20 @@ std::optional<TimeUs> PeerConnection::keepaliveDeadline() const {
   return std::max(lastHeard_, lastActivity_) + config_.keepaliveUs;
 }
 
+uint32_t PeerConnection::pathsWithRoom() const {
+  if (pathWindows_ == nullptr) return kAllPaths;
+  uint32_t room = 0;
+  for (uint32_t p = 0; p < pathWindows_->paths(); ++p) {
+    if (pathWindows_->pathHasRoom(p, sent_.pathInFlightCount(p))) room |= uint32_t{1} << p;
+  }
+  return room;
+}
+
 bool PeerConnection::windowFull() const {
-  if (sent_.inFlightCount() >= congestion_->windowPackets()) return true;
+  if (pathWindows_ != nullptr ? pathsWithRoom() == 0
+                              : sent_.inFlightCount() >= congestion_->windowPackets()) {
+    return true;
+  }
   // One datagram always fits an empty window.
   return sent_.inFlightBytes() > 0 &&
          sent_.inFlightBytes() + config_.mtuPayload > config_.sendWindowBytes;
@@ -406,7 +438,8 @@ size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t 
     ++stats_.retransmittedPackets;
     stats_.retransmittedBytes += content.length;
   }
-  transmitPath_ = paths_.choose(retransmission);
+  // A probe goes out whatever the windows say: on a path with room if there is one.
+  transmitPath_ = paths_.choose(retransmission, pathsWithRoom());
   paths_.onSent(transmitPath_, retransmission);
   sent_.record(now, static_cast<uint32_t>(bytes), std::move(content), transmitPath_);
   lastActivity_ = now;

@@ -28,6 +28,7 @@
 
 #include "transports/udp/ack_tracker.h"
 #include "transports/udp/congestion.h"
+#include "transports/udp/congestion_coupled.h"
 #include "transports/udp/credit_scheduler.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/message_receiver.h"
@@ -152,6 +153,9 @@ class PeerConnection {
   std::optional<TimeUs> keepaliveDeadline() const;
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
+  // The paths (a PathSelector mask) whose congestion window has room: every path unless the
+  // policy keeps a window per path.
+  uint32_t pathsWithRoom() const;
   size_t sendAck(TimeUs now, std::span<uint8_t> out);
   size_t sendNack(std::span<uint8_t> out);
   // congestion=credit (reliability_credit.cpp): a CREDIT from the peer; writes a CREDIT to
@@ -226,6 +230,8 @@ class PeerConnection {
   uint64_t grantSent_ = 0;
   bool creditAnswerDue_ = false;
   CreditCongestionControl* credit_ = nullptr;
+  // The congestion policy's per-path windows (congestion_coupled.h), or null: one window.
+  CoupledAimdCongestionControl* pathWindows_ = nullptr;
   bool backlogChanged_ = true;
 
   // Trimmed DATA received and not yet NACKed.
