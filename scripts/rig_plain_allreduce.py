@@ -16,8 +16,9 @@ Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slo
 time over the timed loop, the statistic bench reports), the CPU both ranks' processes used per
 GB moved one way and each rank's sleeps and preemptions per op (voluntary and involuntary
 context switches of all its threads: its wake-ups); for udp also the transport's counters
-(packets, resends, timeouts, smoothed RTT, the receive buffer the kernel granted, GRO trains)
-and each namespace's kernel UDP drops (``RcvbufErrors``). ``--bench`` runs ``python -m
+(packets, resends, timeouts and the runs of them an ACK showed were early, smoothed RTT, the
+receive buffer the kernel granted, GRO trains) and each namespace's kernel UDP drops
+(``RcvbufErrors``). ``--bench`` runs ``python -m
 ucxbackend bench`` under torchrun after each round, as docs/performance.md does; ``--iperf``
 then runs two iperf3 transfers at once, one per direction (two processes, not ``--bidir``), and
 prints each direction's rate and CPU per GB: what the kernel's TCP carries each way with both
@@ -304,6 +305,7 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
             "retransmitted_packets",
             "spurious_retransmissions",
             "rto_expiries",
+            "spurious_rtos",
             "rtt_smoothed_us",
             "socket_receive_buffer",
             "trains_received",
