@@ -10,7 +10,7 @@ Usage (root, iproute2; iperf3 for the reference)::
 
     python scripts/rig_plain_allreduce.py [--backends udp,ucx,gloo] [--rounds 3] [--mbytes 64]
         [--iters 20] [--warmup 3] [--iperf SECONDS] [--bench] [--env K=V ...] [--repo DIR]
-        [--against DIR]
+        [--against DIR] [--variant K=V ...]
 
 Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's mean
 time over the timed loop, the statistic bench reports), the CPU both ranks' processes used per
@@ -26,7 +26,9 @@ ways busy. ``--env`` adds variables to the ranks' environment (e.g.
 ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K`` to emulate a rank without CAP_NET_ADMIN under
 the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build, and
 ``--against DIR`` repeats each plain run on DIR's build right after (interleaved pairs of two
-builds in one rig session; the line names the checkout).
+builds in one rig session; the line names the checkout). ``--variant K=V`` repeats each plain
+run with that variable added as well (settings compared in one rig session, e.g.
+``--variant UCXBACKEND_UDP_CONFIG=send_window_bytes=4M``; the line names it).
 """
 
 from __future__ import annotations
@@ -340,6 +342,13 @@ def main() -> int:
         help="another checkout (with its build): each plain run is repeated on it right after",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="each plain run is repeated with this variable added (repeatable)",
+    )
+    parser.add_argument(
         "--bench",
         action="store_true",
         help="after each round, also run `ucxbackend bench` (torchrun) on the rig",
@@ -349,6 +358,14 @@ def main() -> int:
         return _worker(args)
 
     extra = dict(kv.split("=", 1) for kv in args.env)
+    # The plain runs of each round: every checkout, each with the settings as given and with
+    # every variant added, back to back (pairs that share the host's state).
+    variants: list[dict[str, str]] = [{}, *(dict([kv.split("=", 1)]) for kv in args.variant)]
+    runs = [
+        (repo, variant)
+        for repo in [args.repo, *([args.against] if args.against else [])]
+        for variant in variants
+    ]
     port = random.randrange(20000, 40000)
     with NetnsRig.create() as rig:
         print(
@@ -357,9 +374,7 @@ def main() -> int:
         )
         for rnd in range(1, args.rounds + 1):
             for backend in args.backends.split(","):
-                # With --against, each backend runs on both builds back to back: pairs that
-                # share the host's state, as a comparison under load needs.
-                for repo in [args.repo, *([args.against] if args.against else [])]:
+                for repo, variant in runs:
                     port += 1
                     run = run_plain(
                         rig,
@@ -369,10 +384,11 @@ def main() -> int:
                         iters=args.iters,
                         warmup=args.warmup,
                         repo=repo,
-                        extra_env=extra,
+                        extra_env={**extra, **variant},
                     )
                     first, *rest = _describe(run, backend, rnd, args.mbytes << 20).split("\n")
                     label = f" [{repo}]" if args.against else ""
+                    label += "".join(f" [{k}={v}]" for k, v in variant.items())
                     print("\n".join([first + label, *rest]), flush=True)
             if args.bench:
                 port += 1
