@@ -26,7 +26,8 @@ ways busy. ``--env`` adds variables to the ranks' environment (e.g.
 ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K`` to emulate a rank without CAP_NET_ADMIN under
 the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build, and
 ``--against DIR`` repeats each plain run on DIR's build right after (interleaved pairs of two
-builds in one rig session; the line names the checkout). ``--variant K=V`` repeats each plain
+builds in one rig session, in the other order every second round; the line names the
+checkout). ``--variant K=V`` repeats each plain
 run with that variable added as well (settings compared in one rig session, e.g.
 ``--variant UCXBACKEND_UDP_CONFIG=send_window_bytes=4M``; the line names it).
 """
@@ -374,7 +375,8 @@ def main() -> int:
         )
         for rnd in range(1, args.rounds + 1):
             for backend in args.backends.split(","):
-                for repo, variant in runs:
+                # Even rounds reverse the order: the first run of a pair is not always the same.
+                for repo, variant in runs if rnd % 2 else runs[::-1]:
                     port += 1
                     run = run_plain(
                         rig,

@@ -2714,7 +2714,10 @@ void testStalledReceiver() {
     CHECK_MSG(st.retransmittedPackets <= st.rtoExpiries,
               label + ": " + std::to_string(st.retransmittedPackets) + " packets resent for " +
                   std::to_string(st.rtoExpiries) + " timeouts");
-    CHECK_EQ(st.spuriousRtos, uint64_t{1});
+    // The stall's expiries form one run, judged early; a deeper window may add runs of its
+    // own (queueing at the link), each judged as well.
+    CHECK_MSG(st.spuriousRtos >= 1 && st.spuriousRtos <= st.rtoExpiries,
+              label + ": " + std::to_string(st.spuriousRtos) + " runs judged early");
     CHECK_MSG(smallestWindow >= windowBefore, label + ": the congestion window collapsed");
   }
 }
