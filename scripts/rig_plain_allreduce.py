@@ -10,14 +10,15 @@ Usage (root, iproute2; iperf3 for the reference)::
 
     python scripts/rig_plain_allreduce.py [--backends udp,ucx,gloo] [--rounds 3] [--mbytes 64]
         [--iters 20] [--warmup 3] [--iperf SECONDS] [--bench] [--env K=V ...] [--repo DIR]
-        [--against DIR]
+        [--against DIR] [--variant K=V ...]
 
 Prints one line per run: backend, round, bus bandwidth in GB/s (1e9 B/s; the slower rank's mean
 time over the timed loop, the statistic bench reports), the CPU both ranks' processes used per
 GB moved one way and each rank's sleeps and preemptions per op (voluntary and involuntary
 context switches of all its threads: its wake-ups); for udp also the transport's counters
-(packets, resends, timeouts, smoothed RTT, the receive buffer the kernel granted, GRO trains)
-and each namespace's kernel UDP drops (``RcvbufErrors``). ``--bench`` runs ``python -m
+(packets, resends, timeouts and the runs of them an ACK showed were early, smoothed RTT, the
+receive buffer the kernel granted, GRO trains) and each namespace's kernel UDP drops
+(``RcvbufErrors``). ``--bench`` runs ``python -m
 ucxbackend bench`` under torchrun after each round, as docs/performance.md does; ``--iperf``
 then runs two iperf3 transfers at once, one per direction (two processes, not ``--bidir``), and
 prints each direction's rate and CPU per GB: what the kernel's TCP carries each way with both
@@ -25,7 +26,10 @@ ways busy. ``--env`` adds variables to the ranks' environment (e.g.
 ``UCXBACKEND_UDP_CONFIG=socket_buffer_bytes=208K`` to emulate a rank without CAP_NET_ADMIN under
 the stock net.core.rmem_max); ``--repo`` runs the ranks on another checkout's build, and
 ``--against DIR`` repeats each plain run on DIR's build right after (interleaved pairs of two
-builds in one rig session; the line names the checkout).
+builds in one rig session, in the other order every second round; the line names the
+checkout). ``--variant K=V`` repeats each plain
+run with that variable added as well (settings compared in one rig session, e.g.
+``--variant UCXBACKEND_UDP_CONFIG=send_window_bytes=4M``; the line names it).
 """
 
 from __future__ import annotations
@@ -304,6 +308,7 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
             "retransmitted_packets",
             "spurious_retransmissions",
             "rto_expiries",
+            "spurious_rtos",
             "rtt_smoothed_us",
             "socket_receive_buffer",
             "trains_received",
@@ -338,6 +343,13 @@ def main() -> int:
         help="another checkout (with its build): each plain run is repeated on it right after",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="each plain run is repeated with this variable added (repeatable)",
+    )
+    parser.add_argument(
         "--bench",
         action="store_true",
         help="after each round, also run `ucxbackend bench` (torchrun) on the rig",
@@ -347,6 +359,14 @@ def main() -> int:
         return _worker(args)
 
     extra = dict(kv.split("=", 1) for kv in args.env)
+    # The plain runs of each round: every checkout, each with the settings as given and with
+    # every variant added, back to back (pairs that share the host's state).
+    variants: list[dict[str, str]] = [{}, *(dict([kv.split("=", 1)]) for kv in args.variant)]
+    runs = [
+        (repo, variant)
+        for repo in [args.repo, *([args.against] if args.against else [])]
+        for variant in variants
+    ]
     port = random.randrange(20000, 40000)
     with NetnsRig.create() as rig:
         print(
@@ -355,9 +375,8 @@ def main() -> int:
         )
         for rnd in range(1, args.rounds + 1):
             for backend in args.backends.split(","):
-                # With --against, each backend runs on both builds back to back: pairs that
-                # share the host's state, as a comparison under load needs.
-                for repo in [args.repo, *([args.against] if args.against else [])]:
+                # Even rounds reverse the order: the first run of a pair is not always the same.
+                for repo, variant in runs if rnd % 2 else runs[::-1]:
                     port += 1
                     run = run_plain(
                         rig,
@@ -367,10 +386,11 @@ def main() -> int:
                         iters=args.iters,
                         warmup=args.warmup,
                         repo=repo,
-                        extra_env=extra,
+                        extra_env={**extra, **variant},
                     )
                     first, *rest = _describe(run, backend, rnd, args.mbytes << 20).split("\n")
                     label = f" [{repo}]" if args.against else ""
+                    label += "".join(f" [{k}={v}]" for k, v in variant.items())
                     print("\n".join([first + label, *rest]), flush=True)
             if args.bench:
                 port += 1

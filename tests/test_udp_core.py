@@ -56,6 +56,7 @@ GROUPS = [
     "credit",
     "credit_incast",
     "credit_grant_loss",
+    "stalled_receiver",
 ]
 
 RUN_TIMEOUT_S = 120  # every group takes well under a second at -O1

@@ -2705,6 +2705,62 @@ void testCreditGrantLoss() {
 }
 
 
+// A rank descheduled for longer than the RTO (issue #23's rig: two ranks and their progress
+// threads on a loaded 2-core host) loses nothing; its ACKs come late, all at once. Both ranks
+// send 16 MiB to each other (a 2-rank all_reduce) and rank 1 stalls for 5 ms, five times the
+// RTO's floor, in the middle. Rank 0's timeouts must resend no more than one packet each
+// (not the 1 MiB window), and the ACK that ends the stall must leave its congestion window
+// where it was (PeerConnection::judgeTimeouts).
+void testStalledReceiver() {
+  constexpr size_t kBytes = size_t{16} << 20;
+  constexpr uint64_t kStallAtNs = 2'000'000, kStallNs = 5'000'000;
+  for (const std::string cc : {"none", "aimd"}) {
+    const std::string label = "stalled receiver, congestion=" + cc;
+    Simulator sim(2, configWith("congestion=" + cc), LinkConfig{});
+    std::vector<uint8_t> out[2], in[2];
+    int done = 0;
+    sim.setEventHandler([&](const SimEvent& e) {
+      CHECK_MSG(e.event.kind == EventKind::kSendCompleted ||
+                    e.event.kind == EventKind::kMessageReceived,
+                label + ": " + eventKindName(e.event.kind) + " " + e.event.error);
+      ++done;
+    });
+    for (int n = 0; n < 2; ++n) {
+      out[n].resize(kBytes);
+      fillPattern(out[n].data(), kBytes, 7 + n);
+      in[n].assign(kBytes, 0);
+      sim.connection(n, 1 - n).postReceive(5, ~Tag{0}, in[n].data(), kBytes);
+    }
+    for (int n = 0; n < 2; ++n) sim.connection(n, 1 - n).send(5, out[n].data(), kBytes);
+    PeerConnection& sender = sim.connection(0, 1);
+    runOrFail(sim, [&] { return sim.nowNs() >= kStallAtNs; }, label + ": before the stall");
+    CHECK_MSG(done == 0 && sender.packetsInFlight() > 100, label + ": not mid-transfer");
+    const uint64_t windowBefore = sender.congestionWindow();
+    uint64_t smallestWindow = windowBefore;
+    sim.stall(1, sim.nowNs() + kStallNs);
+    runOrFail(sim, [&] {
+      smallestWindow = std::min(smallestWindow, sender.congestionWindow());
+      return done == 4;
+    }, label);
+    CHECK_MSG(out[0] == in[1] && out[1] == in[0], label + ": data differ");
+    const Stats st = sender.stats();
+    std::printf("  %s: rto=%llu spurious_rtos=%llu retx=%llu cwnd %llu -> min %llu, %.2f ms\n",
+                label.c_str(), (unsigned long long)st.rtoExpiries,
+                (unsigned long long)st.spuriousRtos, (unsigned long long)st.retransmittedPackets,
+                (unsigned long long)windowBefore, (unsigned long long)smallestWindow,
+                sim.nowNs() / 1e6);
+    CHECK_MSG(st.rtoExpiries >= 2, label + ": the stall did not outlast the RTO");
+    CHECK_MSG(st.retransmittedPackets <= st.rtoExpiries,
+              label + ": " + std::to_string(st.retransmittedPackets) + " packets resent for " +
+                  std::to_string(st.rtoExpiries) + " timeouts");
+    // The stall's expiries form one run, judged early; a deeper window may add runs of its
+    // own (queueing at the link), each judged as well.
+    CHECK_MSG(st.spuriousRtos >= 1 && st.spuriousRtos <= st.rtoExpiries,
+              label + ": " + std::to_string(st.spuriousRtos) + " runs judged early");
+    CHECK_MSG(smallestWindow >= windowBefore, label + ": the congestion window collapsed");
+  }
+}
+
 const ucxb::check::Group kGroups[] = {
     {"crc32c", testCrc32c, true},
     {"range_set", testRangeSet, true},
@@ -2739,6 +2795,7 @@ const ucxb::check::Group kGroups[] = {
     {"credit", testCredit, true},
     {"credit_incast", testCreditIncast, true},
     {"credit_grant_loss", testCreditGrantLoss, true},
+    {"stalled_receiver", testStalledReceiver, true},
     {"measure", measure, false},
 };
 

@@ -16,6 +16,7 @@ Simulator::Simulator(int nodes, const UdpConfig& config, const LinkConfig& link,
     : nodes_(nodes), link_(link), buffer_(kMaxDatagramBytes) {
   conns_.resize(static_cast<size_t>(nodes * nodes));
   downlinks_.resize(static_cast<size_t>(nodes));
+  stalledUntilNs_.resize(static_cast<size_t>(nodes));
   links_.resize(static_cast<size_t>(nodes * nodes));
   for (int n = 0; n < nodes; ++n) credits_.push_back(makeCreditScheduler(config));
   for (int n = 0; n < nodes; ++n) {
@@ -95,6 +96,7 @@ void Simulator::drainEvents() {
 
 void Simulator::pump() {
   for (int n = 0; n < nodes_; ++n) {
+    if (stalled(n)) continue;
     for (int p = 0; p < nodes_; ++p) {
       if (n == p) continue;
       PeerConnection& c = connection(n, p);
@@ -108,10 +110,12 @@ void Simulator::pump() {
 
 std::optional<uint64_t> Simulator::nextTimerNs() const {
   std::optional<uint64_t> next;
-  for (const auto& c : conns_) {
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    const auto& c = conns_[i];
     if (!c) continue;
     if (const auto t = c->nextTimeout()) {
-      const uint64_t ns = *t * 1000;
+      // A stalled node's timers wait for it to run again.
+      const uint64_t ns = std::max(*t * 1000, stalledUntil(static_cast<int>(i) / nodes_));
       if (!next || ns < *next) next = ns;
     }
   }
@@ -137,11 +141,19 @@ bool Simulator::step(uint64_t limitNs) {
       }
       continue;
     }
+    if (stalled(a.to)) {
+      // Waits in the socket buffer; taken in arrival order (a fresh sequence, in pop order).
+      a.timeNs = stalledUntil(a.to);
+      a.sequence = sequence_++;
+      arrivals_.push(std::move(a));
+      continue;
+    }
     ++links_[index(a.from, a.to)].counters.delivered;
     connection(a.to, a.from).onDatagram(a.bytes, nowUs());
   }
-  for (auto& c : conns_) {
-    if (!c) continue;
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    auto& c = conns_[i];
+    if (!c || stalled(static_cast<int>(i) / nodes_)) continue;
     if (const auto t = c->nextTimeout(); t && *t <= nowUs()) c->onTimeout(nowUs());
   }
   pump();

@@ -71,6 +71,11 @@ class Simulator {
   void setEventHandler(std::function<void(const SimEvent&)> handler) {
     eventHandler_ = std::move(handler);
   }
+  // The node's process is descheduled (a loaded host's scheduler) from now until `untilNs`:
+  // datagrams reaching it wait in its socket buffer, its timers do not fire and it sends
+  // nothing. At `untilNs` it reads what arrived, in order, before its timers fire, as
+  // UdpTransport::progress() does.
+  void stall(int node, uint64_t untilNs) { stalledUntilNs_[static_cast<size_t>(node)] = untilNs; }
   // Delivers `bytes` to `to`'s connection for `from` after `delayNs`, bypassing the link.
   void inject(int from, int to, std::vector<uint8_t> bytes, uint64_t delayNs = 0);
 
@@ -109,6 +114,8 @@ class Simulator {
   };
 
   size_t index(int node, int peer) const { return static_cast<size_t>(node * nodes_ + peer); }
+  uint64_t stalledUntil(int node) const { return stalledUntilNs_[static_cast<size_t>(node)]; }
+  bool stalled(int node) const { return nowNs_ < stalledUntil(node); }
   void transmit(int from, int to, std::span<const uint8_t> bytes);
   // Lets every connection send what it can and reports their events.
   void pump();
@@ -125,6 +132,7 @@ class Simulator {
   std::vector<std::unique_ptr<PeerConnection>> conns_;  // [node * nodes + peer], null on the diagonal
   std::vector<Link> links_;                             // [from * nodes + to]
   std::vector<std::unique_ptr<FaultInjector>> downlinks_;  // [node], null: none
+  std::vector<uint64_t> stalledUntilNs_;                   // [node] (stall())
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> arrivals_;
   uint64_t nowNs_ = 0;
   uint64_t sequence_ = 0;

@@ -234,6 +234,9 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     signal.smoothedRttUs = rtt_.hasSample() ? rtt_.smoothed() : 0;
     congestion_->onAck(signal);
   }
+  if (rtoVerdictPending_ && (!ackResult_.newlyAcked.empty() || ackResult_.lateAcks > 0)) {
+    judgeTimeouts(now);
+  }
   if (!ackResult_.newlyAcked.empty() || ackResult_.lateAcks > 0) {
     // The peer is alive and the path works: timeouts start from scratch. A late ACK (of a
     // packet already given up on) says so too: our timer was early, the path is not dead.
@@ -246,6 +249,26 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   }
   detectAndRecover(now);
   return true;
+}
+
+void PeerConnection::judgeTimeouts(TimeUs now) {
+  rtoVerdictPending_ = false;
+  // A packet sent before the first expiry and acknowledged after it, or one given up on and
+  // acknowledged after all: the peer had it and only its ACK was late. Nothing more is
+  // resent (a real loss among the rest is found by the time threshold, now that later
+  // packets are acknowledged) and the window stays.
+  const bool early = ackResult_.lateAcks > 0 ||
+                     std::any_of(ackResult_.newlyAcked.begin(), ackResult_.newlyAcked.end(),
+                                 [this](const SentPacket& p) { return p.number < rtoBoundary_; });
+  if (early) {
+    ++stats_.spuriousRtos;
+    return;
+  }
+  // Only what the timeouts sent came back: the rest was lost, as a timeout assumes.
+  congestion_->onRetransmissionTimeout(now);
+  lost_.clear();
+  sent_.expireSentAtOrBefore(rtoCutoff_, lost_);
+  recover(lost_, now, LossCause::kTimeout);
 }
 
 bool PeerConnection::onNack(const NackFrame& nack, TimeUs now) {
@@ -322,7 +345,8 @@ std::optional<TimeUs> PeerConnection::rtoDeadline() const {
   // Restarted by every ACK that acknowledges something new (RFC 6298 5.3): while ACKs flow,
   // losses are found by the reordering and time thresholds, and a deep queue behind a burst
   // does not look like a dead path. When it fires, the oldest packet is at least one RTO old.
-  return std::max(*oldest, lastAckProgress_) + currentRto();
+  // Restarted by every expiry too: the packets an expiry leaves in flight are older than it.
+  return std::max({*oldest, lastAckProgress_, lastRtoAt_}) + currentRto();
 }
 
 std::optional<TimeUs> PeerConnection::probeDeadline() const {
@@ -412,10 +436,19 @@ void PeerConnection::onTimeout(TimeUs now) {
            std::to_string(config_.peerTimeoutUs / 1000) + " ms)");
       return;
     }
+    // A process that was descheduled (a loaded host's scheduler, the peer's or ours) looks
+    // like a dead path until its ACKs arrive: resend only the oldest packet and let the next
+    // ACK decide (judgeTimeouts). Expiring the whole window here resent up to
+    // send_window_bytes for nothing each time a rank was descheduled for an RTO.
+    if (!rtoVerdictPending_) {
+      rtoVerdictPending_ = true;
+      rtoBoundary_ = sent_.nextNumber();
+    }
+    rtoCutoff_ = now - std::min(now, rto);
+    lastRtoAt_ = now;
     lost_.clear();
-    sent_.expireSentAtOrBefore(now - rto, lost_);
+    sent_.expireOldest(lost_);
     rtoBackoff_ = std::min(rtoBackoff_ + 1, kMaxBackoff);
-    congestion_->onRetransmissionTimeout(now);
     recover(lost_, now, LossCause::kTimeout);
     // Two ack-eliciting packets per timeout, not one (RFC 9002 6.2.4): with a single packet
     // in flight, one loss either way costs a doubled timeout, and at 30% loss a run of those

@@ -196,6 +196,21 @@ class PeerConnection {
   // measured from here (or from the last datagram heard, if later), not from the last ACK
   // progress: after an idle hour, that alone would have failed a peer on its first timeouts.
   TimeUs rtoRunStart_ = 0;
+  // A run of timeouts whose verdict is open (F-RTO, RFC 5682, judged with SACK): each expiry
+  // resends only the oldest packet in flight, and the first ACK that acknowledges anything
+  // tells a peer that was merely slow (a descheduled process: it acknowledges packets sent
+  // before the first expiry, numbered below rtoBoundary_) from real loss (it acknowledges
+  // only what the timeouts sent). Only then does the rest of the window count as lost
+  // (everything sent at or before rtoCutoff_, what the last expiry would have expired) and
+  // the congestion controller hear of the timeout.
+  bool rtoVerdictPending_ = false;
+  PacketNumber rtoBoundary_ = 0;
+  TimeUs rtoCutoff_ = 0;
+  // The last expiry: the next one waits a whole (doubled) RTO from it, though the packets
+  // still in flight are older than that.
+  TimeUs lastRtoAt_ = 0;
+  // Settles the open verdict on an ACK frame that acknowledged something (onAck).
+  void judgeTimeouts(TimeUs now);
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;

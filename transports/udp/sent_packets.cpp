@@ -179,6 +179,15 @@ void SentPackets::expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& l
   trimFront();
 }
 
+void SentPackets::expireOldest(std::vector<SentPacket>& lost) {
+  for (SentPacket& p : packets_) {
+    if (p.state != SentPacket::State::kInFlight) continue;
+    markLost(p, lost, /*byTimeout=*/true);
+    break;
+  }
+  trimFront();
+}
+
 void SentPackets::declareLost(std::span<const PacketNumber> numbers,
                               std::vector<SentPacket>& lost) {
   for (PacketNumber pn : numbers) {

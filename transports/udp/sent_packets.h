@@ -91,6 +91,9 @@ class SentPackets {
 
   // Moves to `lost` every in-flight packet sent at or before `cutoff` (retransmission timeout).
   void expireSentAtOrBefore(TimeUs cutoff, std::vector<SentPacket>& lost);
+  // Moves the oldest in-flight packet, if any, to `lost` as a timeout does (a timeout whose
+  // verdict is still open resends only that one: PeerConnection::onTimeout).
+  void expireOldest(std::vector<SentPacket>& lost);
   // Moves the given in-flight packets to `lost` (loss recovery's give-ups).
   void declareLost(std::span<const PacketNumber> numbers, std::vector<SentPacket>& lost);
 

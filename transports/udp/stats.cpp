@@ -55,6 +55,7 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("packets_nacked", s.packetsNacked);
   add("ce_echoed", s.ceEchoed);
   add("rto_expiries", s.rtoExpiries);
+  add("spurious_rtos", s.spuriousRtos);
   add("tail_loss_probes", s.tailLossProbes);
   add("credit_stalls", s.creditStalls);
   add("credit_packets_sent", s.creditPacketsSent);

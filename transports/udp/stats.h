@@ -73,6 +73,7 @@ struct Stats {
   uint64_t packetsNacked = 0;         // packets they declared lost at once
   uint64_t ceEchoed = 0;              // our DATA the peer saw marked Congestion Experienced
   uint64_t rtoExpiries = 0;
+  uint64_t spuriousRtos = 0;          // runs of expiries the next ACK showed were early (F-RTO)
   uint64_t tailLossProbes = 0;        // PINGs sent because ACKs stopped with packets in flight
   uint64_t creditStalls = 0;          // times a message waited for the receiver's credit
   // congestion=credit (congestion_credit.h): CREDIT datagrams either way (grants we sent the
