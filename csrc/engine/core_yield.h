@@ -7,8 +7,9 @@
 // thread's whole slice: on an EEVDF kernel (Linux 6.6 and later) the yielder goes behind it and
 // gets the core back at the next tick that ends the slice, 4-6 ms at HZ=250 (measured on this
 // project's host, 6.18: ten yields next to a spinning thread took 64 ms). A wait that polls
-// for 250 us then loses milliseconds at every poll, and a 16 MB all_reduce (dozens of waits)
-// took 200 ms instead of 14 ms with sleeping waits (docs/performance.md#issue-23-stalls).
+// for 250 us then loses milliseconds at every poll: a 16 MB all_reduce (dozens of waits) took
+// a median of 205 ms on the loaded host, against 14-55 ms with waits that sleep at once
+// (docs/performance.md#issue-23-stalls).
 //
 // So every polling wait yields through yieldCore(): a yield that kept this thread off its
 // core for longer than kLostYield marks the process crowded for kCrowdedFor, and while it is
