@@ -85,6 +85,7 @@ def test_waits_sleep_once_a_yield_lost_the_core(crowded_world: list[dict[str, An
         if out["lost_yields"] == 0:
             pytest.skip(f"no yield lost the core to the busy process here: {out}")
         # Waits check crowded() before they yield: only a yield begun in the instant a spell
-        # began can fall in it. Before the fix every wait yielded, hundreds in these ops.
+        # began can fall in it. Before the fix these ops made 762-788 yields per rank, 338-359
+        # of them lost (docs/performance.md#issue-23-stalls).
         assert out["yields_when_crowded"] <= 2, (rank, out)
         assert out["sleeps"] > 0, (rank, out)
