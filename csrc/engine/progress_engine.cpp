@@ -1,7 +1,5 @@
 #include "csrc/engine/progress_engine.h"
 
-#include "csrc/engine/core_yield.h"
-
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -10,6 +8,8 @@
 #include <cstring>
 #include <pthread.h>
 #include <sched.h>
+
+#include "csrc/engine/core_yield.h"
 
 namespace ucxb {
 
