@@ -11,6 +11,7 @@
 
 #include "csrc/backend_options.h"
 #include "csrc/collectives/selection.h"
+#include "csrc/engine/core_yield.h"
 #include "csrc/errors.hpp"
 #include "csrc/transport_backend.hpp"
 #include "transports/tag.h"
@@ -173,6 +174,25 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"),
       "Whether the group stages large ring ops through shared memory (all ranks on one host).");
+
+  m.def(
+      "wait_stats",
+      [] {
+        const ucxb::WaitCounts c = ucxb::waitCounts();
+        py::dict out;
+        out["yields"] = c.yields;
+        out["lost_yields"] = c.lostYields;
+        out["yields_when_crowded"] = c.yieldsWhenCrowded;
+        out["sleeps"] = c.sleeps;
+        out["sleep_timeouts"] = c.sleepTimeouts;
+        return out;
+      },
+      "This process's polling waits since it started, every group together: sched_yield calls "
+      "('yields'), those that lost the core to a thread that kept it for over a millisecond "
+      "('lost_yields'; waits then sleep instead of polling for 100 ms), yields begun in such a "
+      "spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
+      "and of idle progress threads ('sleeps'), and those that ended by their timeout, with no "
+      "event ('sleep_timeouts').");
 
   m.def(
       "inline_stats",

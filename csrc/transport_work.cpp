@@ -1,9 +1,9 @@
 #include "csrc/transport_work.hpp"
 
 #include <ATen/core/ivalue.h>
-#include <sched.h>
 
 #include "csrc/device_op.hpp"
+#include "csrc/engine/core_yield.h"
 
 namespace ucxb {
 
@@ -67,10 +67,12 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {
     const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::microseconds>(
                                                                 spin_, limit);
-    // sched_yield, not a bare spin: with more threads than cores, the progress thread that
-    // finishes this op may need this core.
-    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
-      sched_yield();
+    // A yield, not a bare spin: with more threads than cores, the progress thread that
+    // finishes this op may need this core. Not while yields lose the core to a thread that
+    // keeps it (core_yield.h): the condition variable below wakes this thread at once.
+    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until &&
+           !crowded()) {
+      yieldCore();
     }
   }
   {

@@ -71,9 +71,12 @@ def test_poll_mode_spins() -> None:
 LATE_SECONDS = 2.0
 
 
-def waiting_cpu(rank: int, world_size: int) -> tuple[float, float, float] | None:
+def waiting_cpu(rank: int, world_size: int) -> tuple[float, float, float, int] | None:
     """While rank 0's all_reduce waits LATE_SECONDS for a late rank 1, as fractions of a core:
-    (CPU of the whole process, busy time of the whole process, busy time of the caller)."""
+    (CPU of the whole process, busy time of the whole process, busy time of the caller), and
+    how many of its yields lost the core meanwhile (after one, waits sleep for a while)."""
+    import ucxbackend
+
     t = torch.ones(4)
     dist.all_reduce(t)  # connected
     dist.barrier()
@@ -82,14 +85,16 @@ def waiting_cpu(rank: int, world_size: int) -> tuple[float, float, float] | None
         dist.all_reduce(t)
         return None
     cpu, busy, caller = time.process_time(), busy_seconds(), busy_seconds(True)
+    lost = ucxbackend.wait_stats()["lost_yields"]
     start = time.monotonic()
     dist.all_reduce(t)  # the caller waits on the Work, the progress thread on the peer
     waited = time.monotonic() - start
     cpu, busy = time.process_time() - cpu, busy_seconds() - busy
     caller = busy_seconds(True) - caller
+    lost = ucxbackend.wait_stats()["lost_yields"] - lost
     assert t.tolist() == [float(world_size) ** 2] * 4
     assert waited > LATE_SECONDS / 2, f"the op did not wait for the late rank ({waited:.3f} s)"
-    return cpu / waited, busy / waited, caller / waited
+    return cpu / waited, busy / waited, caller / waited, lost
 
 
 def test_pending_op_spins_briefly_then_sleeps() -> None:
@@ -109,7 +114,11 @@ def test_pending_op_spins_throughout_with_a_long_spin() -> None:
     env = {"UCXBACKEND_SPIN_US": "10000000", "UCXBACKEND_INLINE_BYTES": "0"}
     result = run_world(waiting_cpu, 2, timeout=90, env=env)[0]
     assert result is not None, "rank 0 returned nothing"
-    _, busy, caller = result
-    # Two threads spin the whole time: busy ~2.0 and the caller ~1.0, however loaded.
+    _, busy, caller, lost = result
+    if lost > 0:
+        # A thread that keeps a core shared with these: the waits rightly sleep then
+        # (csrc/engine/core_yield.h; tested in test_crowded_core.py).
+        pytest.skip(f"{lost} yields lost the core to another job: polling was cut short")
+    # Two threads spin the whole time: busy ~2.0 and the caller ~1.0.
     assert busy > 1.5, f"the waiting process did not spin: {result}"
     assert caller > 0.8, f"the caller's wait did not spin: {result}"

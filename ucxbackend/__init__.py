@@ -54,6 +54,7 @@ __all__ = [
     "startup_profile",
     "stats",
     "trace_samples",
+    "wait_stats",
 ]
 
 BACKEND_NAME = "ucx"
@@ -348,6 +349,25 @@ def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     assert _C is not None
     raw = _C.inline_stats(backend)
     return {key: int(raw[key]) for key in ("inline", "handed_over", "core_moves")}
+
+
+def wait_stats() -> dict[str, int]:
+    """How this process's polling waits went, every ``ucx`` and ``udp`` group together.
+
+    Returns ``{"yields", "lost_yields", "yields_when_crowded", "sleeps", "sleep_timeouts"}``
+    counts: the ``sched_yield`` calls of the waits that poll (the progress thread within and
+    after an op, ``Work.wait()``, an inline caller), those that lost the core for over a
+    millisecond to a thread that kept it (after one, waits sleep instead of polling for
+    100 ms), yields begun in such a spell anyway (none but a race), the sleeps of waits and of
+    idle progress threads, and the sleeps that ended by their timeout rather than by an
+    event. Differences over a run, divided by its ops, say why ops were slow
+    (docs/performance.md#issue-23-stalls).
+    """
+    if _C is None:
+        raise _native_missing_error()
+    raw = _C.wait_stats()
+    keys = ("yields", "lost_yields", "yields_when_crowded", "sleeps", "sleep_timeouts")
+    return {key: int(raw[key]) for key in keys}
 
 
 def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:

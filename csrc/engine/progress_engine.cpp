@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include "csrc/engine/core_yield.h"
+
 namespace ucxb {
 
 namespace {
@@ -280,11 +282,12 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
     sched_yield();
     return true;
   }
-  if (Clock::now() - lastActivity < config_.spin) {
+  if (Clock::now() - lastActivity < config_.spin && !crowded()) {
     owner.unlock();
     // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
-    // `spin` after the last one, so the next is picked up without a wake-up.
-    sched_yield();
+    // `spin` after the last one, so the next is picked up without a wake-up. Not while
+    // yields lose the core (core_yield.h): the post's eventfd write wakes a sleeper at once.
+    yieldCore();
     return true;
   }
   if (!transport_->arm()) {
@@ -299,6 +302,7 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
   epoll_event events[2];
   const int n = epoll_wait(idleEpollFd_, events, 2, -1);
   sleeping_.store(false);
+  countSleep(false);
   lastActivity = Clock::now();
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == wakeFd_) {
@@ -318,7 +322,7 @@ void ProgressEngine::sleepUntilEvent(int epollFd, Clock::time_point deadline) {
   // Wake at least every 100 ms: peer failures and cancellations are re-checked then.
   const int timeoutMs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(left + 1, 100)));
   epoll_event ev;
-  epoll_wait(epollFd, &ev, 1, timeoutMs);
+  countSleep(epoll_wait(epollFd, &ev, 1, timeoutMs) == 0);
 }
 
 void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
@@ -412,11 +416,14 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       sched_yield();
       continue;
     }
-    if (now - lastEvent < config_.spin) {
-      // Spin politely: with more busy threads than cores (several ranks per core), a bare
-      // spin holds the core the peer needs to make the progress we wait for. sched_yield
-      // costs nothing when a core is free.
-      sched_yield();
+    // Spin politely: with more busy threads than cores (several ranks per core), a bare
+    // spin holds the core the peer needs to make the progress we wait for. sched_yield
+    // costs nothing when a core is free, and a slice when a thread that never yields shares
+    // it: the progress thread, whose op may wait dozens of times, then sleeps instead
+    // (crowded(), core_yield.h). A borrowing caller polls on: it loses at most one slice,
+    // since it hands the op over at giveUpAt, `spin` after it began.
+    if (now - lastEvent < config_.spin && (borrowed || !crowded())) {
+      yieldCore();
       if (cores && Clock::now() - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
     }
@@ -476,7 +483,7 @@ std::unique_ptr<ProgressEngine::Lease> ProgressEngine::lend(const std::string& o
   std::unique_lock<std::mutex> owner(ownerMu_, std::try_to_lock);
   const auto until = Clock::now() + kLendWait;
   while (!owner.owns_lock() && Clock::now() < until) {
-    sched_yield();
+    yieldCore();
     owner.try_lock();
   }
   if (!owner.owns_lock() || !transport_ || stopping_.load()) {

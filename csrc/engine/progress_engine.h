@@ -10,7 +10,8 @@
 // * A task's algorithm posts non-blocking sends/receives and waits in waitAll(), which drives
 //   progress itself: it polls (yielding the core between polls) for up to `spin` after the
 //   last event, then arms the transport and sleeps on its event fd (progress mode "sleep"),
-//   or keeps polling (mode "poll").
+//   or keeps polling (mode "poll"). In a crowded spell (a yield lost the core to a thread that
+//   keeps it: core_yield.h) it sleeps at once, and so does the idle thread after its last op.
 // * With no task queued the thread arms the transport and sleeps on {transport fd, eventfd}, so
 //   an idle group costs nothing. Point-to-point requests complete from this idle loop too.
 // * Inline ops: a caller may borrow the transport while the group is idle (no task queued or

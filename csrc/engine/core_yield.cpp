@@ -1,0 +1,62 @@
+#include "csrc/engine/core_yield.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+
+namespace ucxb {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Longer than any turn a polling peer takes between its polls (a 1 MiB piece copied or
+// folded, a few hundred microseconds), shorter than a scheduler slice (0.75 ms at least, and
+// the tick that ends it comes 4 ms apart at HZ=250).
+constexpr auto kLostYield = std::chrono::microseconds(1000);
+// How long waits sleep after a lost yield before they poll again: one lost yield per spell
+// costs at most a few percent of it.
+constexpr auto kCrowdedFor = std::chrono::milliseconds(100);
+
+std::atomic<int64_t> crowdedUntilNs{0};  // steady clock, ns since its epoch
+std::atomic<uint64_t> yields{0};
+std::atomic<uint64_t> lostYields{0};
+std::atomic<uint64_t> yieldsWhenCrowded{0};
+std::atomic<uint64_t> sleeps{0};
+std::atomic<uint64_t> sleepTimeouts{0};
+
+int64_t toNs(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+bool yieldCore() {
+  const auto before = Clock::now();
+  if (toNs(before) < crowdedUntilNs.load(std::memory_order_relaxed)) {
+    yieldsWhenCrowded.fetch_add(1, std::memory_order_relaxed);
+  }
+  sched_yield();
+  const auto after = Clock::now();
+  yields.fetch_add(1, std::memory_order_relaxed);
+  if (after - before <= kLostYield) return false;
+  lostYields.fetch_add(1, std::memory_order_relaxed);
+  crowdedUntilNs.store(toNs(after + kCrowdedFor), std::memory_order_relaxed);
+  return true;
+}
+
+bool crowded() { return toNs(Clock::now()) < crowdedUntilNs.load(std::memory_order_relaxed); }
+
+void countSleep(bool timedOut) {
+  sleeps.fetch_add(1, std::memory_order_relaxed);
+  if (timedOut) sleepTimeouts.fetch_add(1, std::memory_order_relaxed);
+}
+
+WaitCounts waitCounts() {
+  return {yields.load(std::memory_order_relaxed), lostYields.load(std::memory_order_relaxed),
+          yieldsWhenCrowded.load(std::memory_order_relaxed), sleeps.load(std::memory_order_relaxed),
+          sleepTimeouts.load(std::memory_order_relaxed)};
+}
+
+}  // namespace ucxb
