@@ -139,9 +139,10 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     auto addresses = checkHandshakes(rank, mine, handshakes);
     if (!transport->reachesAll(addresses)) {
       // A ucx rank guessed that the group shares its host, and the addresses name another
-      // host: every rank makes a transport that reaches any host (or keeps its address, if it
-      // already had one; the answer is the same on every rank) and publishes it in a second
-      // round. Only the address changes; the settings and offers stay those checked above.
+      // host (every rank reads the same answer from them): every rank makes a transport that
+      // reaches any host, also one whose first transport did (only a wrong guess pays for
+      // that), and publishes its address in a second round. Only the addresses change; the
+      // settings and shared-memory offers checked above stand.
       transport.reset();
       build(/*anyHost=*/true);
       const Handshake wide{mine.transport, mine.settings, transport->localAddress()};

@@ -170,7 +170,7 @@ class Transport {
   // from the addresses alone. False makes every rank of the group build its transport again
   // for any host and exchange the new addresses (a ucx worker made for one host, in a group
   // that spans hosts: csrc/transport_backend.cpp).
-  virtual bool reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const {
+  virtual bool reachesAll(const std::vector<std::vector<uint8_t>>& /*addresses*/) const {
     return true;
   }
   // The transports below this one that may carry its bytes (ucx: its UCP context's), for
