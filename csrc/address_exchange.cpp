@@ -12,11 +12,19 @@ namespace ucxb {
 namespace {
 
 // The keys a creation writes under its instance, all single keys whatever the group's size
-// (and the two of each question, "<question>_yes" and "<question>_answer"): complete()
-// deletes them all, also those of instances that failed. A new key must be added here.
+// (and the two of each question, "<question>_yes" and "<question>_answer", and those of each
+// round of exchange()): complete() deletes them all, also those of instances that failed. A
+// new key must be added here.
 constexpr std::array<const char*, 1> kQuestions = {"shm"};
-constexpr std::array<const char*, 7> kSingles = {"token", "records", "arrived", "all_in",
-                                                 "done",  "closed",  "released"};
+constexpr std::array<const char*, 4> kSingles = {"token", "done", "closed", "released"};
+constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
+// exchange() runs once, or twice where the first addresses could not reach every host.
+constexpr int kMaxRounds = 2;
+
+// The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
+std::string roundKey(const char* name, int round) {
+  return round == 0 ? std::string(name) : std::string(name) + "_" + std::to_string(round + 1);
+}
 
 void checkQuestion(const std::string& question) {
   if (std::none_of(kQuestions.begin(), kQuestions.end(),
@@ -223,18 +231,26 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   // Every rank appends "<rank:u32><length:u32><record>" to one key; the rank whose arrival
   // completes the count says so under "all_in", and every rank reads both in one multi-key
   // get (which waits for "all_in"): the records key then holds every rank's.
+  if (rounds_ == kMaxRounds) {
+    throw std::logic_error("address exchange: more than " + std::to_string(kMaxRounds) +
+                           " rounds of records (csrc/address_exchange.cpp)");
+  }
+  const std::string recordsKey = scope_ + roundKey("records", rounds_);
+  const std::string allInKey = scope_ + roundKey("all_in", rounds_);
+  const std::string arrivedKey = scope_ + roundKey("arrived", rounds_);
+  ++rounds_;
   std::vector<uint8_t> entry;
   const auto record = frame(parts);
   putU32(entry, static_cast<size_t>(rank_));
   putU32(entry, record.size());
   entry.insert(entry.end(), record.begin(), record.end());
-  append(scope_ + "records", entry);
-  if (add(scope_ + "arrived", 1) == size_) set(scope_ + "all_in", {1});
+  append(recordsKey, entry);
+  if (add(arrivedKey, 1) == size_) set(allInKey, {1});
   std::vector<std::vector<uint8_t>> values;
   try {
-    values = multiGet({scope_ + "all_in", scope_ + "records"});
+    values = multiGet({allInKey, recordsKey});
   } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
-    throw SetupError(notJoined(e.what_without_backtrace()));
+    throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
   }
   const std::vector<uint8_t>& blob = values[1];
   std::vector<std::vector<std::vector<uint8_t>>> all(size_);
@@ -253,7 +269,7 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   }
   const auto missing = std::find(found.begin(), found.end(), false);
   if (at != blob.size() || missing != found.end()) {
-    throw SetupError("the Store key " + scope_ + "records holds " + std::to_string(blob.size()) +
+    throw SetupError("the Store key " + recordsKey + " holds " + std::to_string(blob.size()) +
                      " bytes that are not the records of ranks 0.." + std::to_string(size_ - 1) +
                      (missing != found.end()
                           ? " (none from rank " + std::to_string(missing - found.begin()) + ")"
@@ -265,12 +281,13 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   return all;
 }
 
-std::string AddressExchange::notJoined(const std::string& storeSaid) {
+std::string AddressExchange::notJoined(const std::string& recordsKey,
+                                       const std::string& storeSaid) {
   // Which ranks' records are missing: those ranks failed before the exchange (a bad option,
   // an error of their own) or died. The Store may itself be gone: then say only that.
   std::vector<bool> found(size_, false);
   try {
-    const auto blob = check(scope_ + "records") ? get(scope_ + "records") : std::vector<uint8_t>{};
+    const auto blob = check(recordsKey) ? get(recordsKey) : std::vector<uint8_t>{};
     for (size_t at = 0; blob.size() - at >= 8;) {
       const uint32_t p = readU32(blob, at);
       const uint32_t n = readU32(blob, at + 4);
@@ -353,6 +370,10 @@ void AddressExchange::complete() {
   for (int64_t inst = cleaned + 1; inst <= instance_; ++inst) {
     const std::string prefix = base_ + std::to_string(inst) + "/";
     for (const char* single : kSingles) deleteKey(prefix + single);
+    // This creation's rounds are known; a failed one may have reached any of them.
+    for (int round = 0; round < (inst == instance_ ? rounds_ : kMaxRounds); ++round) {
+      for (const char* name : kRoundKeys) deleteKey(prefix + roundKey(name, round));
+    }
     for (const char* question : kQuestions) {
       deleteKey(prefix + question + "_yes");
       deleteKey(prefix + question + "_answer");

@@ -62,7 +62,9 @@ class AddressExchange {
   // most the Store's timeout). A record whose parts cannot be told apart comes back whole as
   // its first part, the others empty, for the address record's own check to name it; a
   // records key that is not every rank's records throws SetupError, and so does the Store's
-  // timeout, naming the ranks whose records never came.
+  // timeout, naming the ranks whose records never came. A second call is a second round,
+  // under keys of its own (at most two: a ucx group whose first addresses did not reach
+  // every host exchanges new ones).
   std::vector<std::vector<std::vector<uint8_t>>> exchange(
       const std::vector<std::vector<uint8_t>>& parts);
 
@@ -94,8 +96,9 @@ class AddressExchange {
   void deleteKey(const std::string& key);
   // A counter's value for an error message, "?" when the Store cannot be read either.
   std::string counterForError(const std::string& key);
-  // exchange()'s error when the Store timed out waiting for every rank's record.
-  std::string notJoined(const std::string& storeSaid);
+  // exchange()'s error when the Store timed out waiting for every rank's record under
+  // `recordsKey`.
+  std::string notJoined(const std::string& recordsKey, const std::string& storeSaid);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
@@ -109,6 +112,7 @@ class AddressExchange {
   const std::vector<uint8_t>& tokenRecord();
   std::vector<uint8_t> tokenRecord_;
   bool completed_ = false;
+  int rounds_ = 0;  // exchange() calls so far
 };
 
 }  // namespace ucxb

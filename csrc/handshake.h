@@ -33,8 +33,10 @@ inline constexpr uint8_t kHandshakeMagic[4] = {'U', 'C', 'X', 'B'};
 // other's records. 1: the first record. 2: a ucx address starts with its host's identity
 // (the send lane's choice), and udp speaks wire version 3 (CREDIT and its catch-up flag);
 // a rank of version 1 would hand the packed address to UCX as a worker address, and udp ops
-// would time out with each end dropping the other's datagrams.
-inline constexpr uint8_t kHandshakeVersion = 2;
+// would time out with each end dropping the other's datagrams. 3: a ucx address carries,
+// after its host, whether its worker reaches other hosts at all (a worker made for one host
+// leaves TCP out); a rank of version 2 would read that byte as the start of UCX's address.
+inline constexpr uint8_t kHandshakeVersion = 3;
 
 struct Handshake {
   std::string transport;                  // "ucx" or "udp": the backend's name

@@ -219,11 +219,13 @@ PYBIND11_MODULE(_C, m) {
         out["phases"] = phases;
         out["store_calls"] = profile.store.calls;
         out["store_bytes"] = profile.store.bytes;
+        out["transports"] = profile.transports;
         return out;
       },
       py::arg("backend"),
       "Where this rank's creation of a ucx/udp group spent its time: its phases in seconds, "
-      "in order, and the Store calls and bytes it made (ucxbackend.startup_profile).");
+      "in order, the Store calls and bytes it made and the transports below the group's "
+      "(ucxbackend.startup_profile).");
 
   m.def(
       "get_error",

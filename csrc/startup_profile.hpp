@@ -21,6 +21,8 @@ struct StoreTraffic {
 struct StartupProfile {
   std::vector<std::pair<std::string, double>> phases;  // seconds, in the order they ran
   StoreTraffic store;
+  // Transport::lowerTransports() of the transport the group kept (ucx: its UCP context's).
+  std::vector<std::string> transports;
 };
 
 // Cuts the time since construction into consecutive named phases: each mark() ends one.

@@ -110,10 +110,13 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     } catch (const config::ConfigError& e) {
       unusableSecret = e;
     }
-    transport = makeTransport(options_, rank, size, exchange, timeout, groupKey);
-    if (faults_) {
-      transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
-    }
+    const auto build = [&](bool anyHost) {
+      transport = makeTransport(options_, rank, size, exchange, timeout, groupKey, anyHost);
+      if (faults_) {
+        transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
+      }
+    };
+    build(/*anyHost=*/false);
     clock.mark("transport");
     StagingOffer offer = offerStaging(options_, *transport, tuning_.chunkBytes);
     clock.mark("shm_offer");
@@ -133,7 +136,24 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       handshakes.push_back(parts[0]);
       offers.emplace_back(parts[1].begin(), parts[1].end());
     }
-    const auto addresses = checkHandshakes(rank, mine, handshakes);
+    auto addresses = checkHandshakes(rank, mine, handshakes);
+    if (!transport->reachesAll(addresses)) {
+      // A ucx rank guessed that the group shares its host, and the addresses name another
+      // host (every rank reads the same answer from them): every rank makes a transport that
+      // reaches any host, also one whose first transport did (only a wrong guess pays for
+      // that), and publishes its address in a second round. Only the addresses change; the
+      // settings and shared-memory offers checked above stand.
+      transport.reset();
+      build(/*anyHost=*/true);
+      const Handshake wide{mine.transport, mine.settings, transport->localAddress()};
+      std::vector<std::vector<uint8_t>> wideHandshakes;
+      for (auto& parts : exchange.exchange({encodeHandshake(wide)})) {
+        wideHandshakes.push_back(std::move(parts[0]));
+      }
+      addresses = checkHandshakes(rank, wide, wideHandshakes);
+      clock.mark("any_host");
+    }
+    profile_.transports = transport->lowerTransports();
     // Hands the transport every address; ucx connects a peer on first use (no all-to-all
     // connection, hence no barrier: see ucx_transport.h).
     for (int p = 0; p < size; ++p) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "csrc/launcher_hosts.hpp"
 #include "transports/udp/udp_transport.h"
 #include "transports/ucx/ucx_transport.h"
 
@@ -11,10 +12,13 @@ namespace ucxb {
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
                                          std::chrono::milliseconds opTimeout,
-                                         const std::optional<udp::AuthKey>& groupKey) {
+                                         const std::optional<udp::AuthKey>& groupKey,
+                                         bool anyHost) {
   if (options.transport == "ucx") {
-    return std::make_unique<ucx::UcxTransport>(rank, size, options.ucxNetDevices,
-                                               ucx::parseSendLaneMode(options.sendLane));
+    const bool guessOneHost = !anyHost && !launcherSpansHosts(size);
+    return std::make_unique<ucx::UcxTransport>(
+        rank, size, options.ucxNetDevices, ucx::parseSendLaneMode(options.sendLane),
+        guessOneHost ? ucx::Reach::kOneHost : ucx::Reach::kAnyHost);
   }
   udp::UdpTransportOptions udpOptions;
   udpOptions.config = udp::parseUdpConfig(options.udpConfig);

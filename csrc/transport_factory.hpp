@@ -18,9 +18,13 @@ namespace ucxb {
 // (against this interface's MTU) is a config::ConfigError. `opTimeout` is the group's op
 // timeout: udp never fails a merely silent peer before it (EndpointOptions::opTimeoutUs).
 // `groupKey`: udp's authenticated mode (csrc/udp_auth_setup.hpp), nullopt for none.
+// `anyHost`: false for the first try, with which a ucx transport guesses that the group shares
+// this host unless the launcher says it spans hosts (csrc/launcher_hosts.hpp); true after the
+// addresses showed that guess wrong (Transport::reachesAll).
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
                                          std::chrono::milliseconds opTimeout,
-                                         const std::optional<udp::AuthKey>& groupKey);
+                                         const std::optional<udp::AuthKey>& groupKey,
+                                         bool anyHost);
 
 }  // namespace ucxb

@@ -129,7 +129,16 @@ def check_job(
         assert out.count("staged=False host_group") == nproc, out[-2000:]
         host_staged = "True" if backend == "ucx" and nproc > 1 else "False" if nproc > 1 else "None"
         assert out.count(f"host_group_staged={host_staged}") == nproc, out[-2000:]
+        # A ucx world that spans hosts keeps TCP, whether or not it first guessed one host.
+        if backend == "ucx":
+            kept = re.findall(r"MULTINODE_OK .* transports=(\S+)", out)
+            assert len(kept) == nproc and all("tcp" in t.split(",") for t in kept), kept
     return outputs
+
+
+def any_host_rounds(out: str) -> list[str]:
+    """Whether each rank of a host's output needed the second round of addresses."""
+    return re.findall(r"MULTINODE_OK .* any_host=(\S+)", out)
 
 
 def lane_messages(out: str) -> list[str]:

@@ -12,12 +12,17 @@ Gloo rejects them: checked against Gloo's uneven all_to_all_single), all_to_all_
 and uneven splits, empty blocks), isend/irecv, batch_isend_irecv, recv from any source,
 barrier.
 
-Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname> ... send_lane_messages=<k>`` (how
-many sends took ucx's send lane, ``none`` without one) when everything matched, and exits
+Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname> ... send_lane_messages=<k>
+transports=<names> any_host=<bool>`` (how many sends took ucx's send lane, ``none`` without
+one; the transports below the world group's, ucxbackend.startup_profile, comma-separated; and
+whether its creation needed the second round for a group that spans hosts) when everything
+matched, and exits
 non-zero (with the mismatch) otherwise. ``MULTINODE_CORRUPT=1`` (tests only) also compares a
 corrupted copy of every non-empty result with its reference, which must be reported as a
 mismatch, and then fails the rank with ``corrupted results caught: <k> of <n>`` and the kinds
-of check they came from, to show that every comparison can fail.
+of check they came from, to show that every comparison can fail. ``MULTINODE_HIDE_LAUNCHER=1``
+(tests only) removes torchrun's LOCAL_WORLD_SIZE before the world is created, so that a ucx
+rank cannot tell from it that the job spans hosts (csrc/launcher_hosts.hpp).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import ucxbackend  # registers the ucx backend, and udp when built
 
 # Test-only: every comparison must also reject a corrupted copy of the result.
 CORRUPT = os.environ.get("MULTINODE_CORRUPT") == "1"
+# Read before MULTINODE_HIDE_LAUNCHER can remove it.
+LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 _corrupt_caught: list[str] = []  # the kind of check of each corrupted copy that was rejected
 _corrupt_missed: list[str] = []  # the names of those that were not
 
@@ -331,7 +338,7 @@ def check_host_group(rank: int, sizes: list[int]) -> bool | None:
     """With several ranks per host: all_reduce within each host's group (which may stage
     through shared memory, unlike the world), checked against the sum of the known inputs.
     Returns whether this host's group staged; None with one rank per host."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = LOCAL_WORLD_SIZE
     if local < 2:
         return None
     group, _ = dist.new_subgroups(group_size=local)  # torchrun numbers ranks host by host
@@ -352,7 +359,10 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
+    if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
     dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
+    profile = ucxbackend.startup_profile()
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     try:
@@ -378,7 +388,9 @@ def main() -> int:
     print(
         f"MULTINODE_OK rank={rank} world={world} host={socket.gethostname()} "
         f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')} staged={staged} "
-        f"host_group_staged={host_staged} send_lane_messages={lane}",
+        f"host_group_staged={host_staged} send_lane_messages={lane} "
+        f"transports={','.join(profile['transports']) or 'none'} "
+        f"any_host={'any_host' in profile['phases']}",
         flush=True,
     )
     return 0

@@ -139,10 +139,17 @@ def test_edge_shapes_and_self_mismatch() -> None:
 _CREATION_KEYS = (
     "token",
     "addr/<p>",
+    "records",
+    "arrived",
+    "all_in",
+    "records_2",
+    "arrived_2",
+    "all_in_2",
     "shm_yes",
     "shm_answer",
     "done",
     "closed",
+    "released",
 )
 
 

@@ -9,6 +9,7 @@ import re
 import pytest
 from multinode_harness import (
     SLOW_SIZES,
+    any_host_rounds,
     check_job,
     needs_rig,
     rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
@@ -22,7 +23,19 @@ pytestmark = needs_rig
 
 @pytest.mark.parametrize("backend", ["ucx", "udp"])
 def test_one_rank_per_host(rig: NetnsRig, backend: str) -> None:
-    run_job(rig, backend, 1)
+    out = run_job(rig, backend, 1)
+    if backend == "ucx":
+        # torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE: no one-host guess, no second round
+        assert [any_host_rounds(out[h]) for h in ("a", "b")] == [["False"], ["False"]], out
+
+
+def test_spanning_group_without_launcher_hint(rig: NetnsRig) -> None:
+    """Without torchrun's LOCAL_WORLD_SIZE each ucx rank guesses that the world shares its
+    host and leaves TCP out; the addresses name two hosts, so every rank makes a worker with
+    TCP and exchanges again (the any_host phase), and every collective still matches Gloo and
+    the reference (check_job also asserts that TCP is in the world's transports)."""
+    out = run_job(rig, "ucx", 1, extra_env={"MULTINODE_HIDE_LAUNCHER": "1"})
+    assert [any_host_rounds(out[h]) for h in ("a", "b")] == [["True"], ["True"]], out
 
 
 @pytest.mark.slow

@@ -67,6 +67,10 @@ class FaultInjectingTransport : public Transport {
   void abortPeer(int peer, const std::string& why) override { inner_->abortPeer(peer, why); }
   bool permitsSharedMemory() const override { return inner_->permitsSharedMemory(); }
   bool carriesDeviceMemory() const override { return inner_->carriesDeviceMemory(); }
+  bool reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const override {
+    return inner_->reachesAll(addresses);
+  }
+  std::vector<std::string> lowerTransports() const override { return inner_->lowerTransports(); }
   std::vector<Counters> peerCounters() const override { return inner_->peerCounters(); }
   Counters transportCounters() const override { return inner_->transportCounters(); }
 

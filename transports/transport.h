@@ -165,6 +165,18 @@ class Transport {
   // the backend stages device buffers through pinned host memory (collectives/op_memory.h).
   virtual bool carriesDeviceMemory() const { return false; }
 
+  // Whether this rank's transport reaches every rank whose address is in `addresses` (every
+  // rank's, by rank, this one's included). Every rank must give the same answer, so it comes
+  // from the addresses alone. False makes every rank of the group build its transport again
+  // for any host and exchange the new addresses (a ucx worker made for one host, in a group
+  // that spans hosts: csrc/transport_backend.cpp).
+  virtual bool reachesAll(const std::vector<std::vector<uint8_t>>& /*addresses*/) const {
+    return true;
+  }
+  // The transports below this one that may carry its bytes (ucx: its UCP context's), for
+  // startup_profile; empty where there is no such choice.
+  virtual std::vector<std::string> lowerTransports() const { return {}; }
+
   // Traffic counters per peer (index = peer rank) and for the transport as a whole; empty for
   // a transport that keeps none. Owner thread only, like everything else here.
   virtual std::vector<Counters> peerCounters() const { return {}; }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "transports/ucx/shared_memory_tls.h"
+#include "transports/ucx/ucx_info.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -27,13 +28,19 @@ void apply(ucp_config_t* config, const UcxDefault& d) {
   }
 }
 
-std::shared_ptr<Context> createContext(const std::string& netDevices) {
+std::shared_ptr<Context> createContext(const std::string& netDevices, Reach reach) {
   ucp_config_t* raw = nullptr;
   check(ucp_config_read(nullptr, nullptr, &raw), "ucp_config_read");
-  const char* tls = std::getenv("UCX_TLS");  // what ucp_config_read just took it from
-  const bool sharedMemory = tlsIncludesSharedMemory(tls != nullptr ? tls : "");
+  const char* userTls = std::getenv("UCX_TLS");  // what ucp_config_read just took it from
+  // The user's UCX_TLS always wins, also over a one-host guess.
+  const bool oneHostOnly = reach == Reach::kOneHost && userTls == nullptr;
+  const std::string tls = oneHostOnly ? kOneHostTls : userTls != nullptr ? userTls : "";
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw);
   for (const UcxDefault& d : ucxDefaults()) apply(config.get(), d);
+  if (oneHostOnly) {
+    check(ucp_config_modify(config.get(), "TLS", kOneHostTls),
+          std::string("ucp_config_modify TLS=") + kOneHostTls);
+  }
   if (!netDevices.empty()) {
     check(ucp_config_modify(config.get(), "NET_DEVICES", netDevices.c_str()),
           "ucp_config_modify NET_DEVICES=" + netDevices);
@@ -48,7 +55,7 @@ std::shared_ptr<Context> createContext(const std::string& netDevices) {
 
   ucp_context_h ctx = nullptr;
   check(ucp_init(&params, config.get(), &ctx), "ucp_init");
-  return std::make_shared<Context>(ctx, sharedMemory);
+  return std::make_shared<Context>(ctx, tlsIncludesSharedMemory(tls), oneHostOnly);
 }
 
 }  // namespace
@@ -97,14 +104,21 @@ bool appliesNow(const UcxDefault& d) {
 
 Context::~Context() { ucp_cleanup(handle_); }
 
-std::shared_ptr<Context> Context::shared(const std::string& netDevices) {
+const std::vector<std::string>& Context::transports() const {
+  std::call_once(transportsRead_, [this] { transports_ = contextTransports(handle_); });
+  return transports_;
+}
+
+std::shared_ptr<Context> Context::shared(const std::string& netDevices, Reach reach) {
   static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<Context>> live;
+  static std::map<std::pair<std::string, Reach>, std::weak_ptr<Context>> live;
+  // Under the user's UCX_TLS both reaches make the same context: share one.
+  if (std::getenv("UCX_TLS") != nullptr) reach = Reach::kAnyHost;
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = live[netDevices];
+  auto& slot = live[{netDevices, reach}];
   auto ctx = slot.lock();
   if (!ctx) {
-    ctx = createContext(netDevices);
+    ctx = createContext(netDevices, reach);
     slot = ctx;
   }
   return ctx;

@@ -4,6 +4,11 @@
 #include <ucp/api/ucp.h>
 #include <uct/api/uct.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -69,6 +74,29 @@ std::vector<std::pair<std::string, std::string>> transports() {
   }
   uct_release_component_list(components);
   return out;
+}
+
+std::vector<std::string> contextTransports(ucp_context_h context) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = ::open_memstream(&text, &size);
+  if (stream == nullptr) return {};
+  ucp_context_print_info(context, stream);
+  std::fclose(stream);  // sets text and size
+  const std::string printed(text != nullptr ? text : "", size);
+  std::free(text);
+  // A resource line reads "#      resource 1  :  md 1  dev 1  flags -- tcp/eth0".
+  std::vector<std::string> names;
+  std::istringstream lines(printed);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" resource ") == std::string::npos) continue;
+    const size_t dashes = line.rfind("-- ");
+    const size_t slash = line.find('/', dashes);
+    if (dashes == std::string::npos || slash == std::string::npos) continue;
+    std::string name = line.substr(dashes + 3, slash - dashes - 3);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
 }
 
 }  // namespace ucxb::ucx

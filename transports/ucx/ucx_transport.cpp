@@ -46,29 +46,37 @@ std::string peerLabel(int peer) {
 }
 
 // What localAddress() carries: the length of this host's identity (4 bytes, little-endian),
-// the identity (shm::hostIdentity), then the worker's UCX address. The identity tells a peer
-// on another host (or in another network namespace) from one on this host (chooseLane).
-std::vector<uint8_t> packAddress(const std::string& host, const uint8_t* worker, size_t len) {
+// the identity (shm::hostIdentity), a byte that is 1 when the worker reaches no other host
+// (Context::oneHostOnly), then the worker's UCX address. The identity tells a peer on another
+// host (or in another network namespace) from one on this host (chooseLane, reachesAll).
+struct PackedAddress {
+  std::string host;
+  bool oneHostOnly = false;
+  std::vector<uint8_t> worker;
+};
+
+std::vector<uint8_t> packAddress(const std::string& host, bool oneHostOnly, const uint8_t* worker,
+                                 size_t len) {
   const auto n = static_cast<uint32_t>(host.size());
-  std::vector<uint8_t> out(4 + host.size() + len);
+  std::vector<uint8_t> out(4 + host.size() + 1 + len);
   for (size_t i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
   std::memcpy(out.data() + 4, host.data(), host.size());
-  if (len > 0) std::memcpy(out.data() + 4 + host.size(), worker, len);
+  out[4 + host.size()] = oneHostOnly ? 1 : 0;
+  if (len > 0) std::memcpy(out.data() + 4 + host.size() + 1, worker, len);
   return out;
 }
 
-// Splits a packed address into (host identity, worker address); throws on a short one.
-std::pair<std::string, std::vector<uint8_t>> unpackAddress(const std::vector<uint8_t>& blob,
-                                                           int peer) {
+// Splits a packed address; throws on a short one.
+PackedAddress unpackAddress(const std::vector<uint8_t>& blob, int peer) {
   uint32_t n = 0;
   for (int i = 0; i < 4 && i < static_cast<int>(blob.size()); ++i) n |= uint32_t{blob[i]} << (8 * i);
-  if (blob.size() < 4 || blob.size() - 4 < n) {
+  if (blob.size() < 4 || blob.size() - 4 <= n) {
     throw TransportError("the address of rank " + std::to_string(peer) + " is truncated (" +
                              std::to_string(blob.size()) + " bytes)",
                          peer);
   }
-  return {std::string(blob.begin() + 4, blob.begin() + 4 + n),
-          std::vector<uint8_t>(blob.begin() + 4 + n, blob.end())};
+  return {std::string(blob.begin() + 4, blob.begin() + 4 + n), blob[4 + n] == 1,
+          std::vector<uint8_t>(blob.begin() + 4 + n + 1, blob.end())};
 }
 
 // Whether every lane of `ep` is UCX's TCP transport, i.e. the kernel moves this peer's bytes
@@ -97,10 +105,10 @@ bool overTcpOnly(ucp_ep_h ep) {
 }  // namespace
 
 UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices,
-                           SendLaneMode laneMode)
+                           SendLaneMode laneMode, Reach reach)
     : rank_(rank),
       size_(size),
-      context_(Context::shared(netDevices)),
+      context_(Context::shared(netDevices, reach)),
       host_(shm::hostIdentity()),
       laneMode_(laneMode) {
   ucp_worker_params_t params{};
@@ -116,7 +124,8 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices,
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   check(ucp_worker_get_address(worker(), &addr, &len), "ucp_worker_get_address");
-  address_ = packAddress(host_, reinterpret_cast<const uint8_t*>(addr), len);
+  address_ = packAddress(host_, context_->oneHostOnly(), reinterpret_cast<const uint8_t*>(addr),
+                         len);
   ucp_worker_release_address(worker(), addr);
 
   check(ucp_worker_get_efd(worker(), &workerFd_), "ucp_worker_get_efd");
@@ -209,9 +218,9 @@ void UcxTransport::closeEndpoints() {
 void UcxTransport::connect(int peer, const std::vector<uint8_t>& address) {
   PeerSlot& slot = *peers_.at(peer);
   if (slot.ep != nullptr) return;
-  auto [host, worker] = unpackAddress(address, peer);
-  slot.address = std::move(worker);
-  slot.otherHost = host != host_;
+  PackedAddress packed = unpackAddress(address, peer);
+  slot.address = std::move(packed.worker);
+  slot.otherHost = packed.host != host_;
   const bool lanePossible = laneMode_ == SendLaneMode::kOn ||
                             (laneMode_ == SendLaneMode::kAuto && slot.otherHost);
   if (!lanePossible || lane_ || peer == rank_) return;
@@ -263,6 +272,25 @@ bool UcxTransport::reapLane() {
     }
   }
   return !done.empty();
+}
+
+bool UcxTransport::reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const {
+  // From the addresses alone, so that every rank answers alike: a rank whose worker reaches
+  // every host still takes part when another rank's does not.
+  bool anyOneHostOnly = false;
+  bool oneHost = true;
+  std::string first;
+  for (size_t p = 0; p < addresses.size(); ++p) {
+    const PackedAddress packed = unpackAddress(addresses[p], static_cast<int>(p));
+    anyOneHostOnly = anyOneHostOnly || packed.oneHostOnly;
+    if (p == 0) first = packed.host;
+    oneHost = oneHost && packed.host == first;
+  }
+  return oneHost || !anyOneHostOnly;
+}
+
+std::vector<std::string> UcxTransport::lowerTransports() const {
+  return context_->transports();
 }
 
 Counters UcxTransport::transportCounters() const {

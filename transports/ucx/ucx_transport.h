@@ -31,9 +31,11 @@ namespace ucxb::ucx {
 
 class UcxTransport final : public Transport {
  public:
-  // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice).
+  // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice). reach:
+  // kOneHost guesses that every rank runs on this host and leaves the transports only another
+  // host needs out of the worker (Context::oneHostOnly); reachesAll() checks the guess.
   UcxTransport(int rank, int size, const std::string& netDevices = "",
-               SendLaneMode laneMode = SendLaneMode::kAuto);
+               SendLaneMode laneMode = SendLaneMode::kAuto, Reach reach = Reach::kAnyHost);
   ~UcxTransport() override;
   UcxTransport(const UcxTransport&) = delete;
   UcxTransport& operator=(const UcxTransport&) = delete;
@@ -59,6 +61,11 @@ class UcxTransport final : public Transport {
   // UCX moves device memory itself when told its type: cuda_copy, cuda_ipc between processes
   // of one node, GPUDirect RDMA over rc/dc where the NIC and driver allow.
   bool carriesDeviceMemory() const override { return true; }
+  // False when some rank's worker was made for one host (its address says so) and the
+  // addresses name more than one host.
+  bool reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const override;
+  // The transports of this group's UCP context, e.g. {"self", "sysv", "posix", "cma"}.
+  std::vector<std::string> lowerTransports() const override;
   // Only where a send lane may be used (send_lane "on", or "auto" with a peer on another
   // host): send_lane_peers (peers whose large sends take the lane), send_lane_messages and
   // send_lane_bytes. Empty otherwise, so that a group on one host keeps no statistics.
