@@ -1,16 +1,20 @@
 """Correctness matrix: op family x dtype x reduce op x world size x size.
 
-One world is spawned per (op family, world size); inside it every rank loops
-over every dtype, reduce op and size, and compares each result with a
-reference it computes locally with numpy (never with the backend under test):
-every rank can rebuild any rank's inputs from (family, dtype, size, op, rank).
+One world is spawned per world size; inside it every rank runs every op family
+in turn, loops over every dtype, reduce op and size, and compares each result
+with a reference it computes locally with numpy (never with the backend under
+test): every rank can rebuild any rank's inputs from (family, dtype, size, op,
+rank).
 Inputs are small integers, so every result is exact in every dtype and is
 compared bit for bit; only AVG and PREMUL_SUM on floating dtypes use a
 tolerance.
 
 Each pytest item is one "case" (a dtype, or a named scenario such as
 ``noncontig``) of one (family, world size); the world runs once and its
-per-case results are cached for all the items that share it.  Under Gloo,
+per-case results are cached for all the items that share it.  Every case is
+caught and recorded on its own (``Recorder.attempt``), so a family that fails
+fails only its own items; a world that crashes or hangs fails every item of
+its world size.  Under Gloo,
 a combination that Gloo rejects with an exception is skipped (the ucx
 backend must support it); under ucx nothing is skipped.
 """
@@ -1034,8 +1038,14 @@ def family_main(rank: int, ws: int, families: tuple[str, ...], large: bool) -> d
 
 
 # --------------------------------------------------------------------------
-# Parent side: one world per (family, world size), shared by its items
+# Parent side: one world per world size, shared by the items of every family
 # --------------------------------------------------------------------------
+
+# One world per world size runs every selected family: starting a world (forking the ranks,
+# creating and destroying the process group) cost about as much as a family's checks, and the
+# matrix had one world per (family, world size), 56 of them. Each family still gets a fresh
+# Recorder, its inputs depend only on (family, dtype, size, op, rank), and every op is waited
+# for before the next one starts, so a family sees the same data as in a world of its own.
 
 _WORLDS: dict[tuple[Any, ...], tuple[bool, Any]] = {}
 
@@ -1063,7 +1073,7 @@ def world_results(families: tuple[str, ...], ws: int, large: bool) -> dict[str, 
                 family_main,
                 ws,
                 args=(families, large),
-                timeout=WORLD_TIMEOUT * (2 if large else 1),
+                timeout=WORLD_TIMEOUT * (2 if large or len(families) > 1 else 1),
                 pg_timeout=PG_TIMEOUT,
             )
         except (AssertionError, TimeoutError) as e:
@@ -1099,9 +1109,23 @@ def _matrix_params() -> Iterator[Any]:
                 yield pytest.param(family, ws, case, marks=marks, id=f"{family}-ws{ws}-{case}")
 
 
+@pytest.fixture(scope="module")
+def selected_families(request: pytest.FixtureRequest) -> dict[int, tuple[str, ...]]:
+    """The families test_matrix runs at each world size in this session, in FAMILIES order:
+    a run of a few items (``-k``, ``-m``) starts worlds of only the families it checks."""
+    wanted: dict[int, set[str]] = {}
+    for item in request.session.items:
+        spec = getattr(item, "callspec", None)
+        if getattr(item, "originalname", None) == "test_matrix" and spec is not None:
+            wanted.setdefault(spec.params["ws"], set()).add(spec.params["family"])
+    return {ws: tuple(f for f in FAMILIES if f in fams) for ws, fams in wanted.items()}
+
+
 @pytest.mark.parametrize(("family", "ws", "case"), list(_matrix_params()))
-def test_matrix(family: str, ws: int, case: str) -> None:
-    results = world_results((family,), ws, large=False)
+def test_matrix(
+    family: str, ws: int, case: str, selected_families: dict[int, tuple[str, ...]]
+) -> None:
+    results = world_results(selected_families.get(ws, (family,)), ws, large=False)
     evaluate(family, case, results.get(family, {}).get(case))
 
 
