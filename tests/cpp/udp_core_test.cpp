@@ -897,7 +897,7 @@ void testFaults() {
   CHECK_EQ(corruptedButAccepted, uint64_t{0});
 }
 
-// aimd under path_policy=adaptive: a window per path, LIA-coupled (congestion_coupled.h).
+// aimd under path_policy=adaptive: a window per path, OLIA-coupled (congestion_coupled.h).
 void testCoupledWindows() {
   CoupledAimdCongestionControl c(4, 32, 2);
   CHECK(c.pathWindows() == &c);
@@ -916,8 +916,9 @@ void testCoupledWindows() {
   CHECK_EQ(c.pathWindowPackets(1), uint64_t{4});
   c.onPathSpuriousLoss(1);
   CHECK_EQ(c.pathWindowPackets(1), uint64_t{8});
-  // Congestion avoidance on four equal paths of 5 packets: LIA adds 1/80 per ACK (alpha /
-  // total, alpha = 20 x 5 / 20^2), so 400 ACKs (twenty round trips) grow the total by 4 to 5
+  // Congestion avoidance on four equal paths of 5 packets: OLIA adds 1/80 per ACK
+  // ((w / rtt^2) / (sum w / rtt)^2 = 5 / 20^2; every path has the largest window, so none
+  // takes window from another), so 400 ACKs (twenty round trips) grow the total by 4 to 5
   // packets, as one Reno window on one of the paths would grow in 20 of its round trips;
   // four uncoupled Reno windows would grow each path to about 15 (60 in all).
   CoupledAimdCongestionControl d(4, 40, 2);
@@ -929,6 +930,27 @@ void testCoupledWindows() {
     for (uint32_t p = 0; p < 4; ++p) d.onPathAcked(p, 2, 3);
   }
   CHECK_MSG(d.windowPackets() == 24, std::to_string(d.windowPackets()));
+  // OLIA moves window to a path whose losses are further apart: path 1 (30 packets between
+  // its cuts, about 6 after the second) against path 0 (10, no packet acknowledged since its
+  // cut). Per ACK on path 1: 5.x / 100^2 / (15.x / 100)^2 + (1 / 2) / 5.x, about 0.12, so 30
+  // ACKs add about 3 packets (LIA: max_j(w_j / rtt_j^2) / (sum_j w_j / rtt_j)^2, about 0.04,
+  // 1.2 packets). Path 0, of the largest window, gives: 10 / 100^2 / (15.x / 100)^2 - (1 / 2)
+  // / 10 < 0 per ACK.
+  CoupledAimdCongestionControl e(2, 40, 2);
+  for (uint32_t p = 0; p < 2; ++p) {
+    e.setPathRtt(p, 100);
+    e.onPathLost(p, 1, 1, 1);  // each at 10: out of slow start
+  }
+  for (int i = 0; i < 30; ++i) e.onPathAcked(1, 2, 3);
+  e.onPathLost(1, 4, 5, 1);
+  const uint64_t before = e.pathWindowPackets(1);
+  CHECK_MSG(before >= 5 && before <= 6, std::to_string(before));
+  for (int i = 0; i < 30; ++i) {
+    e.onPathAcked(1, 6, 7);
+    e.onPathAcked(0, 6, 7);
+  }
+  CHECK_MSG(e.pathWindowPackets(1) >= before + 2, std::to_string(e.pathWindowPackets(1)));
+  CHECK_MSG(e.pathWindowPackets(0) <= 9, std::to_string(e.pathWindowPackets(0)));
   // A timeout blames no path: every window to the floor.
   d.onRetransmissionTimeout(10);
   for (uint32_t p = 0; p < 4; ++p) CHECK_EQ(d.pathWindowPackets(p), uint64_t{2});

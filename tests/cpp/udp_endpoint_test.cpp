@@ -1126,9 +1126,13 @@ double wonBack(const OpTimeCase& c) {
 OpTimeCase opTimeCase(size_t bytes, int ops, const std::string& noise,
                       const std::string& config = "") {
   OpTimeCase c{bytes, ops, {}, {}, {}};
-  c.clean = allReduceOpTimes("spray", "seed=3" + noise, bytes, ops, config);
-  c.spray = allReduceOpTimes("spray", "seed=3" + noise + ";drop=0.05", bytes, ops, config);
-  c.adaptive = allReduceOpTimes("adaptive", "seed=3" + noise + ";drop=0.05", bytes, ops, config);
+  // UCXB_MULTIPATH_SEED: another seed for the faults (3 unless set), to see how much of a
+  // difference between two policies is one seed's luck.
+  const char* seedEnv = std::getenv("UCXB_MULTIPATH_SEED");
+  const std::string seed = std::string("seed=") + (seedEnv != nullptr ? seedEnv : "3");
+  c.clean = allReduceOpTimes("spray", seed + noise, bytes, ops, config);
+  c.spray = allReduceOpTimes("spray", seed + noise + ";drop=0.05", bytes, ops, config);
+  c.adaptive = allReduceOpTimes("adaptive", seed + noise + ";drop=0.05", bytes, ops, config);
   for (const auto& [name, o] :
        {std::pair{"clean", &c.clean}, {"spray", &c.spray}, {"adaptive", &c.adaptive}}) {
     const Stats& s = o->stats;
@@ -1294,43 +1298,41 @@ void testCreditReceiverStall() {
 // The comparison as a researcher sets it up on a fabric: every path a 2 Gbit/s link with a
 // 64-packet drop-tail queue, and a congestion policy that reacts to loss. Round-robin under
 // aimd has one window for the connection, halved once per round trip with losses, so the
-// lossy path's 1.25% aggregate loss keeps it small (clean / round-robin 1.7-1.9x). adaptive
-// under aimd keeps a window per path, LIA-coupled (congestion_coupled.h): path 1's losses
+// lossy path's 1.25% aggregate loss keeps it small (clean / round-robin 1.8-1.9x). adaptive
+// under aimd keeps a window per path, OLIA-coupled (congestion_coupled.h): path 1's losses
 // cut path 1's window only, and path 1 carries what its window allows instead of a trickle.
-// Guarded here (deterministic, the shorter runs of this test): adaptive at least 1.45x
-// round-robin at 1 MiB and 1.2x at 4 MiB (1.47x, 1.21x reached; with one shared window it
-// was 1.42x and 0.97x), with path 1 in use beyond the trickle a loss weight leaves it
-// (5-20% of the packets). UCXB_MULTIPATH_SWEEP=1 prints the table of the docs instead
-// (every congestion policy; 1, 4 and 16 MiB).
+// Guarded here (deterministic, the runs of the docs' table): adaptive at least 1.45x
+// round-robin at 1 MiB, 1.15x at 4 MiB and 1.1x at 16 MiB (1.50x, 1.20x, 1.14x reached;
+// with LIA's increase 1.50x, 1.30x, 1.00x), with path 1 in use beyond the trickle a loss
+// weight leaves it (5-20% of the packets). UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
+// docs instead (every congestion policy; =aimd: the aimd rows only).
 void testMultipathRateLimited() {
   const std::string links = ",rate_mbps=2000,queue=64,mark_above=16";
-  if (std::getenv("UCXB_MULTIPATH_SWEEP") != nullptr) {
+  const std::pair<size_t, int> runs[] = {{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
+                                         {size_t{16} << 20, 5}};
+  if (const char* sweep = std::getenv("UCXB_MULTIPATH_SWEEP")) {
+    const bool aimdOnly = std::string(sweep) == "aimd";
     for (const std::string config : {"congestion=none", "congestion=aimd",
                                      "congestion=delay,cc_target_delay_us=300", "congestion=ecn",
                                      "congestion=bdp,cc_link_mbps=8000", "congestion=credit"}) {
+      if (aimdOnly && config != "congestion=aimd") continue;
       std::printf("%s\n", config.c_str());
-      for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
-                                       {size_t{16} << 20, 5}}) {
-        opTimeCase(bytes, ops, links, config);
-      }
+      for (const auto& [bytes, ops] : runs) opTimeCase(bytes, ops, links, config);
     }
     // And aimd without the rate limit (multipath_op_time's network), where adaptive's
     // windows per path meet losses only on path 1.
     std::printf("no rate limit, congestion=aimd\n");
-    for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
-                                     {size_t{16} << 20, 5}}) {
-      opTimeCase(bytes, ops, "", "congestion=aimd");
-    }
+    for (const auto& [bytes, ops] : runs) opTimeCase(bytes, ops, "", "congestion=aimd");
     return;
   }
-  for (const auto& [bytes, ops] : {std::pair{size_t{1} << 20, 10}, {size_t{4} << 20, 5}}) {
+  for (const auto& [bytes, ops] : runs) {
     const OpTimeCase c = opTimeCase(bytes, ops, links, "congestion=aimd");
     const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
     const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
     const double share = pathShare(c.adaptive.stats, 1);
+    const double floor = bytes == size_t{1} << 20 ? 1.45 : bytes == size_t{4} << 20 ? 1.15 : 1.1;
     CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
-    CHECK_MSG(ratio >= (bytes == size_t{1} << 20 ? 1.45 : 1.2),
-              std::to_string(bytes) + ": " + std::to_string(ratio));
+    CHECK_MSG(ratio >= floor, std::to_string(bytes) + ": " + std::to_string(ratio));
     CHECK_MSG(share > 0.05 && share < 0.2, std::to_string(share));
   }
 }

@@ -1,22 +1,28 @@
 // `aimd` under path_policy=adaptive with several paths: one Reno window per path, their
-// increases coupled as MPTCP's LIA couples them (RFC 6356), so that a loss on one path
-// halves that path's window only, and the connection as a whole takes no more of a shared
-// bottleneck than one Reno flow on its best path would.
+// increases coupled as MPTCP's OLIA couples them (Khalili et al., "MPTCP is not
+// Pareto-optimal", 2012), so that a loss on one path halves that path's window only, and the
+// connection as a whole takes no more of a shared bottleneck than one Reno flow on its best
+// path would.
 //
 // Why per path: with one window for the connection, the 5% random loss of one path of four
 // halves the window that all four share, and moving the packets off that path gives up its
 // capacity (a path that loses 5% at random still delivers 95% of its rate). With a window of
-// its own, the lossy path runs at what its loss allows (Reno: about sqrt(3/2 / p) packets per
-// round trip, 5-6 at 5%) and the three others are not cut by it; the path selector
-// (path_selector.h) sends each packet on a path whose window has room.
+// its own, the lossy path runs at what its loss allows and the three others are not cut by
+// it; the path selector (path_selector.h) sends each packet on a path whose window has room.
 //
-// Per path: slow start (+1 per ACK) up to its threshold, then LIA's coupled increase, for
-// each ACK on path i, min(alpha / total, 1 / w_i) packets, where total is the sum of the
-// windows and alpha = total x max_j(w_j / rtt_j^2) / (sum_j w_j / rtt_j)^2; halved once per
-// round trip of its own with losses (losses of packets sent before the last cut do not cut
-// again). A cut whose every loss a late ACK shows was none (the packet was held up, not
-// lost) is undone: the per-path time threshold takes packets late behind a queue for lost,
-// and a window that halves for them keeps a loaded path below its link's rate. A
+// Per path: slow start (+1 per ACK) up to its threshold, then OLIA's increase, for each ACK
+// on path r, (w_r / rtt_r^2) / (sum_p w_p / rtt_p)^2 + e_r / w_r. The first term is what
+// keeps the connection as gentle as one Reno flow; e_r moves window between paths: with n
+// paths, the paths that look best (the most packets acknowledged between two cuts per RTT
+// squared: Reno's rate there would be highest) but whose window is not the largest gain
+// 1 / (n x their count) per round trip, taken from the paths of the largest window. Why
+// OLIA rather than LIA (RFC 6356): LIA hands every path the increase of the paths of the
+// largest window per RTT squared, so a path halved by random loss regrows at a fraction of
+// a packet per round trip and sits at the floor (docs/udp-protocol.md has the figures).
+// Halved once per round trip of its own with losses (losses of packets sent before the last
+// cut do not cut again). A cut whose every loss a late ACK shows was none (the packet was
+// held up, not lost) is undone: the per-path time threshold takes packets late behind a queue
+// for lost, and a window that halves for them keeps a loaded path below its link's rate. A
 // retransmission timeout, which blames no path, takes every window to the floor.
 #pragma once
 
@@ -50,7 +56,7 @@ class CoupledAimdCongestionControl final : public CongestionControl {
   bool pathHasRoom(uint32_t path, uint64_t pathInFlight) const {
     return pathInFlight < pathWindowPackets(path);
   }
-  // The path's smoothed RTT (what LIA weighs the paths by); ignored while 0.
+  // The path's smoothed RTT (what OLIA weighs the paths by); ignored while 0.
   void setPathRtt(uint32_t path, DurationUs rttUs);
   void onPathAcked(uint32_t path, TimeUs sentTime, TimeUs now);
   // `count` packets of `path` declared lost at once, the newest sent at newestLostSentTime.
@@ -70,9 +76,17 @@ class CoupledAimdCongestionControl final : public CongestionControl {
     double windowBeforeCut = 0;
     double thresholdBeforeCut = 0;
     uint64_t lossesSinceCut = 0;
+    // Packets acknowledged between the last two cuts, and since the last one: OLIA's measure
+    // of how far apart the path's losses are.
+    double ackedBetweenCuts = 0;
+    double ackedSinceCut = 0;
+    double ackedBetweenCutsBeforeCut = 0;  // for the undo: the interval the cut ended
   };
-  // LIA's alpha / total: the coupled increase per ACK, before the per-path cap 1 / w_i.
-  double coupledIncrease() const;
+  // OLIA's increase per ACK on `path` in congestion avoidance (packets; may be negative).
+  double coupledIncrease(uint32_t path) const;
+  // OLIA's measure of a path: packets acknowledged between cuts (the larger of the last
+  // interval and the current one) per RTT squared, what Reno's rate there grows with.
+  static double quality(const Path& p);
 
   const double minWindow_;
   std::vector<Path> paths_;
