@@ -1116,7 +1116,12 @@ def selected_families(request: pytest.FixtureRequest) -> dict[int, tuple[str, ..
     wanted: dict[int, set[str]] = {}
     for item in request.session.items:
         spec = getattr(item, "callspec", None)
-        if getattr(item, "originalname", None) == "test_matrix" and spec is not None:
+        # Only this file's test_matrix: the suite has others (tests/gpu) with other params.
+        if (
+            getattr(item, "module", None) is request.module
+            and getattr(item, "originalname", None) == "test_matrix"
+            and spec is not None
+        ):
             wanted.setdefault(spec.params["ws"], set()).add(spec.params["family"])
     return {ws: tuple(f for f in FAMILIES if f in fams) for ws, fams in wanted.items()}
 
