@@ -36,7 +36,10 @@ inline constexpr uint8_t kHandshakeMagic[4] = {'U', 'C', 'X', 'B'};
 // would time out with each end dropping the other's datagrams. 3: a ucx address carries,
 // after its host, whether its worker reaches other hosts at all (a worker made for one host
 // leaves TCP out); a rank of version 2 would read that byte as the start of UCX's address.
-inline constexpr uint8_t kHandshakeVersion = 3;
+// 4: a collective's tags carry a fingerprint of its kind, dtype, reduce op and root
+// (tag::markedGroup); a rank of version 3 would post tags that match none of this rank's,
+// and every collective would time out.
+inline constexpr uint8_t kHandshakeVersion = 4;
 
 struct Handshake {
   std::string transport;                  // "ucx" or "udp": the backend's name
