@@ -162,10 +162,11 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     clock.mark("shm_offer");
     // One Store round carries every rank's address, transport, must-agree settings and
     // shared-memory offer; all are checked before the transport sees a peer's address.
-    const Handshake mine{options_.transport,
-                         withKeyCheck(agreedSettings(options_), options_, groupKey,
-                                      unusableSecret ? unusableSecret->what() : ""),
-                         transport->localAddress()};
+    Handshake mine{options_.transport,
+                   withKeyCheck(agreedSettings(options_), options_, groupKey,
+                                unusableSecret ? unusableSecret->what() : ""),
+                   transport->localAddress()};
+    mine.settings.push_back({kMembersSetting, membersValue(globalRanks_)});
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
