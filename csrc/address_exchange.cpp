@@ -260,7 +260,16 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
     const uint32_t p = readU32(blob, at);
     const uint32_t n = readU32(blob, at + 4);
     at += 8;
-    if (p >= static_cast<uint32_t>(size_) || found[p] || blob.size() - at < n) break;
+    if (p < static_cast<uint32_t>(size_) && found[p]) {
+      // Two processes joined this creation as the same rank: the ranks were told to create
+      // different groups under one id (see checkMembers in csrc/handshake.cpp).
+      throw SetupError("rank " + std::to_string(p) + " published two records in this creation " +
+                       "of the group (Store key " + recordsKey + "): two processes joined " +
+                       "as rank " + std::to_string(p) + " (new_group called with different " +
+                       "rank lists on different ranks, or two jobs sharing a Store and group " +
+                       "name?)");
+    }
+    if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
     found[p] = true;
     all[p] = unframe({blob.begin() + static_cast<std::ptrdiff_t>(at),
                       blob.begin() + static_cast<std::ptrdiff_t>(at + n)},

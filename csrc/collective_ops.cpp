@@ -145,7 +145,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
       return {std::move(op), [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); }};
     };
   }
-  return enqueue(op, type, c.device(), tensors, tensors, timeout,
+  return enqueue(op, type, c.device(), tensors, OpInputs(tensors).agreeing(reduceOp.op_, -1),
+                 timeout,
                  [tensors, spec, reduceOp, size](Comm& comm) {
                    // One tensor is reduced in place (staged if strided); several are packed.
                    const bool single = tensors.size() == 1;
@@ -192,7 +193,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
   const auto reduceOp = opts.reduceOp;
   const int size = getSize();
   at::Tensor t = tensors[0];
-  return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors, t, timeoutFor(opts.timeout),
+  return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors,
+                 OpInputs(t).agreeing(reduceOp.op_, root), timeoutFor(opts.timeout),
                  [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
                    // Only the root's tensor receives the result. The algorithm never writes
                    // the other ranks' inputs, so they are sent as they are, except under
@@ -219,7 +221,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tenso
   c.tensor(tensors[0]);
   const int root = rootOf(c, opts.rootRank);
   at::Tensor t = tensors[0];
-  return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors, t,
+  return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors,
+                 OpInputs(t).agreeing(-1, root),
                  timeoutFor(opts.timeout), [t, root](Comm& comm) {
                    Staged s(t);
                    algo::broadcast(comm, s.data(), s.bytes(), root);
@@ -405,7 +408,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
   c.tensor(in, "input");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> outs = rootList(c, root, outputs, in, "output");
-  return enqueue("gather", c10d::OpType::GATHER, c.device(), outs, in, timeoutFor(opts.timeout),
+  return enqueue("gather", c10d::OpType::GATHER, c.device(), outs,
+                 OpInputs(in).agreeing(-1, root), timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
                    Staged src(in);
                    std::vector<Staged> dst;
@@ -428,7 +432,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
-  return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs, out,
+  return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs,
+                 OpInputs(out).agreeing(-1, root),
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
                    std::vector<Staged> src;
                    std::vector<const void*> ptrs;
@@ -490,7 +495,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                           return t.numel() == outputs[0].numel();
                         })));
   if (direct) {
-    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, all, timeout,
+    return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs,
+                 OpInputs(all).agreeing(reduceOp.op_, -1), timeout,
                    [output = outputs[0], parts = inputs[0], spec, reduceOp, size](Comm& comm) {
                      const int n = comm.size();
                      const size_t blockBytes = output.nbytes();
@@ -510,7 +516,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                      dst.copyBack();
                    });
   }
-  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs, all, timeout,
+  return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs,
+                 OpInputs(all).agreeing(reduceOp.op_, -1), timeout,
                  [outputs, inputs, spec, reduceOp, size](Comm& comm) {
                    const int n = comm.size();
                    std::vector<at::Tensor> rows;  // input i as [n, block_i] views

@@ -1,6 +1,7 @@
 #include "csrc/handshake.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstddef>
 #include <limits>
 #include <optional>
@@ -137,9 +138,11 @@ std::string shown(const std::optional<std::string>& value) {
 std::vector<std::string> differences(int rank, const std::vector<config::Setting>& mine,
                                      int peer, const std::vector<config::Setting>& theirs) {
   std::vector<std::string> names;
-  for (const auto& s : mine) names.push_back(s.name);
+  for (const auto& s : mine) {
+    if (s.name != kMembersSetting) names.push_back(s.name);  // checkMembers' own
+  }
   for (const auto& s : theirs) {
-    if (!valueOf(mine, s.name)) names.push_back(s.name);
+    if (!valueOf(mine, s.name) && s.name != kMembersSetting) names.push_back(s.name);
   }
   std::vector<std::string> out;
   for (const auto& name : names) {
@@ -152,7 +155,37 @@ std::vector<std::string> differences(int rank, const std::vector<config::Setting
   return out;
 }
 
+// Two ranks created as members of different groups under one group id and Store: torch's
+// new_group called with different rank lists on different ranks (its group names count
+// calls, so both groups get the same name), or two jobs sharing a Store and group name.
+void checkMembers(int rank, const Handshake& mine, int peer, const Handshake& theirs) {
+  const auto a = valueOf(mine.settings, kMembersSetting);
+  const auto b = valueOf(theirs.settings, kMembersSetting);
+  if (a == b) return;
+  throw HandshakeMismatch(rankName(peer) + " joined this group as a member of global ranks " +
+                          shown(b) + " but " + rankName(rank) + " (this rank) of " + shown(a) +
+                          ": every rank must create the group with the same ranks (new_group "
+                          "called with different rank lists on different ranks?)");
+}
+
 }  // namespace
+
+std::string membersValue(const std::vector<int64_t>& globalRanks) {
+  std::string list;
+  for (size_t i = 0; i < globalRanks.size(); ++i) {
+    list += (i == 0 ? "" : ",") + std::to_string(globalRanks[i]);
+  }
+  if (list.size() <= 200) return "[" + list + "]";
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the whole list
+  for (const char c : list) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(globalRanks.size()) + " ranks " + std::to_string(globalRanks.front()) +
+         ".." + std::to_string(globalRanks.back()) + ", hash " + hex;
+}
 
 std::vector<uint8_t> encodeHandshake(const Handshake& record) {
   Writer w;
@@ -183,6 +216,10 @@ std::vector<std::vector<uint8_t>> checkHandshakes(int rank, const Handshake& min
                               " address but this group is " + mine.transport +
                               ": every rank of a group must use the same backend");
     }
+  }
+  for (size_t p = 0; p < records.size(); ++p) {
+    const int peer = static_cast<int>(p);
+    if (peer != rank) checkMembers(rank, mine, peer, all[p]);
   }
   for (size_t p = 0; p < records.size(); ++p) {
     const int peer = static_cast<int>(p);

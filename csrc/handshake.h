@@ -36,13 +36,25 @@ inline constexpr uint8_t kHandshakeMagic[4] = {'U', 'C', 'X', 'B'};
 // would time out with each end dropping the other's datagrams. 3: a ucx address carries,
 // after its host, whether its worker reaches other hosts at all (a worker made for one host
 // leaves TCP out); a rank of version 2 would read that byte as the start of UCX's address.
-inline constexpr uint8_t kHandshakeVersion = 3;
+// 4: a collective's tags carry a fingerprint of its kind, dtype, reduce op and root
+// (tag::markedGroup); a rank of version 3 would post tags that match none of this rank's,
+// and every collective would time out; and the record carries the group's members
+// (kMembersSetting).
+inline constexpr uint8_t kHandshakeVersion = 4;
 
 struct Handshake {
   std::string transport;                  // "ucx" or "udp": the backend's name
   std::vector<config::Setting> settings;  // what must be the same on every rank, canonical
   std::vector<uint8_t> address;           // the transport's localAddress()
 };
+
+// The name of the setting that carries the group's members (membersValue), checked apart
+// from the knobs: ranks that disagree on it were told to create different groups.
+inline constexpr const char* kMembersSetting = "members";
+
+// The group's global ranks as the members setting's value: the list itself when it is short,
+// else its length, ends and a hash (a record's value holds at most 65535 bytes).
+std::string membersValue(const std::vector<int64_t>& globalRanks);
 
 // A record that is not what this rank can connect to: another backend, another release, a
 // disagreeing setting or bytes that are not a record. what() names the peer and both sides.

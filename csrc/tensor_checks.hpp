@@ -28,6 +28,16 @@ struct OpInputs {
   OpInputs(const std::vector<at::Tensor>& ts) : tensors(ts), text(describe(ts)) {}  // NOLINT
   c10::ArrayRef<at::Tensor> tensors;
   std::string text;
+  // What the ranks must pass alike besides the op and the dtype (-1: the op has none): the
+  // reduce op and the root. They go into the op's tags (TransportBackend::enqueue).
+  int reduceOp = -1;
+  int root = -1;
+
+  OpInputs&& agreeing(int reduceOpOf, int rootOf) && {
+    reduceOp = reduceOpOf;
+    root = rootOf;
+    return std::move(*this);
+  }
 };
 
 struct Checker {

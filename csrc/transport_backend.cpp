@@ -70,6 +70,46 @@ Task taskFor(const c10::intrusive_ptr<TransportWork>& work, const char* op) {
   return task;
 }
 
+// The kind of a collective, for its tags' fingerprint (tag::markedGroup): the variants of one
+// collective that ranks may mix (a list or a flat all_gather, a coalesced or a single
+// all_reduce, a direct or a staged reduce_scatter) are one kind.
+int opKind(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED:
+      return 1;
+    case c10d::OpType::REDUCE:
+      return 2;
+    case c10d::OpType::BROADCAST:
+      return 3;
+    case c10d::OpType::ALLGATHER:
+    case c10d::OpType::_ALLGATHER_BASE:
+    case c10d::OpType::ALLGATHER_COALESCED:
+      return 4;
+    case c10d::OpType::GATHER:
+      return 5;
+    case c10d::OpType::SCATTER:
+      return 6;
+    case c10d::OpType::REDUCE_SCATTER:
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return 7;
+    case c10d::OpType::ALLTOALL:
+    case c10d::OpType::ALLTOALL_BASE:
+      return 8;
+    case c10d::OpType::BARRIER:
+      return 9;
+    default:
+      return 0;
+  }
+}
+
+// The group field of `type`'s tags for these inputs (tag::markedGroup).
+uint32_t tagGroupOf(uint32_t groupHash, c10d::OpType type, const OpInputs& inputs) {
+  const int64_t dtype =
+      inputs.tensors.empty() ? -1 : static_cast<int64_t>(inputs.tensors[0].scalar_type());
+  return tag::markedGroup(groupHash, {opKind(type), dtype, inputs.reduceOp, inputs.root});
+}
+
 }  // namespace
 
 TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -122,10 +162,11 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     clock.mark("shm_offer");
     // One Store round carries every rank's address, transport, must-agree settings and
     // shared-memory offer; all are checked before the transport sees a peer's address.
-    const Handshake mine{options_.transport,
-                         withKeyCheck(agreedSettings(options_), options_, groupKey,
-                                      unusableSecret ? unusableSecret->what() : ""),
-                         transport->localAddress()};
+    Handshake mine{options_.transport,
+                   withKeyCheck(agreedSettings(options_), options_, groupKey,
+                                unusableSecret ? unusableSecret->what() : ""),
+                   transport->localAddress()};
+    mine.settings.push_back({kMembersSetting, membersValue(globalRanks_)});
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
@@ -433,6 +474,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   c10::intrusive_ptr<TransportWork> work;
   std::unique_ptr<ProgressEngine::Lease> lease;
   std::exception_ptr deviceError;
+  const uint32_t tagGroup = tagGroupOf(groupHash_, type, inputs);
   {
     std::lock_guard<std::mutex> issue(issueMu_);
     work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
@@ -446,7 +488,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
         std::optional<DeviceOp> deviceOp;
         try {
           deviceOp = issueOnDevice(device, devices_);
-          queueTask(work, op, std::move(deviceOp), timeout, std::move(body));
+          queueTask(work, op, tagGroup, std::move(deviceOp), timeout, std::move(body));
         } catch (...) {
           deviceError = std::current_exception();
         }
@@ -461,17 +503,17 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     work->finishError(toDistError(work->context(), deviceError));
     return work;
   }
-  if (lease) runInline(work, op, timeout, inlineBody, std::move(lease));
+  if (lease) runInline(work, op, tagGroup, timeout, inlineBody, std::move(lease));
   return work;
 }
 
 void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
-                                 std::optional<DeviceOp> deviceOp,
+                                 uint32_t tagGroup, std::optional<DeviceOp> deviceOp,
                                  std::chrono::milliseconds timeout, Body body) {
   Task task = taskFor(work, op);
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
-  task.run = [engine = engine_.get(), running = running_, group = groupHash_, work,
+  task.run = [engine = engine_.get(), running = running_, group = tagGroup, work,
               body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_,
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
@@ -518,6 +560,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
 }
 
 void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
+                                 uint32_t tagGroup,
                                  std::chrono::milliseconds timeout, const PostBody& post,
                                  std::unique_ptr<ProgressEngine::Lease> lease) {
   running_->store(work.get());
@@ -526,7 +569,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
   std::exception_ptr failure;
   {
     const auto deadline = Clock::now() + timeout;
-    auto comm = std::make_shared<Comm>(lease->transport(), *engine_, groupHash_,
+    auto comm = std::make_shared<Comm>(lease->transport(), *engine_, tagGroup,
                                        work->context().seq & tagSeqMask_, deadline, tuning_);
     try {
       auto posted = std::make_shared<Posted>(post(*comm));

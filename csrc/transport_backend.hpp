@@ -193,14 +193,16 @@ class TransportBackend : public c10d::Backend {
                                          std::vector<at::Tensor> outputs, OpInputs inputs,
                                          std::chrono::milliseconds timeout, Body body,
                                          PostBody inlineBody = nullptr);
-  // The task that runs `body` for `work` on the progress thread, queued.
+  // The task that runs `body` for `work` on the progress thread, queued. `tagGroup`: the
+  // group field of the op's tags (tag::markedGroup).
   void queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
-                 std::optional<DeviceOp> deviceOp, std::chrono::milliseconds timeout, Body body);
+                 uint32_t tagGroup, std::optional<DeviceOp> deviceOp,
+                 std::chrono::milliseconds timeout, Body body);
   // Runs `work`'s op on this thread, which holds the transport through `lease`: posts it,
   // drives it for up to spin_us, then finishes it here or hands the waiting to the progress
   // thread.
   void runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
-                 std::chrono::milliseconds timeout, const PostBody& post,
+                 uint32_t tagGroup, std::chrono::milliseconds timeout, const PostBody& post,
                  std::unique_ptr<ProgressEngine::Lease> lease);
   // Point-to-point: the body posts one request; the Work completes with it, not with the task.
   c10::intrusive_ptr<c10d::Work> enqueueP2P(const char* op, c10d::OpType type,

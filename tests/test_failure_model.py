@@ -229,6 +229,44 @@ def _progress_thread_fault(rank: int, backend: str) -> dict[str, Any]:
     return out
 
 
+# Collectives that the two ranks call with the same sizes but disagree on something else:
+# name -> (what rank 0 runs, what rank 1 runs), each given the group.
+MISMATCHES: dict[str, tuple[Any, Any]] = {
+    # Same bytes, another dtype: the inline all_reduce path (small, contiguous).
+    "dtype": (
+        lambda g: dist.all_reduce(torch.arange(1, 5, dtype=torch.float32), group=g),
+        lambda g: dist.all_reduce(torch.arange(1, 5, dtype=torch.int32), group=g),
+    ),
+    "reduce_op": (
+        lambda g: dist.all_reduce(torch.arange(1, 5), op=dist.ReduceOp.SUM, group=g),
+        lambda g: dist.all_reduce(torch.arange(1, 5), op=dist.ReduceOp.MAX, group=g),
+    ),
+    # The progress thread's path.
+    "all_gather_dtype": (
+        lambda g: dist.all_gather_into_tensor(
+            torch.zeros(4, dtype=torch.float64), torch.ones(2, dtype=torch.float64), group=g
+        ),
+        lambda g: dist.all_gather_into_tensor(
+            torch.zeros(4, dtype=torch.int64), torch.ones(2, dtype=torch.int64), group=g
+        ),
+    ),
+}
+
+
+def _mismatched_collective(rank: int, backend: str, case: str) -> tuple[str, str, float]:
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
+    dist.barrier(group=sub)  # connected: the op below is all that is left to fail
+    start = time.monotonic()
+    try:
+        MISMATCHES[case][rank](sub)
+        status, msg = "ok", ""
+    except RuntimeError as exc:
+        status, msg = "error", str(exc)
+    elapsed = time.monotonic() - start
+    dist.destroy_process_group(sub)
+    return status, msg, elapsed
+
+
 def _failure_world(rank: int, ws: int) -> dict[str, Any]:
     assert os.environ["UCXBACKEND_TEST_SEQ_BITS"] == "4"
     out: dict[str, Any] = {}
@@ -236,6 +274,9 @@ def _failure_world(rank: int, ws: int) -> dict[str, Any]:
         out[f"timeout/{backend}"] = _after_a_timeout(rank, backend)
     for backend in OURS:
         out[f"fault/{backend}"] = _progress_thread_fault(rank, backend)
+    for backend in OURS:
+        for case in MISMATCHES:
+            out[f"mismatch/{backend}/{case}"] = _mismatched_collective(rank, backend, case)
     return out
 
 
@@ -297,3 +338,20 @@ def test_progress_thread_fault_fails_works_instead_of_aborting(
     assert status == "error", f"all_reduce on the failed group returned {msg}"
     assert "earlier failure" in msg and "injected transport fault" in msg, msg
     assert f"{backend} allreduce" in msg and "Long[4]" in msg, msg
+
+
+@pytest.mark.parametrize("case", list(MISMATCHES))
+@pytest.mark.parametrize("backend", OURS)
+def test_ranks_that_disagree_on_dtype_or_reduce_op_fail_instead_of_mixing_data(
+    failure_world: list[dict[str, Any]], backend: str, case: str
+) -> None:
+    # Before the collective's tags carried what the ranks must agree on (tag::markedGroup),
+    # every case returned on both ranks: rank 1's all_reduce of int32 [1, 2, 3, 4] against
+    # rank 0's float32 [1., 2., 3., 4.] gave [1065353217, 1073741826, ...] (the float bits
+    # summed as ints), and SUM against MAX gave [2, 4, 6, 8] and [1, 2, 3, 4].
+    for rank, out in enumerate(failure_world):
+        status, msg, elapsed = out[f"mismatch/{backend}/{case}"]
+        assert status == "error", f"rank {rank}: a mismatched {case} returned"
+        assert "timed out" in msg and f"on rank {rank} of 2" in msg, msg
+        assert f"from rank {1 - rank}" in msg, msg
+        assert elapsed < OP_TIMEOUT_S + 5, (rank, elapsed, msg)

@@ -37,11 +37,39 @@ def _mixed_backends(rank: int, world_size: int) -> list[str]:
     ]
 
 
+def _disagreeing_members(rank: int, world_size: int) -> dict[str, str]:
+    """One group id on one Store, created by two processes told different members: this one
+    as rank 0 of global ranks [0, 1], the other as rank 1 of [0, 2] (what torch's new_group
+    with different rank lists on different ranks makes, as its group names count calls: the
+    process of global rank 2 joins where global rank 1 should). What each creation raised, or
+    what an all_reduce on the group then returned, per backend."""
+    from datetime import timedelta
+
+    from ucxbackend import _C
+
+    store = dist.PrefixStore("members/", dist.distributed_c10d._get_default_store())
+    out = {}
+    for backend in ("ucx", "udp"):
+        members = [0, 1] if rank == 0 else [0, 2]
+
+        def create_and_reduce(b: str = backend, m: list[int] = members) -> None:
+            group = _C.create_backend(store, rank, 2, timedelta(seconds=10), f"g-{b}", m,
+                                      {"transport": b})
+            t = torch.full((4,), float(m[rank] + 1))
+            group.allreduce([t]).wait()
+            group.shutdown()
+            raise AssertionError(f"created, and the all_reduce returned {t.tolist()}")
+
+        out[backend] = error_of(create_and_reduce)
+    return out
+
+
 def _groups(rank: int, world_size: int) -> dict[str, Any]:
-    """Both checks in one world (a world costs seconds to start, a group milliseconds)."""
+    """The checks in one world (a world costs seconds to start, a group milliseconds)."""
     return {
         "settings": _disagreeing_settings(rank, world_size),
         "mixed": _mixed_backends(rank, world_size),
+        "members": _disagreeing_members(rank, world_size),
     }
 
 
@@ -166,3 +194,20 @@ def test_must_agree_is_in_the_schema() -> None:
     assert "| `chunk_bytes` | `UCXBACKEND_CHUNK_BYTES` | `4194304` | yes |" in reference
     assert "| `spin_us` | `UCXBACKEND_SPIN_US` | `250` | no |" in reference
     assert "| `unexpected_bytes` | `1048576` | yes |" in reference
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_ranks_told_different_members_fail_naming_both_lists(
+    world: list[dict[str, Any]], backend: str
+) -> None:
+    # Before the record carried the members, both creations succeeded and the all_reduce
+    # returned [4.0, ...] on both: global rank 0's 1.0 plus global rank 2's 3.0, in a group
+    # that global rank 0 had created with global rank 1.
+    lists = {0: "[0,1]", 1: "[0,2]"}
+    for rank, r in enumerate(world):
+        message = r["members"][backend]
+        assert message.startswith(f"DistBackendError: {backend}: setting up group"), message
+        assert (
+            f"rank {1 - rank} joined this group as a member of global ranks '{lists[1 - rank]}'"
+            f" but rank {rank} (this rank) of '{lists[rank]}'"
+        ) in message, message

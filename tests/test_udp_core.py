@@ -231,7 +231,8 @@ def test_transport_over_loopback_sockets(
     """UdpTransport (the socket loop around the core) with three ranks in one process on
     127.0.0.1: messages from 0 bytes to 4 MiB between every pair, byte-compared with canaries
     after each buffer, any-source receives, truncation, cancellation, and a peer that vanishes
-    (found by keepalive and retransmission timeouts). tests/cpp/udp_transport_test.cpp."""
+    (found by keepalive and retransmission timeouts), and address blobs that are not one (the
+    error names the rank that published it). tests/cpp/udp_transport_test.cpp."""
     binary = tmp_path_factory.getbasetemp() / "udp_transport_test"
     if not binary.exists():
         _compile(binary, program="tests/cpp/udp_transport_test.cpp")

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace ucxb::tag {
 
@@ -60,6 +61,25 @@ constexpr uint64_t seq(uint64_t tag) { return (tag >> kSeqShift) & kSeqMask; }
 constexpr uint32_t step(uint64_t tag) { return static_cast<uint32_t>((tag >> kStepShift) & kStepMask); }
 constexpr uint64_t user(uint64_t tag) { return (tag >> kUserShift) & kUserMask; }
 constexpr bool isP2P(uint64_t tag) { return (tag & kP2PBit) != 0; }
+
+// The group field of a collective's tags: the group's hash with a fingerprint of what every
+// rank must pass alike to the op (`fields`: its kind, dtype, reduce op and root, as the
+// backend numbers them) folded in. Ranks that disagree on any of them (one sums floats while
+// the other sums ints of the same size, one sums while the other takes the max, two name
+// different roots) then post tags that do not match, and the op times out naming the peer it
+// waits for instead of reading the other op's bytes as its own. Sizes are left out: they may
+// differ legitimately (all_to_all) and a receive of another size fails on its own. Two
+// different fingerprints fold to the same 11 bits once in 2048.
+inline uint32_t markedGroup(uint32_t group, std::initializer_list<int64_t> fields) {
+  uint64_t h = 1469598103934665603ull;
+  for (const int64_t f : fields) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>(f) >> (8 * b) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return (group ^ static_cast<uint32_t>(h ^ (h >> 32))) & kGroupMask;
+}
 
 // FNV-1a folded to kGroupBits: a stable group hash from the group id string.
 inline uint32_t groupHash(const char* id) {

@@ -165,6 +165,25 @@ void testDeadPeer() {
   }
 }
 
+// An address blob that is not one (truncated, or of an unknown family: a Store record
+// damaged or written by something else) fails connect() naming the rank that published it.
+void testBadAddress() {
+  const std::vector<std::vector<uint8_t>> blobs = {{}, {4, 0, 1}, {34, 0, 1, 2, 3, 4, 5}};
+  for (const auto& blob : blobs) {
+    udp::UdpTransport t(0, 2, options);
+    std::string error;
+    try {
+      t.connect(1, blob);
+    } catch (const TransportError& e) {
+      error = e.what();
+      CHECK_MSG(e.peer() == 1, error);
+    }
+    CHECK_MSG(error.find("the address of rank 1 (" + std::to_string(blob.size()) + " bytes)") !=
+                  std::string::npos,
+              "connect() to a bad address said: '" + error + "'");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,6 +202,7 @@ int main(int argc, char** argv) {
       {"truncation", testTruncation, true},
       {"cancel", testCancel, true},
       {"counters", testCounters, true},
+      {"bad_address", testBadAddress, true},
       {"dead_peer", testDeadPeer, true},
   };
   // The arguments are the faults and the MTU, not group names: run every group.

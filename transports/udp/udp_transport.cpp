@@ -103,7 +103,16 @@ void UdpTransport::connect(int peer, const std::vector<uint8_t>& address) {
   size_t offset = 0;
   std::vector<SocketAddress> paths;
   while (offset < address.size() || paths.empty()) {
-    const SocketAddress a = SocketAddress::readFrom(address, offset);
+    SocketAddress a;
+    try {
+      a = SocketAddress::readFrom(address, offset);
+    } catch (const TransportError& e) {
+      // readFrom knows the bytes, not whose they are: name the rank that published them.
+      throw TransportError("udp: the address of rank " + std::to_string(peer) + " (" +
+                               std::to_string(address.size()) + " bytes) is not one: " +
+                               e.what(),
+                           peer);
+    }
     if (a.family() != socket_.localAddress().family()) {
       throw TransportError("udp: rank " + std::to_string(peer) + " is at " + a.toString() +
                                ", another address family than this rank's " +
