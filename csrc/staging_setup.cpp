@@ -50,6 +50,8 @@ StagingOffer offerStaging(const BackendOptions& options, const Transport& transp
   StagingOffer offer;
   offer.layout.slotBytes =
       std::clamp(chunkBytes, StagingLayout::kMinSlotBytes, StagingLayout::kMaxSlotBytes);
+  // Only a 2-rank group runs the exchanges that use the pair slots (every rank knows the size).
+  offer.layout.pairSlots = transport.size() == 2 ? 2 : 0;
   // This rank's own say. A rank that declines still publishes (an empty offer): UCX_TLS is per
   // process, and a peer whose environment differs must get an answer, not wait for one.
   if (transport.size() < 2 || !options.stagingWanted() || !transport.permitsSharedMemory()) {

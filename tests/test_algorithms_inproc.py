@@ -22,6 +22,7 @@ GROUPS = [
     "allreduce_ring",
     "allreduce_recursive_doubling",
     "allreduce_rabenseifner",
+    "allreduce_pair_slots",
     "reduce_scatter_ring",
     "reduce_scatter_recursive_halving",
     "reduce_binomial",

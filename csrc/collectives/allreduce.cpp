@@ -179,7 +179,10 @@ class PostedExchangeAllreduce : public PostedOp {
 // twice per op (reduce-scatter, then all-gather); this waits once, and each rank folds the
 // whole vector (a + b on one rank, b + a on the other: IEEE addition and multiplication are
 // commutative, and foldOrder makes min and max so, so both ranks end bit-identical but for
-// which of two NaNs comes out).
+// which of two NaNs comes out). From kAllreducePairSlotsMin it also takes the place of
+// recursive doubling's one transport message, for a vector that fits a pair slot: that
+// exchange waits for the peer once, as the transport message does, and copies each byte
+// across the cores once (staged_exchange.h).
 class PostedStagedAllreduce : public PostedOp {
  public:
   static constexpr PieceSize kPieces = PieceSize::kCacheSized;
@@ -187,9 +190,12 @@ class PostedStagedAllreduce : public PostedOp {
   static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
                       const StagingArea* staging) {
     const size_t bytes = count * elementSize;
-    return worldSize == 2 && staging != nullptr &&
-           tuning.forced[static_cast<size_t>(Op::kAllreduce)] == Algorithm::kAuto &&
-           choose(tuning, Op::kAllreduce, bytes, worldSize) == Algorithm::kRing &&
+    if (worldSize != 2 || staging == nullptr ||
+        tuning.forced[static_cast<size_t>(Op::kAllreduce)] != Algorithm::kAuto) {
+      return false;
+    }
+    if (bytes >= kAllreducePairSlotsMin && staging->pairFits(bytes)) return true;
+    return choose(tuning, Op::kAllreduce, bytes, worldSize) == Algorithm::kRing &&
            PostedStagedExchange::fits(*staging, bytes, elementSize, kPieces);
   }
 
@@ -202,7 +208,7 @@ class PostedStagedAllreduce : public PostedOp {
   }
 
   bool advance(Comm& comm) override {
-    if (consumed_) return true;  // the peer's credits and our own sends have completed
+    if (consumed_) return true;  // the peer's credits (if any) and our own sends have completed
     requests_ = exchange_.consume(comm, data_, &red_);
     consumed_ = true;
     return false;
@@ -229,12 +235,13 @@ bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, i
 
 std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
                                         const Reduction& red) {
-  if (PostedExchangeAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size())) {
-    return std::make_unique<PostedExchangeAllreduce>(comm, data, count, red);
-  }
+  // Staged first: from kAllreducePairSlotsMin both apply, and the pair slot wins.
   if (PostedStagedAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size(),
                                      hostStaging(comm))) {
     return std::make_unique<PostedStagedAllreduce>(comm, data, count, red);
+  }
+  if (PostedExchangeAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size())) {
+    return std::make_unique<PostedExchangeAllreduce>(comm, data, count, red);
   }
   throw OpFailed("internal: postAllreduce called for an all_reduce that is not postable");
 }

@@ -37,6 +37,13 @@ struct Tuning {
 // Thresholds of the automatic choice, in bytes of the op's whole message (see choose()).
 constexpr size_t kAllreduceRecursiveDoublingMax = size_t{32} << 10;
 constexpr size_t kAllreduceRabenseifnerMax = size_t{256} << 10;
+// A 2-rank all_reduce from this size that fits a pair slot of the group's shared-memory
+// staging (engine/staging_area.h) goes through it instead of recursive doubling's one
+// transport message: the peer folds straight out of the slot, with no copy into UCX's FIFO
+// and out of it, and none of UCX's FIFO pages to fault in a size's first ops. Measured
+// (docs/performance.md): 4 KiB after 10 warm-up ops took 9-10 us instead of 15-18; warm,
+// 256 B - 16 KiB neither gained nor lost at this host's noise.
+constexpr size_t kAllreducePairSlotsMin = size_t{4} << 10;
 constexpr size_t kAllgatherBruckMax = size_t{64} << 10;
 constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;

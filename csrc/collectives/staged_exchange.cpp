@@ -126,8 +126,19 @@ PostedStagedExchange::PostedStagedExchange(Comm& c, int peer, const uint8_t* src
       rank_(c.rank()),
       bytes_(bytes),
       piece_(staging_.pieceBytes(elementSize, pieces, bytes)),
-      firstStep_(firstStep) {
+      firstStep_(firstStep),
+      paired_(staging_.pairFits(bytes)) {
   if (!staging_.retiredBecause().empty()) throw OpFailed(staging_.retiredBecause());
+  if (paired_) {
+    pairSlot_ = staging_.takePairSlot();
+    sent_.resize(1);
+    arrived_.resize(1);
+    notices_.push_back(c.recv(peer, noticeStep(firstStep, 0), &arrived_[0], sizeof(Notice)));
+    staging_.fillOwnPairSlot(pairSlot_, src, bytes);
+    sent_[0] = Notice{bytes, bytes};
+    small_.push_back(c.send(peer, noticeStep(firstStep, 0), &sent_[0], sizeof(Notice)));
+    return;
+  }
   const size_t n = chunksOf(bytes, piece_);
   sent_.resize(n);
   arrived_.resize(n);
@@ -144,12 +155,22 @@ PostedStagedExchange::PostedStagedExchange(Comm& c, int peer, const uint8_t* src
 }
 
 PostedStagedExchange::~PostedStagedExchange() {
-  if (outstanding(credits_)) staging_.retire(slotsInUse(rank_, peer_));
+  // Through a pair slot there is no credit to tell: an exchange that failed before it had
+  // folded may leave the peer reading this rank's pair slot at any time.
+  if (outstanding(credits_) || (paired_ && !consumed_)) {
+    staging_.retire(slotsInUse(rank_, peer_));
+  }
 }
 
 std::vector<RequestPtr> PostedStagedExchange::consume(Comm& c, uint8_t* dst,
                                                       const Reduction* red) {
   if (consumed_) throw OpFailed("internal: a staged exchange consumed twice");
+  if (paired_) {
+    checkNotice(arrived_[0], bytes_, bytes_, peer_);
+    takePiece(dst, staging_.peerPairSlot(peer_, pairSlot_), bytes_, red);
+    consumed_ = true;
+    return small_;
+  }
   consumed_ = true;
   for (size_t k = 0; k < arrived_.size(); ++k) {
     const size_t n = pieceLength(bytes_, piece_, k);

@@ -38,9 +38,15 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
 
 // stagedExchange with one peer both ways, for a message that fits the slots at once (no
 // piece waits for a credit), split where it waits: for the posted all_reduce (PostedOp),
-// which the backend may drive on the caller's thread. It sends the same messages with the
-// same steps through the same slots as stagedExchange(c, peer, src, bytes, peer, dst, bytes,
-// firstStep, red, pieces), so a rank running one interoperates with a peer running the other.
+// which the backend may drive on the caller's thread. Both ranks of an exchange run this
+// class (they decide alike: same group, same length), in one of two ways:
+// - a message that fits a pair slot (StagingArea::pairFits: one cache-sized piece, in a
+//   2-rank group) goes through the pair slots with one notice each way and no credits: the
+//   exchange waits for the peer once. The peer's notice of the next pair exchange is what
+//   frees this one's slot (StagingArea::takePairSlot says why that suffices).
+// - any other goes through the slots with the messages and steps of stagedExchange(c, peer,
+//   src, bytes, peer, dst, bytes, firstStep, red, pieces): a notice and a credit per piece,
+//   and it ends when the peer's credits have come.
 class PostedStagedExchange {
  public:
   // Whether `bytes` of `elementSize`-byte elements fit the slots at once.
@@ -60,7 +66,8 @@ class PostedStagedExchange {
   const std::vector<RequestPtr>& notices() const { return notices_; }
   // Once the notices have arrived: folds the peer's pieces into `dst` with `red` (copies them
   // when null), answers each with a credit and returns what the exchange waits for last (the
-  // peer's credits, so that the slots are free for the next exchange, and its own sends).
+  // peer's credits, so that the slots are free for the next exchange, and its own sends;
+  // through a pair slot: its own notice only).
   // Throws OpFailed when the peer's message has another length.
   std::vector<RequestPtr> consume(Comm& c, uint8_t* dst, const Reduction* red);
 
@@ -71,6 +78,8 @@ class PostedStagedExchange {
   const size_t bytes_;
   const size_t piece_;
   const uint32_t firstStep_;
+  const bool paired_;      // through a pair slot, without credits
+  size_t pairSlot_ = 0;    // which one, when paired_
   std::vector<StagedNotice> sent_;
   std::vector<StagedNotice> arrived_;
   std::vector<RequestPtr> notices_;

@@ -58,6 +58,9 @@ struct StagingLayout {
   static constexpr size_t kSlotAlignment = 64;
   size_t slotBytes = kMaxSlotBytes;
   size_t slots = 4;
+  // Two more slots of one cache-sized piece each, after the others, for the exchanges of a
+  // 2-rank group that fit one piece (StagingArea::takePairSlot): 0 in larger groups.
+  size_t pairSlots = 2;
   // The segment starts with a page holding the creator's cookie (how a peer knows it opened
   // the right object) and, on a cache line of its own, the rank's core word (StagingArea::
   // publishCore); the slots follow, page-aligned.
@@ -66,7 +69,14 @@ struct StagingLayout {
   size_t slotStride() const {
     return (slotBytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   }
-  size_t segmentBytes() const { return kHeaderBytes + slotStride() * slots; }
+  // A pair slot holds what one cache-sized piece of a slot holds.
+  size_t pairSlotBytes() const { return std::min(slotBytes, kCacheSizedPieceBytes); }
+  size_t pairSlotStride() const {
+    return (pairSlotBytes() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+  }
+  size_t segmentBytes() const {
+    return kHeaderBytes + slotStride() * slots + pairSlotStride() * pairSlots;
+  }
 };
 
 class StagingArea {
@@ -90,14 +100,27 @@ class StagingArea {
   uint8_t* ownSlot(size_t k) const { return slotIn(mine_, k); }
   const uint8_t* peerSlot(int peer, size_t k) const { return slotIn(peers_.at(peer), k); }
   // Copies `n` (at most slotBytes()) bytes of `src` into ownSlot(k) the way stores() says.
-  void fillOwnSlot(size_t k, const uint8_t* src, size_t n) const {
-    if (stores_ == SlotStores::kStreaming) {
-      streamingCopy(ownSlot(k), src, n);
-    } else {
-      std::memcpy(ownSlot(k), src, n);
-    }
-  }
+  void fillOwnSlot(size_t k, const uint8_t* src, size_t n) const { fill(ownSlot(k), src, n); }
   SlotStores stores() const { return stores_; }
+
+  // The pair slots: a 2-rank exchange whose message fits one (`bytes` at most
+  // pairSlotBytes()) writes its own pair slot s and reads the peer's, and the exchanges
+  // alternate between s = 0 and 1. They need no credits: before an exchange writes slot s
+  // again, it has received the peer's notice of the exchange in between, which the peer sends
+  // only after its reads of slot s have ended (collectives/staged_exchange.h). Every rank
+  // runs the same exchanges in the same order, so both ranks' turns agree.
+  bool pairFits(size_t bytes) const {
+    return layout_.pairSlots == 2 && bytes <= layout_.pairSlotBytes();
+  }
+  size_t takePairSlot() {
+    const size_t s = nextPairSlot_;
+    nextPairSlot_ ^= 1;
+    return s;
+  }
+  void fillOwnPairSlot(size_t s, const uint8_t* src, size_t n) const {
+    fill(pairSlotIn(mine_, s), src, n);
+  }
+  const uint8_t* peerPairSlot(int peer, size_t s) const { return pairSlotIn(peers_.at(peer), s); }
 
   // The core this rank's caller last waited on during an inline op, for a peer to see
   // whether the two share a core (engine/progress_engine.h); -1 before the first. Stored as
@@ -124,12 +147,25 @@ class StagingArea {
   uint8_t* slotIn(const shm::SharedSegment& s, size_t k) const {
     return s.data() + StagingLayout::kHeaderBytes + (k % layout_.slots) * layout_.slotStride();
   }
+  uint8_t* pairSlotIn(const shm::SharedSegment& s, size_t k) const {
+    return s.data() + StagingLayout::kHeaderBytes + layout_.slots * layout_.slotStride() +
+           (k % 2) * layout_.pairSlotStride();
+  }
+  // Copies `n` bytes into one of this rank's slots the way stores() says.
+  void fill(uint8_t* dst, const uint8_t* src, size_t n) const {
+    if (stores_ == SlotStores::kStreaming) {
+      streamingCopy(dst, src, n);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+  }
 
   StagingLayout layout_;
   shm::SharedSegment mine_;
   std::vector<shm::SharedSegment> peers_;
   SlotStores stores_;
   std::string retiredBecause_;
+  size_t nextPairSlot_ = 0;  // used only by the thread that owns the group's transport
 };
 
 }  // namespace ucxb

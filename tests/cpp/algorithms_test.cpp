@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
       {"allreduce_ring", testAllreduceRing, true},
       {"allreduce_recursive_doubling", testAllreduceRecursiveDoubling, true},
       {"allreduce_rabenseifner", testAllreduceRabenseifner, true},
+      {"allreduce_pair_slots", testAllreducePairSlots, true},
       {"reduce_scatter_ring", testReduceScatterRing, true},
       {"reduce_scatter_recursive_halving", testReduceScatterRecursiveHalving, true},
       {"reduce_binomial", testReduceBinomial, true},

@@ -7,6 +7,7 @@ namespace ucxb::algotest {
 void testAllreduceRing();
 void testAllreduceRecursiveDoubling();
 void testAllreduceRabenseifner();
+void testAllreducePairSlots();
 void testReduceScatterRing();
 void testReduceScatterRecursiveHalving();
 void testReduceBinomial();

@@ -1,14 +1,19 @@
 // The reducing collectives: all_reduce, reduce_scatter and reduce, every algorithm, each
 // result against reducedBytes() (elements.h).
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "csrc/collectives/algorithms.h"
+#include "csrc/collectives/staged_exchange.h"
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
 #include "tests/cpp/algorithms/sweep.h"
+#include "tests/cpp/check.h"
 
 namespace ucxb::algotest {
 
@@ -39,6 +44,65 @@ void allreduceWith(Algorithm a) {
 void testAllreduceRing() { allreduceWith(Algorithm::kRing); }
 void testAllreduceRecursiveDoubling() { allreduceWith(Algorithm::kRecursiveDoubling); }
 void testAllreduceRabenseifner() { allreduceWith(Algorithm::kRabenseifner); }
+
+// The pair slots' exchanges have no credits (staged_exchange.h): rank 1 folds each one 20 ms
+// after its notice came, by which time rank 0 has finished that exchange and written its next
+// message. Rank 1 must still fold the message of the exchange it is in, and so must rank 0;
+// all_reduces that take the credited slots (512 KiB) and the ring (2 MiB) come in between.
+void testAllreducePairSlots() {
+  inproc::WorldOptions options;
+  options.size = 2;
+  options.staged = true;
+  ThreadWorld world(options);
+  const Reduction sum = makeReduction(DType::kInt32, ReduceKind::kSum);
+  // Element i of rank r in round k: distinct per round, so a message of another round shows.
+  const auto value = [](int rank, int round, size_t i) {
+    return static_cast<int32_t>(1000003 * round + 7 * static_cast<int32_t>(i) + rank);
+  };
+  const auto expected = [&](int round, size_t i) { return value(0, round, i) + value(1, round, i); };
+  uint32_t round = 0;
+  for (const size_t bytes : {size_t{64} << 10, size_t{64} << 10, size_t{256} << 10,
+                             size_t{512} << 10, size_t{64} << 10, size_t{2} << 20,
+                             size_t{4} << 10, size_t{64} << 10}) {
+    const int k = static_cast<int>(round++);
+    const std::string report = world.run([&, k, bytes](Comm& c) -> std::string {
+      const size_t count = bytes / sizeof(int32_t);
+      std::vector<int32_t> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = value(c.rank(), k, i);
+      if (c.staging()->pairFits(bytes)) {
+        // Two exchanges in this op: the second is the one rank 0 runs ahead into.
+        for (uint32_t half = 0; half < 2; ++half) {
+          std::vector<int32_t> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = value(c.rank(), k + 100 * half, i);
+          algo::detail::PostedStagedExchange ex(c, 1 - c.rank(),
+                                                reinterpret_cast<const uint8_t*>(mine.data()),
+                                                bytes, sizeof(int32_t), half,
+                                                PieceSize::kCacheSized);
+          c.wait(ex.notices());
+          if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          c.wait(ex.consume(c, reinterpret_cast<uint8_t*>(mine.data()), &sum));
+          for (size_t i = 0; i < count; ++i) {
+            if (mine[i] != expected(k + 100 * static_cast<int>(half), i)) {
+              return "pair exchange " + std::to_string(half) + " of " + std::to_string(bytes) +
+                     " bytes: element " + std::to_string(i) + " is " + std::to_string(mine[i]) +
+                     ", want " + std::to_string(expected(k + 100 * static_cast<int>(half), i));
+            }
+          }
+        }
+        return "";
+      }
+      algo::allreduce(c, data.data(), count, sum);
+      for (size_t i = 0; i < count; ++i) {
+        if (data[i] != expected(k, i)) {
+          return std::to_string(bytes) + "-byte all_reduce: element " + std::to_string(i) +
+                 " is " + std::to_string(data[i]) + ", want " + std::to_string(expected(k, i));
+        }
+      }
+      return "";
+    });
+    CHECK_MSG(report.empty(), "round " + std::to_string(k) + ":\n" + report);
+  }
+}
 
 // --- reduce_scatter --------------------------------------------------------------------------
 

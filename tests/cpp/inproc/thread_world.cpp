@@ -20,6 +20,7 @@ std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) 
   StagingLayout layout;
   layout.slotBytes =
       std::clamp(chunkBytes, StagingLayout::kMinSlotBytes, StagingLayout::kMaxSlotBytes);
+  layout.pairSlots = n == 2 ? 2 : 0;
   static int worlds = 0;
   const std::string prefix = "/ucxb-algotest-" + std::to_string(getpid()) + "-" +
                              std::to_string(worlds++) + "-r";
