@@ -1302,9 +1302,10 @@ void testCreditReceiverStall() {
 // under aimd keeps a window per path, OLIA-coupled (congestion_coupled.h): path 1's losses
 // cut path 1's window only, and path 1 carries what its window allows instead of a trickle.
 // Guarded here (deterministic, the runs of the docs' table): adaptive at least 1.45x
-// round-robin at 1 MiB, 1.15x at 4 MiB and 1.1x at 16 MiB (1.50x, 1.20x, 1.14x reached;
-// with LIA's increase 1.50x, 1.30x, 1.00x), with path 1 in use beyond the trickle a loss
-// weight leaves it (5-20% of the packets). UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
+// round-robin at 1 MiB, 1.3x at 4 MiB and 1.05x at 16 MiB (1.47x, 1.37x, 1.08x reached with
+// the per-path time threshold following each path's latest RTT; 0.96x and 0.98x at 4 and
+// 16 MiB with the smoothed RTT alone under F-RTO timeouts), with path 1 in use beyond the
+// trickle a loss weight leaves it (3-20% of the packets; the trickle is 1.6%). UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
 // docs instead (every congestion policy; =aimd: the aimd rows only).
 void testMultipathRateLimited() {
   const std::string links = ",rate_mbps=2000,queue=64,mark_above=16";
@@ -1330,10 +1331,10 @@ void testMultipathRateLimited() {
     const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
     const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
     const double share = pathShare(c.adaptive.stats, 1);
-    const double floor = bytes == size_t{1} << 20 ? 1.45 : bytes == size_t{4} << 20 ? 1.15 : 1.1;
+    const double floor = bytes == size_t{1} << 20 ? 1.45 : bytes == size_t{4} << 20 ? 1.3 : 1.05;
     CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
     CHECK_MSG(ratio >= floor, std::to_string(bytes) + ": " + std::to_string(ratio));
-    CHECK_MSG(share > 0.05 && share < 0.2, std::to_string(share));
+    CHECK_MSG(share > 0.03 && share < 0.2, std::to_string(share));
   }
 }
 

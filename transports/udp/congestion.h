@@ -52,6 +52,9 @@ class CongestionControl {
     onPacketsLost(newestTrimmedSentTime, now);
   }
   virtual void onRetransmissionTimeout(TimeUs now) = 0;
+  // Whether onPacketsLost() cuts what may be sent (a spurious loss then costs rate, not only
+  // a resend; the per-path time threshold weighs that: PathSelector::lossDelay).
+  virtual bool cutsOnLoss() const { return true; }
   // A receiver-driven policy (congestion_credit.h) sends DATA only against the receiver's
   // credit, which the connection exchanges for it; the window-based ones have none.
   virtual CreditCongestionControl* credits() { return nullptr; }
@@ -96,6 +99,7 @@ class NoCongestionControl final : public CongestionControl {
   void onPacketAcked(TimeUs, TimeUs) override {}
   void onPacketsLost(TimeUs, TimeUs) override {}
   void onRetransmissionTimeout(TimeUs) override {}
+  bool cutsOnLoss() const override { return false; }
 };
 
 // `aimd`: TCP Reno's window in packets. Slow start (+1 per ACK) up to ssthresh, then +1 per

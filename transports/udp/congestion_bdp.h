@@ -18,6 +18,7 @@ class BdpCapCongestionControl final : public CongestionControl {
   void onPacketAcked(TimeUs, TimeUs) override {}
   void onAck(const AckSignal& ack) override;
   void onPacketsLost(TimeUs, TimeUs) override {}
+  bool cutsOnLoss() const override { return false; }
   void onRetransmissionTimeout(TimeUs) override {}
 
  private:

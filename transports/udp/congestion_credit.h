@@ -40,6 +40,7 @@ class CreditCongestionControl final : public CongestionControl {
   uint64_t windowPackets() const override { return UINT64_MAX; }
   void onPacketAcked(TimeUs, TimeUs) override {}
   void onPacketsLost(TimeUs, TimeUs) override {}
+  bool cutsOnLoss() const override { return false; }
   void onRetransmissionTimeout(TimeUs) override {}
   CreditCongestionControl* credits() override { return this; }
 

@@ -121,9 +121,14 @@ void PathSelector::onSent(uint32_t path, bool retransmission) {
   if (retransmission) ++s.retransmitted;
 }
 
-void PathSelector::onAcked(uint32_t path, DurationUs rttUs) {
+void PathSelector::onAcked(uint32_t path, DurationUs rttUs, TimeUs sentTime) {
   Path& p = paths_[path];
   ++p.stats.acked;
+  // A packet held up and acknowledged after later ones says nothing of the queue now.
+  if (sentTime >= p.latestSentTime) {
+    p.latestRttUs = rttUs;
+    p.latestSentTime = sentTime;
+  }
   // RFC 6298's 1/8 gain, per path.
   p.stats.rttSmoothedUs =
       p.stats.rttSmoothedUs == 0 ? rttUs : (7 * p.stats.rttSmoothedUs + rttUs) / 8;
@@ -149,6 +154,13 @@ void PathSelector::onSpuriousLoss(uint32_t path) {
   Path& p = paths_[path % paths_.size()];
   p.lossRate = std::max(0.0, p.lossRate - kLossGain);
   p.stats.weightPermille = permille(p.lossRate);
+}
+
+DurationUs PathSelector::lossDelay(uint32_t path, bool latestCounts) const {
+  const Path& p = paths_[path % paths_.size()];
+  const DurationUs rtt =
+      latestCounts ? std::max(p.stats.rttSmoothedUs, p.latestRttUs) : p.stats.rttSmoothedUs;
+  return rtt + rtt / 8;
 }
 
 }  // namespace ucxb::udp

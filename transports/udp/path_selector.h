@@ -46,12 +46,20 @@ class PathSelector {
   // The path of an ACK or NACK: the best path (adaptive), else the next in turn.
   uint32_t chooseControl();
   void onSent(uint32_t path, bool retransmission);
-  void onAcked(uint32_t path, DurationUs rttUs);
+  // `sentTime`: when the acknowledged packet was sent (the path's latest RTT is that of the
+  // newest-sent packet acknowledged on it, as RACK's is, not of the one acknowledged last).
+  void onAcked(uint32_t path, DurationUs rttUs, TimeUs sentTime = 0);
   // byTimeout: declared by the retransmission timeout, which blames no path in particular.
   void onLost(uint32_t path, bool byTimeout);
   // A packet that loss detection declared lost on `path` was acknowledged after all (it was
   // late, e.g. held up by the receiving host): the loss is taken back.
   void onSpuriousLoss(uint32_t path);
+  // The time threshold of loss detection on `path` (SentPackets::setPathLossDelay): RFC
+  // 9002's 9/8 of the path's smoothed RTT or, with `latestCounts`, of the larger of its
+  // smoothed and latest RTT. The latest RTT follows a queue that is building at once, where
+  // the smoothed one lags it by several round trips and a packet still queued there looks
+  // lost as soon as another path acknowledges a later one.
+  DurationUs lossDelay(uint32_t path, bool latestCounts) const;
 
   const PathStats& stats(uint32_t path) const { return paths_[path].stats; }
   // The congestion policy keeps a window per path (congestion_coupled.h), and choose() is
@@ -65,6 +73,8 @@ class PathSelector {
     PathStats stats;
     double lossRate = 0.0;  // adaptive: estimated fraction of this path's packets lost
     double credit = 0.0;  // smooth weighted round-robin's running score
+    DurationUs latestRttUs = 0;  // of the newest-sent packet acknowledged on the path
+    TimeUs latestSentTime = 0;
   };
   double effectiveWeight(const Path& p, DurationUs bestRtt, double bestLoss) const;
   uint32_t next(uint32_t allowed);

@@ -217,9 +217,16 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     stats_.ceEchoed += newMarks;
   }
   for (const SentPacket& p : ackResult_.newlyAcked) {
-    paths_.onAcked(p.path, now >= p.sentTime ? now - p.sentTime : 0);
-    // RFC 9002's 9/8 of the RTT, of this path's own.
-    if (paths_.paths() > 1) sent_.setPathLossDelay(p.path, paths_.stats(p.path).rttSmoothedUs * 9 / 8);
+    paths_.onAcked(p.path, now >= p.sentTime ? now - p.sentTime : 0, p.sentTime);
+    // RFC 9002's 9/8 of the RTT, of this path's own. Its latest RTT counts where a loss cuts
+    // a window (congestion_->cutsOnLoss()): a spurious loss there costs the path half its
+    // rate, and the latest RTT keeps up with its queue. Where it does not, a spurious loss
+    // costs one resend, and the larger threshold only found real losses later (a host that
+    // holds 1% of datagrams up to 3 ms, `multipath_op_time`: 1.10x round-robin instead of
+    // 1.23x at 1 MiB).
+    if (paths_.paths() > 1) {
+      sent_.setPathLossDelay(p.path, paths_.lossDelay(p.path, congestion_->cutsOnLoss()));
+    }
     if (pathWindows_ != nullptr) {
       pathWindows_->setPathRtt(p.path, paths_.stats(p.path).rttSmoothedUs);
       pathWindows_->onPathAcked(p.path, p.sentTime, now);
