@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "csrc/launcher_hosts.hpp"
+#include "transports/shm/shared_segment.h"
 #include "transports/udp/udp_transport.h"
 #include "transports/ucx/ucx_transport.h"
 
@@ -15,7 +16,10 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
                                          const std::optional<udp::AuthKey>& groupKey,
                                          bool anyHost) {
   if (options.transport == "ucx") {
-    const bool guessOneHost = !anyHost && !launcherSpansHosts(size);
+    // Without a boot id two hosts can carry one identity (shm::hostIdentityIsUnique), and a
+    // group that wrongly agreed it shares a host would have no TCP between its hosts.
+    const bool guessOneHost =
+        !anyHost && !launcherSpansHosts(size) && shm::hostIdentityIsUnique();
     return std::make_unique<ucx::UcxTransport>(
         rank, size, options.ucxNetDevices, ucx::parseSendLaneMode(options.sendLane),
         guessOneHost ? ucx::Reach::kOneHost : ucx::Reach::kAnyHost);

@@ -263,6 +263,9 @@ def _mismatched_collective(rank: int, backend: str, case: str) -> tuple[str, str
     except RuntimeError as exc:
         status, msg = "error", str(exc)
     elapsed = time.monotonic() - start
+    # Both ranks past their own timeout before either closes `sub`: a udp rank that closed
+    # early could fail its still-waiting peer with port-unreachable instead of the timeout.
+    dist.barrier()
     dist.destroy_process_group(sub)
     return status, msg, elapsed
 

@@ -7,6 +7,12 @@ ucxbackend.startup_profile). A group that guessed wrong is covered on the namesp
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +23,8 @@ from conftest import skip_unless_ucx
 from dist_harness import run_world
 
 import ucxbackend
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(
     not ucxbackend.is_available(), reason="ucxbackend's native module is not built"
@@ -42,6 +50,8 @@ def _no_launcher() -> dict[str, str]:
 def test_one_host_group_leaves_tcp_out() -> None:
     """3 ranks on this host, no launcher: no tcp, shared memory kept, one exchange round."""
     skip_unless_ucx("the guess is ucx's")
+    if os.environ.get("UCX_TLS"):
+        pytest.skip("UCX_TLS is set here, and a user's UCX_TLS always wins over the guess")
     for r in run_world(_reach, 3, init="tcp", env=_no_launcher(), timeout=90):
         assert "tcp" not in r["transports"], r
         assert {"posix", "sysv"} <= set(r["transports"]), r
@@ -65,3 +75,36 @@ def test_user_tls_wins_over_the_guess() -> None:
     env = {**_no_launcher(), "UCX_TLS": "^cma"}
     for r in run_world(_reach, 2, init="tcp", env=env, timeout=120):
         assert "tcp" in r["transports"] and "cma" not in r["transports"], r
+
+
+_WITHOUT_BOOT_ID = """
+import json, sys
+sys.path.insert(0, "tests")
+import test_one_host_reach as t
+from dist_harness import run_world
+print(json.dumps(run_world(t._reach, 2, init="tcp", env=t._no_launcher(), timeout=90)))
+"""
+
+
+def test_no_guess_without_a_boot_id() -> None:
+    """Without a readable boot id the host identity is namespace numbers alone, which two
+    machines can share (shm::hostIdentityIsUnique): the group must not guess one host, so TCP
+    stays in. The boot id is hidden by a bind mount in a private mount namespace."""
+    skip_unless_ucx("the guess is ucx's")
+    if os.environ.get("UCX_TLS"):
+        pytest.skip("UCX_TLS is set here, and a user's UCX_TLS always wins over the guess")
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) to hide the boot id in a mount namespace")
+    hide = "mount --bind /dev/null /proc/sys/kernel/random/boot_id"
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f'{hide} && exec "$0" -c "$1"', sys.executable, _WITHOUT_BOOT_ID]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the world without a boot id did not finish in 150 s: {exc}")
+    if done.returncode != 0 and "mount" in done.stderr and "ucx" not in done.stderr:
+        pytest.skip(f"cannot hide the boot id here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for r in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert "tcp" in r["transports"], r
+        assert "any_host" not in r["phases"], r

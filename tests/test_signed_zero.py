@@ -12,13 +12,23 @@ import signed_zero as sz
 from dist_harness import run_world
 
 WORLD_TIMEOUT = 120.0
-_worlds: dict[int, list[Any]] = {}
+_worlds: dict[int, list[Any] | Exception] = {}
 
 
 def _world(ws: int) -> list[Any]:
+    # A world that failed fails every item of its size at once, not once per item (each
+    # rerun could take WORLD_TIMEOUT).
     if ws not in _worlds:
-        _worlds[ws] = run_world(sz.signed_zero_main, ws, args=(("cpu",),), timeout=WORLD_TIMEOUT)
-    return _worlds[ws]
+        try:
+            _worlds[ws] = run_world(
+                sz.signed_zero_main, ws, args=(("cpu",),), timeout=WORLD_TIMEOUT
+            )
+        except Exception as exc:  # kept, and raised again for every item of this size
+            _worlds[ws] = exc
+    world = _worlds[ws]
+    if isinstance(world, Exception):
+        raise world
+    return world
 
 
 @pytest.mark.parametrize("ws", [2, pytest.param(4, marks=pytest.mark.slow)])

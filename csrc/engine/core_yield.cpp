@@ -42,7 +42,12 @@ bool yieldCore() {
   yields.fetch_add(1, std::memory_order_relaxed);
   if (after - before <= kLostYield) return false;
   lostYields.fetch_add(1, std::memory_order_relaxed);
-  crowdedUntilNs.store(toNs(after + kCrowdedFor), std::memory_order_relaxed);
+  // Only ever later: another thread's lost yield may have set a later end already.
+  const int64_t until = toNs(after + kCrowdedFor);
+  int64_t seen = crowdedUntilNs.load(std::memory_order_relaxed);
+  while (seen < until &&
+         !crowdedUntilNs.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
+  }
   return true;
 }
 

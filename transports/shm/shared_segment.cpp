@@ -117,12 +117,23 @@ void SharedSegment::release() noexcept {
   size_ = 0;
 }
 
-std::string hostIdentity() {
+namespace {
+
+std::string bootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string boot;
   std::getline(in, boot);
+  return boot;
+}
+
+}  // namespace
+
+std::string hostIdentity() {
+  const std::string boot = bootId();
   return (boot.empty() ? "?" : boot) + "/mnt:" + namespaceOf("mnt") + "/net:" + namespaceOf("net");
 }
+
+bool hostIdentityIsUnique() { return !bootId().empty(); }
 
 namespace {
 

@@ -57,6 +57,10 @@ class SharedSegment {
 // user placed on separate "hosts" with network namespaces or containers stay apart, and
 // their traffic keeps crossing the network as it would between machines).
 std::string hostIdentity();
+// False when the boot id could not be read: the identity then holds namespace numbers alone,
+// which two machines in their initial namespaces can share, so it must not decide that two
+// ranks share a host where a wrong "yes" leaves them unreachable (a ucx worker without TCP).
+bool hostIdentityIsUnique();
 
 // Who created a segment, as its name records it: enough to tell, from any process of the same
 // user on the host, whether that creator is still alive.
