@@ -32,15 +32,14 @@ int64_t toNs(Clock::time_point t) {
 
 }  // namespace
 
-bool yieldCore() {
-  const auto before = Clock::now();
+Clock::time_point yieldCoreFrom(Clock::time_point before) {
   if (toNs(before) < crowdedUntilNs.load(std::memory_order_relaxed)) {
     yieldsWhenCrowded.fetch_add(1, std::memory_order_relaxed);
   }
   sched_yield();
   const auto after = Clock::now();
   yields.fetch_add(1, std::memory_order_relaxed);
-  if (after - before <= kLostYield) return false;
+  if (after - before <= kLostYield) return after;
   lostYields.fetch_add(1, std::memory_order_relaxed);
   // Only ever later: another thread's lost yield may have set a later end already.
   const int64_t until = toNs(after + kCrowdedFor);
@@ -48,7 +47,12 @@ bool yieldCore() {
   while (seen < until &&
          !crowdedUntilNs.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
   }
-  return true;
+  return after;
+}
+
+bool yieldCore() {
+  const auto before = Clock::now();
+  return yieldCoreFrom(before) - before > kLostYield;
 }
 
 bool crowded() { return toNs(Clock::now()) < crowdedUntilNs.load(std::memory_order_relaxed); }

@@ -18,6 +18,7 @@
 // tick. Process-wide: the crowding is the host's, not a group's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 namespace ucxb {
@@ -25,6 +26,10 @@ namespace ucxb {
 // sched_yield(), timed: a yield that returned later than kLostYield marks the process
 // crowded. Returns whether it did.
 bool yieldCore();
+// The same, timed from `before`, the caller's clock reading taken just before (the inline
+// wait reads the clock once a pass, and two more readings per yield cost it about 0.4 us an
+// 8-byte op): returns the clock after the yield.
+std::chrono::steady_clock::time_point yieldCoreFrom(std::chrono::steady_clock::time_point before);
 
 // Whether a yield lost the core within the last kCrowdedFor: polling waits should sleep.
 bool crowded();

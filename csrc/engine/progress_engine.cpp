@@ -423,8 +423,8 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     // (crowded(), core_yield.h). A borrowing caller polls on: it loses at most one slice,
     // since it hands the op over at giveUpAt, `spin` after it began.
     if (now - lastEvent < config_.spin && (borrowed || !crowded())) {
-      yieldCore();
-      if (cores && Clock::now() - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
+      const auto after = yieldCoreFrom(now);
+      if (cores && after - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
     }
     if (!published) {
