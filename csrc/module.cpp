@@ -325,6 +325,7 @@ PYBIND11_MODULE(_C, m) {
     return std::map<std::string, size_t>{
         {"allreduce_recursive_doubling_max", a::kAllreduceRecursiveDoublingMax},
         {"allreduce_rabenseifner_max", a::kAllreduceRabenseifnerMax},
+        {"allreduce_pair_slots_min", a::kAllreducePairSlotsMin},
         {"allgather_bruck_max", a::kAllgatherBruckMax},
         {"reduce_scatter_halving_max", a::kReduceScatterHalvingMax},
         {"broadcast_binomial_max", a::kBroadcastBinomialMax},
