@@ -64,6 +64,19 @@ uint32_t ringReduceScatterInPlace(Comm& c, uint8_t* data, const Blocks& b, const
 void ring(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
   const int n = c.size();
   const Blocks b = split(count, n);
+  const size_t esz = red.elementSize;
+  // Two ranks that stage run both phases as one pass (stagedPairAllreduce): the same
+  // blocks, pieces and fold order as the two phases below, one read of each byte less.
+  if (n == 2) {
+    const auto plan = c.staged(StagedTraffic::kRing, b.largest * esz, esz,
+                               {.exchanges = 2, .steps = kStepSpace});
+    if (plan && pairFusedFits(*c.staging())) {
+      const int r = c.rank();
+      stagedPairAllreduce(c, data, b.offset[r] * esz, b.count[r] * esz, b.offset[1 - r] * esz,
+                          b.count[1 - r] * esz, 0, red, plan->pieces);
+      return;
+    }
+  }
   const uint32_t used = ringReduceScatterInPlace(c, data, b, red);
   std::vector<uint8_t*> blocks;
   std::vector<size_t> bytes;
