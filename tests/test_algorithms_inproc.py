@@ -23,6 +23,7 @@ GROUPS = [
     "allreduce_recursive_doubling",
     "allreduce_rabenseifner",
     "allreduce_pair_slots",
+    "allreduce_fused_pair",
     "reduce_scatter_ring",
     "reduce_scatter_recursive_halving",
     "reduce_binomial",

@@ -64,6 +64,19 @@ uint32_t ringReduceScatterInPlace(Comm& c, uint8_t* data, const Blocks& b, const
 void ring(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
   const int n = c.size();
   const Blocks b = split(count, n);
+  const size_t esz = red.elementSize;
+  // Two ranks that stage run both phases as one pass (stagedPairAllreduce): the same
+  // blocks, pieces and fold order as the two phases below, one read of each byte less.
+  if (n == 2) {
+    const auto plan = c.staged(StagedTraffic::kRing, b.largest * esz, esz,
+                               {.exchanges = 2, .steps = kStepSpace});
+    if (plan && pairFusedFits(*c.staging())) {
+      const int r = c.rank();
+      stagedPairAllreduce(c, data, b.offset[r] * esz, b.count[r] * esz, b.offset[1 - r] * esz,
+                          b.count[1 - r] * esz, 0, red, plan->pieces);
+      return;
+    }
+  }
   const uint32_t used = ringReduceScatterInPlace(c, data, b, red);
   std::vector<uint8_t*> blocks;
   std::vector<size_t> bytes;
@@ -175,11 +188,11 @@ class PostedExchangeAllreduce : public PostedOp {
 
 // Where the ring would run at two ranks in a group that stages: each rank copies its whole
 // vector into its own slots and folds the peer's straight out of the peer's slots. The ring
-// moves the same bytes between the cores (half the vector each phase) but waits for its peer
-// twice per op (reduce-scatter, then all-gather); this waits once, and each rank folds the
-// whole vector (a + b on one rank, b + a on the other: IEEE addition and multiplication are
-// commutative, and foldOrder makes min and max so, so both ranks end bit-identical but for
-// which of two NaNs comes out). From kAllreducePairSlotsMin it also takes the place of
+// (stagedPairAllreduce at two ranks) moves the same bytes between the cores but waits for
+// its peer at every piece and cannot be split where it waits; this waits once (and may run
+// on the caller's thread), and each rank folds the whole vector (a + b on one rank, b + a on
+// the other: IEEE addition and multiplication are commutative, and foldOrder makes min and
+// max so, so both ranks end bit-identical but for which of two NaNs comes out). From kAllreducePairSlotsMin it also takes the place of
 // recursive doubling's one transport message, for a vector that fits a pair slot: that
 // exchange waits for the peer once, as the transport message does, and copies each byte
 // across the cores once (staged_exchange.h).

@@ -113,6 +113,101 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
   }
 }
 
+bool pairFusedFits(const StagingArea& staging) { return staging.slots() >= 2 * kFusedDepth; }
+
+void stagedPairAllreduce(Comm& c, uint8_t* data, size_t mineOffset, size_t mineBytes,
+                         size_t theirsOffset, size_t theirsBytes, uint32_t firstStep,
+                         const Reduction& red, PieceSize pieces) {
+  StagingArea& st = *c.staging();
+  if (!st.retiredBecause().empty()) throw OpFailed(st.retiredBecause());
+  const int peer = 1 - c.rank();
+  const size_t minePiece = st.pieceBytes(red.elementSize, pieces, mineBytes);
+  const size_t theirsPiece = st.pieceBytes(red.elementSize, pieces, theirsBytes);
+  // The peer cuts its `theirs` (this rank's `mine`) by the same length, and so alike.
+  const size_t minePieces = chunksOf(mineBytes, minePiece);
+  const size_t theirsPieces = chunksOf(theirsBytes, theirsPiece);
+  const size_t last = std::max(minePieces, theirsPieces);
+  uint8_t* mine = data + mineOffset;
+  uint8_t* theirs = data + theirsOffset;
+  const auto rawSlot = [](size_t k) { return k % kFusedDepth; };
+  const auto reducedSlot = [](size_t k) { return kFusedDepth + k % kFusedDepth; };
+  const auto rawStep = [firstStep](size_t k) { return firstStep + static_cast<uint32_t>(2 * k); };
+  const auto reducedStep = [&](size_t k) { return rawStep(k) + 1; };
+  const uint32_t doneStep = rawStep(last);
+  std::vector<Notice> sentRaw(theirsPieces);
+  std::vector<Notice> sentReduced(minePieces);
+  Notice rawIn[kFusedDepth];
+  Notice reducedIn[kFusedDepth];
+  std::vector<RequestPtr> rawNotices(minePieces);        // the peer's raw piece k of `mine`
+  std::vector<RequestPtr> reducedNotices(theirsPieces);  // its reduced piece k of `theirs`
+  std::vector<RequestPtr> small;                         // our own notices
+  RequestPtr done;                                       // the peer read its last piece
+  bool announced = false;                                // the peer may read our slots
+  auto postRaw = [&](size_t k) {
+    rawNotices[k] = c.recv(peer, rawStep(k), &rawIn[k % kFusedDepth], sizeof(Notice));
+  };
+  auto postReduced = [&](size_t k) {
+    reducedNotices[k] =
+        c.recv(peer, reducedStep(k), &reducedIn[k % kFusedDepth], sizeof(Notice));
+  };
+  auto pending = [&] {
+    std::vector<RequestPtr> all;
+    for (const auto* list : {&rawNotices, &reducedNotices, &small}) {
+      for (const auto& r : *list) {
+        if (r && r->pending()) all.push_back(r);
+      }
+    }
+    if (done && done->pending()) all.push_back(done);
+    return all;
+  };
+  // The peer's reduced piece j of `theirs`, copied out of its slot.
+  auto copyReduced = [&](size_t j) {
+    c.wait({reducedNotices[j]});
+    const size_t n = pieceLength(theirsBytes, theirsPiece, j);
+    checkNotice(reducedIn[j % kFusedDepth], theirsBytes, n, peer);
+    if (j + kFusedDepth < theirsPieces) postReduced(j + kFusedDepth);  // after it was read
+    takePiece(theirs + j * theirsPiece, st.peerSlot(peer, reducedSlot(j)), n, nullptr);
+  };
+  try {
+    for (size_t k = 0; k < std::min(kFusedDepth, minePieces); ++k) postRaw(k);
+    for (size_t k = 0; k < std::min(kFusedDepth, theirsPieces); ++k) postReduced(k);
+    done = c.recv(peer, doneStep, nullptr, 0);
+    for (size_t k = 0; k < last; ++k) {
+      if (k < theirsPieces) {  // our raw piece of the peer's block, for it to fold
+        const size_t n = pieceLength(theirsBytes, theirsPiece, k);
+        st.fillOwnSlot(rawSlot(k), theirs + k * theirsPiece, n);
+        sentRaw[k] = Notice{n, theirsBytes};
+        announced = true;
+        small.push_back(c.send(peer, rawStep(k), &sentRaw[k], sizeof(Notice)));
+      }
+      if (k < minePieces) {  // fold the peer's raw piece of our block, hand the result over
+        c.wait({rawNotices[k]});
+        const size_t n = pieceLength(mineBytes, minePiece, k);
+        checkNotice(rawIn[k % kFusedDepth], mineBytes, n, peer);
+        if (k + kFusedDepth < minePieces) postRaw(k + kFusedDepth);  // after it was read
+        uint8_t* piece = mine + k * minePiece;
+        takePiece(piece, st.peerSlot(peer, rawSlot(k)), n, &red);
+        st.fillOwnSlot(reducedSlot(k), piece, n);  // still in cache from the fold
+        sentReduced[k] = Notice{n, mineBytes};
+        announced = true;
+        small.push_back(c.send(peer, reducedStep(k), &sentReduced[k], sizeof(Notice)));
+      }
+      // One piece behind, so that the peer's fold of piece k runs while we copy k - 1.
+      if (k >= 1 && k - 1 < theirsPieces) copyReduced(k - 1);
+    }
+    if (last - 1 < theirsPieces) copyReduced(last - 1);
+    small.push_back(c.send(peer, doneStep, nullptr, 0));
+    c.wait(pending());  // the peer's `done`: our slots are free for the next exchange
+  } catch (...) {
+    c.abandon(pending());
+    // Without `done` the peer may yet read a slot we announced, even after this op is gone.
+    if (announced && (done == nullptr || done->pending() || done->failed())) {
+      st.retire(slotsInUse(c.rank(), peer));
+    }
+    throw;
+  }
+}
+
 bool PostedStagedExchange::fits(const StagingArea& staging, size_t bytes, size_t elementSize,
                                 PieceSize pieces) {
   return chunksOf(bytes, staging.pieceBytes(elementSize, pieces, bytes)) <= staging.slots();

@@ -36,6 +36,33 @@ struct StagedNotice {
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces);
 
+// A 2-rank all_reduce through the slots in one pass, in place over `data`: rank r reduces
+// block r (`mine`, `mineBytes` at `data + mineOffset`) and the peer block 1 - r (`theirs`).
+// The ring would take two phases, a reduce-scatter (copy `theirs` into a slot, fold the
+// peer's copy of `mine` out of its slot) and then an all-gather (copy the reduced `mine`
+// into a slot, copy the peer's reduced `theirs` out of its slot). Here each reduced piece
+// goes into a slot while it is still in cache from the fold, and the peer copies it out
+// one piece later: every byte of `data` is read from memory once and written once, where
+// the ring reads `mine` again for the all-gather (and, beyond the caches, `theirs` again
+// before writing it), and the op never waits for a phase to end.
+//
+// Piece k of either block (the plan's pieces) goes through slot k % kFusedDepth (raw) or
+// kFusedDepth + k % kFusedDepth (reduced), announced by a notice (steps firstStep + 2k and
+// firstStep + 2k + 1). No credit answers a piece: a rank writes slot s again for piece
+// k + kFusedDepth only after it has received a notice that the peer sends only once it has
+// read piece k: its reduced piece k (sent after folding our raw piece k) for a raw slot, its
+// raw piece k + 2 (sent after copying out our reduced piece k) for a reduced one. One empty `done` message each way (step firstStep +
+// 2 * pieces) ends the op, after which the peer reads no slot of this rank's. Each element is
+// folded on one rank (own op peer's, as the ring's reduce-scatter folds) and copied to the
+// other, so both end bit-identical. Needs 2 * kFusedDepth slots (pairFusedFits) and 2 steps
+// per piece of the longer block plus one from firstStep. An op that fails after announcing a
+// piece and before the peer's `done` retires the slots, as stagedExchange does.
+constexpr size_t kFusedDepth = 2;
+bool pairFusedFits(const StagingArea& staging);
+void stagedPairAllreduce(Comm& c, uint8_t* data, size_t mineOffset, size_t mineBytes,
+                         size_t theirsOffset, size_t theirsBytes, uint32_t firstStep,
+                         const Reduction& red, PieceSize pieces);
+
 // stagedExchange with one peer both ways, for a message that fits the slots at once (no
 // piece waits for a credit), split where it waits: for the posted all_reduce (PostedOp),
 // which the backend may drive on the caller's thread. Both ranks of an exchange run this

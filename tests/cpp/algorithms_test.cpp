@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       {"allreduce_recursive_doubling", testAllreduceRecursiveDoubling, true},
       {"allreduce_rabenseifner", testAllreduceRabenseifner, true},
       {"allreduce_pair_slots", testAllreducePairSlots, true},
+      {"allreduce_fused_pair", testAllreduceFusedPairSlowPeer, true},
       {"reduce_scatter_ring", testReduceScatterRing, true},
       {"reduce_scatter_recursive_halving", testReduceScatterRecursiveHalving, true},
       {"reduce_binomial", testReduceBinomial, true},

@@ -8,6 +8,7 @@ void testAllreduceRing();
 void testAllreduceRecursiveDoubling();
 void testAllreduceRabenseifner();
 void testAllreducePairSlots();
+void testAllreduceFusedPairSlowPeer();
 void testReduceScatterRing();
 void testReduceScatterRecursiveHalving();
 void testReduceBinomial();

@@ -104,6 +104,60 @@ void testAllreducePairSlots() {
   }
 }
 
+// The 2-rank staged ring in one pass (stagedPairAllreduce) answers no piece with a credit:
+// a rank reuses a slot once the peer's notice of a later piece shows that the peer has read
+// it. Rank 1 folds each piece 2 ms late, so rank 0 always runs ahead as far as the notices
+// let it; a rank that wrote a slot again too early would hand rank 1 the wrong piece.
+// Uneven blocks (one more element in block 0) and a 1 MiB all_reduce through the credited
+// slots and a 64 KiB one through the pair slots in between, so that each op finds the slots
+// free that the one before used.
+namespace {
+
+thread_local bool slowFolds = false;
+
+void slowSumInt32(void* acc, const void* in, size_t count) {
+  if (slowFolds) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto* a = static_cast<int32_t*>(acc);
+  const auto* b = static_cast<const int32_t*>(in);
+  for (size_t i = 0; i < count; ++i) a[i] += b[i];
+}
+
+}  // namespace
+
+void testAllreduceFusedPairSlowPeer() {
+  inproc::WorldOptions options;
+  options.size = 2;
+  options.staged = true;
+  ThreadWorld world(options);
+  Reduction slowSum = makeReduction(DType::kInt32, ReduceKind::kSum);
+  slowSum.fn = slowSumInt32;
+  const auto value = [](int rank, int round, size_t i) {
+    return static_cast<int32_t>(1000003 * round + 7 * static_cast<int32_t>(i) + rank);
+  };
+  int round = 0;
+  for (const size_t count : {size_t{(2 << 20) / 4 + 1}, size_t{(1 << 20) / 4},
+                             size_t{(3 << 20) / 4 + 1}, size_t{(64 << 10) / 4},
+                             size_t{(2 << 20) / 4 + 1}}) {
+    const int k = round++;
+    const std::string report = world.run([&, k, count](Comm& c) -> std::string {
+      std::vector<int32_t> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = value(c.rank(), k, i);
+      slowFolds = c.rank() == 1;
+      algo::allreduce(c, data.data(), count, slowSum);
+      slowFolds = false;
+      for (size_t i = 0; i < count; ++i) {
+        const int32_t want = value(0, k, i) + value(1, k, i);
+        if (data[i] != want) {
+          return std::to_string(count) + "-element all_reduce: element " + std::to_string(i) +
+                 " is " + std::to_string(data[i]) + ", want " + std::to_string(want);
+        }
+      }
+      return "";
+    });
+    CHECK_MSG(report.empty(), "round " + std::to_string(k) + ":\n" + report);
+  }
+}
+
 // --- reduce_scatter --------------------------------------------------------------------------
 
 void reduceScatterWith(Algorithm a) {
