@@ -249,6 +249,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
     c.tensor(o, "output");
     c.sameAs(in, o, "output");
   }
+  c.disjoint(outs, "output", &in, getRank());
   return enqueue("allgather", c10d::OpType::ALLGATHER, c.device(), outs, in,
                  timeoutFor(opts.timeout), [in, outs](Comm& comm) {
                    Staged src(in);
@@ -408,6 +409,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
   c.tensor(in, "input");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> outs = rootList(c, root, outputs, in, "output");
+  c.disjoint(outs, "output", &in, root);
   return enqueue("gather", c10d::OpType::GATHER, c.device(), outs,
                  OpInputs(in).agreeing(-1, root), timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
@@ -677,6 +679,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
     c.fail("input " + describe(inputs[me]) + " that this rank sends itself does not match output " +
            describe(outputs[me]));
   }
+  c.disjoint(outputs, "output");
   return enqueue("alltoall", c10d::OpType::ALLTOALL, c.device(), outputs, inputs,
                  timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {
                    std::vector<Staged> src;

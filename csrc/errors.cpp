@@ -69,6 +69,13 @@ void throwSetupFailed(const std::string& backend, const std::string& groupId, in
           " failed: " + why);
 }
 
+void throwNegativeWait(const OpContext& ctx, int64_t timeoutMs) {
+  throw c10::ValueError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      prefix(ctx) + ": wait(timeout) got a negative timeout (" + std::to_string(timeoutMs) +
+          " ms); pass a positive one, or 0 (or none) to wait up to the op's own timeout");
+}
+
 void throwWaitTimeout(const OpContext& ctx, int64_t waitedMs, const std::string& waitingFor) {
   std::string what = prefix(ctx) + " timed out after " + std::to_string(waitedMs) + " ms";
   what += waitingFor.empty() ? " (queued behind earlier ops or not yet matched by its peers)"

@@ -39,6 +39,10 @@ std::string messageOf(std::exception_ptr error);
 [[noreturn]] void throwSetupFailed(const std::string& backend, const std::string& groupId,
                                    int rank, const std::string& why);
 
+// wait(timeout) with a negative timeout: c10::ValueError naming the op. (0 is torch's
+// kNoTimeout: wait up to the op's own timeout.)
+[[noreturn]] void throwNegativeWait(const OpContext& ctx, int64_t timeoutMs);
+
 // The caller's wait() gave up before the op finished.
 [[noreturn]] void throwWaitTimeout(const OpContext& ctx, int64_t waitedMs,
                                    const std::string& waitingFor);

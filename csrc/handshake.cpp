@@ -138,11 +138,15 @@ std::string shown(const std::optional<std::string>& value) {
 std::vector<std::string> differences(int rank, const std::vector<config::Setting>& mine,
                                      int peer, const std::vector<config::Setting>& theirs) {
   std::vector<std::string> names;
+  // The members are checkMembers' own, a failure checkHandshakes' first check.
+  const auto own = [](const config::Setting& s) {
+    return s.name == kMembersSetting || s.name == kFailedSetting;
+  };
   for (const auto& s : mine) {
-    if (s.name != kMembersSetting) names.push_back(s.name);  // checkMembers' own
+    if (!own(s)) names.push_back(s.name);
   }
   for (const auto& s : theirs) {
-    if (!valueOf(mine, s.name) && s.name != kMembersSetting) names.push_back(s.name);
+    if (!valueOf(mine, s.name) && !own(s)) names.push_back(s.name);
   }
   std::vector<std::string> out;
   for (const auto& name : names) {
@@ -187,6 +191,11 @@ std::string membersValue(const std::vector<int64_t>& globalRanks) {
          ".." + std::to_string(globalRanks.back()) + ", hash " + hex;
 }
 
+std::string failedValue(const std::string& reason) {
+  constexpr size_t kMax = 4000;  // well inside a value's 65535 bytes; a reason is a line or two
+  return reason.size() <= kMax ? reason : reason.substr(0, kMax) + "...";
+}
+
 std::vector<uint8_t> encodeHandshake(const Handshake& record) {
   Writer w;
   w.raw(kHandshakeMagic, sizeof(kHandshakeMagic));
@@ -211,6 +220,10 @@ std::vector<std::vector<uint8_t>> checkHandshakes(int rank, const Handshake& min
     const int peer = static_cast<int>(p);
     if (peer == rank) continue;
     all[p] = decode(records[p], peer);
+    if (const auto why = valueOf(all[p].settings, kFailedSetting)) {
+      throw HandshakeMismatch(rankName(peer) + " could not make its " + all[p].transport +
+                              " transport for this group, so no rank can create it: " + *why);
+    }
     if (all[p].transport != mine.transport) {
       throw HandshakeMismatch(rankName(peer) + " published a " + all[p].transport +
                               " address but this group is " + mine.transport +

@@ -52,6 +52,15 @@ struct Handshake {
 // from the knobs: ranks that disagree on it were told to create different groups.
 inline constexpr const char* kMembersSetting = "members";
 
+// The name of the setting that a rank whose transport could not be made (its UCP worker, its
+// socket) publishes in place of an address, its value the reason (failedValue): every other
+// rank then fails at once naming that rank and the reason, instead of waiting for a record
+// that never comes until the Store's timeout. Checked before anything else of the record.
+inline constexpr const char* kFailedSetting = "failed";
+
+// `reason` as the failed setting's value: cut to fit a record's value (at most 65535 bytes).
+std::string failedValue(const std::string& reason);
+
 // The group's global ranks as the members setting's value: the list itself when it is short,
 // else its length, ends and a hash (a record's value holds at most 65535 bytes).
 std::string membersValue(const std::vector<int64_t>& globalRanks);
@@ -68,9 +77,10 @@ std::vector<uint8_t> encodeHandshake(const Handshake& record);
 // `records[p]` is what rank p published (this rank's own included). Returns the transport
 // address of every rank, by rank, once every record has this rank's magic, version and
 // transport and the same settings; else throws HandshakeMismatch. Every rank reads the same
-// records, so where one rank throws, every rank does. Transport and format problems are
-// reported before settings, the lowest rank first; for settings, the lowest rank that differs
-// from this one, with every setting that differs.
+// records, so where one rank throws, every rank does. Transport and format problems (a rank
+// that published kFailedSetting among them) are reported before settings, the lowest rank
+// first; for settings, the lowest rank that differs from this one, with every setting that
+// differs.
 std::vector<std::vector<uint8_t>> checkHandshakes(int rank, const Handshake& mine,
                                                   const std::vector<std::vector<uint8_t>>& records);
 

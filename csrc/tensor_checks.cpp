@@ -2,6 +2,9 @@
 
 #include <ATen/MemoryOverlap.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <sstream>
 #include <string_view>
 
@@ -114,6 +117,62 @@ void Checker::rank_(int64_t r, const char* role) const {
   if (r < 0 || r >= size) {
     fail(std::string(role) + " " + std::to_string(r) + " is out of range for a group of " +
          std::to_string(size) + " ranks");
+  }
+}
+
+namespace {
+
+// The bytes a dense tensor covers, for Checker::disjoint; none for an empty or strided one.
+struct Span {
+  const void* storage = nullptr;
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  size_t index = 0;
+};
+
+std::optional<Span> spanOf(const at::Tensor& t, size_t index) {
+  if (t.numel() == 0 || !t.is_non_overlapping_and_dense()) return std::nullopt;
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return Span{t.storage().unsafeGetStorageImpl(), begin, begin + t.nbytes(), index};
+}
+
+}  // namespace
+
+void Checker::disjoint(const std::vector<at::Tensor>& ts, const char* role,
+                       const at::Tensor* input, int inputSlot) const {
+  std::vector<Span> spans;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (auto s = spanOf(ts[i], i)) spans.push_back(*s);
+  }
+  // Sorted by storage and start, two spans overlap exactly when one starts before the
+  // furthest end so far in its storage ends: O(n log n), not a pair-by-pair O(n^2).
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage)
+                                  : a.begin < b.begin;
+  });
+  for (size_t i = 1, furthest = 0; i < spans.size(); ++i) {
+    const Span& far = spans[furthest];
+    if (spans[i].storage == far.storage && spans[i].begin < far.end) {
+      const auto [a, b] = std::minmax(far.index, spans[i].index);
+      fail(std::string(role) + " tensors " + std::to_string(a) + " and " + std::to_string(b) +
+           " (" + describe(ts[a]) + ", " + describe(ts[b]) + ") share memory, and the op " +
+           "writes a different rank's data into each; pass tensors that do not overlap");
+    }
+    if (spans[i].storage != far.storage || spans[i].end > far.end) furthest = i;
+  }
+  if (input == nullptr) return;
+  const auto in = spanOf(*input, 0);
+  if (!in) return;
+  for (const Span& s : spans) {
+    if (s.storage != in->storage || s.begin >= in->end || in->begin >= s.end) continue;
+    const auto& out = ts[s.index];
+    const bool inPlace = static_cast<int>(s.index) == inputSlot && s.begin == in->begin &&
+                         s.end == in->end && out.strides() == input->strides();
+    if (inPlace) continue;
+    fail("input " + describe(*input) + " shares memory with " + role + " tensor " +
+         std::to_string(s.index) + " (" + describe(out) + "), which the op overwrites with " +
+         "rank " + std::to_string(s.index) + "'s data; pass an input of its own, or " + role +
+         " tensor " + std::to_string(inputSlot) + " itself (in place)");
   }
 }
 

@@ -56,6 +56,13 @@ struct Checker {
   void single(const std::vector<at::Tensor>& ts, const char* role = "tensors") const;
   void sameAs(const at::Tensor& ref, const at::Tensor& t, const char* role) const;
   void rank_(int64_t r, const char* role) const;
+  // No two of `ts` (the places an op writes each rank's data into) share memory, and `input`,
+  // when given, shares none with any of them but ts[inputSlot], which it may be (in place).
+  // Else the ranks would write over each other's data, and what is left depends on the order
+  // the messages arrive in, which differs across ranks. Only dense tensors are compared (a
+  // strided view such as a column may interleave with another without sharing an element).
+  void disjoint(const std::vector<at::Tensor>& ts, const char* role,
+                const at::Tensor* input = nullptr, int inputSlot = -1) const;
   // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
   Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 
 #include "csrc/address_exchange.hpp"
@@ -55,6 +56,20 @@ uint64_t tagSeqMask(const std::string& backend) {
 std::shared_ptr<FaultSwitch> faultSwitch() {
   const char* v = testHook("UCXBACKEND_TEST_FAULT_INJECTION");
   return v != nullptr && std::string(v) == "1" ? std::make_shared<FaultSwitch>() : nullptr;
+}
+
+// UCXBACKEND_TEST_ANY_HOST=round|fail, set on every rank: the group takes the second exchange
+// round as if its one-host guess had been proven wrong (Transport::reachesAll), and with
+// "fail" this rank's second-round transport cannot be made, as when its worker fails.
+enum class AnyHostHook { kNone, kRound, kFail };
+AnyHostHook anyHostHook(const std::string& backend) {
+  const char* v = testHook("UCXBACKEND_TEST_ANY_HOST");
+  if (v == nullptr) return AnyHostHook::kNone;
+  const std::string value = v;
+  if (value == "round") return AnyHostHook::kRound;
+  if (value == "fail") return AnyHostHook::kFail;
+  throwBadOption(backend, "UCXBACKEND_TEST_ANY_HOST (a test-only hook) must be round or fail, "
+                          "got '" + value + "'");
 }
 
 // A task of `work`'s op, without its body: if the engine stops before running it, the Work
@@ -150,27 +165,57 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     } catch (const config::ConfigError& e) {
       unusableSecret = e;
     }
+    // A transport this rank cannot make (its UCP worker, its socket, a udp_config that its
+    // interface refuses) fails the creation on every rank in the same way: the reason goes
+    // into this rank's record in place of an address (kFailedSetting), every other rank fails
+    // at once naming this rank and the reason, and this rank throws its own error after the
+    // exchange. Before, it threw at once, and the others waited for its record until the
+    // Store's timeout.
+    const AnyHostHook hook = anyHostHook(backendName_);
+    std::exception_ptr buildFailure;
+    std::string buildFailureWhy;
     const auto build = [&](bool anyHost) {
-      transport = makeTransport(options_, rank, size, exchange, timeout, groupKey, anyHost);
-      if (faults_) {
-        transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
+      try {
+        if (anyHost && hook == AnyHostHook::kFail) {
+          throw TransportError("injected: no transport that reaches any host could be made "
+                               "(UCXBACKEND_TEST_ANY_HOST=fail, a test-only hook)");
+        }
+        transport = makeTransport(options_, rank, size, exchange, timeout, groupKey, anyHost);
+        if (faults_) {
+          transport = std::make_unique<FaultInjectingTransport>(std::move(transport), faults_);
+        }
+      } catch (const std::exception& e) {
+        transport.reset();
+        buildFailure = std::current_exception();
+        buildFailureWhy = e.what();
+      }
+    };
+    // This rank's record for a round: its address, or the reason it has none.
+    const auto publish = [&](Handshake& record) {
+      if (transport) {
+        record.address = transport->localAddress();
+      } else {
+        record.settings.push_back({kFailedSetting, failedValue(buildFailureWhy)});
       }
     };
     build(/*anyHost=*/false);
     clock.mark("transport");
-    StagingOffer offer = offerStaging(options_, *transport, tuning_.chunkBytes);
+    StagingOffer offer =
+        transport ? offerStaging(options_, *transport, tuning_.chunkBytes) : StagingOffer{};
     clock.mark("shm_offer");
     // One Store round carries every rank's address, transport, must-agree settings and
     // shared-memory offer; all are checked before the transport sees a peer's address.
     Handshake mine{options_.transport,
                    withKeyCheck(agreedSettings(options_), options_, groupKey,
                                 unusableSecret ? unusableSecret->what() : ""),
-                   transport->localAddress()};
+                   {}};
     mine.settings.push_back({kMembersSetting, membersValue(globalRanks_)});
+    publish(mine);
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
     if (unusableSecret) throw *unusableSecret;
+    if (buildFailure) std::rethrow_exception(buildFailure);
     std::vector<std::vector<uint8_t>> handshakes;
     std::vector<std::string> offers;
     for (const auto& parts : records) {
@@ -178,7 +223,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       offers.emplace_back(parts[1].begin(), parts[1].end());
     }
     auto addresses = checkHandshakes(rank, mine, handshakes);
-    if (!transport->reachesAll(addresses)) {
+    if (!transport->reachesAll(addresses) || hook != AnyHostHook::kNone) {
       // A ucx rank guessed that the group shares its host, and the addresses name another
       // host (every rank reads the same answer from them): every rank makes a transport that
       // reaches any host, also one whose first transport did (only a wrong guess pays for
@@ -186,11 +231,13 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       // settings and shared-memory offers checked above stand.
       transport.reset();
       build(/*anyHost=*/true);
-      const Handshake wide{mine.transport, mine.settings, transport->localAddress()};
+      Handshake wide{mine.transport, mine.settings, {}};
+      publish(wide);
       std::vector<std::vector<uint8_t>> wideHandshakes;
       for (auto& parts : exchange.exchange({encodeHandshake(wide)})) {
         wideHandshakes.push_back(std::move(parts[0]));
       }
+      if (buildFailure) std::rethrow_exception(buildFailure);
       addresses = checkHandshakes(rank, wide, wideHandshakes);
       clock.mark("any_host");
     }

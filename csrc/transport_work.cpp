@@ -62,6 +62,9 @@ void TransportWork::synchronize() {
 }
 
 bool TransportWork::wait(std::chrono::milliseconds timeout) {
+  // Refused before anything else: a wait that gives up withdraws a point-to-point request,
+  // and a negative timeout would do that at once, never having waited.
+  if (timeout.count() < 0) throwNegativeWait(ctx_, timeout.count());
   if (holdCallerStream()) return true;  // else it reports the op's outcome below
   const auto limit = timeout == ::kNoTimeout ? timeout_ : timeout;
   if (spin_.count() > 0 && !done_.load(std::memory_order_acquire)) {

@@ -64,12 +64,33 @@ def _disagreeing_members(rank: int, world_size: int) -> dict[str, str]:
     return out
 
 
+# An address of TEST-NET-1 (RFC 5737): on no host's interface, so binding it fails.
+_NOT_HERE = "192.0.2.1"
+
+
+def _unmakeable_transport(rank: int, world_size: int) -> tuple[float, str]:
+    """A udp group whose rank 1 cannot make its transport (its socket cannot bind udp_host):
+    how long creating it took on this rank, and what it raised."""
+    import time
+    from datetime import timedelta
+
+    from ucxbackend import _C
+
+    store = dist.PrefixStore("unmakeable/", dist.distributed_c10d._get_default_store())
+    options = {"transport": "udp", **({"udp_host": _NOT_HERE} if rank == 1 else {})}
+    start = time.monotonic()
+    error = error_of(lambda: _C.create_backend(store, rank, 2, timedelta(seconds=10), "g-bind",
+                                               [0, 1], options).shutdown())
+    return time.monotonic() - start, error
+
+
 def _groups(rank: int, world_size: int) -> dict[str, Any]:
     """The checks in one world (a world costs seconds to start, a group milliseconds)."""
     return {
         "settings": _disagreeing_settings(rank, world_size),
         "mixed": _mixed_backends(rank, world_size),
         "members": _disagreeing_members(rank, world_size),
+        "unmakeable": _unmakeable_transport(rank, world_size),
     }
 
 
@@ -86,6 +107,20 @@ def test_mixed_backends_fail_on_every_rank_naming_both(world: list[dict[str, Any
             assert f"rank {1 - rank} published a {theirs} address but this group is {mine}" in (
                 message
             ), message
+
+
+def test_a_rank_without_a_transport_fails_every_rank_at_once(
+    world: list[dict[str, Any]],
+) -> None:
+    """A rank whose transport cannot be made publishes why in its record instead of leaving:
+    the other rank fails at once naming it and the reason, not after the Store's timeout
+    (_WORLD's pg_timeout, which the code before waited out)."""
+    for rank, (seconds, message) in enumerate(r["unmakeable"] for r in world):
+        assert message.startswith("DistBackendError: udp: setting up group 'g-bind'"), message
+        assert _NOT_HERE in message, message
+        assert seconds < _WORLD["pg_timeout"] / 2, (rank, seconds, message)
+        if rank == 0:
+            assert "rank 1 could not make its udp transport" in message, message
 
 
 def _disagreeing_settings(rank: int, world_size: int) -> dict[str, str]:

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import skip_unless_ucx
-from dist_harness import run_world
+from dist_harness import error_of, run_world
 
 import ucxbackend
 
@@ -81,7 +82,7 @@ _WITHOUT_BOOT_ID = """
 import json, sys
 sys.path.insert(0, "tests")
 import test_one_host_reach as t
-from dist_harness import run_world
+from dist_harness import error_of, run_world
 print(json.dumps(run_world(t._reach, 2, init="tcp", env=t._no_launcher(), timeout=90)))
 """
 
@@ -108,3 +109,51 @@ def test_no_guess_without_a_boot_id() -> None:
     for r in json.loads(done.stdout.strip().splitlines()[-1]):
         assert "tcp" in r["transports"], r
         assert "any_host" not in r["phases"], r
+
+
+def _second_round(rank: int, ws: int) -> dict[str, Any]:
+    """Groups that take the any_host round (UCXBACKEND_TEST_ANY_HOST, docs/testing.md): one
+    where it works, then one where rank 1's second-round transport cannot be made, then one
+    without the hook. What each did on this rank."""
+    out: dict[str, Any] = {}
+    os.environ["UCXBACKEND_TEST_ANY_HOST"] = "round"
+    group = dist.new_group(list(range(ws)))
+    out["round_phases"] = list(ucxbackend.startup_profile(group)["phases"])
+    out["round_sum_ok"] = _sum_ok(rank, ws, group)
+    os.environ["UCXBACKEND_TEST_ANY_HOST"] = "fail" if rank == 1 else "round"
+    start = time.monotonic()
+    out["fail_error"] = error_of(lambda: dist.new_group(list(range(ws))))
+    out["fail_s"] = time.monotonic() - start
+    del os.environ["UCXBACKEND_TEST_ANY_HOST"]
+    out["after_sum_ok"] = _sum_ok(rank, ws, dist.new_group(list(range(ws))))
+    return out
+
+
+def _sum_ok(rank: int, ws: int, group: dist.ProcessGroup) -> bool:
+    inputs = [np.arange(300, dtype=np.int64) * (r + 5) - r for r in range(ws)]
+    got = torch.from_numpy(inputs[rank].copy())
+    dist.all_reduce(got, group=group)
+    return bool(np.array_equal(got.numpy(), np.sum(inputs, axis=0)))
+
+
+# The Store's timeout: what the ranks waited for a failed rank's second-round record before
+# it published its failure there. The failure must come well within it.
+_STORE_TIMEOUT_S = 60.0
+
+
+def test_a_failed_second_round_fails_every_rank_at_once() -> None:
+    """A rank whose transport cannot be made in the second exchange round (the any_host
+    phase) publishes why in its record: the other ranks fail at once naming it and the
+    reason, not after the Store's timeout; the failed rank names its own reason; and the next
+    group is created on every rank."""
+    skip_unless_ucx("the second round is ucx's")
+    results = run_world(_second_round, 3, init="tcp", env=_no_launcher(),
+                        pg_timeout=_STORE_TIMEOUT_S, timeout=_STORE_TIMEOUT_S + 90)
+    for rank, r in enumerate(results):
+        assert "any_host" in r["round_phases"], (rank, r)
+        assert r["round_sum_ok"] and r["after_sum_ok"], (rank, r)
+        assert r["fail_s"] < _STORE_TIMEOUT_S / 3, (rank, r)
+        assert r["fail_error"].startswith("DistBackendError: ucx: setting up group"), (rank, r)
+        assert "UCXBACKEND_TEST_ANY_HOST=fail" in r["fail_error"], (rank, r)
+        if rank != 1:
+            assert "rank 1 could not make its ucx transport" in r["fail_error"], (rank, r)

@@ -249,6 +249,53 @@ def test_work_wait_timeout() -> None:
     assert 0.8 <= elapsed < 6, (elapsed, msg)
 
 
+def _odd_waits(rank: int, ws: int) -> Any:
+    """wait(timedelta(0)) is torch's "no timeout" (up to the op's own); a negative timeout is
+    refused, and the op goes on: a later wait gets its result."""
+    if rank == 1:
+        time.sleep(1.5)  # rank 0 waits on each op while rank 1 has not joined it yet
+    out: dict[str, Any] = {}
+    t = torch.full((4,), rank + 1, dtype=torch.int64)
+    work = dist.all_reduce(t, async_op=True)
+    out["zero"] = (*timed(lambda: work.wait(timedelta(0))), t.tolist())
+    t = torch.full((4,), rank + 1, dtype=torch.int64)
+    work = dist.all_reduce(t, async_op=True)
+    out["negative"] = timed(lambda: work.wait(timedelta(seconds=-1)))
+    work.wait(timedelta(seconds=20))
+    out["after negative"] = t.tolist()
+    if rank == 0:
+        got = torch.zeros(4, dtype=torch.int64)
+        req = dist.irecv(got, src=1)
+        out["irecv negative"] = timed(lambda: req.wait(timedelta(seconds=-1)))
+        req.wait(timedelta(seconds=20))  # not withdrawn: the message still lands
+        out["irecv"] = got.tolist()
+    else:
+        time.sleep(0.5)
+        dist.send(torch.arange(4, dtype=torch.int64), dst=0)
+    return out
+
+
+def test_odd_wait_timeouts() -> None:
+    if not UCX and BACKEND != "udp":
+        pytest.skip(f"ucx/udp only ({BACKEND} under test): a negative wait on a pending op "
+                    "makes Gloo close the group's connections (\"Application timeout caused "
+                    "pair closure\")")
+    res = run_world(_odd_waits, 2, pg_timeout=30, timeout=90)
+    total = [3] * 4  # 1 + 2, bit-exact
+    for rank, out in enumerate(res):
+        elapsed, exc, msg, data = out["zero"]
+        assert exc is None and data == total, (rank, out["zero"])
+        assert out["after negative"] == total, (rank, out)
+    elapsed, exc, msg, _ = res[0]["zero"]
+    assert elapsed > 0.5, f"wait(0) returned after {elapsed:.2f} s, before the late peer joined"
+    for what in ("negative", "irecv negative"):
+        elapsed, exc, msg = res[0][what]
+        assert exc == "ValueError" and "negative timeout" in msg, (what, exc, msg)
+        assert names_rank(msg, 0), (what, msg)
+    assert names(res[0]["negative"][2], OP_ALL_REDUCE), res[0]
+    assert res[0]["irecv"] == [0, 1, 2, 3], res[0]
+
+
 # --------------------------------------------------------------------------
 # killed peer
 # --------------------------------------------------------------------------
@@ -380,6 +427,59 @@ def test_overlapping_output_is_refused() -> None:
             assert "share memory" in msg and "Float[4]" in msg, (rank, what, msg)
             assert names_rank(msg, rank), (rank, what, msg)
         assert names(out["all_reduce"][2], OP_ALL_REDUCE), out
+
+
+def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
+    """Output lists whose tensors share memory with each other or with the input: each is
+    refused. Before, each ran, and what was left depended on the order messages arrived in,
+    which differs across ranks (all_gather([t, t]): rank 0 kept [2, 2, 2, 2], rank 1
+    [1, 1, 1, 1] on ucx). Then the cases that share no element must still run exactly."""
+    refused: dict[str, Any] = {}
+    mine = torch.full((4,), rank + 1, dtype=torch.int64)
+    t = torch.zeros(4, dtype=torch.int64)
+    refused["all_gather same tensor twice"] = timed(lambda: dist.all_gather([t] * ws, mine))
+    buf = torch.zeros(4 * ws - 2, dtype=torch.int64)
+    sliding = [buf[2 * j : 2 * j + 4] for j in range(ws)]  # each overlaps the next by 2
+    refused["all_gather overlapping slices"] = timed(lambda: dist.all_gather(sliding, mine))
+    flat = torch.zeros(4 * ws, dtype=torch.int64)
+    slots = list(flat.chunk(ws))
+    peer_slot = slots[(rank + 1) % ws]
+    refused["all_gather input is a peer's slot"] = timed(lambda: dist.all_gather(slots, peer_slot))
+    a2a_buf = torch.zeros(2 * ws - 1, dtype=torch.int64)
+    a2a_outs = [a2a_buf[j : j + 2] for j in range(ws)]
+    a2a_ins = [torch.full((2,), 10 * rank + j, dtype=torch.int64) for j in range(ws)]
+    refused["all_to_all overlapping outputs"] = timed(lambda: dist.all_to_all(a2a_outs, a2a_ins))
+    out: dict[str, Any] = {"refused": refused}
+    # Columns of one matrix interleave without sharing an element: gathered exactly.
+    cols = torch.zeros(4, ws, dtype=torch.int64)
+    dist.all_gather(list(cols.unbind(1)), mine)
+    out["columns"] = cols.t().tolist()
+    # The input as this rank's own slot (in place), also at the root of a gather.
+    flat = torch.zeros(4 * ws, dtype=torch.int64)
+    slots = list(flat.chunk(ws))
+    slots[rank].copy_(mine)
+    dist.all_gather(slots, slots[rank])
+    out["in place"] = flat.view(ws, 4).tolist()
+    if rank == 0:  # last, and the root alone: only the root passes outputs (and is refused)
+        refused["gather same tensor twice"] = timed(lambda: dist.gather(mine, [t] * ws, dst=0))
+    return out
+
+
+def test_outputs_sharing_memory_are_refused() -> None:
+    if not UCX and BACKEND != "udp":
+        pytest.skip(f"ucx/udp only ({BACKEND} under test): Gloo keeps the last write here")
+    ws = 3
+    res = run_world(_outputs_sharing_memory, ws, pg_timeout=10, timeout=60)
+    want = [[r + 1] * 4 for r in range(ws)]  # rank r's input, bit-exact
+    for rank, out in enumerate(res):
+        assert out["columns"] == want, (rank, out["columns"])
+        assert out["in place"] == want, (rank, out["in place"])
+        assert ("gather same tensor twice" in out["refused"]) == (rank == 0), out
+        for what, (elapsed, exc, msg) in out["refused"].items():
+            assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
+            assert elapsed < 10, (rank, what, elapsed)
+            assert re.search(r"shares? memory", msg) and "Long[" in msg, (rank, what, msg)
+            assert names_rank(msg, rank), (rank, what, msg)
 
 
 # --------------------------------------------------------------------------

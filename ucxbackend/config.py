@@ -56,6 +56,7 @@ TEST_HOOK_ENV_VARS: Final = frozenset(
         "UCXBACKEND_BENCH_CORRUPT",
         "UCXBACKEND_TEST_SEQ_BITS",
         "UCXBACKEND_TEST_FAULT_INJECTION",
+        "UCXBACKEND_TEST_ANY_HOST",
     }
 )
 # Kinds whose values are numbers in Python (the schema's "integer" and "bytes").

@@ -135,7 +135,33 @@ void testTooLong() {
   CHECK_THROWS(encodeHandshake(huge), HandshakeMismatch, "value of x (70000 bytes) is too long");
 }
 
+// A rank whose transport could not be made publishes why in place of an address: every other
+// rank names it and the reason, before the backend or the settings (its record lacks nothing
+// else, but the reason is what the user needs), and a long reason is cut to fit a record.
+void testFailedRank() {
+  const Handshake ucx = record("ucx", kSettings, 0);
+  auto settings = kSettings;
+  settings.push_back({ucxb::kFailedSetting, ucxb::failedValue("no worker: out of memory")});
+  const Handshake failed{"ucx", settings, {}};
+  CHECK_THROWS(checkHandshakes(0, ucx, {encodeHandshake(ucx), encodeHandshake(failed)}),
+               HandshakeMismatch,
+               "rank 1 could not make its ucx transport for this group, so no rank can create "
+               "it: no worker: out of memory");
+  // Named as soon as its record is read: before a disagreeing setting of its own.
+  auto other = settings;
+  other[0].value = "1";
+  const Handshake failedAndOther{"ucx", other, {}};
+  CHECK_THROWS(checkHandshakes(0, ucx, {encodeHandshake(ucx), encodeHandshake(failedAndOther)}),
+               HandshakeMismatch, "could not make its ucx transport");
+  const std::string cut = ucxb::failedValue(std::string(100000, 'w'));
+  CHECK_MSG(cut.size() < 65535 && cut.substr(cut.size() - 3) == "...", cut.substr(0, 20));
+  auto longSettings = kSettings;
+  longSettings.push_back({ucxb::kFailedSetting, cut});
+  CHECK(!encodeHandshake(Handshake{"ucx", longSettings, {}}).empty());
+}
+
 const ucxb::check::Group kGroups[] = {
+    {"failed_rank", testFailedRank, true},
     {"agreeing", testAgreeingRanks, true},
     {"backend", testAnotherBackend, true},
     {"not_a_record", testNotARecord, true},

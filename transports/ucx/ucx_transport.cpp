@@ -453,6 +453,13 @@ std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status) co
   if (status == UCS_ERR_CANCELED && !closing_.empty()) {
     return closing_;
   }
+  if (status == UCS_ERR_MESSAGE_TRUNCATED && !req.isSend()) {
+    // The peer sent more than this rank expects: the ranks passed tensors (or split sizes)
+    // that disagree. Said as udp says it, not as UCX's bare "Message truncated".
+    return describe(status, "the message from " + peerLabel(req.peer()) + " is longer than the " +
+                                std::to_string(req.postedBytes()) +
+                                " bytes posted to receive it");
+  }
   return describe(status, std::string(req.isSend() ? "send to " : "receive from ") +
                               peerLabel(req.peer()) + " (" + std::to_string(req.postedBytes()) +
                               " bytes)");
