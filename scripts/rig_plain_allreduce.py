@@ -95,7 +95,7 @@ def _worker(args: argparse.Namespace) -> int:
         time.sleep(0.05)  # the counters are published when the progress thread goes idle
         after = _udp_counters()
         # Gauges (RTTs, buffer sizes, the datagram size) as they are; counters as the change.
-        gauge = ("_us", "socket_", "mtu_", "paths", "offload")
+        gauge = ("_us", "socket_", "mtu_", "paths", "offload", "_window_")
         out["counters"] = {
             k: v if any(g in k for g in gauge) else v - before.get(k, 0) for k, v in after.items()
         }
@@ -121,6 +121,8 @@ def _udp_counters() -> dict[str, int]:
 
     st = ucxbackend.stats()
     merged = {**st["transport"], **st["total"]}
+    # A window is per connection: the total would add this rank's own (unused) one.
+    merged["send_window_bytes"] = max(c.get("send_window_bytes", 0) for c in st["peers"].values())
     return {k: int(v) for k, v in merged.items() if isinstance(v, int)}
 
 
@@ -311,6 +313,7 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
             "spurious_rtos",
             "rtt_smoothed_us",
             "socket_receive_buffer",
+            "send_window_bytes",
             "trains_received",
         )
         line += "\n      " + " ".join(f"{k}={'/'.join(str(x.get(k, 0)) for x in c)}" for k in keys)
