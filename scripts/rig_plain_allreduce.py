@@ -121,8 +121,6 @@ def _udp_counters() -> dict[str, int]:
 
     st = ucxbackend.stats()
     merged = {**st["transport"], **st["total"]}
-    # A window is per connection: the total would add this rank's own (unused) one.
-    merged["send_window_bytes"] = max(c.get("send_window_bytes", 0) for c in st["peers"].values())
     return {k: int(v) for k, v in merged.items() if isinstance(v, int)}
 
 
