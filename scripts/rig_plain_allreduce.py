@@ -95,7 +95,7 @@ def _worker(args: argparse.Namespace) -> int:
         time.sleep(0.05)  # the counters are published when the progress thread goes idle
         after = _udp_counters()
         # Gauges (RTTs, buffer sizes, the datagram size) as they are; counters as the change.
-        gauge = ("_us", "socket_", "mtu_", "paths", "offload")
+        gauge = ("_us", "socket_", "mtu_", "paths", "offload", "_window_")
         out["counters"] = {
             k: v if any(g in k for g in gauge) else v - before.get(k, 0) for k, v in after.items()
         }
@@ -311,6 +311,7 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
             "spurious_rtos",
             "rtt_smoothed_us",
             "socket_receive_buffer",
+            "send_window_bytes",
             "trains_received",
         )
         line += "\n      " + " ".join(f"{k}={'/'.join(str(x.get(k, 0)) for x in c)}" for k in keys)

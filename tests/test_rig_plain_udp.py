@@ -7,8 +7,9 @@ its peers send at once: the kernel drops whole bursts (``RcvbufErrors`` in the n
 /proc/net/snmp) and the transport resends them (with a 416 KiB buffer, a 64 MB all_reduce
 sent nearly every packet twice; docs/performance.md, which also has what else bounds udp on
 the rig). These tests check that condition, never a speed:
-- as the rig runs it (root), the plain rank's socket holds its peer's whole send window and a
-  16 MB all_reduce meets no kernel drop and resends few packets;
+- as the rig runs it (root), each rank's send window is sized from its peer's granted buffer
+  (half of it, at most send_window_max_bytes: well above the 1 MiB floor), the buffer holds
+  it, and a 16 MB all_reduce meets no kernel drop and resends few packets;
 - with the buffer capped as a rank without CAP_NET_ADMIN gets it under the stock
   ``net.core.rmem_max`` (208 KiB asked, 416 KiB granted), the rank says so on its stderr with
   the fix, and still gets exact results.
@@ -41,17 +42,17 @@ def rig() -> Iterator[NetnsRig]:
         yield r
 
 
-def _window() -> int:
+def _knobs() -> dict[str, int]:
     from ucxbackend import _C
 
     if _C is None:
         pytest.skip("native extension not built")
     knobs = dict(kv.split("=", 1) for kv in _C.udp.describe_config("").split(","))
-    return int(knobs["send_window_bytes"])
+    return {k: int(knobs[k]) for k in ("send_window_bytes", "send_window_max_bytes")}
 
 
 def test_plain_udp_rank_gets_a_buffer_that_holds_its_peers_window(rig: NetnsRig) -> None:
-    window = _window()
+    knobs = _knobs()
     run = run_plain(
         rig,
         "udp",
@@ -65,7 +66,14 @@ def test_plain_udp_rank_gets_a_buffer_that_holds_its_peers_window(rig: NetnsRig)
     for rank, (result, kernel) in enumerate(zip(run.results, run.kernel_udp, strict=True)):
         assert result["correct"], f"rank {rank}: wrong all_reduce result"
         c = result["counters"]
-        assert c["socket_receive_buffer"] >= window, (rank, c)  # one peer
+        peer_buffer = run.results[1 - rank]["counters"]["socket_receive_buffer"]
+        # Half the peer's buffer (one peer sends to it), within the knobs' bounds.
+        share = min(
+            max(peer_buffer // 2, knobs["send_window_bytes"]), knobs["send_window_max_bytes"]
+        )
+        assert c["send_window_bytes"] == share, (rank, peer_buffer, c)
+        assert c["send_window_bytes"] > knobs["send_window_bytes"], (rank, c)  # root: 16 MiB
+        assert peer_buffer >= 2 * c["send_window_bytes"], (rank, c)
         assert kernel["RcvbufErrors"] == 0, (rank, kernel)
         # Reordering on the veth under load can still make a few packets look lost; burst
         # drops (what a small buffer causes) resend most of them.

@@ -11,7 +11,8 @@ namespace {
 bool isGauge(const std::string& name) {
   return name.rfind("rtt_", 0) == 0 || name.find("_high_water") != std::string::npos ||
          name.find("_rtt_us") != std::string::npos ||
-         name.find("_weight_permille") != std::string::npos;
+         name.find("_weight_permille") != std::string::npos ||
+         name.find("_window_bytes") != std::string::npos;
 }
 
 }  // namespace

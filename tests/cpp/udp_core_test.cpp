@@ -808,6 +808,55 @@ void testConfig() {
   e = err("mtu_payload=9000,send_window_bytes=4096");
   CHECK_MSG(contains(e, "send_window_bytes") && contains(e, "mtu_payload"), e);
 
+  // The automatic window: half the peer's granted buffer over the ranks that send to it,
+  // within [send_window_bytes, send_window_max_bytes] (1 MiB and 8 MiB by default).
+  {
+    constexpr uint64_t MiB = uint64_t{1} << 20;
+    const UdpConfig d;
+    CHECK_EQ(sendWindowFor(d, 16 * MiB, 1), 8 * MiB);   // root's 16 MiB, one peer
+    CHECK_EQ(sendWindowFor(d, 16 * MiB, 3), 16 * MiB / 6);
+    CHECK_EQ(sendWindowFor(d, 64 * MiB, 1), 8 * MiB);   // the ceiling
+    CHECK_EQ(sendWindowFor(d, 425984, 1), 1 * MiB);     // the stock cap: the floor (warned)
+    CHECK_EQ(sendWindowFor(d, 16 * MiB, 31), 1 * MiB);
+    CHECK_EQ(sendWindowFor(d, 16 * MiB, 0), 1 * MiB);
+    const UdpConfig fixed = parseUdpConfig("send_window_max_bytes=0");
+    CHECK_EQ(sendWindowFor(fixed, 16 * MiB, 1), 1 * MiB);
+    const UdpConfig big = parseUdpConfig("send_window_bytes=2M,send_window_max_bytes=32M");
+    CHECK_EQ(sendWindowFor(big, 16 * MiB, 1), 8 * MiB);
+    CHECK_EQ(sendWindowFor(big, 128 * MiB, 1), 32 * MiB);
+    CHECK_EQ(sendWindowFor(big, 2 * MiB, 1), 2 * MiB);
+    // A connection holds what it is given, and never less than one datagram.
+    PeerConnection c(d, PeerIdentity{});
+    CHECK_EQ(c.sendWindowBytes(), 1 * MiB);
+    c.setSendWindowBytes(8 * MiB);
+    CHECK_EQ(c.sendWindowBytes(), 8 * MiB);
+    CHECK_EQ(c.stats().sendWindowBytes, 8 * MiB);
+    c.setSendWindowBytes(0);
+    CHECK_EQ(c.sendWindowBytes(), uint64_t{d.mtuPayload});
+    // And sends up to it: with nothing acknowledged, what goes out of a large message stops
+    // within one datagram of the window, whatever send_window_bytes says.
+    for (const uint64_t window : {1 * MiB, 4 * MiB}) {
+      PeerIdentity ia, ib;
+      ia.peerRank = 1;
+      ib.localRank = 1;
+      PeerConnection a(d, ia), b(d, ib);
+      a.setSendWindowBytes(window);
+      std::vector<uint8_t> data(16 * MiB, 7), got(16 * MiB);
+      b.postReceive(5, ~Tag{0}, got.data(), got.size());
+      a.send(5, data.data(), data.size());
+      std::vector<uint8_t> wire(d.mtuPayload);
+      const TimeUs now = 1000;
+      // The RTS one way, the CTS back; then the data, which nobody acknowledges.
+      while (const size_t n = a.pollTransmit(now, wire)) b.onDatagram({wire.data(), n}, now);
+      while (const size_t n = b.pollTransmit(now, wire)) a.onDatagram({wire.data(), n}, now);
+      while (a.pollTransmit(now, wire) != 0) {
+      }
+      CHECK_MSG(a.bytesInFlight() <= window && a.bytesInFlight() + d.mtuPayload > window,
+                std::to_string(a.bytesInFlight()) + " bytes in flight, window " +
+                    std::to_string(window));
+    }
+  }
+
   const FaultConfig f = parseFaultConfig("drop=0.01,dup=0.001,reorder=0.02,seed=7");
   CHECK(f.drop == 0.01 && f.duplicate == 0.001 && f.reorder == 0.02 && f.seed == 7 &&
         f.delay == 0 && f.corrupt == 0);

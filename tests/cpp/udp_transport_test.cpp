@@ -134,6 +134,39 @@ void testCounters() {
   }
 }
 
+// Each connection's send window is sized from the receive buffer its peer's address carries:
+// half of it over the n - 1 ranks that send to the peer, within [1 MiB, 8 MiB] (the defaults
+// of send_window_bytes and send_window_max_bytes; reckoned here by hand). A blob without the
+// buffer (an older build's) leaves the window at send_window_bytes.
+uint64_t counter(const Counters& c, const std::string& name) {
+  for (const auto& [k, v] : c) {
+    if (k == name) return v;
+  }
+  CHECK_MSG(false, "no counter " + name);
+  return 0;
+}
+
+void testWindow() {
+  constexpr uint64_t MiB = uint64_t{1} << 20;
+  for (int r = 0; r < n; ++r) {
+    const auto peers = ts[r]->peerCounters();
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      const uint64_t buffer = counter(ts[p]->transportCounters(), "socket_receive_buffer");
+      const uint64_t share = buffer / 2 / (n - 1);
+      const uint64_t want = share < MiB ? MiB : share > 8 * MiB ? 8 * MiB : share;
+      CHECK_EQ(counter(peers[static_cast<size_t>(p)], "send_window_bytes"), want);
+      std::printf("ok window %d->%d: %llu bytes (the peer's buffer %llu)\n", r, p,
+                  static_cast<unsigned long long>(want), static_cast<unsigned long long>(buffer));
+    }
+  }
+  udp::UdpTransport t(0, 2, options);
+  std::vector<uint8_t> bare;
+  udp::SocketAddress::parse("127.0.0.1", 9).appendTo(bare);
+  t.connect(1, bare);
+  CHECK_EQ(counter(t.peerCounters()[1], "send_window_bytes"), options.config.sendWindowBytes);
+}
+
 // A peer that vanishes: rank 2 waits for a message from rank 1, which is destroyed.
 void testDeadPeer() {
   {
@@ -168,7 +201,11 @@ void testDeadPeer() {
 // An address blob that is not one (truncated, or of an unknown family: a Store record
 // damaged or written by something else) fails connect() naming the rank that published it.
 void testBadAddress() {
-  const std::vector<std::vector<uint8_t>> blobs = {{}, {4, 0, 1}, {34, 0, 1, 2, 3, 4, 5}};
+  std::vector<uint8_t> cutBuffer;  // an address, then the receive buffer's record cut short
+  udp::SocketAddress::parse("127.0.0.1", 9).appendTo(cutBuffer);
+  cutBuffer.insert(cutBuffer.end(), {'R', 0, 0, 1});
+  const std::vector<std::vector<uint8_t>> blobs = {
+      {}, {4, 0, 1}, {34, 0, 1, 2, 3, 4, 5}, cutBuffer};
   for (const auto& blob : blobs) {
     udp::UdpTransport t(0, 2, options);
     std::string error;
@@ -202,6 +239,7 @@ int main(int argc, char** argv) {
       {"truncation", testTruncation, true},
       {"cancel", testCancel, true},
       {"counters", testCounters, true},
+      {"window", testWindow, true},
       {"bad_address", testBadAddress, true},
       {"dead_peer", testDeadPeer, true},
   };

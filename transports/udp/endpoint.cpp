@@ -138,7 +138,8 @@ void Endpoint::connect(int peer, const SocketAddress& address) {
   connect(peer, std::span<const SocketAddress>(&address, 1));
 }
 
-void Endpoint::connect(int peer, std::span<const SocketAddress> addresses) {
+void Endpoint::connect(int peer, std::span<const SocketAddress> addresses,
+                       std::optional<uint64_t> receiveBufferBytes) {
   if (peer < 0 || peer >= size_) {
     throw TransportError("udp: connect to rank " + std::to_string(peer) + " outside the group of " +
                              std::to_string(size_),
@@ -163,6 +164,11 @@ void Endpoint::connect(int peer, std::span<const SocketAddress> addresses) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   p.addresses.assign(addresses.begin(), addresses.end());
   p.connected = true;
+  // Every other rank of the group may send to the peer at once.
+  if (receiveBufferBytes) {
+    p.connection->setSendWindowBytes(
+        sendWindowFor(options_.config, *receiveBufferBytes, std::max(size_ - 1, 1)));
+  }
 }
 
 Endpoint::Peer& Endpoint::peerAt(int peer, const char* what) {

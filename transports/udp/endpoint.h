@@ -96,7 +96,10 @@ class Endpoint {
   void connect(int peer, const SocketAddress& address);
   // Multipath: the peer's socket of each path, in path order (as many as config.paths, or
   // one, which then serves every path). A datagram from addresses[p] arrived over path p.
-  void connect(int peer, std::span<const SocketAddress> addresses);
+  // `receiveBufferBytes`: what the peer's kernel granted its sockets (its address says), from
+  // which the send window towards it is sized (sendWindowFor); unknown: send_window_bytes.
+  void connect(int peer, std::span<const SocketAddress> addresses,
+               std::optional<uint64_t> receiveBufferBytes = std::nullopt);
 
   // The Transport calls (transport.h), host memory only. Throw TransportError for a rank
   // outside the group or not connected yet; to a failed peer they return a failed request.

@@ -35,7 +35,8 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
       rtt_(config_.initialRttUs),
       congestion_(makeCongestionControl(config_)),
       lossRecovery_(makeLossRecovery(config_)),
-      paths_(config_.paths, config_.pathPolicy) {
+      paths_(config_.paths, config_.pathPolicy),
+      sendWindowBytes_(config_.sendWindowBytes) {
   sent_.setPerPathDetection(config_.paths > 1);
   if (credits == nullptr) {
     ownCredits_ = makeCreditScheduler(config_);
@@ -400,7 +401,7 @@ bool PeerConnection::windowFull() const {
   }
   // One datagram always fits an empty window.
   return sent_.inFlightBytes() > 0 &&
-         sent_.inFlightBytes() + config_.mtuPayload > config_.sendWindowBytes;
+         sent_.inFlightBytes() + config_.mtuPayload > sendWindowBytes_;
 }
 
 std::optional<TimeUs> PeerConnection::nextTimeout() const {
@@ -605,6 +606,7 @@ Stats PeerConnection::stats() const {
     s.rttLatestUs = rtt_.latest();
   }
   s.rttSamples = rtt_.samples();
+  s.sendWindowBytes = sendWindowBytes_;
   if (paths_.paths() > 1) {
     for (uint32_t p = 0; p < paths_.paths(); ++p) s.paths.push_back(paths_.stats(p));
   }

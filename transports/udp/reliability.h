@@ -17,6 +17,7 @@
 // credit window over the receiver's unexpected-message budget.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -123,6 +124,12 @@ class PeerConnection {
   uint64_t pathPacketsInFlight(uint32_t path) const { return sent_.pathInFlightCount(path); }
   uint64_t pathBytesInFlight(uint32_t path) const { return sent_.pathInFlightBytes(path); }
   uint64_t congestionWindow() const { return congestion_->windowPackets(); }
+  // The most bytes in flight to the peer: send_window_bytes until the Endpoint learns the
+  // peer's receive buffer and sizes it from that (sendWindowFor, udp_config.h).
+  uint64_t sendWindowBytes() const { return sendWindowBytes_; }
+  void setSendWindowBytes(uint64_t bytes) {
+    sendWindowBytes_ = std::max<uint64_t>(bytes, config_.mtuPayload);
+  }
   CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
   // Nothing left to send or to wait for from the peer: what a closing endpoint's linger waits
@@ -188,6 +195,7 @@ class PeerConnection {
   std::unique_ptr<LossRecovery> lossRecovery_;
   PathSelector paths_;
   uint32_t transmitPath_ = 0;
+  uint64_t sendWindowBytes_;
 
   uint32_t rtoBackoff_ = 0;        // the RTO is doubled this many times
   uint32_t consecutiveRtos_ = 0;   // expiries since anything was last acknowledged

@@ -80,6 +80,7 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("rtt_min_us", s.rttMinUs);
   add("rtt_latest_us", s.rttLatestUs);
   add("rtt_samples", s.rttSamples);
+  add("send_window_bytes", s.sendWindowBytes);
   // "path<i>_<name>" per path, only when there are several.
   for (size_t i = 0; i < s.paths.size(); ++i) {
     const PathStats& p = s.paths[i];

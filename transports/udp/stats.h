@@ -109,6 +109,10 @@ struct Stats {
   DurationUs rttLatestUs = 0;
   uint64_t rttSamples = 0;
 
+  // The most bytes this connection lets be in flight (a gauge: send_window_bytes, or the
+  // automatic window sized from the peer's receive buffer, udp_config.h's sendWindowFor).
+  uint64_t sendWindowBytes = 0;
+
   // Per path, when the peer is reached over several (udp_config paths > 1; empty otherwise).
   std::vector<PathStats> paths;
 

@@ -51,9 +51,16 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                          "later packets acknowledged before a packet counts as lost"),
                  &UdpConfig::reorderThreshold),
           member(bytes("send_window_bytes", kMinMtuPayload, kTiB,
-                       "most bytes in flight per peer; loss detection needs "
-                       "reorder_threshold packets after a lost one, so keep many datagrams"),
+                       "most bytes in flight per peer, and the floor of the automatic window "
+                       "(send_window_max_bytes); loss detection needs reorder_threshold packets "
+                       "after a lost one, so keep many datagrams"),
                  &UdpConfig::sendWindowBytes),
+          member(bytes("send_window_max_bytes", 0, kTiB,
+                       "ceiling of the automatic window: towards a peer whose address carries "
+                       "its granted receive buffer, the window is half that buffer divided "
+                       "among the ranks that send to it, within [send_window_bytes, this]; "
+                       "at or below send_window_bytes the window is fixed"),
+                 &UdpConfig::sendWindowMaxBytes),
           // The next three must agree (sameOnEveryRank): a sender spends its own value of
           // the peer's credit and sends eagerly up to its own eager_max_bytes, and a receiver
           // drops as a protocol violation what exceeds its own credit, eager_max_bytes or
@@ -211,6 +218,12 @@ void validate(const UdpConfig& c) {
   if (std::find(cc.begin(), cc.end(), c.congestion) == cc.end()) {
     fail("congestion='" + c.congestion + "' is invalid (allowed: " + joinNames(cc) + ")");
   }
+}
+
+uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders) {
+  if (c.sendWindowMaxBytes <= c.sendWindowBytes || senders < 1) return c.sendWindowBytes;
+  const uint64_t share = peerReceiveBuffer / 2 / static_cast<uint64_t>(senders);
+  return std::clamp(share, c.sendWindowBytes, c.sendWindowMaxBytes);
 }
 
 std::string describe(const UdpConfig& c) { return udpConfigSchema().describe(c); }

@@ -69,6 +69,14 @@ struct UdpConfig {
   // about 2x what same-host loopback carries per RTT (~4 GB/s x ~100 us); 512 KiB (8 of them)
   // made a message of 512 KiB take two round trips and lost 15-20% of the busbw at 5% drop.
   uint64_t sendWindowBytes = uint64_t{1} << 20;
+  // The automatic window's ceiling. Where the peer's address says how large a receive buffer
+  // its kernel granted (real sockets: UdpTransport), the window towards it is that buffer's
+  // share (sendWindowFor below), never below sendWindowBytes nor above this: a fixed 1 MiB
+  // bound a 64 MB all_reduce across the namespace rig to 1 MiB per RTT, 2.4-6 ms on a loaded
+  // host (docs/performance.md). 8 MiB is the share of a root rank's 16 MiB buffer with one
+  // peer. Without the peer's buffer (the simulator, in-memory pairs) the window stays at
+  // sendWindowBytes; at or below sendWindowBytes it is fixed everywhere.
+  uint64_t sendWindowMaxBytes = uint64_t{8} << 20;
 
   // Per-peer budget for messages that arrive before their receive is posted (payload plus
   // kMessageChargeBytes of bookkeeping each). The receiver grants it as credit; a sender out
@@ -140,6 +148,14 @@ UdpConfig parseUdpConfig(std::string_view text, UdpConfig base = {});
 // Checks the relations between values (e.g. rto_min_us <= rto_max_us, an eager message fits
 // the unexpected budget). Throws ConfigError.
 void validate(const UdpConfig& config);
+
+// The send window towards a peer whose kernel granted its socket `peerReceiveBuffer` bytes
+// (SO_RCVBUF as getsockopt reports it) and to which `senders` ranks may send at once: half of
+// the buffer (the kernel reports twice what was asked for and charges every datagram more
+// than its payload) divided among the senders, clamped to [send_window_bytes,
+// send_window_max_bytes]. Every sender's window then fits the receiver's buffer together
+// with the others', unless the floor does not (the group warns of that).
+uint64_t sendWindowFor(const UdpConfig& config, uint64_t peerReceiveBuffer, int senders);
 
 // The configuration as "key=value,..." (parseUdpConfig(describe(c)) == c).
 std::string describe(const UdpConfig& config);

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "transports/udp/wire_format.h"
 
@@ -17,6 +18,9 @@ constexpr size_t kReceiveBatch = 32;      // datagrams per recvmmsg
 constexpr size_t kReceiveBatchesPerProgress = 8;
 constexpr size_t kSendBatch = 64;         // datagrams per sendmmsg
 constexpr size_t kSendPerProgress = 512;  // then progress() returns to receive ACKs
+// Marks the receive buffer's record after the addresses in localAddress(); an address record
+// starts with its family (4 or 6), so the two cannot be confused.
+constexpr uint8_t kReceiveBufferTag = 'R';
 
 [[noreturn]] void throwErrno(const std::string& what) {
   throw TransportError("udp: " + what + " failed: " + std::strerror(errno));
@@ -92,17 +96,34 @@ void UdpTransport::linger() {
 
 // The bare socket address: the record it travels in names the transport and is checked
 // before connect() sees it (csrc/handshake.h).
-// With several paths, one address per path, in path order.
+// With several paths, one address per path, in path order. Then the receive buffer the kernel
+// granted (the smallest of the sockets'), from which each peer sizes its send window towards
+// this rank (sendWindowFor): kReceiveBufferTag, then 8 bytes, big-endian.
 std::vector<uint8_t> UdpTransport::localAddress() const {
   std::vector<uint8_t> blob;
-  for (uint32_t p = 0; p < socketCount(); ++p) socketOf(p).localAddress().appendTo(blob);
+  uint64_t buffer = UINT64_MAX;
+  for (uint32_t p = 0; p < socketCount(); ++p) {
+    socketOf(p).localAddress().appendTo(blob);
+    buffer = std::min(buffer, static_cast<uint64_t>(socketOf(p).receiveBufferBytes()));
+  }
+  blob.push_back(kReceiveBufferTag);
+  for (int shift = 56; shift >= 0; shift -= 8) blob.push_back(static_cast<uint8_t>(buffer >> shift));
   return blob;
 }
 
 void UdpTransport::connect(int peer, const std::vector<uint8_t>& address) {
   size_t offset = 0;
   std::vector<SocketAddress> paths;
+  std::optional<uint64_t> receiveBuffer;
   while (offset < address.size() || paths.empty()) {
+    if (!paths.empty() && address[offset] == kReceiveBufferTag &&
+        address.size() - offset == 1 + sizeof(uint64_t)) {
+      receiveBuffer = 0;
+      for (size_t i = 1; i <= sizeof(uint64_t); ++i) {
+        *receiveBuffer = (*receiveBuffer << 8) | address[offset + i];
+      }
+      break;
+    }
     SocketAddress a;
     try {
       a = SocketAddress::readFrom(address, offset);
@@ -121,7 +142,7 @@ void UdpTransport::connect(int peer, const std::vector<uint8_t>& address) {
     }
     paths.push_back(a);
   }
-  endpoint_.connect(peer, std::span<const SocketAddress>(paths));
+  endpoint_.connect(peer, std::span<const SocketAddress>(paths), receiveBuffer);
 }
 
 RequestPtr UdpTransport::send(int peer, Tag tag, const void* data, size_t bytes,
