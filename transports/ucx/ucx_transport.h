@@ -29,6 +29,8 @@
 
 namespace ucxb::ucx {
 
+class FoldTarget;  // fold_receive.h
+
 class UcxTransport final : public Transport {
  public:
   // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice). reach:
@@ -50,6 +52,9 @@ class UcxTransport final : public Transport {
   RequestPtr send(int peer, Tag tag, const void* data, size_t bytes, MemoryType mem) override;
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                   MemoryType mem) override;
+  // Folds in UCX's unpack (fold_receive.h): host memory only, as the interface asks.
+  RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes, size_t elementSize,
+                        Fold fold) override;
 
   bool progress() override;
   bool arm() override;
@@ -92,6 +97,10 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   ucp_worker_h worker() const { return worker_.get(); }
+  // recv() and recvFolded(): `data` is the FoldTarget where `fold` is set (kept alive by the
+  // request).
+  RequestPtr postRecv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                      ucs_memory_type_t mem, const std::shared_ptr<FoldTarget>& fold);
   // The peer's endpoint, created now if this is its first use; null when it cannot be
   // created (slot.error set) or the peer was never connected (slot.error set for a send).
   ucp_ep_h endpoint(PeerSlot& slot, bool forSend);
