@@ -23,13 +23,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transports/fold_target.h"
 #include "transports/transport.h"
 #include "transports/ucx/send_lane.h"
 #include "transports/ucx/ucx_context.h"
 
 namespace ucxb::ucx {
-
-class FoldTarget;  // fold_receive.h
 
 class UcxTransport final : public Transport {
  public:
