@@ -1,11 +1,12 @@
 """ucx's folding receives (Transport::recvFolded, transports/ucx/fold_receive.h) through UCX
-itself, on one host with the backend's shared-memory staging off, so that every chunk goes
+itself, on one host over TCP loopback (`UCX_TLS=tcp,self`: ucx folds only for peers it
+reaches over TCP alone) with the backend's staging off, so that every reduced chunk goes
 through UCX's generic-datatype unpack: elements of 2, 4 and 8 bytes, several reduce ops,
 checked bit for bit against numpy; and ranks that pass different sizes get an error, not a
-hang. (Skipping the fold of whole elements fails every case here; UCX's shared-memory pieces
-did not split elements, so the elements two pieces share are checked by algorithms_test's
-folded worlds, tests/test_algorithms_inproc.py, whose transport cuts inside elements and
-hands the pieces over last first. Across hosts over TCP: tests/test_multinode_chunks.py.)"""
+hang. (Skipping the fold of whole elements fails every case here; UCX's TCP pieces did not
+split elements, so the elements two pieces share are checked by algorithms_test's folded
+worlds, tests/test_algorithms_inproc.py, whose transport cuts inside elements and hands the
+pieces over last first. Across hosts: tests/test_multinode_chunks.py.)"""
 
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ import torch.distributed as dist
 from conftest import skip_unless_ucx
 from dist_harness import run_world, timed_failure
 
-# Through UCX, not the backend's slots; 256 KiB chunks: several per block, each several of
-# UCX's pieces (shared memory and TCP both cut a message at offsets of their own).
-ENV = {"UCXBACKEND_SHARED_MEMORY": "off", "UCXBACKEND_CHUNK_BYTES": "256K"}
+# Through UCX over TCP (loopback), the only medium ucx folds on, not the backend's slots;
+# 256 KiB chunks: several per block, each cut by UCX into pieces of its own.
+ENV = {
+    "UCX_TLS": "tcp,self",
+    "UCXBACKEND_SHARED_MEMORY": "off",
+    "UCXBACKEND_CHUNK_BYTES": "256K",
+}
 COUNT = 1_000_003  # odd: blocks of different lengths, a ragged last chunk
 
 

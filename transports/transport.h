@@ -190,9 +190,10 @@ class Transport {
   using Fold = std::function<void(void* acc, const void* in, size_t elements)>;
   // Like recv() into `dst`, but each piece of the message is folded into `dst` with `fold` as
   // it arrives (elements of `elementSize` bytes, at most 16) instead of being stored: no copy
-  // through a bounce buffer and no second pass over it. Null where the transport cannot (the
-  // caller then receives into a buffer and reduces it). Host memory only; `fold` runs inside
-  // progress(), on the owner thread, and may see the pieces in any order.
+  // through a bounce buffer and no second pass over it. Null where the transport cannot, or
+  // does not for this peer (the caller then receives into a buffer and reduces it). Host
+  // memory only; `fold` runs inside progress(), on the owner thread, and may see the pieces in
+  // any order.
   virtual RequestPtr recvFolded(int /*peer*/, Tag /*tag*/, Tag /*mask*/, void* /*dst*/,
                                 size_t /*bytes*/, size_t /*elementSize*/, Fold /*fold*/) {
     return nullptr;

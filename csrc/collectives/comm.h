@@ -47,7 +47,7 @@ class Comm {
   // A receive folded into `acc` (red's kernel, acc = acc op message) piece by piece as it
   // arrives (Transport::recvFolded), so that no bounce buffer is written and read back. Null
   // where that cannot be: memory other than the host's, a reduction without a host kernel, or
-  // a transport that cannot fold (then receive into scratch and reduce()).
+  // a transport that does not fold for this peer (then receive into scratch and reduce()).
   RequestPtr recvFolded(int peer, uint32_t step, void* acc, size_t bytes, const Reduction& red);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).

@@ -427,6 +427,14 @@ RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
 
 RequestPtr UcxTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes,
                                     size_t elementSize, Fold fold) {
+  if (peer < 0) return nullptr;
+  PeerSlot& slot = *peers_.at(peer);
+  if (slot.folds < 0) {
+    ucp_ep_h ep = endpoint(slot, false);
+    if (ep == nullptr) return nullptr;  // recv() reports the peer's error
+    slot.folds = overTcpOnly(ep) ? 1 : 0;
+  }
+  if (slot.folds == 0) return nullptr;
   auto target = std::make_shared<FoldTarget>(dst, bytes, elementSize, std::move(fold));
   return postRecv(peer, tag, mask, target.get(), bytes, UCS_MEMORY_TYPE_HOST, target);
 }

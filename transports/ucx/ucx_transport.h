@@ -51,7 +51,9 @@ class UcxTransport final : public Transport {
   RequestPtr send(int peer, Tag tag, const void* data, size_t bytes, MemoryType mem) override;
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                   MemoryType mem) override;
-  // Folds in UCX's unpack (fold_receive.h): host memory only, as the interface asks.
+  // Folds in UCX's unpack (fold_receive.h), from peers UCX reaches over TCP alone: there it
+  // copies every byte out of its segments anyway. Other peers (shared memory, where UCX may
+  // move a large message in one copy into a contiguous buffer; RDMA) get null.
   RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes, size_t elementSize,
                         Fold fold) override;
 
@@ -85,6 +87,7 @@ class UcxTransport final : public Transport {
     std::vector<uint8_t> address;  // from connect(); the endpoint is made from it on first use
     bool otherHost = false;        // the peer's host identity differs from this rank's
     int lane = -1;                 // large sends take the send lane: -1 undecided, 0 no, 1 yes
+    int folds = -1;                // receives may fold (TCP only): -1 undecided, 0 no, 1 yes
   };
   struct WorkerDeleter {
     void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
