@@ -214,7 +214,7 @@ def run_plain(
     return PlainRun(results, outputs, kernel)
 
 
-def _iperf_both_ways(rig: NetnsRig, seconds: int, port: int) -> list[tuple[float, float]]:
+def iperf_both_ways(rig: NetnsRig, seconds: int, port: int) -> list[tuple[float, float]]:
     """(GB/s, CPU seconds per GB of sender and receiver together) of the transfers a->b and
     b->a, run at the same time."""
     servers = [
@@ -398,7 +398,7 @@ def main() -> int:
                 print(f"bench round {rnd}:\n{_bench(rig, args, port)}", flush=True)
             if args.iperf:
                 port += 1
-                (ab, ab_cpu), (ba, ba_cpu) = _iperf_both_ways(rig, args.iperf, port)
+                (ab, ab_cpu), (ba, ba_cpu) = iperf_both_ways(rig, args.iperf, port)
                 print(
                     f"iperf3 round {rnd}: both ways at once, a->b {ab:.2f} b->a {ba:.2f} GB/s "
                     f"(CPU {ab_cpu:.2f}/{ba_cpu:.2f} s per GB)",

@@ -102,8 +102,9 @@ SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
     "collectives": lambda: _glob("csrc/collectives"),
     # Shared-memory segments and the staging slots' streaming stores.
     "shm": lambda: ["transports/shm/shared_segment.cpp", "csrc/engine/streaming_copy.cpp"],
-    # The in-memory transport and its thread driver (tests/cpp/inproc/).
-    "inproc": lambda: _glob("tests/cpp/inproc"),
+    # The in-memory transport and its thread driver (tests/cpp/inproc/), with the FoldTarget
+    # it folds receives through (transports/fold_target.cpp).
+    "inproc": lambda: [*_glob("tests/cpp/inproc"), "transports/fold_target.cpp"],
     # algorithms_test's groups and the worlds they run in (tests/cpp/algorithms/).
     "algorithm_checks": lambda: _glob("tests/cpp/algorithms"),
     # The UDP transport: its sans-IO core, and that with the socket loop; both with the

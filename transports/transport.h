@@ -184,6 +184,20 @@ class Transport {
   // The time-series samples taken since the last call (each kind's oldest first); empty when
   // the transport records none. Owner thread only.
   virtual std::vector<TraceSeries> drainTraceSeries() { return {}; }
+
+  // Folds `elements` elements of `in` into `acc` (acc[i] = acc[i] op in[i]): a receive that
+  // reduces as it arrives (recvFolded).
+  using Fold = std::function<void(void* acc, const void* in, size_t elements)>;
+  // Like recv() into `dst`, but each piece of the message is folded into `dst` with `fold` as
+  // it arrives (elements of `elementSize` bytes, at most 16) instead of being stored: no copy
+  // through a bounce buffer and no second pass over it. Null where the transport cannot, or
+  // does not for this peer (the caller then receives into a buffer and reduces it). Host
+  // memory only; `fold` runs inside progress(), on the owner thread, and may see the pieces in
+  // any order.
+  virtual RequestPtr recvFolded(int /*peer*/, Tag /*tag*/, Tag /*mask*/, void* /*dst*/,
+                                size_t /*bytes*/, size_t /*elementSize*/, Fold /*fold*/) {
+    return nullptr;
+  }
 };
 
 }  // namespace ucxb

@@ -1,6 +1,8 @@
 #include "csrc/collectives/building_blocks.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <vector>
 
 #include "csrc/collectives/staged_exchange.h"
 
@@ -13,10 +15,78 @@ size_t chunkElems(const Tuning& tuning, size_t count, size_t esz, size_t maxChun
   return std::max(elems, needed);
 }
 
+namespace {
+
+bool overlap(const uint8_t* a, size_t aBytes, const uint8_t* b, size_t bBytes) {
+  return a != nullptr && b != nullptr && a < b + bBytes && b < a + aBytes;
+}
+
+// exchangeReduce where the transport folds each piece into `dst` as it arrives
+// (Comm::recvFolded): every receive is posted at once (they hold no buffer), sends stay two
+// chunks ahead of the receives, as in the bounce path. False, with nothing posted, where the
+// transport cannot fold.
+bool exchangeFolded(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
+                    uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
+                    const Reduction& red) {
+  const size_t esz = red.elementSize;
+  const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
+  const size_t recvChunks = chunksOf(recvCount, chunk);
+  std::vector<RequestPtr> recvs;
+  std::vector<RequestPtr> sends;
+  auto postRecv = [&](size_t k) {
+    return c.recvFolded(from, chunkStep(firstStep, k, recvChunks), dst + k * chunk * esz,
+                        piece(recvCount, chunk, k) * esz, red);
+  };
+  RequestPtr first = postRecv(0);
+  if (!first) return false;
+  recvs.push_back(std::move(first));
+  auto postSends = [&](size_t upTo) {
+    while (sends.size() < std::min(upTo, sendChunks)) {
+      const size_t k = sends.size();
+      sends.push_back(c.send(to, chunkStep(firstStep, k, sendChunks), src + k * chunk * esz,
+                             piece(sendCount, chunk, k) * esz));
+    }
+  };
+  try {
+    for (size_t k = 1; k < recvChunks; ++k) {
+      recvs.push_back(postRecv(k));
+      if (!recvs.back()) {
+        throw std::logic_error("exchangeReduce: the transport folded chunk 0 only");
+      }
+    }
+    postSends(2);
+    for (size_t k = 0; k < std::max(sendChunks, recvChunks); ++k) {
+      std::vector<RequestPtr> reqs;
+      if (k < sendChunks) reqs.push_back(sends[k]);
+      if (k < recvChunks) reqs.push_back(recvs[k]);
+      c.wait(reqs);
+      postSends(k + 3);
+    }
+  } catch (...) {
+    std::vector<RequestPtr> left;
+    for (const auto* list : {&recvs, &sends}) {
+      for (const auto& r : *list) {
+        if (r && r->pending()) left.push_back(r);
+      }
+    }
+    c.abandon(left);
+    throw;
+  }
+  return true;
+}
+
+}  // namespace
+
 void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
                     uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
                     const Reduction& red) {
   const size_t esz = red.elementSize;
+  // Folding as the bytes arrive needs the chunks being sent to stay apart from those being
+  // folded (a send reads its chunk until it completes).
+  if (from >= 0 && recvCount > 0 && !overlap(src, sendCount * esz, dst, recvCount * esz) &&
+      exchangeFolded(c, to, src, sendCount, from, dst, recvCount, chunk, firstStep, red)) {
+    return;
+  }
   const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
   const size_t recvChunks = from >= 0 ? chunksOf(recvCount, chunk) : 0;
   uint8_t* slots = recvChunks > 0 ? c.scratch(2 * chunk * esz) : nullptr;

@@ -52,6 +52,8 @@ inline uint32_t chunkStep(uint32_t firstStep, size_t k, size_t chunks) {
 // chunk k+1 overlap reducing chunk k). Chunk k travels with step chunkStep(firstStep, k,
 // ...). Either direction may be absent (peer -1). `src` may equal `dst`: chunk k is folded
 // only after it was sent. Uses at most chunksOf(max(sendCount, recvCount), chunk) steps.
+// Where the transport folds (Comm::recvFolded) and `src` and `dst` do not overlap, the chunks
+// are folded as they arrive instead, without the slots; the messages are the same.
 void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int from,
                     uint8_t* dst, size_t recvCount, size_t chunk, uint32_t firstStep,
                     const Reduction& red);

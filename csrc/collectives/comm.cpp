@@ -79,6 +79,20 @@ RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
   return req;
 }
 
+RequestPtr Comm::recvFolded(int peer, uint32_t step, void* acc, size_t bytes,
+                           const Reduction& red) {
+  // HostMemory::reduce is red.fn itself (swapped kernels included): the fold is the same.
+  if (memory_.type() != MemoryType::kHost || red.fn == nullptr || bytes == 0) return nullptr;
+  checkStep(step);
+  const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
+  const ReduceFn fn = red.fn;
+  RequestPtr req = transport_.recvFolded(
+      peer, t, tag::kFullMask, acc, bytes, red.elementSize,
+      [fn](void* into, const void* in, size_t elements) { fn(into, in, elements); });
+  if (req) track(req);
+  return req;
+}
+
 void Comm::wait(const std::vector<RequestPtr>& requests) {
   driver_.waitAll(requests, deadline_);
   completed(requests);

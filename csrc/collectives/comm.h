@@ -44,6 +44,11 @@ class Comm {
   // buffer (copied out before the send is posted, copied in by the wait() that sees it).
   RequestPtr send(int peer, uint32_t step, const void* data, size_t bytes);
   RequestPtr recv(int peer, uint32_t step, void* data, size_t bytes);
+  // A receive folded into `acc` (red's kernel, acc = acc op message) piece by piece as it
+  // arrives (Transport::recvFolded), so that no bounce buffer is written and read back. Null
+  // where that cannot be: memory other than the host's, a reduction without a host kernel, or
+  // a transport that does not fold for this peer (then receive into scratch and reduce()).
+  RequestPtr recvFolded(int peer, uint32_t step, void* acc, size_t bytes, const Reduction& red);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);

@@ -11,6 +11,7 @@
 #include "transports/shm/shared_segment.h"
 #include "transports/tag.h"
 #include "transports/ucx/endpoint_close.h"
+#include "transports/ucx/fold_receive.h"
 #include "transports/ucx/ucx_status.h"
 
 namespace ucxb::ucx {
@@ -421,6 +422,26 @@ RequestPtr UcxTransport::send(int peer, Tag tag, const void* data, size_t bytes,
 
 RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                               MemoryType mem) {
+  return postRecv(peer, tag, mask, data, bytes, toUcs(mem), nullptr);
+}
+
+RequestPtr UcxTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes,
+                                    size_t elementSize, Fold fold) {
+  if (peer < 0) return nullptr;
+  PeerSlot& slot = *peers_.at(peer);
+  if (slot.folds < 0) {
+    ucp_ep_h ep = endpoint(slot, false);
+    if (ep == nullptr) return nullptr;  // recv() reports the peer's error
+    slot.folds = overTcpOnly(ep) ? 1 : 0;
+  }
+  if (slot.folds == 0) return nullptr;
+  auto target = std::make_shared<FoldTarget>(dst, bytes, elementSize, std::move(fold));
+  return postRecv(peer, tag, mask, target.get(), bytes, UCS_MEMORY_TYPE_HOST, target);
+}
+
+RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                                  ucs_memory_type_t mem,
+                                  const std::shared_ptr<FoldTarget>& fold) {
   // The endpoint is not needed to receive, but its keepalive tells a dead peer from a slow
   // one, and one that cannot be created says the peer is gone: the peer's error, below.
   if (peer >= 0) endpoint(*peers_.at(peer), false);
@@ -432,9 +453,17 @@ RequestPtr UcxTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
                                            : UCP_OP_ATTR_FLAG_NO_IMM_CMPL);
   param.cb.recv = &UcxTransport::onRecvDone;
   param.user_data = req.get();
-  param.memory_type = toUcs(mem);
+  param.memory_type = mem;
   param.recv_info.tag_info = &req->info_;
-  settle(req, ucp_tag_recv_nbx(worker(), data, bytes, tag, mask, &param));
+  size_t count = bytes;
+  if (fold) {
+    // One FoldTarget "element" of the generic datatype: UCX asks it for the size in bytes.
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = foldDatatype();
+    count = 1;
+    req->keepAlive(fold);  // UCX unpacks into it until the request completes
+  }
+  settle(req, ucp_tag_recv_nbx(worker(), data, count, tag, mask, &param));
   // A peer whose connection is gone (most often: it finished and destroyed the group) may
   // have sent this message before it left; UCX then matches it from the unexpected queue.
   // Only a receive that nothing matches fails, with the peer's error.

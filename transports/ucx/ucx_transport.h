@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transports/fold_target.h"
 #include "transports/transport.h"
 #include "transports/ucx/send_lane.h"
 #include "transports/ucx/ucx_context.h"
@@ -50,6 +51,11 @@ class UcxTransport final : public Transport {
   RequestPtr send(int peer, Tag tag, const void* data, size_t bytes, MemoryType mem) override;
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                   MemoryType mem) override;
+  // Folds in UCX's unpack (fold_receive.h), from peers UCX reaches over TCP alone: there it
+  // copies every byte out of its segments anyway. Other peers (shared memory, where UCX may
+  // move a large message in one copy into a contiguous buffer; RDMA) get null.
+  RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes, size_t elementSize,
+                        Fold fold) override;
 
   bool progress() override;
   bool arm() override;
@@ -81,6 +87,7 @@ class UcxTransport final : public Transport {
     std::vector<uint8_t> address;  // from connect(); the endpoint is made from it on first use
     bool otherHost = false;        // the peer's host identity differs from this rank's
     int lane = -1;                 // large sends take the send lane: -1 undecided, 0 no, 1 yes
+    int folds = -1;                // receives may fold (TCP only): -1 undecided, 0 no, 1 yes
   };
   struct WorkerDeleter {
     void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }
@@ -92,6 +99,10 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   ucp_worker_h worker() const { return worker_.get(); }
+  // recv() and recvFolded(): `data` is the FoldTarget where `fold` is set (kept alive by the
+  // request).
+  RequestPtr postRecv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                      ucs_memory_type_t mem, const std::shared_ptr<FoldTarget>& fold);
   // The peer's endpoint, created now if this is its first use; null when it cannot be
   // created (slot.error set) or the peer was never connected (slot.error set for a send).
   ucp_ep_h endpoint(PeerSlot& slot, bool forSend);

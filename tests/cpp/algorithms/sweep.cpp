@@ -44,11 +44,14 @@ std::vector<WorldShape> worldShapes() {
     if (n > 1) shapes.push_back({n, true, kSmallChunk, false});
     // Device memory that the transport cannot carry (udp's CUDA path), odd and even groups.
     if (n == 2 || n == 3) shapes.push_back({n, false, kSmallChunk, true});
+    // A transport that folds as the pieces arrive (ucx: transports/ucx/fold_receive.h).
+    if (n == 2 || n == 3) shapes.push_back({n, false, kSmallChunk, false, true});
   }
   for (int n : kLargeWorldSizes) {
     shapes.push_back({n, false, kLargeChunk, false});
     shapes.push_back({n, true, kLargeChunk, false});
   }
+  shapes.push_back({2, false, kLargeChunk, false, true});
   for (int n : kOddChunkWorldSizes) shapes.push_back({n, false, kOddChunk, false});
   if (sanitizer) return shapes;
   for (int n : kStepSpaceWorldSizes) shapes.push_back({n, false, kOneByteChunk, false});
@@ -70,6 +73,7 @@ void sweep(Op op, Algorithm algorithm, const Cases& cases) {
     options.size = shape.size;
     options.staged = shape.staged;
     options.bounced = shape.bounced;
+    options.folds = shape.folds;
     options.tuning.chunkBytes = shape.chunkBytes;
     options.tuning.forced[static_cast<size_t>(op)] = algorithm;
     options.opTimeout = opTimeout();

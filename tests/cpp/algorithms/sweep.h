@@ -48,11 +48,13 @@ struct WorldShape {
   bool staged;
   size_t chunkBytes;
   bool bounced;  // over BouncingMemory (tests/cpp/inproc/bouncing_memory.h)
+  bool folds = false;  // a transport that folds receives (WorldOptions::folds)
   bool large() const { return chunkBytes == kLargeChunk; }
   bool stepSpace() const { return chunkBytes == kOneByteChunk; }
   std::string label() const {
     return "n=" + std::to_string(size) + (staged ? " staged" : "") +
-           (bounced ? " bounced" : "") + " chunk=" + std::to_string(chunkBytes);
+           (bounced ? " bounced" : "") + (folds ? " folded" : "") +
+           " chunk=" + std::to_string(chunkBytes);
   }
 };
 

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "transports/fold_target.h"
+
 namespace ucxb::inproc {
 
 namespace {
@@ -32,6 +34,7 @@ class InprocRequest : public Request {
   const Tag mask;               // receives only
   uint8_t* const into;          // receives only
   std::shared_ptr<Message> message;  // sends only
+  std::shared_ptr<FoldTarget> fold;  // folding receives only (`into` is then null)
   bool cancelRequested = false;
   size_t received = 0;  // receives: the message's length and tag, once matched
   Tag senderTag = 0;
@@ -41,6 +44,18 @@ class InprocRequest : public Request {
 };
 
 using InprocRequestPtr = std::shared_ptr<InprocRequest>;
+
+// Hands `n` bytes to a folding receive the way UCX may: in pieces cut at offsets that split
+// elements of every size (n/3 + 1 bytes: a single 8-byte element goes as 3 + 3 + 2), the last
+// piece first.
+void deliverInPieces(FoldTarget& target, const uint8_t* data, size_t n) {
+  const size_t piece = n / 3 + 1;
+  std::vector<size_t> starts;
+  for (size_t at = 0; at < n; at += piece) starts.push_back(at);
+  for (auto at = starts.rbegin(); at != starts.rend(); ++at) {
+    target.unpack(*at, data + *at, std::min(piece, n - *at));
+  }
+}
 
 }  // namespace
 
@@ -63,6 +78,8 @@ class InprocTransport : public Transport {
 
   RequestPtr send(int peer, Tag tag, const void* data, size_t bytes, MemoryType mem) override;
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes, MemoryType mem) override;
+  RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes, size_t elementSize,
+                        Fold fold) override;
   bool progress() override;
   bool arm() override;
   int eventFd() const override { return fabric_.ranks_[rank_].wake.fd(); }
@@ -72,6 +89,7 @@ class InprocTransport : public Transport {
  private:
   using Outcome = std::pair<InprocRequestPtr, std::string>;  // "" = done, else why it failed
 
+  RequestPtr post(const InprocRequestPtr& r);
   bool matchReceives();
   bool completeDelivered(const std::vector<std::shared_ptr<Message>>& delivered);
   // Fails cancelled requests and those of cut links. Every pending request is looked at, so
@@ -110,7 +128,7 @@ void EventFd::drain() const {
   (void)!read(fd_, &count, sizeof(count));
 }
 
-Fabric::Fabric(int size) : ranks_(size) {
+Fabric::Fabric(int size, bool folds) : ranks_(size), folds_(folds) {
   for (auto& r : ranks_) r.cut.assign(size, "");
 }
 
@@ -171,9 +189,20 @@ RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t byt
 RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                                  MemoryType mem) {
   hostOnly(mem);
-  auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
-                                           static_cast<uint8_t*>(data), cancelAsked_);
-  if (peer >= 0) {
+  return post(std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
+                                              static_cast<uint8_t*>(data), cancelAsked_));
+}
+
+RequestPtr InprocTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes,
+                                       size_t elementSize, Fold fold) {
+  if (!fabric_.folds_) return nullptr;
+  auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask, nullptr, cancelAsked_);
+  r->fold = std::make_shared<FoldTarget>(dst, bytes, elementSize, std::move(fold));
+  return post(r);
+}
+
+RequestPtr InprocTransport::post(const InprocRequestPtr& r) {
+  if (const int peer = r->peer(); peer >= 0) {
     std::lock_guard<std::mutex> lock(fabric_.mu_);
     if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
       r->failWith(why);
@@ -224,7 +253,11 @@ bool InprocTransport::matchReceives() {
   // The senders' buffers stay valid until their sends complete, which waits for kDelivered.
   for (auto& [r, m] : matched) {
     const size_t n = std::min(m->bytes, r->postedBytes());
-    if (n > 0) std::memcpy(r->into, m->data, n);
+    if (n > 0 && r->fold) {
+      deliverInPieces(*r->fold, static_cast<const uint8_t*>(m->data), n);
+    } else if (n > 0) {
+      std::memcpy(r->into, m->data, n);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(fabric_.mu_);

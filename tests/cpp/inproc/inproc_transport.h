@@ -60,7 +60,9 @@ class EventFd {
 // What the ranks of one group share. Outlives every transport made from it.
 class Fabric {
  public:
-  explicit Fabric(int size);
+  // folds: the transports fold receives (Transport::recvFolded), handing each message over in
+  // pieces cut inside elements, the last piece first; otherwise recvFolded says they cannot.
+  explicit Fabric(int size, bool folds = false);
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
@@ -85,6 +87,7 @@ class Fabric {
   std::mutex mu_;
   std::condition_variable delivered_;  // a taken message was delivered
   std::vector<Rank> ranks_;
+  const bool folds_;
 };
 
 }  // namespace ucxb::inproc

@@ -47,7 +47,7 @@ std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) 
 }  // namespace
 
 ThreadWorld::ThreadWorld(WorldOptions options)
-    : options_(options), fabric_(options.size), reports_(options.size) {
+    : options_(options), fabric_(options.size, options.folds), reports_(options.size) {
   std::vector<std::unique_ptr<StagingArea>> staging(options_.size);
   if (options_.staged && options_.size > 1) {
     staging = makeStaging(options_.size, options_.tuning.chunkBytes);

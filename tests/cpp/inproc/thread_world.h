@@ -26,6 +26,8 @@ struct WorldOptions {
   // Run every op over BouncingMemory (bouncing_memory.h): buffers the transport cannot
   // carry, staged through host buffers by Comm, as udp stages CUDA tensors.
   bool bounced = false;
+  // The transport folds receives (Fabric's `folds`): exchangeReduce's folding path.
+  bool folds = false;
   algo::Tuning tuning;
   std::chrono::milliseconds opTimeout{10000};
 };

@@ -1,0 +1,79 @@
+"""ucx's folding receives (Transport::recvFolded, transports/ucx/fold_receive.h) through UCX
+itself, on one host over TCP loopback (`UCX_TLS=tcp,self`: ucx folds only for peers it
+reaches over TCP alone) with the backend's staging off, so that every reduced chunk goes
+through UCX's generic-datatype unpack: elements of 2, 4 and 8 bytes, several reduce ops,
+checked bit for bit against numpy; and ranks that pass different sizes get an error, not a
+hang. (Skipping the fold of whole elements fails every case here; UCX's TCP pieces did not
+split elements, so the elements two pieces share are checked by algorithms_test's folded
+worlds, tests/test_algorithms_inproc.py, whose transport cuts inside elements and hands the
+pieces over last first. Across hosts: tests/test_multinode_chunks.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import skip_unless_ucx
+from dist_harness import run_world, timed_failure
+
+# Through UCX over TCP (loopback), the only medium ucx folds on, not the backend's slots;
+# 256 KiB chunks: several per block, each cut by UCX into pieces of its own.
+ENV = {
+    "UCX_TLS": "tcp,self",
+    "UCXBACKEND_SHARED_MEMORY": "off",
+    "UCXBACKEND_CHUNK_BYTES": "256K",
+}
+COUNT = 1_000_003  # odd: blocks of different lengths, a ragged last chunk
+
+
+def _rank_values(rank: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(COUNT, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randint(-1000, 1000, (COUNT,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def _reduced(rank: int, ws: int, dtype: torch.dtype, op: str) -> dict[str, object]:
+    t = _rank_values(rank, dtype)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    return {"bytes": t.numpy().tobytes()}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op"),
+    [
+        (torch.int64, "SUM"),
+        (torch.int64, "MAX"),
+        (torch.int16, "PRODUCT"),
+        (torch.float64, "SUM"),
+        (torch.float32, "MIN"),
+    ],
+)
+def test_folded_all_reduce_matches_numpy(dtype: torch.dtype, op: str) -> None:
+    skip_unless_ucx("folding receives are the ucx transport's")
+    results = run_world(_reduced, 2, args=(dtype, op), env=ENV, timeout=180)
+    a, b = (_rank_values(r, dtype).numpy() for r in range(2))
+    if op == "SUM" and dtype.is_floating_point:
+        want = a + b  # one addition per element: the same bits whatever the order
+    else:
+        want = {"SUM": np.add, "MAX": np.maximum, "MIN": np.minimum, "PRODUCT": np.multiply}[op](
+            a, b
+        )
+    for rank, got in enumerate(results):
+        assert got["bytes"] == want.astype(a.dtype).tobytes(), (rank, dtype, op)
+
+
+def _mismatched(rank: int, ws: int) -> tuple[float, str | None]:
+    t = torch.ones(COUNT + (0 if rank == 0 else 4096), dtype=torch.int64)
+    return timed_failure(lambda: dist.all_reduce(t))
+
+
+def test_folded_sizes_that_differ_fail() -> None:
+    skip_unless_ucx("folding receives are the ucx transport's")
+    pg_timeout = 5.0
+    res = run_world(_mismatched, 2, env=ENV, pg_timeout=pg_timeout, timeout=120)
+    messages = [msg for _, msg in res]
+    assert all(msg is not None for msg in messages), messages
+    for rank, (elapsed, msg) in enumerate(res):
+        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)

@@ -1,0 +1,42 @@
+// What one receive that folds its message into a destination (Transport::recvFolded) needs
+// while the pieces arrive: where to fold, how, and the bytes of the elements two pieces share.
+// A transport cuts a message at byte offsets of its own choosing (UCX over TCP: its segment
+// less a header), and may hand the pieces over in any order. Torch-free, UCX-free.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "transports/transport.h"
+
+namespace ucxb {
+
+class FoldTarget {
+ public:
+  static constexpr size_t kMaxElementSize = 16;  // complex128
+
+  // Throws TransportError unless `elementSize` (1..16) divides `bytes`.
+  FoldTarget(void* dst, size_t bytes, size_t elementSize, Transport::Fold fold);
+  size_t bytes() const { return bytes_; }
+  // Folds the piece of the message that starts at byte `offset`; false (nothing folded) if it
+  // does not fit in the posted size.
+  bool unpack(size_t offset, const void* src, size_t length);
+
+ private:
+  struct Partial {
+    std::array<uint8_t, kMaxElementSize> bytes{};
+    size_t filled = 0;
+  };
+  // Adds `length` bytes at byte `at` of element `element`; folds the element once whole.
+  void stage(size_t element, size_t at, const uint8_t* src, size_t length);
+
+  uint8_t* dst_;
+  size_t bytes_;
+  size_t elementSize_;
+  Transport::Fold fold_;
+  std::map<size_t, Partial> partial_;  // by element index: elements split between pieces
+};
+
+}  // namespace ucxb
