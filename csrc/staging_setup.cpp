@@ -64,7 +64,10 @@ StagingOffer offerStaging(const BackendOptions& options, const Transport& transp
   try {
     const std::string name = shm::segmentName(shm::currentOwner(),
                                               randomWord() & 0xffffffffffff, transport.rank());
-    offer.segment = shm::SharedSegment::create(name, offer.layout.segmentBytes());
+    // Only the header (the cookie below, the core word) is reserved now; each slot's pages
+    // are reserved on its first write (StagingArea::reserveOwn).
+    offer.segment = shm::SharedSegment::create(name, offer.layout.segmentBytes(),
+                                               StagingLayout::kHeaderBytes);
     offer.cookie = randomWord() | 1;
     std::memcpy(offer.segment.data(), &offer.cookie, sizeof(offer.cookie));
     char hex[17];

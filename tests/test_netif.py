@@ -163,6 +163,19 @@ def test_default_resolver_and_route_stay_on_loopback() -> None:
     assert sel.loopback
 
 
+def test_an_ipv4_literal_needs_no_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # getaddrinfo imports the idna codec on its first call in a process (about 1.3 ms of each
+    # rank's first group creation with MASTER_ADDR=127.0.0.1); a literal is parsed instead.
+    def no_lookup(*args: object, **kwargs: object) -> object:
+        raise AssertionError(f"getaddrinfo{args} called for a literal")
+
+    monkeypatch.setattr(netif.socket, "getaddrinfo", no_lookup)
+    assert netif._resolve("127.0.0.1") == "127.0.0.1"
+    assert netif._resolve("10.1.2.3") == "10.1.2.3"
+    with pytest.raises(AssertionError, match="getaddrinfo"):
+        netif._resolve("localhost")  # a name still goes to the resolver
+
+
 def _env(spec: str | None, host: str | None, environ: dict[str, str], **kw: object) -> dict:
     return netif.ucx_net_devices_env(
         spec, host, environ, interfaces=ALL, resolve=resolve, route_source=route, **kw

@@ -84,7 +84,11 @@ class StagingArea {
   // `peers[rank]` is rank's segment mapped here; peers[own rank] is left empty.
   StagingArea(StagingLayout layout, shm::SharedSegment mine, std::vector<shm::SharedSegment> peers,
               SlotStores stores = SlotStores::kCached)
-      : layout_(layout), mine_(std::move(mine)), peers_(std::move(peers)), stores_(stores) {}
+      : layout_(layout),
+        mine_(std::move(mine)),
+        peers_(std::move(peers)),
+        stores_(stores),
+        reserved_(layout.slots + layout.pairSlots, 0) {}
 
   size_t slotBytes() const { return layout_.slotBytes; }
   // Piece length for a message of `messageBytes`: whole `elementSize`-byte elements.
@@ -100,7 +104,11 @@ class StagingArea {
   uint8_t* ownSlot(size_t k) const { return slotIn(mine_, k); }
   const uint8_t* peerSlot(int peer, size_t k) const { return slotIn(peers_.at(peer), k); }
   // Copies `n` (at most slotBytes()) bytes of `src` into ownSlot(k) the way stores() says.
-  void fillOwnSlot(size_t k, const uint8_t* src, size_t n) const { fill(ownSlot(k), src, n); }
+  // Throws TransportError where /dev/shm has no room for pages of the slot never written before.
+  void fillOwnSlot(size_t k, const uint8_t* src, size_t n) {
+    reserveOwn(k % layout_.slots, ownSlot(k), n);
+    fill(ownSlot(k), src, n);
+  }
   SlotStores stores() const { return stores_; }
 
   // The pair slots: a 2-rank exchange whose message fits one (`bytes` at most
@@ -117,7 +125,8 @@ class StagingArea {
     nextPairSlot_ ^= 1;
     return s;
   }
-  void fillOwnPairSlot(size_t s, const uint8_t* src, size_t n) const {
+  void fillOwnPairSlot(size_t s, const uint8_t* src, size_t n) {
+    reserveOwn(layout_.slots + s % 2, pairSlotIn(mine_, s), n);
     fill(pairSlotIn(mine_, s), src, n);
   }
   const uint8_t* peerPairSlot(int peer, size_t s) const { return pairSlotIn(peers_.at(peer), s); }
@@ -151,6 +160,16 @@ class StagingArea {
     return s.data() + StagingLayout::kHeaderBytes + layout_.slots * layout_.slotStride() +
            (k % 2) * layout_.pairSlotStride();
   }
+  // The segment was created with only its header reserved (staging_setup.cpp: zeroing every
+  // page of every rank's slots cost each group's creation 0.5-2.5 ms, and most groups never
+  // stage); the first `n` bytes of this rank's slot `region` (`dst`) are reserved before
+  // they are first written, so that a full /dev/shm fails the op instead of a SIGBUS.
+  void reserveOwn(size_t region, const uint8_t* dst, size_t n) {
+    size_t& done = reserved_[region];
+    if (n <= done) return;
+    mine_.reserve(static_cast<size_t>(dst - mine_.data()) + done, n - done);
+    done = n;
+  }
   // Copies `n` bytes into one of this rank's slots the way stores() says.
   void fill(uint8_t* dst, const uint8_t* src, size_t n) const {
     if (stores_ == SlotStores::kStreaming) {
@@ -166,6 +185,9 @@ class StagingArea {
   SlotStores stores_;
   std::string retiredBecause_;
   size_t nextPairSlot_ = 0;  // used only by the thread that owns the group's transport
+  // Bytes reserved from the start of each own slot, then of each pair slot (reserveOwn); as
+  // nextPairSlot_, used only by that thread.
+  std::vector<size_t> reserved_;
 };
 
 }  // namespace ucxb

@@ -6,9 +6,11 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +72,44 @@ void testSegment() {
          "the creator's destructor unlinks");
   CHECK_MSG(contains(errorOf([&] { SharedSegment::create("no-slash/x", 4096); }), "shm_open"),
          "a bad name is an error naming the call");
+}
+
+// Bytes of /dev/shm that `name` holds (tmpfs counts only the pages allocated).
+size_t allocatedBytes(const std::string& name) {
+  struct stat st {};
+  if (::stat(("/dev/shm" + name).c_str(), &st) != 0) return SIZE_MAX;
+  return static_cast<size_t>(st.st_blocks) * 512;
+}
+
+void testReserve() {
+  const std::string name = "/ucxb-test-reserve-" + std::to_string(getpid());
+  {
+    SharedSegment lazy = SharedSegment::create(name, 1 << 20, 4096);
+    CHECK_MSG(allocatedBytes(name) == 4096,
+              "a segment created with 4 KiB reserved holds only those pages (got " +
+                  std::to_string(allocatedBytes(name)) + " bytes)");
+    lazy.reserve(65536, 8192);
+    CHECK_MSG(allocatedBytes(name) == 4096 + 8192,
+              "reserve() takes the pages of its range before anything is written there");
+    CHECK_MSG(lazy.data()[65536] == 0 && lazy.data()[(1 << 20) - 1] == 0,
+              "reserved and unreserved pages read as zeros");
+    SharedSegment peer = SharedSegment::open(name, 1 << 20);
+    CHECK_MSG(contains(errorOf([&] { peer.reserve(0, 4096); }), "peer's mapping"),
+              "only the creator reserves");
+  }
+  {
+    SharedSegment whole = SharedSegment::create(name, 65536);
+    CHECK_MSG(allocatedBytes(name) == 65536, "by default every page is reserved at creation");
+  }
+  struct statvfs fs {};
+  CHECK_MSG(statvfs("/dev/shm", &fs) == 0, "statvfs of /dev/shm");
+  const size_t tooBig = static_cast<size_t>(fs.f_bavail) * fs.f_frsize + (size_t{1} << 30);
+  if (fs.f_blocks != 0) {
+    const std::string err = errorOf([&] { SharedSegment::create(name, tooBig, 4096); });
+    CHECK_MSG(contains(err, "bytes free, the segment needs " + std::to_string(tooBig)),
+              "a segment larger than /dev/shm's free space fails at creation: " + err);
+    CHECK_MSG(allocatedBytes(name) == SIZE_MAX, "and leaves no name behind");
+  }
 }
 
 void testHostIdentity() {
@@ -200,6 +240,7 @@ void testRemoveName() {
 int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"segment", testSegment, true},
+      {"reserve", testReserve, true},
       {"host_identity", testHostIdentity, true},
       {"segment_names", testSegmentNames, true},
       {"liveness", testLiveness, true},

@@ -14,6 +14,7 @@
 #include "csrc/engine/staging_area.h"
 #include "csrc/engine/streaming_copy.h"
 #include "tests/cpp/check.h"
+#include "transports/transport.h"
 
 using ucxb::PieceSize;
 using ucxb::SlotStores;
@@ -120,7 +121,7 @@ void testStreamingCopy() {
 void testStreamingSlots() {
   const StagingArea full = areaWithSlots(MiB);
   // A streaming area's slot, read through the peer's mapping of the same segment.
-  const StagingArea streaming = areaWithSlots(1000, SlotStores::kStreaming);
+  StagingArea streaming = areaWithSlots(1000, SlotStores::kStreaming);
   CHECK_MSG(streaming.stores() == SlotStores::kStreaming && full.stores() == SlotStores::kCached,
          "an area keeps the stores it was made with (cached by default)");
   std::vector<uint8_t> piece(1000);
@@ -135,11 +136,34 @@ void testStreamingSlots() {
 
 }  // namespace
 
+// An area whose own segment is a peer's mapping, which reserve() refuses: a fill that
+// reserves before it writes throws and leaves the slot as it was.
+void testReservesBeforeWriting() {
+  StagingLayout layout;
+  layout.slotBytes = 4096;
+  const std::string name = "/ucxb-test-area-unreserved-" + std::to_string(getpid());
+  SharedSegment creator = SharedSegment::create(name, layout.segmentBytes());
+  SharedSegment view = SharedSegment::open(name, layout.segmentBytes());
+  std::vector<SharedSegment> peers(2);
+  peers[1] = SharedSegment::open(name, layout.segmentBytes());
+  creator.unlink();
+  StagingArea area(layout, std::move(view), std::move(peers));
+  const std::vector<uint8_t> piece(64, 0x5A);
+  const std::string err = ucxb::check::thrownMessage<ucxb::TransportError>(
+      [&] { area.fillOwnSlot(1, piece.data(), piece.size()); });
+  CHECK_MSG(ucxb::check::contains(err, "reserve()"), "a slot is reserved before it is filled");
+  CHECK_MSG(area.peerSlot(1, 1)[0] == 0, "nothing was written into the unreserved slot");
+  const std::string pair = ucxb::check::thrownMessage<ucxb::TransportError>(
+      [&] { area.fillOwnPairSlot(0, piece.data(), piece.size()); });
+  CHECK_MSG(ucxb::check::contains(pair, "reserve()"), "so is a pair slot");
+}
+
 int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"slots", testSlots, true},
       {"streaming_copy", testStreamingCopy, true},
       {"streaming_slots", testStreamingSlots, true},
+      {"reserves_before_writing", testReservesBeforeWriting, true},
   };
   return ucxb::check::runGroups("staging_area_test", groups, argc, argv);
 }

@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <cstdlib>
@@ -47,22 +49,52 @@ std::string namespaceOf(const char* kind) {
 
 }  // namespace
 
-SharedSegment SharedSegment::create(const std::string& name, size_t bytes) {
+SharedSegment SharedSegment::create(const std::string& name, size_t bytes,
+                                    size_t reservedBytes) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) fail("shm_open(create) " + name, errno);
-  FdCloser closer{fd};
-  // Reserve the pages now: a full /dev/shm (64 MB in a default Docker container) then fails
-  // here with ENOSPC instead of killing the process with SIGBUS on its first write.
-  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    shm_unlink(name.c_str());
-    fail("posix_fallocate of shared memory " + name + " (" + std::to_string(bytes) + " bytes)",
-         err);
+  // Until the segment is returned, a failure removes the name and closes the descriptor;
+  // the segment keeps the descriptor for reserve().
+  struct Undo {
+    const std::string& name;
+    int fd;
+    bool armed = true;
+    ~Undo() {
+      if (!armed) return;
+      shm_unlink(name.c_str());
+      ::close(fd);
+    }
+  } undo{name, fd};
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    fail("ftruncate of shared memory " + name + " to " + std::to_string(bytes) + " bytes", errno);
   }
-  try {
-    return SharedSegment(name, mapShared(fd, bytes, name), bytes, true);
-  } catch (...) {
-    shm_unlink(name.c_str());
-    throw;
+  // A full /dev/shm (64 MB in a default Docker container) fails here, as it did when every
+  // page was reserved at creation, so that a group then goes without shared memory instead
+  // of failing an op later. tmpfs mounted without a size limit reports no blocks at all.
+  struct statvfs fs {};
+  if (fstatvfs(fd, &fs) != 0) fail("fstatvfs of shared memory " + name, errno);
+  const uint64_t freeBytes = uint64_t{fs.f_bavail} * fs.f_frsize;
+  if (fs.f_blocks != 0 && freeBytes < bytes) {
+    throw TransportError("shared memory " + name + ": /dev/shm has " +
+                         std::to_string(freeBytes) + " bytes free, the segment needs " +
+                         std::to_string(bytes));
+  }
+  SharedSegment segment(name, mapShared(fd, bytes, name), bytes, true, fd);
+  undo.armed = false;  // the segment owns the name and the descriptor now
+  segment.reserve(0, std::min(bytes, reservedBytes));
+  return segment;
+}
+
+void SharedSegment::reserve(size_t offset, size_t length) {
+  if (fd_ < 0) throw TransportError("shared memory " + name_ + ": reserve() on a peer's mapping");
+  if (length == 0) return;
+  // Reserving the pages (posix_fallocate zeroes them) makes a full /dev/shm an ENOSPC here
+  // instead of a SIGBUS on the first write.
+  if (const int err = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(length));
+      err != 0) {
+    fail("posix_fallocate of shared memory " + name_ + " (" + std::to_string(length) +
+             " bytes at offset " + std::to_string(offset) + "; is /dev/shm full?)",
+         err);
   }
 }
 
@@ -76,7 +108,7 @@ SharedSegment SharedSegment::open(const std::string& name, size_t bytes) {
     throw TransportError("shared memory " + name + " has " + std::to_string(st.st_size) +
                          " bytes, expected " + std::to_string(bytes));
   }
-  return SharedSegment(name, mapShared(fd, bytes, name), bytes, false);
+  return SharedSegment(name, mapShared(fd, bytes, name), bytes, false, -1);
 }
 
 SharedSegment::~SharedSegment() { release(); }
@@ -85,7 +117,8 @@ SharedSegment::SharedSegment(SharedSegment&& other) noexcept
     : name_(std::move(other.name_)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      owner_(std::exchange(other.owner_, false)) {}
+      owner_(std::exchange(other.owner_, false)),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
   if (this != &other) {
@@ -94,6 +127,7 @@ SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     owner_ = std::exchange(other.owner_, false);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -113,6 +147,8 @@ void SharedSegment::removeName() {
 void SharedSegment::release() noexcept {
   unlink();
   if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   data_ = nullptr;
   size_ = 0;
 }

@@ -17,9 +17,13 @@ namespace ucxb::shm {
 class SharedSegment {
  public:
   SharedSegment() = default;
-  // Creates `name` ("/..." as shm_open wants) with `bytes` of zeroed memory, reserved up
-  // front. Throws TransportError naming the call and errno.
-  static SharedSegment create(const std::string& name, size_t bytes);
+  // Creates `name` ("/..." as shm_open wants) with `bytes` of zeroed memory, of which the
+  // first `reservedBytes` are reserved now and the rest by reserve() before they are written:
+  // reserving zeroes every page, a cost a group that never writes its slots need not pay.
+  // Throws TransportError naming the call and errno, also when /dev/shm has no room for all
+  // `bytes` now (so a full /dev/shm is found at creation, as when all was reserved).
+  static SharedSegment create(const std::string& name, size_t bytes,
+                              size_t reservedBytes = SIZE_MAX);
   // Maps an existing object; throws TransportError if it is missing or smaller than `bytes`.
   static SharedSegment open(const std::string& name, size_t bytes);
 
@@ -28,6 +32,12 @@ class SharedSegment {
   SharedSegment& operator=(SharedSegment&& other) noexcept;
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
+
+  // Reserves [offset, offset + length) of a created segment (its creator only; from any
+  // thread that the caller keeps to one at a time). A write into memory that was never
+  // reserved kills the process with SIGBUS when /dev/shm is full; after this it cannot.
+  // Throws TransportError (ENOSPC: /dev/shm is full) naming the segment and the range.
+  void reserve(size_t offset, size_t length);
 
   // Removes the name (creator only; idempotent). Mappings stay valid.
   void unlink();
@@ -42,14 +52,15 @@ class SharedSegment {
   bool valid() const { return data_ != nullptr; }
 
  private:
-  SharedSegment(std::string name, uint8_t* data, size_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  SharedSegment(std::string name, uint8_t* data, size_t size, bool owner, int fd)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner), fd_(fd) {}
   void release() noexcept;
 
   std::string name_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool owner_ = false;  // created it and has not unlinked the name yet
+  int fd_ = -1;         // the creator's descriptor, for reserve(); -1 in a peer's mapping
 };
 
 // Equal for two processes only when they run under the same kernel boot, in the same mount
