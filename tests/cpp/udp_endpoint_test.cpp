@@ -1306,19 +1306,25 @@ void testCreditReceiverStall() {
 // the per-path time threshold following each path's latest RTT; 0.96x and 0.98x at 4 and
 // 16 MiB with the smoothed RTT alone under F-RTO timeouts), with path 1 in use beyond the
 // trickle a loss weight leaves it (3-20% of the packets; the trickle is 1.6%). UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
-// docs instead (every congestion policy; =aimd: the aimd rows only).
+// docs instead (every congestion policy; =aimd: the aimd rows only), at
+// UCXB_MULTIPATH_RATE_MBPS per path if set.
 void testMultipathRateLimited() {
-  const std::string links = ",rate_mbps=2000,queue=64,mark_above=16";
+  const std::string queue = ",queue=64,mark_above=16";
+  const std::string links = ",rate_mbps=2000" + queue;
   const std::pair<size_t, int> runs[] = {{size_t{1} << 20, 20}, {size_t{4} << 20, 10},
                                          {size_t{16} << 20, 5}};
   if (const char* sweep = std::getenv("UCXB_MULTIPATH_SWEEP")) {
     const bool aimdOnly = std::string(sweep) == "aimd";
+    // UCXB_MULTIPATH_RATE_MBPS: another rate per path for the sweep, to set the simulator
+    // beside a socket run at that rate (docs/bench.md); the checks below keep 2000.
+    const char* rate = std::getenv("UCXB_MULTIPATH_RATE_MBPS");
+    const std::string sweepLinks = rate != nullptr ? std::string(",rate_mbps=") + rate + queue : links;
     for (const std::string config : {"congestion=none", "congestion=aimd",
                                      "congestion=delay,cc_target_delay_us=300", "congestion=ecn",
                                      "congestion=bdp,cc_link_mbps=8000", "congestion=credit"}) {
       if (aimdOnly && config != "congestion=aimd") continue;
       std::printf("%s\n", config.c_str());
-      for (const auto& [bytes, ops] : runs) opTimeCase(bytes, ops, links, config);
+      for (const auto& [bytes, ops] : runs) opTimeCase(bytes, ops, sweepLinks, config);
     }
     // And aimd without the rate limit (multipath_op_time's network), where adaptive's
     // windows per path meet losses only on path 1.
