@@ -108,9 +108,11 @@ FILE_SECONDS = {
     "test_docker_files.py": 25,
     "test_semantics.py": 25,
     "test_tutorials.py": 25,
-    # Split from test_udp_core.py and test_algorithms_inproc.py on 2026-11-26 (not yet timed in
-    # a clean clone): 140 and 75 s less each file's sanitizer test, about 80 and 45 s of which
-    # the prebuild (tests/cpp_prebuild.py) takes the compiling, which leaves the runs, about 25 s.
+    # Split from test_udp_core.py and test_algorithms_inproc.py on 2026-11-26, not yet timed on
+    # a quiet host: those two are 140 and 75 s less their sanitizer tests (about 80 and 45 s),
+    # whose compiling tests/cpp_prebuild.py takes over, which leaves the runs, about 25 s. In a
+    # clean clone under load 10-17 the four files took 257, 82, 61 and 37 s, test_collectives.py
+    # 196 (55 here).
     "test_udp_core_sanitizers.py": 25,
     "test_algorithms_tsan.py": 25,
     "test_soak.py": 20,
