@@ -104,8 +104,10 @@ demo: deps build
 
 PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
+# --cpp-prebuild: the sanitized C++ test programs compile at the lowest priority while the
+# tests run, on the CPU the multi-rank tests leave idle (tests/cpp_prebuild.py).
 test: deps build
-	$(PYTEST) tests $(PYTEST_ARGS)
+	$(PYTEST) --cpp-prebuild tests $(PYTEST_ARGS)
 
 test-quick: deps build
 	$(PYTEST) -m "not slow" tests $(PYTEST_ARGS)

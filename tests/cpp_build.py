@@ -16,6 +16,7 @@ include are precompiled once per flag set (PCH_HEADERS).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -223,21 +224,27 @@ def _takes_pch(source: str) -> bool:
     return b"#pragma GCC" not in (REPO / source).read_bytes()
 
 
-def _pch(flags: list[str]) -> Path:
-    """PCH_HEADERS precompiled with `flags`: the header to -include (its .gch beside it)."""
+def _pch_paths(flags: list[str]) -> tuple[Path, Path]:
+    """Where PCH_HEADERS precompiled with `flags` are cached: the header to -include, and
+    its .gch beside it."""
     key = hashlib.sha256(
         "\0".join([_compiler_identity(), *flags, "|", *PCH_HEADERS]).encode()
     ).hexdigest()[:20]
     header = BUILD / "obj" / f"pch-{key}" / "std.h"
-    gch = header.with_name("std.h.gch")
+    return header, header.with_name("std.h.gch")
+
+
+def _write_pch_header(out: Path) -> None:
+    out.write_text("".join(f"#include <{h}>\n" for h in PCH_HEADERS))
+
+
+def _pch(flags: list[str]) -> Path:
+    """PCH_HEADERS precompiled with `flags`: the header to -include (its .gch beside it)."""
+    header, gch = _pch_paths(flags)
     with _locked(gch):
         if gch.exists():
             return header
-
-        def write(out: Path) -> None:
-            out.write_text("".join(f"#include <{h}>\n" for h in PCH_HEADERS))
-
-        _replace_atomically(write, header)
+        _replace_atomically(_write_pch_header, header)
         _replace_atomically(
             lambda out: _run(
                 [_compiler(), *flags, "-x", "c++-header", str(header), "-o", str(out)],
@@ -284,6 +291,26 @@ def _archive(objects: list[Path], out: Path) -> None:
     _run(["ar", "rcs", str(out), *map(str, objects)], f"archiving {out.name}")
 
 
+def _plan(
+    main: str,
+    groups: Sequence[str],
+    flags: Sequence[str],
+    extra_sources: Sequence[str],
+    unit_flags: Callable[[str], Sequence[str]],
+) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """A program's own sources, its groups' other sources, and every unit's compile flags."""
+    common = [*BASE_FLAGS, *flags]
+    own = [main, *extra_sources]
+    library = [s for s in sources(groups) if s not in own]
+    return own, library, {s: [*common, *unit_flags(s)] for s in [*own, *library]}
+
+
+def _pchs(unit: dict[str, list[str]], missing: list[str]) -> dict[tuple[str, ...], Path]:
+    """The precompiled headers the `missing` units take (PCH_MIN_UNITS of one flag set)."""
+    sharing = Counter(tuple(unit[s]) for s in missing if _takes_pch(s))
+    return {f: _pch(list(f)) for f, n in sharing.items() if n >= PCH_MIN_UNITS}
+
+
 def build(
     name: str,
     main: str,
@@ -297,13 +324,10 @@ def build(
     `groups`, every unit compiled with BASE_FLAGS + `flags` + unit_flags(source) and linked
     with BASE_FLAGS + `flags`. Compiled at most once per change of what goes into it."""
     common = [*BASE_FLAGS, *flags]
-    own = [main, *extra_sources]
-    library = [s for s in sources(groups) if s not in own]
-    unit = {s: [*common, *unit_flags(s)] for s in [*own, *library]}
+    own, library, unit = _plan(main, groups, flags, extra_sources, unit_flags)
     objects = {s: _object_path(s, f) for s, f in unit.items()}
     missing = [s for s in unit if not objects[s].exists()]
-    sharing = Counter(tuple(unit[s]) for s in missing if _takes_pch(s))
-    pchs = {f: _pch(list(f)) for f, n in sharing.items() if n >= PCH_MIN_UNITS}
+    pchs = _pchs(unit, missing)
     with ThreadPoolExecutor(max_workers=JOBS) as pool:
         done = pool.map(
             lambda s: _compile(
@@ -341,3 +365,105 @@ def build(
     )
     stamp.write_text(key)
     return exe
+
+
+def _held(target: Path) -> bool:
+    """Whether another process holds `target`'s lock (is compiling it now)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+
+
+def _install(make: Callable[[Path], None], target: Path, scratch: Path) -> bool:
+    """Makes `target` in `scratch` without holding its lock, then moves it in unless another
+    process made it meanwhile. False when `make` failed (the test that needs it says why)."""
+    out = scratch / target.name
+    try:
+        make(out)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+        return False
+    with _locked(target):
+        if not target.exists():
+            os.replace(out, target)
+    out.unlink(missing_ok=True)
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A program's arguments to build(), for a program that is also prebuilt (prebuild())."""
+
+    name: str
+    main: str
+    groups: Sequence[str] = ()
+    flags: Sequence[str] = ()
+    extra_sources: Sequence[str] = ()
+    unit_flags: Callable[[str], Sequence[str]] = lambda source: ()
+
+    def build(self) -> Path:
+        return build(
+            self.name,
+            self.main,
+            self.groups,
+            self.flags,
+            extra_sources=self.extra_sources,
+            unit_flags=self.unit_flags,
+        )
+
+
+def prebuild(program: Program) -> None:
+    """Compiles into the cache the units that program.build() would compile, one at a time
+    and without a lock held while compiling (tests/cpp_prebuild.py runs this at the lowest
+    priority, on the CPU the tests leave idle). A unit that a build() is compiling now, or has
+    compiled, is skipped; one that a build() wants while this compiles it, that build()
+    compiles itself rather than wait for a compile at low priority. Archiving and linking are
+    left to build()."""
+    p = program
+    _, _, unit = _plan(p.main, p.groups, p.flags, p.extra_sources, p.unit_flags)
+    objects = {s: _object_path(s, f) for s, f in unit.items()}
+    missing = [s for s in unit if not objects[s].exists()]
+    scratch = BUILD / f"prebuild-{os.getpid()}"  # tests/conftest.py removes it if killed
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        _prebuild(unit, objects, missing, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _prebuild(
+    unit: dict[str, list[str]], objects: dict[str, Path], missing: list[str], scratch: Path
+) -> None:
+    def run(*cmd: str) -> Callable[[Path], None]:
+        return lambda out: subprocess.run(
+            [_compiler(), *cmd, "-o", str(out)],
+            cwd=REPO,
+            capture_output=True,
+            timeout=COMPILE_TIMEOUT_S,
+            check=True,
+        )
+
+    sharing = Counter(tuple(unit[s]) for s in missing if _takes_pch(s))
+    pchs: dict[tuple[str, ...], Path] = {}
+    for f, n in sharing.items():
+        if n < PCH_MIN_UNITS:
+            continue
+        header, gch = _pch_paths(list(f))
+        if not gch.exists() and not _held(gch):
+            _replace_atomically(_write_pch_header, header)
+            _install(run(*f, "-x", "c++-header", str(header)), gch, scratch)
+        if gch.exists():
+            pchs[f] = header
+    for s in missing:
+        obj = objects[s]
+        if obj.exists() or _held(obj):
+            continue
+        pch = pchs.get(tuple(unit[s])) if _takes_pch(s) else None
+        with_pch = ["-include", str(pch)] if pch else []
+        # Without the precompiled headers when a unit fails with them (_compile says why).
+        if not (with_pch and _install(run(*unit[s], *with_pch, "-c", s), obj, scratch)):
+            _install(run(*unit[s], "-c", s), obj, scratch)

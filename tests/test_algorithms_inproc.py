@@ -8,7 +8,6 @@ op x algorithm, so a failure names the algorithm. Reproduce one with
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import cpp_build
 import pytest
 
 PROGRAM = "tests/cpp/algorithms_test.cpp"
+SOURCE_GROUPS = ["algorithm_checks", "collectives", "shm", "inproc"]
 GROUPS = [
     "inproc_transport",
     "comm_errors",
@@ -47,7 +47,7 @@ def algorithms_test() -> Path:
     return cpp_build.build(
         "algorithms_test",
         PROGRAM,
-        groups=["algorithm_checks", "collectives", "shm", "inproc"],
+        groups=SOURCE_GROUPS,
         flags=cpp_build.PLAIN,
     )
 
@@ -71,26 +71,4 @@ def test_algorithm(algorithms_test: Path, group: str) -> None:
     assert f"[{group}] ok" in result.stdout
 
 
-@pytest.mark.slow
-def test_under_thread_sanitizer() -> None:
-    """Every group again under ThreadSanitizer: the ranks share the in-memory transport's
-    inboxes and the collectives' process-wide state, so a missing lock or an unguarded global
-    shows up as a data race. (Each rank maps its peers' staging slots at addresses of its own,
-    which ThreadSanitizer cannot relate; a slot reused too early shows as wrong bytes, here and
-    in the plain run.) The sanitizer's worlds (ALGORITHMS_TEST_WORLDS=sanitizer,
-    tests/cpp/algorithms/sweep.h) leave out those that only repeat another world's code paths
-    many times over: the same lines and branches at a third of the run time (docs/testing.md).
-    -g1: line tables are all a report's stacks need. The kernels' AVX2 clones are left out:
-    their ifunc resolvers run before ThreadSanitizer is set up."""
-    binary = cpp_build.build(
-        "algorithms_test_tsan",
-        PROGRAM,
-        groups=["algorithm_checks", "collectives", "shm", "inproc"],
-        flags=["-O1", "-g1", "-Werror", "-pthread", "-fsanitize=thread", "-DUCXB_NO_NARROW_CLONES"],
-    )
-    env = {"ALGORITHMS_TEST_TIMEOUT_S": "60", "ALGORITHMS_TEST_WORLDS": "sanitizer"}
-    result = subprocess.run(
-        [str(binary)], capture_output=True, text=True, timeout=900, env={**os.environ, **env}
-    )
-    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert "ThreadSanitizer" not in result.stderr, result.stderr[-8000:]
+# Every group again under ThreadSanitizer: tests/test_algorithms_tsan.py.

@@ -127,40 +127,8 @@ def test_measurements(udp_core_test: Path) -> None:
     print(result.stdout)
 
 
-@pytest.mark.slow
-def test_sanitizers() -> None:
-    """Every group again under AddressSanitizer and UndefinedBehaviorSanitizer, built with the
-    fuzzer's flags (tests/test_udp_fuzz.py): the two programs share the core's objects, which
-    carry the fuzzer's coverage calls (no-ops here, tests/cpp/no_coverage.cpp: a fifth more
-    run time, against compiling the core a second time). The test program's own unit is
-    compiled -Og: half the compile time of -O1 (13 s less), 2-3 s more run time."""
-    core = set(cpp_build.sources(["udp_sans_io"]))
-
-    def unit_flags(source: str) -> list[str]:
-        if source in core:
-            return cpp_build.COVERAGE
-        return ["-Og"] if source == TEST_PROGRAM else []
-
-    binary = cpp_build.build(
-        "udp_core_test_asan",
-        TEST_PROGRAM,
-        groups=["udp_sans_io", "udp_sim"],
-        flags=cpp_build.ASAN_UBSAN,
-        extra_sources=["tests/cpp/no_coverage.cpp"],
-        unit_flags=unit_flags,
-    )
-    result = _run(
-        binary,
-        [],
-        env={
-            "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1",
-            "UBSAN_OPTIONS": "print_stacktrace=1",
-            # The lab's fault matrix on its diagonal only (tests/cpp/udp_core_test.cpp).
-            "UCXB_CHECK_DIAGONAL": "1",
-        },
-        timeout=600,
-    )
-    _assert_passed(result, "(all groups, sanitizers)")
+# Every group again under AddressSanitizer and UndefinedBehaviorSanitizer:
+# tests/test_udp_core_sanitizers.py.
 
 
 # ------------------------------------------------------------- the sans-IO endpoint, simulated

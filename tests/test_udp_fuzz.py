@@ -48,19 +48,23 @@ DONE = re.compile(
 MIN_RUNS_PER_CPU_SECOND = 150
 
 
+# Built with the sans-IO core (the socket loop is never called by the target) and the flags
+# of the core's own sanitizer run (tests/test_udp_core_sanitizers.py), whose objects it
+# shares. Every unit but the driver carries the coverage calls.
+FUZZER = cpp_build.Program(
+    "udp_fuzz",
+    TARGET,
+    groups=["udp_sans_io"],
+    flags=cpp_build.ASAN_UBSAN,
+    extra_sources=[ENDPOINT_MODE, DRIVER],
+    unit_flags=lambda source: [] if source == DRIVER else cpp_build.COVERAGE,
+)
+
+
 @pytest.fixture(scope="module")
 def udp_fuzz() -> Path:
-    """Built by tests/cpp_build.py with the sans-IO core (the socket loop is never called by
-    the target) and the flags of the core's own sanitizer run (tests/test_udp_core.py),
-    whose objects it shares. Every unit but the driver carries the coverage calls."""
-    return cpp_build.build(
-        "udp_fuzz",
-        TARGET,
-        groups=["udp_sans_io"],
-        flags=cpp_build.ASAN_UBSAN,
-        extra_sources=[ENDPOINT_MODE, DRIVER],
-        unit_flags=lambda source: [] if source == DRIVER else cpp_build.COVERAGE,
-    )
+    """The fuzzer (FUZZER), built by tests/cpp_build.py."""
+    return FUZZER.build()
 
 
 def _run(

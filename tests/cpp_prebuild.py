@@ -1,0 +1,41 @@
+"""Compiles the sanitized C++ test programs ahead of their tests, on idle CPU.
+
+make test starts this with the session (``pytest --cpp-prebuild``, tests/conftest.py) at the
+lowest priority. Much of a multi-rank test is one rank waiting for another or a timeout
+running out, and the ThreadSanitizer and AddressSanitizer builds are about 90 s of compiling
+that their tests would otherwise do at full priority; here they fill the gaps instead, and
+their tests (handed out later than the plain ones) find the units compiled. Nothing here
+decides whether a test passes: a unit that fails to compile is left for its test to compile
+and report, and a unit a test wants while this compiles it, the test compiles itself
+(cpp_build.prebuild).
+
+    nice -n 19 python tests/cpp_prebuild.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cpp_build  # tests/ is sys.path[0]: this script's folder
+from test_algorithms_tsan import TSAN
+from test_udp_core_sanitizers import SANITIZED
+from test_udp_fuzz import FUZZER
+
+# In the order make test needs them: the fuzzer's file comes before the two sanitizer files
+# (tests/conftest.py's FILE_SECONDS), and compiles the core's units that SANITIZED shares.
+PROGRAMS = [FUZZER, SANITIZED, TSAN]
+
+
+def main() -> int:
+    for program in PROGRAMS:
+        try:
+            cpp_build.prebuild(program)
+        except BaseException as e:  # pytest.skip/fail among them: the test will say why
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            print(f"cpp_prebuild: {program.name}: {e!r}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
