@@ -140,9 +140,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
     inlineBody = [t = first, spec, reduceOp, size](Comm& comm) -> Posted {
       at::Tensor buf = t;
       preScale(buf, reduceOp);
-      std::shared_ptr<algo::PostedOp> op = algo::postAllreduce(
-          comm, buf.data_ptr(), static_cast<size_t>(buf.numel()), spec.red);
-      return {std::move(op), [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); }};
+      Posted posted{algo::postAllreduce(comm, buf.data_ptr(), static_cast<size_t>(buf.numel()),
+                                        spec.red),
+                    nullptr};
+      // Only AVG scales afterwards: a SUM's op allocates no closure for it.
+      if (reduceOp.op_ == c10d::ReduceOp::AVG) {
+        posted.after = [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); };
+      }
+      return posted;
     };
   }
   return enqueue(op, type, c.device(), tensors, OpInputs(tensors).agreeing(reduceOp.op_, -1),

@@ -3,9 +3,8 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
-#include <functional>
-#include <sstream>
 #include <string_view>
 
 #include "csrc/errors.hpp"
@@ -34,12 +33,24 @@ std::string describe(const at::Tensor& t) {
   if (!t.defined()) {
     return "undefined";
   }
-  std::ostringstream s;
-  s << c10::toString(t.scalar_type()) << t.sizes();
-  if (t.device().type() != at::kCPU) {
-    s << " on " << t.device();
+  // Every op describes its inputs when it is issued (OpInputs), so this stays off
+  // std::ostringstream, whose construction alone cost a few hundred ns of each small op
+  // (perf, docs/performance.md): "Float[4, 8]", as c10's operator<< of the sizes writes it.
+  std::string s = c10::toString(t.scalar_type());
+  s += '[';
+  char digits[24];
+  bool first = true;
+  for (const int64_t d : t.sizes()) {
+    if (!first) s += ", ";
+    first = false;
+    const auto end = std::to_chars(digits, digits + sizeof(digits), d).ptr;
+    s.append(digits, end);
   }
-  return s.str();
+  s += ']';
+  if (t.device().type() != at::kCPU) {
+    s += " on " + t.device().str();
+  }
+  return s;
 }
 
 std::string describe(const std::vector<at::Tensor>& ts) {

@@ -264,6 +264,14 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();
   engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
+  probe_ = std::make_shared<const TransportWork::Probe>(
+      [engine = std::weak_ptr<ProgressEngine>(engine_),
+       running = running_](const TransportWork& work) -> std::string {
+        auto e = engine.lock();
+        if (!e) return "the process group was shut down";
+        if (running->load() != &work) return {};
+        return e->waitingFor();
+      });
   clock.mark("engine");
 }
 
@@ -483,13 +491,7 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
     }
     work->setDeviceGate(*device, std::move(gate));
   }
-  std::weak_ptr<ProgressEngine> engine = engine_;
-  work->setProbe([engine, running = running_, self = work.get()]() -> std::string {
-    auto e = engine.lock();
-    if (!e) return "the process group was shut down";
-    if (running->load() != self) return {};
-    return e->waitingFor();
-  });
+  work->setProbe(probe_);
   {
     std::lock_guard<std::mutex> lock(coalesceMu_);
     if (coalescing_) coalesced_.push_back(work);
@@ -619,11 +621,11 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
     auto comm = std::make_shared<Comm>(lease->transport(), *engine_, tagGroup,
                                        work->context().seq & tagSeqMask_, deadline, tuning_);
     try {
-      auto posted = std::make_shared<Posted>(post(*comm));
+      Posted posted = post(*comm);
       bool complete = false;
-      while (lease->wait(posted->op->requests(), deadline)) {
-        comm->completed(posted->op->requests());
-        complete = posted->op->advance(*comm);
+      while (lease->wait(posted.op->requests(), deadline)) {
+        comm->completed(posted.op->requests());
+        complete = posted.op->advance(*comm);
         if (complete) break;
       }
       if (!complete) {
@@ -631,12 +633,13 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
         // is not held. The continuation owns the posted requests and the Comm (which gives
         // up whatever is still posted if the op fails).
         Task task = taskFor(work, op);
-        task.run = [engine = engine_.get(), running = running_, work, comm, posted]() {
+        task.run = [engine = engine_.get(), running = running_, work, comm,
+                    posted = std::make_shared<Posted>(std::move(posted))]() {
           running->store(work.get());
           at::NoGradGuard noGrad;
           try {
             posted->op->finish(*comm);
-            posted->after();
+            if (posted->after) posted->after();
           } catch (...) {
             const auto error = toDistError(work->context(), std::current_exception());
             engine->fail(messageOf(error), failureKindOf(std::current_exception()));
@@ -651,7 +654,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
         lease->handOver(std::move(task));
         return;
       }
-      posted->after();
+      if (posted.after) posted.after();
     } catch (...) {
       failure = std::current_exception();
     }

@@ -163,8 +163,8 @@ class TransportBackend : public c10d::Backend {
   // posted op (algo::PostedOp), and what completes the Work's tensors once it has (on
   // whichever thread drives the transport by then).
   struct Posted {
-    std::shared_ptr<algo::PostedOp> op;
-    std::function<void()> after;
+    std::unique_ptr<algo::PostedOp> op;
+    std::function<void()> after;  // empty: nothing to do once the op is complete
   };
   using PostBody = std::function<Posted(Comm&)>;
 
@@ -253,6 +253,8 @@ class TransportBackend : public c10d::Backend {
   std::atomic<uint64_t> p2pSeq_{0};
   // The Work whose task the progress thread is running (for timeout messages).
   std::shared_ptr<std::atomic<const TransportWork*>> running_;
+  // What a Work's timed-out wait() reports (TransportWork::setProbe): made once the engine is.
+  std::shared_ptr<const TransportWork::Probe> probe_;
   // Test-only hooks, read from the environment at creation (docs/testing.md): the bits of
   // the collective sequence number that go into tags (UCXBACKEND_TEST_SEQ_BITS narrows the
   // field, so that it wraps within a test), and the switch of the fault-injecting transport

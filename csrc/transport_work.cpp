@@ -83,7 +83,7 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
     if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
       lock.unlock();
       if (onWaitTimeout_) onWaitTimeout_();
-      throwWaitTimeout(ctx_, limit.count(), waitingFor_ ? waitingFor_() : std::string());
+      throwWaitTimeout(ctx_, limit.count(), probe_ ? (*probe_)(*this) : std::string());
     }
     if (exception_) {
       std::rethrow_exception(exception_);
@@ -97,7 +97,7 @@ void TransportWork::release_resources() {
   future_.reset();
   gate_.reset();
   flight_.reset();
-  waitingFor_ = nullptr;
+  probe_.reset();
   onWaitTimeout_ = nullptr;
 }
 

@@ -26,8 +26,10 @@ class TransportWork : public c10d::Work {
   // internal stream), and callbacks and waiters are ordered after that event.
   TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
                 std::chrono::milliseconds timeout, std::vector<c10::Device> devices = {});
-  // Tells a timed-out wait() what the op is stuck on.
-  void setProbe(std::function<std::string()> waitingFor) { waitingFor_ = std::move(waitingFor); }
+  // Tells a timed-out wait() what the op is stuck on, given the Work. One per group, shared
+  // by its Works: a closure made for each op cost a small op an allocation.
+  using Probe = std::function<std::string(const TransportWork&)>;
+  void setProbe(std::shared_ptr<const Probe> probe) { probe_ = std::move(probe); }
   // Runs when a wait() gives up (point-to-point ops withdraw their request).
   void setOnWaitTimeout(std::function<void()> fn) { onWaitTimeout_ = std::move(fn); }
   // How long wait() polls for completion, yielding the core, before it blocks: a small op
@@ -78,7 +80,7 @@ class TransportWork : public c10d::Work {
   const OpContext ctx_;
   std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
-  std::function<std::string()> waitingFor_;
+  std::shared_ptr<const Probe> probe_;
   std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
   std::chrono::microseconds spin_{0};

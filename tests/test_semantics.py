@@ -394,7 +394,8 @@ def test_bad_input_local_validation() -> None:
 def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     expanded = torch.ones(1).expand(4)  # four elements, one memory location
-    out["all_reduce"] = timed(lambda: dist.all_reduce(expanded))
+    # Two dimensions: the message names the sizes as c10 writes them ("Float[2, 4]").
+    out["all_reduce"] = timed(lambda: dist.all_reduce(torch.ones(1, 1).expand(2, 4)))
     out["broadcast"] = timed(lambda: dist.broadcast(expanded, src=0))
     outs = [torch.empty(4) for _ in range(ws - 1)] + [expanded]
     out["all_gather"] = timed(lambda: dist.all_gather(outs, torch.ones(4)))
@@ -424,7 +425,8 @@ def test_overlapping_output_is_refused() -> None:
         for what, (elapsed, exc, msg) in out.items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)  # refused, not run into a timeout
-            assert "share memory" in msg and "Float[4]" in msg, (rank, what, msg)
+            described = "Float[2, 4]" if what == "all_reduce" else "Float[4]"
+            assert "share memory" in msg and described in msg, (rank, what, msg)
             assert names_rank(msg, rank), (rank, what, msg)
         assert names(out["all_reduce"][2], OP_ALL_REDUCE), out
 

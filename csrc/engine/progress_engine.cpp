@@ -376,6 +376,7 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
   StagingArea* const cores = borrowed ? staging_.get() : nullptr;
   if (cores) cores->publishCore(sched_getcpu());
   auto lastEvent = Clock::now();
+  const auto barePollUntil = borrowed ? lastEvent + kBarePoll : lastEvent;
   bool published = false;
   for (;;) {
     bool done = true;
@@ -416,6 +417,7 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       sched_yield();
       continue;
     }
+    if (now < barePollUntil) continue;  // kBarePoll
     // Spin politely: with more busy threads than cores (several ranks per core), a bare
     // spin holds the core the peer needs to make the progress we wait for. sched_yield
     // costs nothing when a core is free, and a slice when a thread that never yields shares
@@ -481,10 +483,12 @@ std::unique_ptr<ProgressEngine::Lease> ProgressEngine::lend(const std::string& o
   // progress() call). Never wait for it long: it may be running a callback that issues an
   // op, and the caller may hold the backend's issue lock. A few yields cover a pass.
   std::unique_lock<std::mutex> owner(ownerMu_, std::try_to_lock);
-  const auto until = Clock::now() + kLendWait;
-  while (!owner.owns_lock() && Clock::now() < until) {
-    yieldCore();
-    owner.try_lock();
+  if (!owner.owns_lock()) {  // no clock reading in the common case
+    const auto until = Clock::now() + kLendWait;
+    while (!owner.owns_lock() && Clock::now() < until) {
+      yieldCore();
+      owner.try_lock();
+    }
   }
   if (!owner.owns_lock() || !transport_ || stopping_.load()) {
     // Busy, or the thread ended between the check and here: the op is queued instead.

@@ -238,6 +238,12 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // yield costs well under a microsecond here; a peer rank's turn between two of its ops, 10
   // us or more).
   static constexpr std::chrono::microseconds kCrowdedYield{5};
+  // How long an inline caller polls without yielding at the start of each wait. A peer that
+  // runs on its own core answers a small op within a few microseconds, and a sched_yield
+  // between two polls (a syscall, 0.3-0.6 us here) adds part of its cost to every such
+  // answer. Bounded per wait, so it is no busy-poll: after it the wait yields as before, and
+  // two ranks on one core lose at most this much of a 30-40 us op.
+  static constexpr std::chrono::microseconds kBarePoll{2};
 
   mutable std::mutex mu_;
   std::deque<Task> queue_;
