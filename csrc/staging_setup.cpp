@@ -65,9 +65,11 @@ StagingOffer offerStaging(const BackendOptions& options, const Transport& transp
     const std::string name = shm::segmentName(shm::currentOwner(),
                                               randomWord() & 0xffffffffffff, transport.rank());
     // Only the header (the cookie below, the core word) is reserved now; each slot's pages
-    // are reserved on its first write (StagingArea::reserveOwn).
+    // are reserved on its first write (StagingArea::reserveOwn). /dev/shm must have room for
+    // every rank's segment: the group's size bounds the ranks on this host.
     offer.segment = shm::SharedSegment::create(name, offer.layout.segmentBytes(),
-                                               StagingLayout::kHeaderBytes);
+                                               StagingLayout::kHeaderBytes,
+                                               static_cast<size_t>(transport.size()));
     offer.cookie = randomWord() | 1;
     std::memcpy(offer.segment.data(), &offer.cookie, sizeof(offer.cookie));
     char hex[17];

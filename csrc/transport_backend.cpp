@@ -618,10 +618,13 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
   std::exception_ptr failure;
   {
     const auto deadline = Clock::now() + timeout;
+    // Declared before the Comm, so destroyed after it: the Comm gives up the requests still
+    // posted when the op fails, and until then they may write into the op's notice buffers.
+    Posted posted;
     auto comm = std::make_shared<Comm>(lease->transport(), *engine_, tagGroup,
                                        work->context().seq & tagSeqMask_, deadline, tuning_);
     try {
-      Posted posted = post(*comm);
+      posted = post(*comm);
       bool complete = false;
       while (lease->wait(posted.op->requests(), deadline)) {
         comm->completed(posted.op->requests());
@@ -632,14 +635,19 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
         // A peer is late: the progress thread waits for the rest, so that an async caller
         // is not held. The continuation owns the posted requests and the Comm (which gives
         // up whatever is still posted if the op fails).
+        // One object holds both, the Comm last so that it goes first (as above).
+        struct InFlight {
+          Posted posted;
+          std::shared_ptr<Comm> comm;
+        };
         Task task = taskFor(work, op);
-        task.run = [engine = engine_.get(), running = running_, work, comm,
-                    posted = std::make_shared<Posted>(std::move(posted))]() {
+        task.run = [engine = engine_.get(), running = running_, work,
+                    flight = std::make_shared<InFlight>(InFlight{std::move(posted), comm})]() {
           running->store(work.get());
           at::NoGradGuard noGrad;
           try {
-            posted->op->finish(*comm);
-            if (posted->after) posted->after();
+            flight->posted.op->finish(*flight->comm);
+            if (flight->posted.after) flight->posted.after();
           } catch (...) {
             const auto error = toDistError(work->context(), std::current_exception());
             engine->fail(messageOf(error), failureKindOf(std::current_exception()));

@@ -27,6 +27,7 @@ if _TESTS_DIR not in sys.path:
 if _REPO_ROOT not in sys.path:
     sys.path.append(_REPO_ROOT)
 
+import cpp_build  # noqa: E402
 from dist_harness import BACKEND  # noqa: E402
 
 
@@ -55,7 +56,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
+
+
+def _die_with_parent() -> None:
+    """In the prebuild's child before exec: the kernel kills it when pytest dies, even by
+    SIGKILL, when pytest_sessionfinish cannot (it would otherwise go on compiling, orphaned;
+    nice's exec of python keeps the setting)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -66,10 +78,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _prebuild.poll() is None:
         os.killpg(_prebuild.pid, signal.SIGKILL)
         _prebuild.wait()
-    shutil.rmtree(
-        Path(_REPO_ROOT) / "tests" / "cpp" / "build" / f"prebuild-{_prebuild.pid}",
-        ignore_errors=True,
-    )
+    shutil.rmtree(cpp_build.prebuild_scratch(_prebuild.pid), ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

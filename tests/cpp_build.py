@@ -416,6 +416,11 @@ class Program:
         )
 
 
+def prebuild_scratch(pid: int) -> Path:
+    """The folder a prebuild process compiles into before it moves each object in."""
+    return BUILD / f"prebuild-{pid}"
+
+
 def prebuild(program: Program) -> None:
     """Compiles into the cache the units that program.build() would compile, one at a time
     and without a lock held while compiling (tests/cpp_prebuild.py runs this at the lowest
@@ -427,7 +432,7 @@ def prebuild(program: Program) -> None:
     _, _, unit = _plan(p.main, p.groups, p.flags, p.extra_sources, p.unit_flags)
     objects = {s: _object_path(s, f) for s, f in unit.items()}
     missing = [s for s in unit if not objects[s].exists()]
-    scratch = BUILD / f"prebuild-{os.getpid()}"  # tests/conftest.py removes it if killed
+    scratch = prebuild_scratch(os.getpid())  # tests/conftest.py removes it if killed
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         _prebuild(unit, objects, missing, scratch)

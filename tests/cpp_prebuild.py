@@ -14,6 +14,8 @@ and report, and a unit a test wants while this compiles it, the test compiles it
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 
 import cpp_build  # tests/ is sys.path[0]: this script's folder
@@ -26,7 +28,20 @@ from test_udp_fuzz import FUZZER
 PROGRAMS = [FUZZER, SANITIZED, TSAN]
 
 
+def _remove_dead_scratch() -> None:
+    """Scratch folders of prebuilds killed with their pytest (SIGKILL leaves no cleanup)."""
+    for folder in cpp_build.BUILD.glob("prebuild-*"):
+        pid = int(folder.name.removeprefix("prebuild-") or 0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 def main() -> int:
+    _remove_dead_scratch()
     for program in PROGRAMS:
         try:
             cpp_build.prebuild(program)

@@ -109,6 +109,12 @@ void testReserve() {
     CHECK_MSG(contains(err, "bytes free, the segment needs " + std::to_string(tooBig)),
               "a segment larger than /dev/shm's free space fails at creation: " + err);
     CHECK_MSG(allocatedBytes(name) == SIZE_MAX, "and leaves no name behind");
+    // Room for one segment but not for the group's: each of its ranks checks for all.
+    const size_t fits = static_cast<size_t>(fs.f_bavail) * fs.f_frsize / 4;
+    const std::string groupErr = errorOf([&] { SharedSegment::create(name, fits, 4096, 8); });
+    CHECK_MSG(contains(groupErr, "for 8 segments of its group"),
+              "a group whose segments together exceed /dev/shm's free space fails: " + groupErr);
+    CHECK_MSG(allocatedBytes(name) == SIZE_MAX, "and leaves no name behind");
   }
 }
 

@@ -50,7 +50,7 @@ std::string namespaceOf(const char* kind) {
 }  // namespace
 
 SharedSegment SharedSegment::create(const std::string& name, size_t bytes,
-                                    size_t reservedBytes) {
+                                    size_t reservedBytes, size_t segmentsAlike) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) fail("shm_open(create) " + name, errno);
   // Until the segment is returned, a failure removes the name and closes the descriptor;
@@ -74,10 +74,12 @@ SharedSegment SharedSegment::create(const std::string& name, size_t bytes,
   struct statvfs fs {};
   if (fstatvfs(fd, &fs) != 0) fail("fstatvfs of shared memory " + name, errno);
   const uint64_t freeBytes = uint64_t{fs.f_bavail} * fs.f_frsize;
-  if (fs.f_blocks != 0 && freeBytes < bytes) {
+  const uint64_t needed = uint64_t{bytes} * std::max<size_t>(segmentsAlike, 1);
+  if (fs.f_blocks != 0 && freeBytes < needed) {
     throw TransportError("shared memory " + name + ": /dev/shm has " +
                          std::to_string(freeBytes) + " bytes free, the segment needs " +
-                         std::to_string(bytes));
+                         std::to_string(bytes) + " (" + std::to_string(needed) + " for " +
+                         std::to_string(segmentsAlike) + " segments of its group)");
   }
   SharedSegment segment(name, mapShared(fd, bytes, name), bytes, true, fd);
   undo.armed = false;  // the segment owns the name and the descriptor now

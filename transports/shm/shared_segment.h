@@ -20,10 +20,13 @@ class SharedSegment {
   // Creates `name` ("/..." as shm_open wants) with `bytes` of zeroed memory, of which the
   // first `reservedBytes` are reserved now and the rest by reserve() before they are written:
   // reserving zeroes every page, a cost a group that never writes its slots need not pay.
-  // Throws TransportError naming the call and errno, also when /dev/shm has no room for all
-  // `bytes` now (so a full /dev/shm is found at creation, as when all was reserved).
+  // Throws TransportError naming the call and errno, also when /dev/shm has no room now for
+  // `bytes` times `segmentsAlike` (the segments of the same size that the other ranks of a
+  // group on this host make at the same time, none of them reserved yet: each rank checks
+  // for all, so that a /dev/shm too small for the group is found at creation, as when every
+  // segment was reserved whole, and not by an op's first write).
   static SharedSegment create(const std::string& name, size_t bytes,
-                              size_t reservedBytes = SIZE_MAX);
+                              size_t reservedBytes = SIZE_MAX, size_t segmentsAlike = 1);
   // Maps an existing object; throws TransportError if it is missing or smaller than `bytes`.
   static SharedSegment open(const std::string& name, size_t bytes);
 
