@@ -37,6 +37,7 @@ GROUPS = [
     "fault_matrix",
     "mtu_room",
     "spoofed_socket",  # real sockets; a raw socket spoofs rank 1 (skipped without CAP_NET_RAW)
+    "replay_safe_window",  # real sockets: the automatic window within half the replay window
 ]
 
 needs_extension = pytest.mark.skipif(
