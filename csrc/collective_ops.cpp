@@ -685,6 +685,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
            describe(outputs[me]));
   }
   c.disjoint(outputs, "output");
+  c.inputsApart(inputs, outputs, getRank());
   return enqueue("alltoall", c10d::OpType::ALLTOALL, c.device(), outputs, inputs,
                  timeoutFor(opts.timeout), [inputs, outputs](Comm& comm) {
                    std::vector<Staged> src;

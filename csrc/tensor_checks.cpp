@@ -187,6 +187,42 @@ void Checker::disjoint(const std::vector<at::Tensor>& ts, const char* role,
   }
 }
 
+void Checker::inputsApart(const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs, int self) const {
+  std::vector<Span> outs;
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (auto s = spanOf(outputs[j], j)) outs.push_back(*s);
+  }
+  const auto before = [](const Span& a, const Span& b) {
+    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage)
+                                  : a.begin < b.begin;
+  };
+  std::sort(outs.begin(), outs.end(), before);  // disjoint: at most one holds any byte
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto in = spanOf(inputs[i], i);
+    if (!in) continue;
+    // The outputs of the input's storage that start before its end, back from the last of
+    // them while they still reach into it.
+    const Span key{in->storage, in->end, 0, 0};
+    auto it = std::lower_bound(outs.begin(), outs.end(), key, before);
+    while (it != outs.begin()) {
+      const Span& o = *--it;
+      if (o.storage != in->storage || o.end <= in->begin) break;
+      const auto& out = outputs[o.index];
+      const bool inPlace = static_cast<int>(i) == self && static_cast<int>(o.index) == self &&
+                           o.begin == in->begin && o.end == in->end &&
+                           out.strides() == inputs[i].strides();
+      if (inPlace) continue;
+      fail("input tensor " + std::to_string(i) + " (" + describe(inputs[i]) +
+           ") shares memory with output tensor " + std::to_string(o.index) + " (" +
+           describe(out) + "), which the op overwrites with rank " + std::to_string(o.index) +
+           "'s data while the input may still be read; pass inputs apart from the outputs " +
+           "(input " + std::to_string(self) + " may be output " + std::to_string(self) +
+           " itself)");
+    }
+  }
+}
+
 at::ScalarType scalarTypeOf(DType dtype) {
   switch (dtype) {
     case DType::kFloat16: return at::kHalf;

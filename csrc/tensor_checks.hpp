@@ -63,6 +63,12 @@ struct Checker {
   // strided view such as a column may interleave with another without sharing an element).
   void disjoint(const std::vector<at::Tensor>& ts, const char* role,
                 const at::Tensor* input = nullptr, int inputSlot = -1) const;
+  // No input of an all_to_all shares memory with an output (the receive from rank j may write
+  // it while the send to rank i still reads), but input `self` may be output `self` itself
+  // (this rank's own block, in place). `outputs` must have passed disjoint() already.
+  // O(n log n) in the world size.
+  void inputsApart(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                   int self) const;
   // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
   Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
 

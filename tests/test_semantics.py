@@ -277,9 +277,11 @@ def _odd_waits(rank: int, ws: int) -> Any:
 
 def test_odd_wait_timeouts() -> None:
     if not UCX and BACKEND != "udp":
-        pytest.skip(f"ucx/udp only ({BACKEND} under test): a negative wait on a pending op "
-                    "makes Gloo close the group's connections (\"Application timeout caused "
-                    "pair closure\")")
+        pytest.skip(
+            f"ucx/udp only ({BACKEND} under test): a negative wait on a pending op "
+            "makes Gloo close the group's connections (\"Application timeout caused "
+            'pair closure")'
+        )
     res = run_world(_odd_waits, 2, pg_timeout=30, timeout=90)
     total = [3] * 4  # 1 + 2, bit-exact
     for rank, out in enumerate(res):
@@ -350,8 +352,13 @@ def test_bad_input_mismatched_sizes_inline() -> None:
     if not UCX:
         pytest.skip(f"ucx only ({BACKEND} under test): Gloo aborts the process here")
     pg_timeout = 5.0
-    res = run_world(_mismatched_sizes, 2, pg_timeout=pg_timeout, timeout=60,
-                    env={"UCXBACKEND_SPIN_US": "2000000"})
+    res = run_world(
+        _mismatched_sizes,
+        2,
+        pg_timeout=pg_timeout,
+        timeout=60,
+        env={"UCXBACKEND_SPIN_US": "2000000"},
+    )
     for rank, (elapsed, exc, msg, data) in enumerate(res):
         assert exc is not None, f"rank {rank}: mismatched all_reduce returned data {data}"
         assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
@@ -451,7 +458,24 @@ def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
     a2a_outs = [a2a_buf[j : j + 2] for j in range(ws)]
     a2a_ins = [torch.full((2,), 10 * rank + j, dtype=torch.int64) for j in range(ws)]
     refused["all_to_all overlapping outputs"] = timed(lambda: dist.all_to_all(a2a_outs, a2a_ins))
+    same_list = [torch.full((2,), 10 * rank + j, dtype=torch.int64) for j in range(ws)]
+    refused["all_to_all inputs are the outputs"] = timed(
+        lambda: dist.all_to_all(same_list, same_list)
+    )
+    peer_in = [torch.zeros(2, dtype=torch.int64) for _ in range(ws)]
+    peer_outs = [torch.zeros(2, dtype=torch.int64) for _ in range(ws)]
+    peer_in[rank] = peer_outs[(rank + 1) % ws]  # this rank's own block sent from a peer's slot
+    refused["all_to_all input is a peer's output"] = timed(
+        lambda: dist.all_to_all(peer_outs, peer_in)
+    )
     out: dict[str, Any] = {"refused": refused}
+    # all_to_all with this rank's own block in place (input[rank] is output[rank]): exact.
+    own_outs = [torch.zeros(2, dtype=torch.int64) for _ in range(ws)]
+    own_outs[rank].fill_(10 * rank + rank)
+    own_ins = [torch.full((2,), 10 * rank + j, dtype=torch.int64) for j in range(ws)]
+    own_ins[rank] = own_outs[rank]
+    dist.all_to_all(own_outs, own_ins)
+    out["a2a own block in place"] = [o.tolist() for o in own_outs]
     # Columns of one matrix interleave without sharing an element: gathered exactly.
     cols = torch.zeros(4, ws, dtype=torch.int64)
     dist.all_gather(list(cols.unbind(1)), mine)
@@ -476,6 +500,9 @@ def test_outputs_sharing_memory_are_refused() -> None:
     for rank, out in enumerate(res):
         assert out["columns"] == want, (rank, out["columns"])
         assert out["in place"] == want, (rank, out["in place"])
+        # rank j sent rank `rank` the value 10 * j + rank
+        a2a_want = [[10 * j + rank] * 2 for j in range(ws)]
+        assert out["a2a own block in place"] == a2a_want, (rank, out["a2a own block in place"])
         assert ("gather same tensor twice" in out["refused"]) == (rank == 0), out
         for what, (elapsed, exc, msg) in out["refused"].items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
