@@ -37,7 +37,10 @@ def test_destroy_group_with_unmatched_irecv() -> None:
     res = run_world(_destroy_with_unmatched_irecv, 2, timeout=90)
     elapsed, msg = res[0]
     assert msg is not None, "the orphaned irecv completed successfully"
-    assert "shut down" in msg, msg
+    # Either this rank's destroy withdrew the receive ("shut down"), or, where the progress
+    # thread posted it only after rank 1 had destroyed its group, making the endpoint to rank 1
+    # failed first (its shared memory is gone): both name why, neither waits for a timeout.
+    assert "shut down" in msg or "to rank 1" in msg, msg
     assert elapsed < 5, elapsed
 
 
