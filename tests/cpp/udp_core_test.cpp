@@ -825,6 +825,10 @@ void testConfig() {
     CHECK_EQ(sendWindowFor(big, 16 * MiB, 1), 8 * MiB);
     CHECK_EQ(sendWindowFor(big, 128 * MiB, 1), 32 * MiB);
     CHECK_EQ(sendWindowFor(big, 2 * MiB, 1), 2 * MiB);
+    // Authenticated: at most half the replay window's 4096 datagrams, the floor aside.
+    CHECK_EQ(sendWindowFor(d, 16 * MiB, 1, true), 2048 * d.mtuPayload);
+    CHECK_EQ(sendWindowFor(d, 4 * MiB, 1, true), 2 * MiB);
+    CHECK_EQ(sendWindowFor(parseUdpConfig("mtu_payload=400"), 16 * MiB, 1, true), 1 * MiB);
     // A connection holds what it is given, and never less than one datagram.
     PeerConnection c(d, PeerIdentity{});
     CHECK_EQ(c.sendWindowBytes(), 1 * MiB);

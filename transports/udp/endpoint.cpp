@@ -166,15 +166,9 @@ void Endpoint::connect(int peer, std::span<const SocketAddress> addresses,
   p.connected = true;
   // Every other rank of the group may send to the peer at once.
   if (receiveBufferBytes) {
-    uint64_t window = sendWindowFor(options_.config, *receiveBufferBytes, std::max(size_ - 1, 1));
-    // Authenticated, a datagram reordered behind more than ReplayWindow::kBits newer ones is
-    // dropped as a replay: keep the datagrams in flight to half that window (at 1472-byte
-    // datagrams about 3 MB; the fixed floor, send_window_bytes, already fits it).
-    if (options_.groupKey) {
-      const uint64_t replaySafe = ReplayWindow::kBits / 2 * options_.config.mtuPayload;
-      window = std::max(options_.config.sendWindowBytes, std::min(window, replaySafe));
-    }
-    p.connection->setSendWindowBytes(window);
+    p.connection->setSendWindowBytes(sendWindowFor(options_.config, *receiveBufferBytes,
+                                                   std::max(size_ - 1, 1),
+                                                   options_.groupKey.has_value()));
   }
 }
 

@@ -5,6 +5,7 @@
 #include "transports/udp/congestion.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/path_selector.h"
+#include "transports/udp/replay_window.h"
 #include "transports/udp/wire_format.h"
 
 namespace ucxb::udp {
@@ -220,10 +221,13 @@ void validate(const UdpConfig& c) {
   }
 }
 
-uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders) {
+uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders,
+                       bool authenticated) {
   if (c.sendWindowMaxBytes <= c.sendWindowBytes || senders < 1) return c.sendWindowBytes;
   const uint64_t share = peerReceiveBuffer / 2 / static_cast<uint64_t>(senders);
-  return std::clamp(share, c.sendWindowBytes, c.sendWindowMaxBytes);
+  uint64_t ceiling = c.sendWindowMaxBytes;
+  if (authenticated) ceiling = std::min(ceiling, ReplayWindow::kBits / 2 * c.mtuPayload);
+  return std::clamp(share, c.sendWindowBytes, std::max(ceiling, c.sendWindowBytes));
 }
 
 std::string describe(const UdpConfig& c) { return udpConfigSchema().describe(c); }
