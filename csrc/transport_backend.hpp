@@ -61,10 +61,11 @@ class TransportBackend : public c10d::Backend {
   // (and on the op, shapes and dtypes) before the op runs. Every rank numbers its collectives
   // from 0 at creation, in issue order, so there is nothing to agree on first (as with Gloo).
   void setSequenceNumberForGroup() override {}
-  // Split and shrink (docs/failure-model.md#split-and-shrink): a child group over some of
-  // this group's ranks, with the same options and transport; its addresses go through a Store
-  // under a key derived from this group's id, the child's ranks and a count of the children
-  // made from this group over those ranks, which every member agrees on. The child has its own progress thread and worker.
+  // Split and shrink (docs/failure-model.md#split-and-shrink): a child group over some of this
+  // group's ranks, with the same options and transport; its addresses go through a Store under a
+  // key derived from this group's id, the child's ranks and a count of the children made from this
+  // group over those ranks, which every member agrees on. The child has its own progress thread and
+  // worker.
   bool supportsSplitting() const override { return true; }
   bool supportsShrinking() const override { return true; }
   // Called on every rank of this group (torch's ProcessGroup::splitGroup), with the same

@@ -186,16 +186,16 @@ class PostedExchangeAllreduce : public PostedOp {
   uint8_t* peerData_;
 };
 
-// Where the ring would run at two ranks in a group that stages: each rank copies its whole
-// vector into its own slots and folds the peer's straight out of the peer's slots. The ring
-// (stagedPairAllreduce at two ranks) moves the same bytes between the cores but waits for
-// its peer at every piece and cannot be split where it waits; this waits once (and may run
-// on the caller's thread), and each rank folds the whole vector (a + b on one rank, b + a on
-// the other: IEEE addition and multiplication are commutative, and foldOrder makes min and
-// max so, so both ranks end bit-identical but for which of two NaNs comes out). From kAllreducePairSlotsMin it also takes the place of
-// recursive doubling's one transport message, for a vector that fits a pair slot: that
-// exchange waits for the peer once, as the transport message does, and copies each byte
-// across the cores once (staged_exchange.h).
+// Where the ring would run at two ranks in a group that stages: each rank copies its whole vector
+// into its own slots and folds the peer's straight out of the peer's slots. The ring
+// (stagedPairAllreduce at two ranks) moves the same bytes between the cores but waits for its peer
+// at every piece and cannot be split where it waits; this waits once (and may run on the caller's
+// thread), and each rank folds the whole vector (a + b on one rank, b + a on the other: IEEE
+// addition and multiplication are commutative, and foldOrder makes min and max so, so both ranks
+// end bit-identical but for which of two NaNs comes out). From kAllreducePairSlotsMin it also takes
+// the place of recursive doubling's one transport message, for a vector that fits a pair slot: that
+// exchange waits for the peer once, as the transport message does, and copies each byte across the
+// cores once (staged_exchange.h).
 class PostedStagedAllreduce : public PostedOp {
  public:
   static constexpr PieceSize kPieces = PieceSize::kCacheSized;

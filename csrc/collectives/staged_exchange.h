@@ -51,12 +51,13 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
 // firstStep + 2k + 1). No credit answers a piece: a rank writes slot s again for piece
 // k + kFusedDepth only after it has received a notice that the peer sends only once it has
 // read piece k: its reduced piece k (sent after folding our raw piece k) for a raw slot, its
-// raw piece k + 2 (sent after copying out our reduced piece k) for a reduced one. One empty `done` message each way (step firstStep +
-// 2 * pieces) ends the op, after which the peer reads no slot of this rank's. Each element is
-// folded on one rank (own op peer's, as the ring's reduce-scatter folds) and copied to the
-// other, so both end bit-identical. Needs 2 * kFusedDepth slots (pairFusedFits) and 2 steps
-// per piece of the longer block plus one from firstStep. An op that fails after announcing a
-// piece and before the peer's `done` retires the slots, as stagedExchange does.
+// raw piece k + 2 (sent after copying out our reduced piece k) for a reduced one. One empty
+// `done` message each way (step firstStep + 2 * pieces) ends the op, after which the peer
+// reads no slot of this rank's. Each element is folded on one rank (own op peer's, as the
+// ring's reduce-scatter folds) and copied to the other, so both end bit-identical. Needs
+// 2 * kFusedDepth slots (pairFusedFits) and 2 steps per piece of the longer block plus one
+// from firstStep. An op that fails after announcing a piece and before the peer's `done`
+// retires the slots, as stagedExchange does.
 constexpr size_t kFusedDepth = 2;
 bool pairFusedFits(const StagingArea& staging);
 void stagedPairAllreduce(Comm& c, uint8_t* data, size_t mineOffset, size_t mineBytes,
