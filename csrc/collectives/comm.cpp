@@ -85,10 +85,8 @@ RequestPtr Comm::recvFolded(int peer, uint32_t step, void* acc, size_t bytes,
   if (memory_.type() != MemoryType::kHost || red.fn == nullptr || bytes == 0) return nullptr;
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
-  const ReduceFn fn = red.fn;
-  RequestPtr req = transport_.recvFolded(
-      peer, t, tag::kFullMask, acc, bytes, red.elementSize,
-      [fn](void* into, const void* in, size_t elements) { fn(into, in, elements); });
+  RequestPtr req =
+      transport_.recvFolded(peer, t, tag::kFullMask, acc, bytes, red.elementSize, red.fn);
   if (req) track(req);
   return req;
 }
