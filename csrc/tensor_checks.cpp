@@ -147,6 +147,12 @@ std::optional<Span> spanOf(const at::Tensor& t, size_t index) {
   return Span{t.storage().unsafeGetStorageImpl(), begin, begin + t.nbytes(), index};
 }
 
+// By storage, then start: spans that can overlap end up next to each other.
+bool storageOrder(const Span& a, const Span& b) {
+  return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage)
+                                : a.begin < b.begin;
+}
+
 }  // namespace
 
 void Checker::disjoint(const std::vector<at::Tensor>& ts, const char* role,
@@ -157,10 +163,7 @@ void Checker::disjoint(const std::vector<at::Tensor>& ts, const char* role,
   }
   // Sorted by storage and start, two spans overlap exactly when one starts before the
   // furthest end so far in its storage ends: O(n log n), not a pair-by-pair O(n^2).
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage)
-                                  : a.begin < b.begin;
-  });
+  std::sort(spans.begin(), spans.end(), storageOrder);
   for (size_t i = 1, furthest = 0; i < spans.size(); ++i) {
     const Span& far = spans[furthest];
     if (spans[i].storage == far.storage && spans[i].begin < far.end) {
@@ -193,18 +196,14 @@ void Checker::inputsApart(const std::vector<at::Tensor>& inputs,
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (auto s = spanOf(outputs[j], j)) outs.push_back(*s);
   }
-  const auto before = [](const Span& a, const Span& b) {
-    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage)
-                                  : a.begin < b.begin;
-  };
-  std::sort(outs.begin(), outs.end(), before);  // disjoint: at most one holds any byte
+  std::sort(outs.begin(), outs.end(), storageOrder);  // disjoint: one holds any byte
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto in = spanOf(inputs[i], i);
     if (!in) continue;
     // The outputs of the input's storage that start before its end, back from the last of
     // them while they still reach into it.
     const Span key{in->storage, in->end, 0, 0};
-    auto it = std::lower_bound(outs.begin(), outs.end(), key, before);
+    auto it = std::lower_bound(outs.begin(), outs.end(), key, storageOrder);
     while (it != outs.begin()) {
       const Span& o = *--it;
       if (o.storage != in->storage || o.end <= in->begin) break;
