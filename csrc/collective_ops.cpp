@@ -368,6 +368,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
         c.fail("each output list needs " + std::to_string(inputs.size()) + " tensors, got " +
                std::to_string(list.size()));
       }
+      // Checked as every op's tensors are: the copies into them run in the Future's
+      // callback, on the inputs' device and stream, so one on another device (or a CUDA one
+      // without the opt-in, beside CPU inputs) would be written outside the op's ordering.
+      c.tensor(list[i], "output");
       c.sameAs(inputs[i], list[i], "output");
     }
     flatOutputs.push_back(at::empty({inputs[i].numel() * getSize()}, inputs[i].options()));
