@@ -28,13 +28,13 @@
 #include <optional>
 
 #include "csrc/collectives/op_driver.h"
-#include "csrc/collectives/op_memory.h"
 #include "csrc/stream_gate.hpp"
+#include "transports/transport.h"
 
 namespace ucxb {
 
 // The memory of an op whose tensors are on `device` (Checker::device(): the CUDA device, none
-// for CPU tensors). What the backend asks takesHostPaths (op_memory.h) about.
+// for CPU tensors). What the backend asks takesHostPaths (transports/transport.h) about.
 inline MemoryType memoryOf(const std::optional<c10::Device>& device) {
   return device ? MemoryType::kCuda : MemoryType::kHost;
 }

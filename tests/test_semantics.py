@@ -378,6 +378,13 @@ def _local_validation(rank: int, ws: int) -> dict[str, Any]:
     if UCX:  # Gloo hangs on this one
         out["send dst out of range"] = timed(lambda: dist.send(torch.ones(2), dst=ws + 3))
         out["isend dst out of range"] = timed(lambda: dist.isend(torch.ones(2), dst=ws + 3).wait())
+        # An output list on another device than the inputs (a meta tensor: the device-less
+        # stand-in for a CUDA tensor here). allgather_coalesced copies into its lists in the
+        # Future's callback; unchecked, the op "succeeded" and the tensors got nothing.
+        metas = [[torch.empty(2, device="meta")] for _ in range(ws)]
+        out["all_gather_coalesced output on another device"] = timed(
+            lambda: dist.all_gather_coalesced(metas, [torch.ones(2)])
+        )
     # the group still works afterwards
     good = [torch.empty(2) for _ in range(ws)]
     dist.all_gather(good, torch.full((2,), float(rank)))
@@ -396,6 +403,8 @@ def test_bad_input_local_validation() -> None:
             assert elapsed < 10, (rank, what, elapsed)
         if UCX:
             assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
+            msg = out["all_gather_coalesced output on another device"][2]
+            assert "output" in msg and "unsupported device" in msg, msg
 
 
 def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:

@@ -15,16 +15,6 @@
 
 namespace ucxb {
 
-// Whether an op on `memory` may take the paths that read and write its bytes on the host
-// outside OpMemory: the group's shared-memory slots (staged_path.h, staged_exchange.h: memcpy
-// and the host kernels), the transport's folding receive (Transport::recvFolded: the host
-// kernels inside progress()) and the inline run on the caller's thread (the backend's
-// enqueue: no device stream, no ready event). The one rule for all three, asked by
-// Comm::staging() and Comm::recvFolded() and by the backend from the op's device: host
-// memory only. A CUDA tensor reaching one of them would be read by the host (a crash, or
-// bytes that are not the tensor's), or leave without waiting for the kernels that write it.
-constexpr bool takesHostPaths(MemoryType memory) { return memory == MemoryType::kHost; }
-
 class OpMemory {
  public:
   virtual ~OpMemory() = default;

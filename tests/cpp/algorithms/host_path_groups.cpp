@@ -1,4 +1,4 @@
-// Routing by memory type (op_memory.h's takesHostPaths): an op on device memory takes none of
+// Routing by memory type (transport.h's takesHostPaths): an op on device memory takes none of
 // the paths that touch its bytes on the host outside OpMemory, even where the group offers
 // them all. The worlds here offer every one (shared-memory slots, the pair slots at two ranks,
 // a transport that folds receives) and run each op at sizes that take them on host memory:

@@ -2,7 +2,7 @@
 // on ucx): its buffers are host memory labelled device memory, handed to the transport as
 // they are (the world's Fabric takes MemoryType::kCuda), with copies and reductions done as
 // the host's. What it checks is routing: an op on it must take no host-only path
-// (op_memory.h's takesHostPaths), which the world counts.
+// (transport.h's takesHostPaths), which the world counts.
 #pragma once
 
 #include "csrc/collectives/op_memory.h"

@@ -16,7 +16,7 @@ namespace ucxb::inproc {
 class ThreadDriver : public OpDriver {
  public:
   // `stagingAsks`, when given, counts the calls of staging(): a test of an op on device
-  // memory expects none (op_memory.h's takesHostPaths).
+  // memory expects none (transport.h's takesHostPaths).
   ThreadDriver(Transport& transport, std::unique_ptr<StagingArea> staging,
                std::atomic<uint64_t>* stagingAsks = nullptr)
       : transport_(transport), staging_(std::move(staging)), stagingAsks_(stagingAsks) {}

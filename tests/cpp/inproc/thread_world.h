@@ -47,7 +47,7 @@ class ThreadWorld {
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
   int size() const { return options_.size; }
-  // The host-only paths (op_memory.h's takesHostPaths) the ops asked for so far, over every
+  // The host-only paths (transport.h's takesHostPaths) the ops asked for so far, over every
   // rank: the staging slots (OpDriver::staging() calls) and folding receives posted.
   struct HostPathUses {
     uint64_t stagingAsks = 0;
