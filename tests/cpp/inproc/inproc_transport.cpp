@@ -158,7 +158,7 @@ namespace {
 
 // Like udp, this transport moves host memory only unless its Fabric carries device memory:
 // a device buffer handed to it then means Comm skipped the host staging of an OpMemory that
-// needs it (bouncing_memory.h).
+// needs it (device_stand_ins.h).
 void hostOnly(MemoryType mem, bool carriesDevice) {
   if (mem != MemoryType::kHost && !carriesDevice) {
     throw TransportError("the in-process transport carries host memory only");

@@ -64,7 +64,8 @@ class Fabric {
   // folds: the transports fold receives (Transport::recvFolded), handing each message over in
   // pieces cut inside elements, the last piece first; otherwise recvFolded says they cannot.
   // carriesDevice: send/recv take memory labelled MemoryType::kCuda and move it as they move
-  // host memory (ucx's CUDA path, for carried_memory.h); otherwise they refuse it (udp's).
+  // host memory (ucx's CUDA path, for CarriedMemory: device_stand_ins.h); otherwise they
+  // refuse it (udp's).
   explicit Fabric(int size, bool folds = false, bool carriesDevice = false);
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;

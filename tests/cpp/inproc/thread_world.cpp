@@ -1,7 +1,6 @@
 #include "tests/cpp/inproc/thread_world.h"
 
-#include "tests/cpp/inproc/bouncing_memory.h"
-#include "tests/cpp/inproc/carried_memory.h"
+#include "tests/cpp/inproc/device_stand_ins.h"
 
 #include <unistd.h>
 

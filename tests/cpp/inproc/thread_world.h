@@ -24,10 +24,10 @@ struct WorldOptions {
   // Give every rank shared-memory slots (as when all ranks share a host), sized from the
   // tuning's chunk bytes as the backend sizes them.
   bool staged = false;
-  // Run every op over BouncingMemory (bouncing_memory.h): buffers the transport cannot
+  // Run every op over BouncingMemory (device_stand_ins.h): buffers the transport cannot
   // carry, staged through host buffers by Comm, as udp stages CUDA tensors.
   bool bounced = false;
-  // Run every op over CarriedMemory (carried_memory.h): device-labelled buffers the
+  // Run every op over CarriedMemory (device_stand_ins.h): device-labelled buffers the
   // transport takes as they are, as ucx takes CUDA tensors. Not with `bounced`.
   bool carried = false;
   // The transport folds receives (Fabric's `folds`): exchangeReduce's folding path.
