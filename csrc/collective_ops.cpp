@@ -290,6 +290,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
              " elements (input " + describe(inputs[i]) + ")");
     }
   }
+  // The zero-copy path below gathers straight into the output.
+  if (inputs.size() == 1 && outputs[0].is_contiguous()) {
+    c.ownBlockOrApart(inputs[0], outputs[0], getRank());
+  }
   return enqueue(op, c10d::OpType::_ALLGATHER_BASE, c.device(), outputs, inputs, timeout,
                  [outputs, inputs](Comm& comm) {
                    const int n = comm.size();

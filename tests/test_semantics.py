@@ -495,6 +495,17 @@ def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
     slots[rank].copy_(mine)
     dist.all_gather(slots, slots[rank])
     out["in place"] = flat.view(ws, 4).tolist()
+    # The flat form: its input a peer's block of the output is refused; its own block (in
+    # place) gathers exactly. (On a GPU the own-block copy has no overlap rule: copy_ of
+    # overlapping device memory is undefined, where the host's is a memmove.)
+    gathered = torch.zeros(4 * ws, dtype=torch.int64)
+    peer = (rank + 1) % ws
+    refused["all_gather_into_tensor input is a peer's block"] = timed(
+        lambda: dist.all_gather_into_tensor(gathered, gathered[4 * peer : 4 * peer + 4])
+    )
+    gathered[4 * rank : 4 * rank + 4].copy_(mine)
+    dist.all_gather_into_tensor(gathered, gathered[4 * rank : 4 * rank + 4])
+    out["flat in place"] = gathered.view(ws, 4).tolist()
     if rank == 0:  # last, and the root alone: only the root passes outputs (and is refused)
         refused["gather same tensor twice"] = timed(lambda: dist.gather(mine, [t] * ws, dst=0))
     return out
@@ -509,6 +520,7 @@ def test_outputs_sharing_memory_are_refused() -> None:
     for rank, out in enumerate(res):
         assert out["columns"] == want, (rank, out["columns"])
         assert out["in place"] == want, (rank, out["in place"])
+        assert out["flat in place"] == want, (rank, out["flat in place"])
         # rank j sent rank `rank` the value 10 * j + rank
         a2a_want = [[10 * j + rank] * 2 for j in range(ws)]
         assert out["a2a own block in place"] == a2a_want, (rank, out["a2a own block in place"])
