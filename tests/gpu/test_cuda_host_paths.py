@@ -21,6 +21,11 @@ host sync (so an op that does not wait for the caller's stream reads the old val
 reduce_scatter_tensor, all_gather_into_tensor, broadcast, reduce and all_to_all_single at
 128 KiB a rank: every result against values computed on the host, bit for bit, and the
 group's inline counters unchanged by the CUDA ops.
+
+Without a GPU the rank code can be dry-run on CPU tensors (``DEVICE = "cpu"``, ``gpu_sleep`` and
+``use_gpu0`` made no-ops, ``UCX_TLS=tcp,self`` for the tcp world): every result check passes
+and every "no CUDA op ran inline" check fails, as it must for host tensors, which do run inline
+(done on 2026-11-27 when this file was written).
 """
 
 from __future__ import annotations
