@@ -290,6 +290,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
              " elements (input " + describe(inputs[i]) + ")");
     }
   }
+  // The zero-copy path below gathers straight into the output.
+  if (inputs.size() == 1 && outputs[0].is_contiguous()) {
+    c.ownBlockOrApart(inputs[0], outputs[0], getRank());
+  }
   return enqueue(op, c10d::OpType::_ALLGATHER_BASE, c.device(), outputs, inputs, timeout,
                  [outputs, inputs](Comm& comm) {
                    const int n = comm.size();
@@ -368,6 +372,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
         c.fail("each output list needs " + std::to_string(inputs.size()) + " tensors, got " +
                std::to_string(list.size()));
       }
+      // Checked as every op's tensors are: the copies into them run in the Future's
+      // callback, on the inputs' device and stream, so one on another device (or a CUDA one
+      // without the opt-in, beside CPU inputs) would be written outside the op's ordering.
+      c.tensor(list[i], "output");
       c.sameAs(inputs[i], list[i], "output");
     }
     flatOutputs.push_back(at::empty({inputs[i].numel() * getSize()}, inputs[i].options()));

@@ -29,8 +29,15 @@
 
 #include "csrc/collectives/op_driver.h"
 #include "csrc/stream_gate.hpp"
+#include "transports/transport.h"
 
 namespace ucxb {
+
+// The memory of an op whose tensors are on `device` (Checker::device(): the CUDA device, none
+// for CPU tensors). What the backend asks takesHostPaths (transports/transport.h) about.
+inline MemoryType memoryOf(const std::optional<c10::Device>& device) {
+  return device ? MemoryType::kCuda : MemoryType::kHost;
+}
 
 // The group's device scratch on one device (DeviceMemory::scratch), grow-only, used by one op
 // at a time on the progress thread. It lives as long as the group and its queued ops, not

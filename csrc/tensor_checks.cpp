@@ -222,6 +222,21 @@ void Checker::inputsApart(const std::vector<at::Tensor>& inputs,
   }
 }
 
+void Checker::ownBlockOrApart(const at::Tensor& input, const at::Tensor& output, int self) const {
+  if (!input.is_contiguous()) return;
+  const auto in = spanOf(input, 0);
+  const auto out = spanOf(output, 0);
+  if (!in || !out || in->storage != out->storage || in->begin >= out->end ||
+      out->begin >= in->end) {
+    return;
+  }
+  if (in->begin == out->begin + static_cast<uintptr_t>(self) * input.nbytes()) return;
+  fail("input " + describe(input) + " shares memory with output " + describe(output) +
+       " elsewhere than at rank " + std::to_string(self) + "'s block, which other ranks' " +
+       "blocks overwrite while the input is still read; pass an input of its own, or block " +
+       std::to_string(self) + " of the output itself (in place)");
+}
+
 at::ScalarType scalarTypeOf(DType dtype) {
   switch (dtype) {
     case DType::kFloat16: return at::kHalf;

@@ -69,6 +69,12 @@ struct Checker {
   // O(n log n) in the world size.
   void inputsApart(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                    int self) const;
+  // all_gather_into_tensor's one input against its output (as disjoint() for the list form):
+  // a contiguous input shares no memory with the output but where it is block `self` of it
+  // (in place). Else the op reads it while other ranks' blocks arrive over it, and copies it
+  // into its block with a copy that is a memmove on the host but has no overlap rule on a
+  // device (DeviceMemory::copy). A strided input is read once, into a copy, first.
+  void ownBlockOrApart(const at::Tensor& input, const at::Tensor& output, int self) const;
   // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
   Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
 

@@ -528,7 +528,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
     std::lock_guard<std::mutex> issue(issueMu_);
     work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
     if (!engine_->failed()) {
-      if (inlineBody && !device) {
+      // The caller's thread has no device stream to order the op after: the inline run is a
+      // host path (takesHostPaths), asked here only.
+      if (inlineBody && takesHostPaths(memoryOf(device))) {
         lease = engine_->lend(op, work->context().seq,
                               std::make_shared<c10::intrusive_ptr<TransportWork>>(work));
       }
@@ -695,6 +697,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   if (!issueOrFail(device, *work, deviceOp)) return work;
   // udp stages a CUDA tensor through pinned host memory; ucx moves it as it is.
   const bool hostStaged = deviceOp && !transportCarriesDevice_;
+  const MemoryType mem = hostStaged ? MemoryType::kHost : memoryOf(device);
   const bool isSend = type == c10d::OpType::SEND;
   // The posted request, seen only on the progress thread: a caller whose wait() times out
   // withdraws it, so that a retried recv is not robbed by the abandoned one. A withdrawn
@@ -715,7 +718,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
   task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
-              withdrawn, deviceOp, hostStaged, timeout = timeout_.load()]() {
+              withdrawn, deviceOp, hostStaged, mem, timeout = timeout_.load()]() {
     if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
@@ -726,7 +729,6 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
         staged = isSend ? staged.to(pinned.device(at::kCPU)) : at::empty(tensor.sizes(), pinned);
       }
       scope.drain();  // the bytes are final before the transport reads them
-      const MemoryType mem = deviceOp && !hostStaged ? MemoryType::kCuda : MemoryType::kHost;
       const size_t bytes = staged.nbytes();
       Transport& t = engine->transport();
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes, mem)

@@ -7,7 +7,8 @@
 # Steps, most telling first; each has its own time cap and a failing step does not stop the
 # rest (a later step may still say what is wrong):
 #   facts   the machine: GPU, driver, Python, torch, UCX, compilers
-#   wheels  installs the carried wheels (GPU_SESSION_WHEELS, .whl: libucx-cu13) into /tmp/site
+#   wheels  installs the carried wheels (GPU_SESSION_WHEELS, .whl: libucx-cu13, ninja) into
+#           GPU_SESSION_SITE (/tmp/site), on PYTHONPATH, its bin/ (ninja's binary) on PATH
 #   build   make gpu-build: checks, the build against this torch, the link tests, `info`
 #   smoke   make gpu-smoke: two ranks stage by stage, wait()'s host block on both cuda_wait modes
 #   bench   all_reduce 1-64 MiB on cuda: ucx, Gloo host-staged, nccl (skipped: one GPU), the
@@ -25,7 +26,8 @@ PYTHON=${PYTHON:-python3}
 export OUT PYTHON
 BUDGET_S=${GPU_SESSION_BUDGET_S:-420}
 WHEELS=${GPU_SESSION_WHEELS:-.whl}
-export WHEELS
+SITE=${GPU_SESSION_SITE:-/tmp/site}
+export WHEELS SITE
 mkdir -p "$OUT"
 # The in-place build, importable by the bench and its ranks as by make's steps.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -100,6 +102,7 @@ for name in ("pytest", "pytest-xdist", "numpy", "ninja", "libucx-cu12", "libucx-
         print(name, "missing")
 EOF
     for c in g++ gcc "${CXX:-}"; do [ -n "$c" ] && command -v "$c" >/dev/null && echo "$c: $($c --version | head -1)"; done
+    echo "ninja on PATH: $(command -v ninja || echo none)"
     git log -1 --format="commit %H %s" 2>/dev/null || true
 }
 
@@ -111,8 +114,14 @@ wheels() {
         return 0
     fi
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "${found[@]}" || return 1
-    echo "installed into /tmp/site: ${found[*]}"
+        --target "$SITE" "${found[@]}" || return 1
+    echo "installed into $SITE: ${found[*]}"
+    # torch's build finds ninja by running `ninja --version`: the wheel's binary is in bin/,
+    # which --target does not put on PATH (without it the build falls back to compiling one
+    # unit at a time and outlasts its cap).
+    if [ -x "$SITE/bin/ninja" ]; then
+        echo "ninja $(PATH="$SITE/bin:$PATH" ninja --version) at $SITE/bin/ninja"
+    fi
 }
 
 bench() {
@@ -142,13 +151,15 @@ xdist_args() {
 # The stream semantics and the reductions decide most; the rest follows. Each file is one or a
 # few two-rank worlds (test_cuda_routing four, in turn: it starts early so it does not end last).
 GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_reductions.py \
-tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_consumers.py \
+tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
 tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py"}
 
 step facts 30 facts
-if step wheels 60 wheels && [ -d /tmp/site ]; then
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if step wheels 60 wheels && [ -d "$SITE" ]; then
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    export PATH=$SITE/bin:$PATH
 fi
+echo "ninja for the build: $(command -v ninja || echo "none (torch then compiles one unit at a time)")"
 step build 240 make gpu-build PYTHON="$PYTHON"
 built=$?
 if [ "$built" -eq 0 ]; then

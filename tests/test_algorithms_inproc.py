@@ -38,6 +38,7 @@ GROUPS = [
     "all_to_all_pairwise",
     "all_to_all_linear",
     "barrier",
+    "device_memory_routing",
 ]
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -116,13 +117,16 @@ def test_summary_of_an_empty_session(tmp_path: Path) -> None:
     __import__("torch").version.cuda is not None, reason="the build step would run on CUDA torch"
 )
 def test_session_script_without_a_gpu(tmp_path: Path) -> None:
-    wheels = tmp_path / "no-wheels"
+    wheels = tmp_path / "wheels"
     wheels.mkdir()
+    _fake_ninja_wheel(wheels)
+    site = tmp_path / "site"
     env = {
         **os.environ,
         "OUT": str(tmp_path),
         "GPU_SESSION_BUDGET_S": "120",
         "GPU_SESSION_WHEELS": str(wheels),
+        "GPU_SESSION_SITE": str(site),
     }
     env.pop("MAKEFLAGS", None)
     proc = subprocess.run(
@@ -140,4 +144,28 @@ def test_session_script_without_a_gpu(tmp_path: Path) -> None:
     summary = (tmp_path / "summary.md").read_text()
     assert "| build | 2 |" in summary and "(no junit.xml" in summary
     log = (tmp_path / "session.log").read_text()
-    assert "torch " in log and f"no {wheels}/*.whl carried" in log
+    assert "torch " in log and f"installed into {site}" in log, log
+    # The carried ninja's binary (in the site's bin/, which --target leaves off PATH) is the
+    # one the build finds: torch runs `ninja --version` from PATH.
+    assert f"ninja 9.9.9-fake at {site}/bin/ninja" in log, log
+    assert f"ninja for the build: {site}/bin/ninja" in log, log
+
+
+def _fake_ninja_wheel(folder: Path) -> None:
+    """A wheel shaped as ninja's (its binary a data script, bin/ninja once installed) whose
+    `ninja --version` answers 9.9.9-fake: no registry needed."""
+    name = "fakeninja-0.1"
+    files = {
+        "fakeninja/__init__.py": "",
+        f"{name}.data/scripts/ninja": "#!/bin/sh\necho 9.9.9-fake\n",
+        f"{name}.dist-info/METADATA": "Metadata-Version: 2.1\nName: fakeninja\nVersion: 0.1\n",
+        f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = "".join(f"{path},,\n" for path in [*files, f"{name}.dist-info/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-py3-none-any.whl", "w") as wheel:
+        for path, text in {**files, f"{name}.dist-info/RECORD": record}.items():
+            info = zipfile.ZipInfo(path)
+            info.create_system = 3  # Unix: pip keeps the mode below
+            info.external_attr = 0o100755 << 16  # a regular file, executable
+            wheel.writestr(info, text)

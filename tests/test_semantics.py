@@ -378,6 +378,13 @@ def _local_validation(rank: int, ws: int) -> dict[str, Any]:
     if UCX:  # Gloo hangs on this one
         out["send dst out of range"] = timed(lambda: dist.send(torch.ones(2), dst=ws + 3))
         out["isend dst out of range"] = timed(lambda: dist.isend(torch.ones(2), dst=ws + 3).wait())
+        # An output list on another device than the inputs (a meta tensor: the device-less
+        # stand-in for a CUDA tensor here). allgather_coalesced copies into its lists in the
+        # Future's callback; unchecked, the op "succeeded" and the tensors got nothing.
+        metas = [[torch.empty(2, device="meta")] for _ in range(ws)]
+        out["all_gather_coalesced output on another device"] = timed(
+            lambda: dist.all_gather_coalesced(metas, [torch.ones(2)])
+        )
     # the group still works afterwards
     good = [torch.empty(2) for _ in range(ws)]
     dist.all_gather(good, torch.full((2,), float(rank)))
@@ -396,6 +403,8 @@ def test_bad_input_local_validation() -> None:
             assert elapsed < 10, (rank, what, elapsed)
         if UCX:
             assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
+            msg = out["all_gather_coalesced output on another device"][2]
+            assert "output" in msg and "unsupported device" in msg, msg
 
 
 def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
@@ -486,6 +495,17 @@ def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
     slots[rank].copy_(mine)
     dist.all_gather(slots, slots[rank])
     out["in place"] = flat.view(ws, 4).tolist()
+    # The flat form: its input a peer's block of the output is refused; its own block (in
+    # place) gathers exactly. (On a GPU the own-block copy has no overlap rule: copy_ of
+    # overlapping device memory is undefined, where the host's is a memmove.)
+    gathered = torch.zeros(4 * ws, dtype=torch.int64)
+    peer = (rank + 1) % ws
+    refused["all_gather_into_tensor input is a peer's block"] = timed(
+        lambda: dist.all_gather_into_tensor(gathered, gathered[4 * peer : 4 * peer + 4])
+    )
+    gathered[4 * rank : 4 * rank + 4].copy_(mine)
+    dist.all_gather_into_tensor(gathered, gathered[4 * rank : 4 * rank + 4])
+    out["flat in place"] = gathered.view(ws, 4).tolist()
     if rank == 0:  # last, and the root alone: only the root passes outputs (and is refused)
         refused["gather same tensor twice"] = timed(lambda: dist.gather(mine, [t] * ws, dst=0))
     return out
@@ -500,6 +520,7 @@ def test_outputs_sharing_memory_are_refused() -> None:
     for rank, out in enumerate(res):
         assert out["columns"] == want, (rank, out["columns"])
         assert out["in place"] == want, (rank, out["in place"])
+        assert out["flat in place"] == want, (rank, out["flat in place"])
         # rank j sent rank `rank` the value 10 * j + rank
         a2a_want = [[10 * j + rank] * 2 for j in range(ws)]
         assert out["a2a own block in place"] == a2a_want, (rank, out["a2a own block in place"])

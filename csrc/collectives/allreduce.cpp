@@ -234,10 +234,6 @@ class PostedStagedAllreduce : public PostedOp {
   bool consumed_ = false;
 };
 
-const StagingArea* hostStaging(const Comm& comm) {
-  return comm.memoryType() == MemoryType::kHost ? comm.staging() : nullptr;
-}
-
 }  // namespace
 
 bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
@@ -250,7 +246,7 @@ std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
                                         const Reduction& red) {
   // Staged first: from kAllreducePairSlotsMin both apply, and the pair slot wins.
   if (PostedStagedAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size(),
-                                     hostStaging(comm))) {
+                                     comm.staging())) {
     return std::make_unique<PostedStagedAllreduce>(comm, data, count, red);
   }
   if (PostedExchangeAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size())) {
@@ -261,7 +257,7 @@ std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
 
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
   if (comm.size() == 1) return;
-  if (allreducePostable(comm.tuning(), count, red.elementSize, comm.size(), hostStaging(comm))) {
+  if (allreducePostable(comm.tuning(), count, red.elementSize, comm.size(), comm.staging())) {
     postAllreduce(comm, data, count, red)->finish(comm);
     return;
   }

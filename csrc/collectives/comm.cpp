@@ -82,7 +82,7 @@ RequestPtr Comm::recv(int peer, uint32_t step, void* data, size_t bytes) {
 RequestPtr Comm::recvFolded(int peer, uint32_t step, void* acc, size_t bytes,
                            const Reduction& red) {
   // HostMemory::reduce is red.fn itself (swapped kernels included): the fold is the same.
-  if (memory_.type() != MemoryType::kHost || red.fn == nullptr || bytes == 0) return nullptr;
+  if (!takesHostPaths(memory_.type()) || red.fn == nullptr || bytes == 0) return nullptr;
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
   RequestPtr req =

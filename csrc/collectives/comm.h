@@ -46,8 +46,9 @@ class Comm {
   RequestPtr recv(int peer, uint32_t step, void* data, size_t bytes);
   // A receive folded into `acc` (red's kernel, acc = acc op message) piece by piece as it
   // arrives (Transport::recvFolded), so that no bounce buffer is written and read back. Null
-  // where that cannot be: memory other than the host's, a reduction without a host kernel, or
-  // a transport that does not fold for this peer (then receive into scratch and reduce()).
+  // where that cannot be: memory that does not take host paths (takesHostPaths), a reduction
+  // without a host kernel, or a transport that does not fold for this peer (then receive into
+  // scratch and reduce()).
   RequestPtr recvFolded(int peer, uint32_t step, void* acc, size_t bytes, const Reduction& red);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
@@ -65,13 +66,16 @@ class Comm {
   // A reusable scratch buffer in the op's memory (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return memory_.scratch(bytes); }
   MemoryType memoryType() const { return memory_.type(); }
-  // The group's shared-memory slots; null unless every rank runs on this host.
-  StagingArea* staging() const { return driver_.staging(); }
+  // The group's shared-memory slots for this op: null unless every rank runs on this host
+  // and the op's memory takes host paths (takesHostPaths). Every staged path of the
+  // algorithms finds the slots here, so device memory never reaches one.
+  StagingArea* staging() const {
+    return takesHostPaths(memory_.type()) ? driver_.staging() : nullptr;
+  }
   // Whether a message goes through those slots, and how: asked once per exchange (see
-  // staged_path.h, which also explains the layer). Host memory only.
+  // staged_path.h, which also explains the layer).
   std::optional<StagedPlan> staged(StagedTraffic traffic, size_t bytes, size_t elementSize,
                                    StepBudget budget) const {
-    if (memory_.type() != MemoryType::kHost) return std::nullopt;
     return planStaged(staging(), traffic, bytes, elementSize, budget);
   }
 

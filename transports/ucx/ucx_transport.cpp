@@ -251,7 +251,7 @@ bool UcxTransport::chooseLane(PeerSlot& slot) {
 bool UcxTransport::viaLane(PeerSlot& slot, Tag tag, size_t bytes, MemoryType mem) {
   // Point-to-point messages keep one path: c10d matches a peer's sends with one user tag in
   // the order they were sent, which two workers would not keep. Collective tags are unique.
-  if (!lane_ || bytes < kSendLaneMinBytes || mem != MemoryType::kHost || tag::isP2P(tag)) {
+  if (!lane_ || bytes < kSendLaneMinBytes || !takesHostPaths(mem) || tag::isP2P(tag)) {
     return false;
   }
   if (slot.lane < 0) slot.lane = chooseLane(slot) ? 1 : 0;

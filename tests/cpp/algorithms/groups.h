@@ -25,4 +25,7 @@ void testAlltoallPairwise();
 void testAlltoallLinear();
 void testBarrier();
 
+// host_path_groups.cpp: device memory takes no host-only path (op_memory.h).
+void testDeviceMemoryTakesNoHostPath();
+
 }  // namespace ucxb::algotest

@@ -47,7 +47,7 @@ struct WorldShape {
   int size;
   bool staged;
   size_t chunkBytes;
-  bool bounced;  // over BouncingMemory (tests/cpp/inproc/bouncing_memory.h)
+  bool bounced;  // over BouncingMemory (tests/cpp/inproc/device_stand_ins.h)
   bool folds = false;  // a transport that folds receives (WorldOptions::folds)
   bool large() const { return chunkBytes == kLargeChunk; }
   bool stepSpace() const { return chunkBytes == kOneByteChunk; }

@@ -128,7 +128,8 @@ void EventFd::drain() const {
   (void)!read(fd_, &count, sizeof(count));
 }
 
-Fabric::Fabric(int size, bool folds) : ranks_(size), folds_(folds) {
+Fabric::Fabric(int size, bool folds, bool carriesDevice)
+    : ranks_(size), folds_(folds), carriesDevice_(carriesDevice) {
   for (auto& r : ranks_) r.cut.assign(size, "");
 }
 
@@ -155,10 +156,11 @@ InprocTransport::~InprocTransport() {
 
 namespace {
 
-// Like udp, this transport moves host memory only: a device buffer handed to it means Comm
-// skipped the host staging of an OpMemory that needs it (bouncing_memory.h).
-void hostOnly(MemoryType mem) {
-  if (mem != MemoryType::kHost) {
+// Like udp, this transport moves host memory only unless its Fabric carries device memory:
+// a device buffer handed to it then means Comm skipped the host staging of an OpMemory that
+// needs it (device_stand_ins.h).
+void hostOnly(MemoryType mem, bool carriesDevice) {
+  if (mem != MemoryType::kHost && !carriesDevice) {
     throw TransportError("the in-process transport carries host memory only");
   }
 }
@@ -167,7 +169,7 @@ void hostOnly(MemoryType mem) {
 
 RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes,
                                  MemoryType mem) {
-  hostOnly(mem);
+  hostOnly(mem, fabric_.carriesDevice_);
   auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr, cancelAsked_);
   std::lock_guard<std::mutex> lock(fabric_.mu_);
   if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {
@@ -188,7 +190,7 @@ RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t byt
 
 RequestPtr InprocTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                                  MemoryType mem) {
-  hostOnly(mem);
+  hostOnly(mem, fabric_.carriesDevice_);
   return post(std::make_shared<InprocRequest>(false, peer, bytes, tag, mask,
                                               static_cast<uint8_t*>(data), cancelAsked_));
 }
@@ -198,6 +200,7 @@ RequestPtr InprocTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, s
   if (!fabric_.folds_) return nullptr;
   auto r = std::make_shared<InprocRequest>(false, peer, bytes, tag, mask, nullptr, cancelAsked_);
   r->fold = std::make_shared<FoldTarget>(dst, bytes, elementSize, std::move(fold));
+  ++fabric_.foldsPosted_;
   return post(r);
 }
 

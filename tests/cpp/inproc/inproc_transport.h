@@ -18,6 +18,7 @@
 // cuts the link both ways and fails every outstanding request with that peer.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -62,13 +63,18 @@ class Fabric {
  public:
   // folds: the transports fold receives (Transport::recvFolded), handing each message over in
   // pieces cut inside elements, the last piece first; otherwise recvFolded says they cannot.
-  explicit Fabric(int size, bool folds = false);
+  // carriesDevice: send/recv take memory labelled MemoryType::kCuda and move it as they move
+  // host memory (ucx's CUDA path, for CarriedMemory: device_stand_ins.h); otherwise they
+  // refuse it (udp's).
+  explicit Fabric(int size, bool folds = false, bool carriesDevice = false);
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
   int size() const { return static_cast<int>(ranks_.size()); }
   // Rank `rank`'s transport; one per rank, used by one thread at a time.
   std::unique_ptr<Transport> transport(int rank);
+  // Folding receives posted so far on every rank (recvFolded calls that returned a request).
+  uint64_t foldsPosted() const { return foldsPosted_.load(); }
 
  private:
   friend class InprocTransport;
@@ -88,6 +94,8 @@ class Fabric {
   std::condition_variable delivered_;  // a taken message was delivered
   std::vector<Rank> ranks_;
   const bool folds_;
+  const bool carriesDevice_;
+  std::atomic<uint64_t> foldsPosted_{0};
 };
 
 }  // namespace ucxb::inproc

@@ -4,6 +4,8 @@
 // backend's ProgressEngine, whose thread and task queue the algorithms do not need.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -13,17 +15,24 @@ namespace ucxb::inproc {
 
 class ThreadDriver : public OpDriver {
  public:
-  ThreadDriver(Transport& transport, std::unique_ptr<StagingArea> staging)
-      : transport_(transport), staging_(std::move(staging)) {}
+  // `stagingAsks`, when given, counts the calls of staging(): a test of an op on device
+  // memory expects none (transport.h's takesHostPaths).
+  ThreadDriver(Transport& transport, std::unique_ptr<StagingArea> staging,
+               std::atomic<uint64_t>* stagingAsks = nullptr)
+      : transport_(transport), staging_(std::move(staging)), stagingAsks_(stagingAsks) {}
 
   void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override;
   void abandon(const std::vector<RequestPtr>& requests) override;
   uint8_t* scratch(size_t bytes) override;
-  StagingArea* staging() const override { return staging_.get(); }
+  StagingArea* staging() const override {
+    if (stagingAsks_ != nullptr) ++*stagingAsks_;
+    return staging_.get();
+  }
 
  private:
   Transport& transport_;
   std::unique_ptr<StagingArea> staging_;
+  std::atomic<uint64_t>* const stagingAsks_;
   std::vector<uint8_t> scratch_;  // grow-only, like the engine's pool
 };
 

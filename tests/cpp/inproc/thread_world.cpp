@@ -1,6 +1,6 @@
 #include "tests/cpp/inproc/thread_world.h"
 
-#include "tests/cpp/inproc/bouncing_memory.h"
+#include "tests/cpp/inproc/device_stand_ins.h"
 
 #include <unistd.h>
 
@@ -47,7 +47,9 @@ std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) 
 }  // namespace
 
 ThreadWorld::ThreadWorld(WorldOptions options)
-    : options_(options), fabric_(options.size, options.folds), reports_(options.size) {
+    : options_(options),
+      fabric_(options.size, options.folds, options.carried),
+      reports_(options.size) {
   std::vector<std::unique_ptr<StagingArea>> staging(options_.size);
   if (options_.staged && options_.size > 1) {
     staging = makeStaging(options_.size, options_.tuning.chunkBytes);
@@ -85,7 +87,7 @@ std::string ThreadWorld::run(const Job& job) {
 void ThreadWorld::rankMain(int rank, std::unique_ptr<StagingArea> staging) {
   // Made and destroyed on this thread: the transport's one owner.
   std::unique_ptr<Transport> transport = fabric_.transport(rank);
-  ThreadDriver driver(*transport, std::move(staging));
+  ThreadDriver driver(*transport, std::move(staging), &stagingAsks_);
   constexpr uint32_t kGroupHash = 0x2a;
   uint64_t done = 0;
   for (;;) {
@@ -101,8 +103,12 @@ void ThreadWorld::rankMain(int rank, std::unique_ptr<StagingArea> staging) {
     std::string report;
     try {
       BouncingMemory bouncing(driver);
+      CarriedMemory carried(driver);
+      OpMemory* memory = options_.bounced ? static_cast<OpMemory*>(&bouncing)
+                         : options_.carried ? static_cast<OpMemory*>(&carried)
+                                            : nullptr;
       Comm comm(*transport, driver, kGroupHash, number, Clock::now() + options_.opTimeout,
-                options_.tuning, options_.bounced ? &bouncing : nullptr);
+                options_.tuning, memory);
       report = (*job)(comm);
     } catch (const std::exception& e) {
       report = std::string("threw: ") + e.what();

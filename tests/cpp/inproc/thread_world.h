@@ -4,6 +4,7 @@
 // rank the same job, each with a Comm for the next op number, and waits for all of them.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -23,9 +24,12 @@ struct WorldOptions {
   // Give every rank shared-memory slots (as when all ranks share a host), sized from the
   // tuning's chunk bytes as the backend sizes them.
   bool staged = false;
-  // Run every op over BouncingMemory (bouncing_memory.h): buffers the transport cannot
+  // Run every op over BouncingMemory (device_stand_ins.h): buffers the transport cannot
   // carry, staged through host buffers by Comm, as udp stages CUDA tensors.
   bool bounced = false;
+  // Run every op over CarriedMemory (device_stand_ins.h): device-labelled buffers the
+  // transport takes as they are, as ucx takes CUDA tensors. Not with `bounced`.
+  bool carried = false;
   // The transport folds receives (Fabric's `folds`): exchangeReduce's folding path.
   bool folds = false;
   algo::Tuning tuning;
@@ -43,6 +47,13 @@ class ThreadWorld {
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
   int size() const { return options_.size; }
+  // The host-only paths (transport.h's takesHostPaths) the ops asked for so far, over every
+  // rank: the staging slots (OpDriver::staging() calls) and folding receives posted.
+  struct HostPathUses {
+    uint64_t stagingAsks = 0;
+    uint64_t folds = 0;
+  };
+  HostPathUses hostPathUses() const { return {stagingAsks_.load(), fabric_.foldsPosted()}; }
   // Runs `job` on every rank as one op; returns what the ranks reported, "rank r: ..." per
   // line (an exception counts as a report), "" when every rank was content.
   std::string run(const Job& job);
@@ -52,6 +63,7 @@ class ThreadWorld {
 
   WorldOptions options_;
   Fabric fabric_;
+  std::atomic<uint64_t> stagingAsks_{0};
   std::mutex mu_;
   std::condition_variable changed_;
   const Job* job_ = nullptr;   // guarded by mu_

@@ -1,0 +1,167 @@
+// Routing by memory type (transport.h's takesHostPaths): an op on device memory takes none of
+// the paths that touch its bytes on the host outside OpMemory, even where the group offers
+// them all. The worlds here offer every one (shared-memory slots, the pair slots at two ranks,
+// a transport that folds receives) and run each op at sizes that take them on host memory:
+// on host memory they must be asked for (so the world really offers them), on device-labelled
+// memory (CarriedMemory: the transport takes it, as ucx takes CUDA tensors; BouncingMemory:
+// staged through host buffers, as udp stages them) never, and every result must be right.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "csrc/collectives/algorithms.h"
+#include "tests/cpp/algorithms/elements.h"
+#include "tests/cpp/algorithms/groups.h"
+#include "tests/cpp/algorithms/guarded_buffer.h"
+#include "tests/cpp/check.h"
+#include "tests/cpp/inproc/thread_world.h"
+
+namespace ucxb::algotest {
+
+using inproc::ThreadWorld;
+
+namespace {
+
+enum class Memory { kHost, kCarried, kBounced };
+
+const char* nameOf(Memory m) {
+  switch (m) {
+    case Memory::kHost: return "host";
+    case Memory::kCarried: return "carried device";
+    case Memory::kBounced: return "bounced device";
+  }
+  return "?";
+}
+
+// Byte i of rank r's message in a movement case numbered `salt`.
+std::string pattern(int rank, size_t bytes, uint32_t salt) {
+  std::string s(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) {
+    s[i] = static_cast<char>((static_cast<size_t>(rank) * 31 + i * 7 + salt * 13) & 0xff);
+  }
+  return s;
+}
+
+// Every op once per size at which host memory takes a host path: the 2-rank exchange and the
+// pair slots (16 B, 8 KiB), the staged slots (128 KiB, 1 MiB), recursive doubling's folded
+// receives (n=3, 8 KiB). Returns what went wrong ("" when nothing did).
+std::string runOps(ThreadWorld& world) {
+  std::string problems;
+  const DType dt = DType::kInt32;
+  const ReduceKind sum = ReduceKind::kSum;
+  const Reduction red = makeReduction(dt, sum);
+  const size_t esz = elementSize(dt);
+  uint32_t salt = 0;
+  const auto note = [&](const std::string& what, const std::string& report) {
+    if (!report.empty()) problems += what + ":\n" + report;
+  };
+  for (const size_t count : {size_t{4}, size_t{2048}, size_t{32768}, size_t{262145}}) {
+    ++salt;
+    note("all_reduce of " + std::to_string(count) + " int32", world.run([&, salt](Comm& c) {
+      GuardedBuffer data(count * esz, inputBytes(dt, sum, c.rank(), count, salt));
+      algo::allreduce(c, data.data(), count, red);
+      return compare(data, reducedBytes(dt, sum, c.size(), 0, count, salt), "result");
+    }));
+  }
+  const size_t block = 32768;  // elements: 128 KiB, over the staged threshold
+  ++salt;
+  note("reduce_scatter", world.run([&, salt](Comm& c) {
+    const int n = c.size();
+    const std::string input = inputBytes(dt, sum, c.rank(), block * n, salt);
+    GuardedBuffer in(input.size(), input);
+    GuardedBuffer out(block * esz);
+    std::vector<const void*> blocks;
+    for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * block * esz);
+    algo::reduceScatter(c, blocks, out.data(), block, red);
+    return compare(out, reducedBytes(dt, sum, n, c.rank() * block, block, salt), "result");
+  }));
+  ++salt;
+  note("reduce", world.run([&, salt](Comm& c) {
+    const std::string input = inputBytes(dt, sum, c.rank(), block, salt);
+    GuardedBuffer in(input.size(), input);
+    GuardedBuffer out(block * esz);
+    algo::reduce(c, in.data(), out.data(), block, red, 0);
+    if (c.rank() != 0) return std::string();
+    return compare(out, reducedBytes(dt, sum, c.size(), 0, block, salt), "result");
+  }));
+  const size_t bytes = block * esz;
+  ++salt;
+  note("broadcast", world.run([&, salt](Comm& c) {
+    const int root = c.size() - 1;
+    const std::string want = pattern(root, bytes, salt);
+    GuardedBuffer data(bytes, c.rank() == root ? want : std::string());
+    algo::broadcast(c, data.data(), bytes, root);
+    return compare(data, want, "result");
+  }));
+  ++salt;
+  note("all_gather", world.run([&, salt](Comm& c) {
+    GuardedBuffer in(bytes, pattern(c.rank(), bytes, salt));
+    std::vector<GuardedBuffer> outs;
+    outs.reserve(c.size());
+    std::vector<void*> ptrs;
+    for (int p = 0; p < c.size(); ++p) ptrs.push_back(outs.emplace_back(bytes).data());
+    algo::allgather(c, in.data(), ptrs, bytes);
+    std::string report;
+    for (int p = 0; p < c.size(); ++p) {
+      report += compare(outs[p], pattern(p, bytes, salt), "block " + std::to_string(p));
+    }
+    return report;
+  }));
+  ++salt;
+  note("all_to_all", world.run([&, salt](Comm& c) {
+    const int n = c.size();
+    std::vector<GuardedBuffer> ins;
+    std::vector<GuardedBuffer> outs;
+    ins.reserve(n);
+    outs.reserve(n);
+    std::vector<const void*> sends;
+    std::vector<void*> recvs;
+    for (int p = 0; p < n; ++p) {
+      // Rank r's block for p: pattern(r, ...) salted by p.
+      sends.push_back(ins.emplace_back(bytes, pattern(c.rank(), bytes, salt + p)).data());
+      recvs.push_back(outs.emplace_back(bytes).data());
+    }
+    const std::vector<size_t> sizes(n, bytes);
+    algo::alltoall(c, sends, sizes, recvs, sizes);
+    std::string report;
+    for (int p = 0; p < n; ++p) {
+      report += compare(outs[p], pattern(p, bytes, salt + c.rank()), "from " + std::to_string(p));
+    }
+    return report;
+  }));
+  return problems;
+}
+
+}  // namespace
+
+void testDeviceMemoryTakesNoHostPath() {
+  CHECK(takesHostPaths(MemoryType::kHost));
+  CHECK(!takesHostPaths(MemoryType::kCuda));
+  for (const int n : {2, 3}) {
+    for (const Memory memory : {Memory::kHost, Memory::kCarried, Memory::kBounced}) {
+      inproc::WorldOptions options;
+      options.size = n;
+      options.staged = true;
+      options.folds = true;
+      options.carried = memory == Memory::kCarried;
+      options.bounced = memory == Memory::kBounced;
+      ThreadWorld world(options);
+      const std::string label = "n=" + std::to_string(n) + " " + nameOf(memory) + " memory";
+      const std::string problems = runOps(world);
+      CHECK_MSG(problems.empty(), label + ":\n" + problems);
+      const auto uses = world.hostPathUses();
+      const std::string counts = label + ": " + std::to_string(uses.stagingAsks) +
+                                 " staging asks, " + std::to_string(uses.folds) + " folds";
+      if (memory == Memory::kHost) {
+        // The world offers both paths: without this, none asked for below proves nothing.
+        CHECK_MSG(uses.stagingAsks > 0 && uses.folds > 0, counts);
+      } else {
+        CHECK_MSG(uses.stagingAsks == 0 && uses.folds == 0, counts);
+      }
+      std::printf("  %s\n", counts.c_str());
+    }
+  }
+}
+
+}  // namespace ucxb::algotest
