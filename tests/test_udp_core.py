@@ -41,6 +41,7 @@ GROUPS = [
     "mixed",
     "unexpected",
     "matching",
+    "receive_sink",
     "security",
     "fuzz",
     "peer_failure",
