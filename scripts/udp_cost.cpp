@@ -8,8 +8,10 @@
 //            when idle as the backend's progress thread does; prints each rank's CPU time
 //
 // Built by tests/test_udp_cost.py (tests/cpp_build.py), or by hand from the repository root:
-//   g++ -std=c++20 -O3 -pthread -I. scripts/udp_cost.cpp transports/udp/*.cpp
-//       transports/config/*.cpp -lcrypto -o /tmp/udp_cost
+//   g++ -std=c++20 -O3 -DNDEBUG -pthread -I. scripts/udp_cost.cpp transports/udp/*.cpp
+//       transports/config/*.cpp transports/fold_target.cpp -lcrypto -o /tmp/udp_cost
+// (-DNDEBUG as the extension is built: with assertions on in udp_transport.cpp alone, the
+// sockets mode measured 30-45% more CPU per GB, which hid what a change did.)
 // Instructions per round (docs/performance.md): run under valgrind --tool=callgrind with 3
 // rounds and with 1, and divide the difference by 2 rounds' bytes (2 directions x BYTES each).
 //

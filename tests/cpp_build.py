@@ -109,12 +109,17 @@ SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
     # algorithms_test's groups and the worlds they run in (tests/cpp/algorithms/).
     "algorithm_checks": lambda: _glob("tests/cpp/algorithms"),
     # The UDP transport: its sans-IO core, and that with the socket loop; both with the
-    # settings schema they are declared in (transports/config/).
+    # settings schema they are declared in (transports/config/), the socket loop with the
+    # FoldTarget its folding receives go through (transports/fold_target.cpp).
     "udp_sans_io": lambda: [
         *_glob("transports/config"),
         *_glob("transports/udp", lambda p: p.name not in _UDP_SOCKET_LOOP),
     ],
-    "udp": lambda: [*_glob("transports/config"), *_glob("transports/udp")],
+    "udp": lambda: [
+        *_glob("transports/config"),
+        *_glob("transports/udp"),
+        "transports/fold_target.cpp",
+    ],
     # The deterministic network simulator the UDP core tests run in.
     "udp_sim": lambda: _glob("tests/udp_sim"),
 }

@@ -41,6 +41,7 @@ GROUPS = [
     "mixed",
     "unexpected",
     "matching",
+    "receive_sink",
     "security",
     "fuzz",
     "peer_failure",
@@ -137,6 +138,7 @@ ENDPOINT_TEST_PROGRAM = "tests/cpp/udp_endpoint_test.cpp"
 # Its groups (checked against its --list below): several Endpoints on one simulated network.
 ENDPOINT_GROUPS = [
     "routing",
+    "trains",
     "any_source",
     "cancellation",
     "peer_failure",

@@ -1498,6 +1498,85 @@ void runOrFail(Simulator& sim, const std::function<bool()>& pred, const std::str
   CHECK_MSG(ok, what + " (" + sim.stuckReason() + ")");
 }
 
+// A receive into a ReceiveSink (the socket loop's folding receive, Transport::recvFolded):
+// every byte of the message, up to the posted capacity, reaches the sink exactly once and
+// right, whatever the link drops, duplicates and reorders: a sink that folds must never see
+// a byte twice. A rendezvous message posted for first, an eager one that arrived before its
+// receive (its buffered bytes go to the sink when the receive comes), and a message longer
+// than the receive (truncated: nothing past the capacity).
+class CountingSink final : public ReceiveSink {
+ public:
+  CountingSink(uint64_t bytes, uint64_t key) : hits_(bytes, 0), want_(bytes) {
+    fillPattern(want_.data(), bytes, key);
+  }
+  void write(uint64_t offset, const uint8_t* bytes, size_t length) override {
+    if (offset > hits_.size() || length > hits_.size() - offset) {
+      ++outside_;
+      return;
+    }
+    for (size_t i = 0; i < length; ++i) {
+      ++hits_[offset + i];
+      wrong_ += bytes[i] != want_[offset + i];
+    }
+  }
+  // Bytes seen other than once, wrong bytes, and writes past the capacity.
+  uint64_t notOnce() const {
+    uint64_t n = 0;
+    for (const uint32_t h : hits_) n += h != 1;
+    return n;
+  }
+  uint64_t wrong() const { return wrong_; }
+  uint64_t outside() const { return outside_; }
+
+ private:
+  std::vector<uint32_t> hits_;
+  std::vector<uint8_t> want_;  // the sender's pattern
+  uint64_t wrong_ = 0;
+  uint64_t outside_ = 0;
+};
+
+void testReceiveSink() {
+  for (const std::string faults : {"", "drop=0.1,dup=0.1,reorder=0.1,seed=21"}) {
+    Simulator sim(2, configWith("mtu_payload=1472,eager_max_bytes=16K"), LinkConfig{});
+    if (!faults.empty()) {
+      sim.setFaults(0, 1, parseFaultConfig(faults));
+      sim.setFaults(1, 0, parseFaultConfig(faults + "1"));
+    }
+    uint64_t received = 0, failed = 0;
+    sim.setEventHandler([&](const SimEvent& e) {
+      if (e.node != 1) return;
+      received += e.event.kind == EventKind::kMessageReceived;
+      failed += e.event.kind == EventKind::kReceiveFailed;
+    });
+    PeerConnection& tx = sim.connection(0, 1);
+    PeerConnection& rx = sim.connection(1, 0);
+    const std::string label = "receive sink" + (faults.empty() ? "" : " under " + faults);
+    const uint64_t big = 300'007, eager = 10'001, longer = 5'000;
+    std::vector<uint8_t> a(big), b(eager), c(longer);
+    fillPattern(a.data(), big, 71);
+    fillPattern(b.data(), eager, 72);
+    fillPattern(c.data(), longer, 73);
+    CountingSink sinkA(big, 71), sinkB(eager, 72), sinkC(4'000, 73);
+    rx.postReceive(1, ~Tag{0}, nullptr, big, &sinkA);
+    tx.send(1, a.data(), big);
+    tx.send(2, b.data(), eager);
+    tx.send(3, c.data(), longer);
+    // The eager message arrives whole before its receive.
+    sim.runUntil([] { return false; }, 20'000'000);
+    CHECK_MSG(rx.unexpectedBytesInUse() > 0, label + ": the eager message was not buffered");
+    rx.postReceive(2, ~Tag{0}, nullptr, eager, &sinkB);
+    rx.postReceive(3, ~Tag{0}, nullptr, 4'000, &sinkC);
+    runOrFail(sim, [&] { return received + failed == 3; }, label);
+    for (const CountingSink* s : {&sinkA, &sinkB, &sinkC}) {
+      CHECK_MSG(s->notOnce() == 0, label + ": " + std::to_string(s->notOnce()) +
+                                       " bytes reached the sink other than once");
+      CHECK_EQ(s->wrong(), uint64_t{0});
+      CHECK_EQ(s->outside(), uint64_t{0});
+    }
+    if (!faults.empty()) CHECK(rx.stats().duplicatePackets > 0);
+  }
+}
+
 void testMatching() {
   // 1. Same tag for every message, 10% loss: receive k must get message k (non-overtaking).
   for (const std::string& policy : kPolicies) {
@@ -2855,6 +2934,7 @@ const ucxb::check::Group kGroups[] = {
     {"mixed", testMixed, true},
     {"unexpected", testUnexpected, true},
     {"matching", testMatching, true},
+    {"receive_sink", testReceiveSink, true},
     {"security", testSecurity, true},
     {"fuzz", testFuzz, true},
     {"peer_failure", testPeerFailure, true},

@@ -202,6 +202,18 @@ RequestPtr Endpoint::send(int peer, Tag tag, const void* data, size_t bytes) {
 }
 
 RequestPtr Endpoint::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes) {
+  return postReceive(peer, tag, mask, data, bytes, nullptr);
+}
+
+RequestPtr Endpoint::recv(int peer, Tag tag, Tag mask, size_t bytes, ReceiveSink& sink) {
+  if (peer == kAnySource) {
+    throw TransportError("udp: a receive into a sink needs a source rank, not any");
+  }
+  return postReceive(peer, tag, mask, nullptr, bytes, &sink);
+}
+
+RequestPtr Endpoint::postReceive(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                                 ReceiveSink* sink) {
   auto req = std::make_shared<EndpointRequest>(this, false, peer, bytes);
   req->tag_ = tag;
   req->mask_ = mask;
@@ -216,7 +228,7 @@ RequestPtr Endpoint::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes)
     req->failNow(p.error);
     return req;
   }
-  const ReceiveId id = p.connection->postReceive(tag, mask, data, bytes);
+  const ReceiveId id = p.connection->postReceive(tag, mask, data, bytes, sink);
   req->boundPeer_ = peer;
   req->coreId_ = id;
   p.receives.emplace(id, req);

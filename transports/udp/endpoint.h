@@ -105,6 +105,9 @@ class Endpoint {
   // outside the group or not connected yet; to a failed peer they return a failed request.
   RequestPtr send(int peer, Tag tag, const void* data, size_t bytes);
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes);
+  // A receive from one peer whose bytes go to `sink` (MessageReceiver::postReceive), which the
+  // caller keeps alive as long as the request.
+  RequestPtr recv(int peer, Tag tag, Tag mask, size_t bytes, ReceiveSink& sink);
   // Fails the connection and, right away, every request to or from `peer` (their buffers may
   // go as soon as this returns).
   void abortPeer(int peer, const std::string& why);
@@ -167,6 +170,9 @@ class Endpoint {
   }
 
  private:
+  // recv() with an optional sink.
+  RequestPtr postReceive(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                         ReceiveSink* sink);
   class EndpointRequest;
   using EndpointRequestPtr = std::shared_ptr<EndpointRequest>;
 

@@ -15,9 +15,11 @@ MessageReceiver::MessageReceiver(const UdpConfig& config, Stats& stats, std::deq
       advertised_(config.unexpectedBytes) {}
 
 ReceiveId MessageReceiver::postReceive(Tag tag, Tag mask, uint8_t* buffer, uint64_t capacity,
-                                       TimeUs now) {
-  if (buffer == nullptr && capacity > 0) throw std::invalid_argument("udp receive: null buffer");
-  const Posted r{nextReceiveId_++, tag, mask, buffer, capacity};
+                                       TimeUs now, ReceiveSink* sink) {
+  if (buffer == nullptr && sink == nullptr && capacity > 0) {
+    throw std::invalid_argument("udp receive: null buffer");
+  }
+  const Posted r{nextReceiveId_++, tag, mask, buffer, capacity, sink};
   // The earliest matchable message that fits takes it.
   for (auto it = unmatched_.begin(); it != unmatched_.end() && *it < orderedUpTo_; ++it) {
     Incoming& m = active_.at(*it);
@@ -145,15 +147,22 @@ MessageReceiver::Verdict MessageReceiver::onData(const DataHeader& h,
 
 void MessageReceiver::writeBytes(Incoming& m, uint64_t begin, uint64_t end, const uint8_t* src) {
   if (m.discarding) return;
-  if (m.destination) {
-    // Never past the posted capacity: a longer message is truncated (and reported so).
-    const uint64_t cap = m.destination->capacity;
-    if (begin < cap) std::memcpy(m.destination->buffer + begin, src, std::min(end, cap) - begin);
-    return;
-  }
+  if (m.destination) return deliverBytes(*m.destination, begin, end, src);
   // Unmatched eager message: its length is within eager_max_bytes and charged to the budget.
   if (m.unexpected.size() != m.length) m.unexpected.resize(m.length);
   std::memcpy(m.unexpected.data() + begin, src, end - begin);
+}
+
+void MessageReceiver::deliverBytes(const Posted& r, uint64_t begin, uint64_t end,
+                                   const uint8_t* src) {
+  // Never past the posted capacity: a longer message is truncated (and reported so).
+  end = std::min(end, r.capacity);
+  if (begin >= end) return;
+  if (r.sink != nullptr) {
+    r.sink->write(begin, src, end - begin);
+  } else {
+    std::memcpy(r.buffer + begin, src, end - begin);
+  }
 }
 
 void MessageReceiver::matchNewlyOrdered(TimeUs now) {
@@ -180,10 +189,7 @@ void MessageReceiver::attach(MessageId id, Incoming& m, const Posted& r, TimeUs 
   if (!m.rendezvous) {
     if (!m.unexpected.empty()) {
       m.received.forEachAscending([&](const RangeSet::Range& part) {
-        const uint64_t end = std::min(part.end, r.capacity);
-        if (part.begin < end) {
-          std::memcpy(r.buffer + part.begin, m.unexpected.data() + part.begin, end - part.begin);
-        }
+        deliverBytes(r, part.begin, part.end, m.unexpected.data() + part.begin);
         return true;
       });
       std::vector<uint8_t>().swap(m.unexpected);

@@ -32,13 +32,26 @@
 
 namespace ucxb::udp {
 
+// Where a posted receive's bytes go when they are not stored in its buffer (the socket loop
+// folds them into a reduction's accumulator: Transport::recvFolded). Each byte of the message
+// up to the posted capacity is handed over exactly once (duplicates never reach it), in
+// pieces, in any order.
+class ReceiveSink {
+ public:
+  virtual ~ReceiveSink() = default;
+  virtual void write(uint64_t offset, const uint8_t* bytes, size_t length) = 0;
+};
+
 class MessageReceiver {
  public:
   MessageReceiver(const UdpConfig& config, Stats& stats, std::deque<Event>& events);
 
   // Posts a buffer for the next message whose tag equals `tag` on the bits set in `mask`.
   // The buffer must stay valid until the receive's event (received, failed or cancelled).
-  ReceiveId postReceive(Tag tag, Tag mask, uint8_t* buffer, uint64_t capacity, TimeUs now);
+  // With `sink`, the bytes go to it instead of `buffer` (which may then be null); the sink
+  // must stay valid as the buffer would.
+  ReceiveId postReceive(Tag tag, Tag mask, uint8_t* buffer, uint64_t capacity, TimeUs now,
+                        ReceiveSink* sink = nullptr);
   // Stops the receive: it gets a kReceiveCancelled event and its buffer is never written
   // again (the rest of a message already flowing into it is discarded). False if the receive
   // already completed or is unknown.
@@ -90,6 +103,7 @@ class MessageReceiver {
     Tag mask = 0;
     uint8_t* buffer = nullptr;
     uint64_t capacity = 0;
+    ReceiveSink* sink = nullptr;  // instead of buffer, where set
   };
   struct Incoming {
     Tag tag = 0;
@@ -113,6 +127,9 @@ class MessageReceiver {
   // Binds message `id` to receive `r`: moves buffered bytes over, asks for rendezvous data.
   void attach(MessageId id, Incoming& m, const Posted& r, TimeUs now);
   void writeBytes(Incoming& m, uint64_t begin, uint64_t end, const uint8_t* src);
+  // Hands [begin, end) of a matched message to its receive (its buffer or its sink), never
+  // past the posted capacity.
+  static void deliverBytes(const Posted& r, uint64_t begin, uint64_t end, const uint8_t* src);
   // Delivers and forgets the message if it is complete (may erase it from active_).
   void finishIfComplete(MessageId id, TimeUs now);
   void release(Incoming& m, uint64_t bytes);

@@ -56,9 +56,10 @@ MessageId PeerConnection::send(Tag tag, const void* data, size_t length) {
   return id;
 }
 
-ReceiveId PeerConnection::postReceive(Tag tag, Tag mask, void* buffer, size_t capacity) {
+ReceiveId PeerConnection::postReceive(Tag tag, Tag mask, void* buffer, size_t capacity,
+                                      ReceiveSink* sink) {
   const ReceiveId id =
-      receiver_.postReceive(tag, mask, static_cast<uint8_t*>(buffer), capacity, lastNow_);
+      receiver_.postReceive(tag, mask, static_cast<uint8_t*>(buffer), capacity, lastNow_, sink);
   if (failed_) receiver_.failAll(failure_);
   return id;
 }

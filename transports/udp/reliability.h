@@ -79,8 +79,10 @@ class PeerConnection {
   MessageId send(Tag tag, const void* data, size_t length);
   // Posts a receive for the next message with (tag & mask) == (its tag & mask); the buffer
   // must stay valid until its kMessageReceived, kReceiveFailed or kReceiveCancelled event.
-  // Throws std::invalid_argument for a null buffer with a non-zero capacity.
-  ReceiveId postReceive(Tag tag, Tag mask, void* buffer, size_t capacity);
+  // Throws std::invalid_argument for a null buffer with a non-zero capacity. With `sink`, the
+  // bytes go to it instead of the buffer (MessageReceiver::postReceive).
+  ReceiveId postReceive(Tag tag, Tag mask, void* buffer, size_t capacity,
+                        ReceiveSink* sink = nullptr);
   // See MessageReceiver::cancelReceive. The kReceiveCancelled event comes from pollEvent().
   bool cancelReceive(ReceiveId id);
   // Whether postReceive(tag, mask, ...) would match a message that has already arrived.

@@ -8,11 +8,27 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <utility>
 
+#include "transports/fold_target.h"
 #include "transports/udp/wire_format.h"
 
 namespace ucxb::udp {
 namespace {
+
+// A folding receive's destination as the core's sink (MessageReceiver hands each byte over
+// once, so folding it is safe).
+class FoldSink final : public ReceiveSink {
+ public:
+  FoldSink(void* dst, size_t bytes, size_t elementSize, Transport::Fold fold)
+      : target_(dst, bytes, elementSize, std::move(fold)) {}
+  void write(uint64_t offset, const uint8_t* bytes, size_t length) override {
+    target_.unpack(offset, bytes, length);
+  }
+
+ private:
+  FoldTarget target_;
+};
 
 constexpr size_t kReceiveBatch = 32;      // datagrams per recvmmsg
 constexpr size_t kReceiveBatchesPerProgress = 8;
@@ -159,6 +175,15 @@ RequestPtr UdpTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
     throw TransportError("udp: the udp transport carries host memory only", peer);
   }
   return endpoint_.recv(peer, tag, mask, data, bytes);
+}
+
+RequestPtr UdpTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes,
+                                    size_t elementSize, Fold fold) {
+  if (peer == kAnySource) return nullptr;
+  auto sink = std::make_shared<FoldSink>(dst, bytes, elementSize, std::move(fold));
+  RequestPtr req = endpoint_.recv(peer, tag, mask, bytes, *sink);
+  req->keepAlive(std::move(sink));
+  return req;
 }
 
 bool UdpTransport::progress() {

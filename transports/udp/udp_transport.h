@@ -54,6 +54,11 @@ class UdpTransport final : public Transport {
                   MemoryType mem = MemoryType::kHost) override;
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                   MemoryType mem = MemoryType::kHost) override;
+  // Each DATA payload folded into `dst` as it arrives (FoldTarget), from the receive batch
+  // where it was just checked, instead of stored in a buffer the caller reads back to reduce.
+  // From one peer only (nullptr for any source: the caller then receives and reduces).
+  RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes,
+                        size_t elementSize, Fold fold) override;
 
   bool progress() override;
   bool arm() override;
