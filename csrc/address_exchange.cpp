@@ -1,6 +1,7 @@
 #include "csrc/address_exchange.hpp"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
 #include <array>

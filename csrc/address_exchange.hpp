@@ -18,8 +18,6 @@
 // instance closed.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -27,6 +25,13 @@
 #include <vector>
 
 #include "csrc/startup_profile.hpp"
+
+// Declared, not included: only address_exchange.cpp calls the Store, and its header
+// (torch/custom_class.h, ~5 s of a compile) would otherwise reach staging_setup.cpp,
+// transport_factory.cpp and udp_auth_setup.cpp, which use nothing else of torch.
+namespace c10d {
+class Store;
+}  // namespace c10d
 
 namespace ucxb {
 

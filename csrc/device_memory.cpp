@@ -1,5 +1,11 @@
 #include "csrc/device_memory.hpp"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 #include <c10/core/StreamGuard.h>
 
 #include "csrc/tensor_checks.hpp"

@@ -5,7 +5,7 @@
 // extension builds against a CPU-only torch and runs unchanged on a CUDA one.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
 #include <memory>

@@ -1,6 +1,7 @@
 #include "csrc/stream_gate.hpp"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 #include <dlfcn.h>
 
 #include <atomic>

@@ -1,6 +1,7 @@
 #include "csrc/tensor_checks.hpp"
 
 #include <ATen/MemoryOverlap.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <algorithm>
 #include <charconv>

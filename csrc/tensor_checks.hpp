@@ -2,14 +2,20 @@
 // runs on the caller's thread so bad input raises before anything is sent.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "csrc/collectives/reduce_kernels.h"
+
+// Declared, not included: its header (torch/csrc/distributed/c10d/Types.hpp) brings in
+// torch/custom_class.h, ~5 s of every compile that includes this one.
+namespace c10d {
+struct ReduceOp;
+}  // namespace c10d
 
 namespace ucxb {
 

@@ -1,8 +1,8 @@
 // The udp transport's authenticated mode at group creation: the `secret_file` knob read and
 // checked, the group instance's key derived from it (transports/udp/auth_keys.h), and what
 // the ranks compare so that a rank with another secret, or none, fails the creation on every
-// rank instead of timing out on datagrams it cannot verify. Torch-free apart from the Store
-// behind AddressExchange.
+// rank instead of timing out on datagrams it cannot verify. Torch-free: AddressExchange only
+// declares the Store.
 #pragma once
 
 #include <optional>

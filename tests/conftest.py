@@ -44,28 +44,34 @@ _prebuild: subprocess.Popen[bytes] | None = None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """With --cpp-prebuild, starts tests/cpp_prebuild.py at nice 19, once per run (in
+    """With --cpp-prebuild, starts tests/cpp_prebuild.py under SCHED_IDLE, once per run (in
     pytest-xdist's controller, or the only process), in a process group of its own."""
     global _prebuild
     if not session.config.getoption("cpp_prebuild") or hasattr(session.config, "workerinput"):
         return
     _prebuild = subprocess.Popen(
-        # nice execs python: the pid, and the scratch folder's name, stay the same.
-        ["nice", "-n", "19", sys.executable, str(Path(_TESTS_DIR) / "cpp_prebuild.py")],
+        [sys.executable, str(Path(_TESTS_DIR) / "cpp_prebuild.py")],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=_prebuild_child,
     )
 
 
-def _die_with_parent() -> None:
-    """In the prebuild's child before exec: the kernel kills it when pytest dies, even by
-    SIGKILL, when pytest_sessionfinish cannot (it would otherwise go on compiling, orphaned;
-    nice's exec of python keeps the setting)."""
+def _prebuild_child() -> None:
+    """In the prebuild's child before exec, kept across exec and by its compilers:
+    SCHED_IDLE, so that it runs only on a core nothing else wants (a test process that wakes
+    takes the core from it at once, which nice 19 does not promise; the tests' polling waits
+    are sensitive to that, docs/testing.md), nice 19 where the policy cannot be set; and the
+    kernel kills it when pytest dies, even by SIGKILL, when pytest_sessionfinish cannot (it
+    would otherwise go on compiling, orphaned)."""
     import ctypes
 
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        os.nice(19)
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 

@@ -1,15 +1,15 @@
 """Compiles the sanitized C++ test programs ahead of their tests, on idle CPU.
 
-make test starts this with the session (``pytest --cpp-prebuild``, tests/conftest.py) at the
-lowest priority. Much of a multi-rank test is one rank waiting for another or a timeout
-running out, and the ThreadSanitizer and AddressSanitizer builds are about 90 s of compiling
-that their tests would otherwise do at full priority; here they fill the gaps instead, and
-their tests (handed out later than the plain ones) find the units compiled. Nothing here
-decides whether a test passes: a unit that fails to compile is left for its test to compile
-and report, and a unit a test wants while this compiles it, the test compiles itself
+make test starts this with the session (``pytest --cpp-prebuild``, tests/conftest.py) under
+SCHED_IDLE, the lowest priority. Much of a multi-rank test is one rank waiting for another or a
+timeout running out, and the ThreadSanitizer and AddressSanitizer builds are about 90 s of
+compiling that their tests would otherwise do at full priority; here they fill the gaps
+instead, and their tests (handed out later than the plain ones) find the units compiled.
+Nothing here decides whether a test passes: a unit that fails to compile is left for its test
+to compile and report, and a unit a test wants while this compiles it, the test compiles itself
 (cpp_build.prebuild).
 
-    nice -n 19 python tests/cpp_prebuild.py
+    chrt --idle 0 python tests/cpp_prebuild.py
 """
 
 from __future__ import annotations
