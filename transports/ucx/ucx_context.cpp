@@ -1,8 +1,11 @@
 #include "transports/ucx/ucx_context.h"
 
 #include <ucs/config/global_opts.h>
+#include <uct/api/uct.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -37,6 +40,12 @@ ucp_context_h initContext(const std::string& netDevices, const char* tls) {
   check(ucp_config_read(nullptr, nullptr, &raw), "ucp_config_read");
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw);
   for (const UcxDefault& d : ucxDefaults()) apply(config.get(), d);
+  if (!registersMemory() && std::getenv("UCX_RCACHE_ENABLE") == nullptr) {
+    // A UCX that has no such setting (UCP's own cache is younger than some distributions'
+    // UCX) keeps what it does: this only saves start-up time.
+    const ucs_status_t status = ucp_config_modify(config.get(), "RCACHE_ENABLE", "n");
+    if (status != UCS_ERR_NO_ELEM) check(status, "ucp_config_modify RCACHE_ENABLE=n");
+  }
   if (tls != nullptr) {
     check(ucp_config_modify(config.get(), "TLS", tls), std::string("ucp_config_modify TLS=") + tls);
   }
@@ -115,6 +124,29 @@ bool appliesNow(const UcxDefault& d) {
     if (std::getenv(variable.c_str()) != nullptr) return false;
   }
   return true;
+}
+
+bool registersMemory() {
+  // Asked after ucp_config_read, which loads UCX's modules: the list is complete then.
+  static const bool answer = [] {
+    uct_component_h* components = nullptr;
+    unsigned count = 0;
+    if (uct_query_components(&components, &count) != UCS_OK) return true;  // unknown: keep it
+    bool other = false;
+    for (unsigned i = 0; i < count && !other; ++i) {
+      uct_component_attr_t attr{};
+      attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+      if (uct_component_query(components[i], &attr) != UCS_OK) {
+        other = true;
+        break;
+      }
+      other = std::none_of(kCopyOnlyComponents.begin(), kCopyOnlyComponents.end(),
+                           [&](const char* name) { return std::strcmp(name, attr.name) == 0; });
+    }
+    uct_release_component_list(components);
+    return other;
+  }();
+  return answer;
 }
 
 bool leaveDeviceModulesOut() {

@@ -6,6 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,18 @@ inline constexpr const char* kDeviceModules = "cuda*,rocm*,ze*";
 // are process-wide and loaded once, at the first context (or `info`): called after that, or
 // where the user set UCX_MODULES, it changes nothing. Returns whether it applied.
 bool leaveDeviceModulesOut();
+// UCX's components (memory domains) whose memory needs no registration with the device that
+// moves it: the CPU copies them itself. Where every component this process's UCX loaded is
+// one of these, UCP's registration cache only costs ucp_init its memory hooks (about 0.4 ms
+// of CPU per process here, docs/performance.md#start-up), so the context is made with
+// RCACHE_ENABLE=n unless the user set UCX_RCACHE_ENABLE. Any other component (ib, rdmacm,
+// cuda_*, rocm_*, gdr_copy, knem, xpmem, ...) keeps UCX's default.
+inline constexpr std::array<const char*, 5> kCopyOnlyComponents = {"self", "tcp", "sysv",
+                                                                   "posix", "cma"};
+// Whether this process's UCX loaded a component outside kCopyOnlyComponents (asked once;
+// UCX's modules are loaded by then).
+bool registersMemory();
+
 // Whether `d` is applied here: this UCX is new enough and the user set none of its variables.
 bool appliesNow(const UcxDefault& d);
 
