@@ -290,6 +290,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
+  m.def("ucx_leave_device_modules_out", &ucxb::ucx::leaveDeviceModulesOut,
+        "UCX_MODULES=^<kDeviceModules> for this process unless the user set UCX_MODULES "
+        "(transports/ucx/ucx_context.h); whether UCX took it.");
   // The UCX settings the backend chooses unless the user set them, for `info`: per group of
   // variables set together, (variables, value, oldest UCX "major.minor" that takes them).
   m.def("ucx_defaults", []() {

@@ -264,19 +264,38 @@ TLS_RULE = [
 ]
 
 
-def test_ucx_tls_rule() -> None:
+def _tls_probe(*args: str) -> list[bool]:
     probe = cpp_build.build(
         "shared_memory_tls_probe",
         "tests/cpp/shared_memory_tls_probe.cpp",
         flags=cpp_build.PLAIN,
         extra_sources=["transports/ucx/shared_memory_tls.cpp"],
     )
-    run = subprocess.run(
-        [probe, *(tls for tls, _ in TLS_RULE)], capture_output=True, text=True, timeout=60
-    )
+    run = subprocess.run([probe, *args], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    answers = [line == "1" for line in run.stdout.split()]
-    assert answers == [allowed for _, allowed in TLS_RULE], (TLS_RULE, run.stdout)
+    return [line == "1" for line in run.stdout.split()]
+
+
+def test_ucx_tls_rule() -> None:
+    answers = _tls_probe(*(tls for tls, _ in TLS_RULE))
+    assert answers == [allowed for _, allowed in TLS_RULE], TLS_RULE
+
+
+# The transports a one-host context opened (ucx_context.cpp: kOneHostTls leaves posix out) and
+# whether it must be made again with posix (lacksSysv): only where sysv is missing, and never
+# on an empty list (UCX's account of its transports could not be read).
+SYSV_RULE = [
+    ("self,sysv,cma", False),
+    ("sysv", False),
+    ("self,cma", True),
+    ("self,posix,cma", True),
+    ("", False),
+]
+
+
+def test_one_host_context_without_sysv_takes_posix() -> None:
+    answers = _tls_probe("--lacks-sysv", *(opened for opened, _ in SYSV_RULE))
+    assert answers == [again for _, again in SYSV_RULE], SYSV_RULE
 
 
 @pytest.mark.parametrize(

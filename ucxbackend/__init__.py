@@ -19,6 +19,7 @@ and creating a ``ucx`` process group raises a RuntimeError that carries the orig
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import logging
 import os
@@ -151,6 +152,7 @@ def _create_backend(
         native.update(_transport_options.native_options(config, dist_backend_opts.store))
         _warn_small_udp_buffer(native, size)
     else:
+        _leave_unused_ucx_modules_out()
         # The group's own UCX context takes the devices; the process environment is left alone.
         native["ucx_net_devices"] = _transport_options.ucx_net_devices(
             config, dist_backend_opts.store
@@ -175,6 +177,23 @@ def _create_backend(
         native,
     )
     return backend
+
+
+def _torch_holds_device_memory() -> bool:
+    """Whether this torch can make the device tensors a ucx group may carry: built with CUDA
+    or ROCm (HIP, whose tensors are torch's "cuda" device). Only then does UCX need its device
+    modules (``kDeviceModules`` in transports/ucx/ucx_context.h)."""
+    return torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+
+
+@functools.cache
+def _leave_unused_ucx_modules_out() -> None:
+    """Before the first ucx group's UCX context: a torch without device memory keeps UCX from
+    loading its GPU modules, which would only cost start-up (docs/performance.md#start-up).
+    Once per process: UCX loads its modules once, and a UCX_MODULES of the user's wins."""
+    if not _torch_holds_device_memory():
+        assert _C is not None
+        _C.ucx_leave_device_modules_out()
 
 
 def _warn_small_udp_buffer(native: dict[str, str], size: int) -> None:

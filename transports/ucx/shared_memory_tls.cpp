@@ -37,4 +37,9 @@ bool tlsIncludesSharedMemory(const std::string& tls) {
   return exclude ? !namesSharedMemory : all || namesSharedMemory;
 }
 
+bool lacksSysv(const std::vector<std::string>& transports) {
+  return !transports.empty() &&
+         std::find(transports.begin(), transports.end(), "sysv") == transports.end();
+}
+
 }  // namespace ucxb::ucx

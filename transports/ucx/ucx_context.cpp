@@ -1,6 +1,11 @@
 #include "transports/ucx/ucx_context.h"
 
+#include <ucs/config/global_opts.h>
+#include <uct/api/uct.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -28,18 +33,21 @@ void apply(ucp_config_t* config, const UcxDefault& d) {
   }
 }
 
-std::shared_ptr<Context> createContext(const std::string& netDevices, Reach reach) {
+// A context from UCX's configuration (the environment), the backend's defaults, `tls` unless
+// it is null, and `netDevices` unless it is empty.
+ucp_context_h initContext(const std::string& netDevices, const char* tls) {
   ucp_config_t* raw = nullptr;
   check(ucp_config_read(nullptr, nullptr, &raw), "ucp_config_read");
-  const char* userTls = std::getenv("UCX_TLS");  // what ucp_config_read just took it from
-  // The user's UCX_TLS always wins, also over a one-host guess.
-  const bool oneHostOnly = reach == Reach::kOneHost && userTls == nullptr;
-  const std::string tls = oneHostOnly ? kOneHostTls : userTls != nullptr ? userTls : "";
   std::unique_ptr<ucp_config_t, ConfigDeleter> config(raw);
   for (const UcxDefault& d : ucxDefaults()) apply(config.get(), d);
-  if (oneHostOnly) {
-    check(ucp_config_modify(config.get(), "TLS", kOneHostTls),
-          std::string("ucp_config_modify TLS=") + kOneHostTls);
+  if (!registersMemory() && std::getenv("UCX_RCACHE_ENABLE") == nullptr) {
+    // A UCX that has no such setting (UCP's own cache is younger than some distributions'
+    // UCX) keeps what it does: this only saves start-up time.
+    const ucs_status_t status = ucp_config_modify(config.get(), "RCACHE_ENABLE", "n");
+    if (status != UCS_ERR_NO_ELEM) check(status, "ucp_config_modify RCACHE_ENABLE=n");
+  }
+  if (tls != nullptr) {
+    check(ucp_config_modify(config.get(), "TLS", tls), std::string("ucp_config_modify TLS=") + tls);
   }
   if (!netDevices.empty()) {
     check(ucp_config_modify(config.get(), "NET_DEVICES", netDevices.c_str()),
@@ -55,7 +63,23 @@ std::shared_ptr<Context> createContext(const std::string& netDevices, Reach reac
 
   ucp_context_h ctx = nullptr;
   check(ucp_init(&params, config.get(), &ctx), "ucp_init");
-  return std::make_shared<Context>(ctx, tlsIncludesSharedMemory(tls), oneHostOnly);
+  return ctx;
+}
+
+std::shared_ptr<Context> createContext(const std::string& netDevices, Reach reach) {
+  const char* userTls = std::getenv("UCX_TLS");  // what ucp_config_read takes it from
+  // The user's UCX_TLS always wins, also over a one-host guess.
+  const bool oneHostOnly = reach == Reach::kOneHost && userTls == nullptr;
+  ucp_context_h ctx = initContext(netDevices, oneHostOnly ? kOneHostTls : nullptr);
+  std::vector<std::string> opened = contextTransports(ctx);
+  if (oneHostOnly && lacksSysv(opened)) {
+    ucp_cleanup(ctx);
+    ctx = initContext(netDevices, kOneHostWithoutSysvTls);
+    opened = contextTransports(ctx);
+  }
+  // Staging follows what the user asked of UCX, not the transports the backend left out.
+  return std::make_shared<Context>(ctx, tlsIncludesSharedMemory(userTls != nullptr ? userTls : ""),
+                                   oneHostOnly, std::move(opened));
 }
 
 }  // namespace
@@ -102,12 +126,36 @@ bool appliesNow(const UcxDefault& d) {
   return true;
 }
 
-Context::~Context() { ucp_cleanup(handle_); }
-
-const std::vector<std::string>& Context::transports() const {
-  std::call_once(transportsRead_, [this] { transports_ = contextTransports(handle_); });
-  return transports_;
+bool registersMemory() {
+  // Asked after ucp_config_read, which loads UCX's modules: the list is complete then.
+  static const bool answer = [] {
+    uct_component_h* components = nullptr;
+    unsigned count = 0;
+    if (uct_query_components(&components, &count) != UCS_OK) return true;  // unknown: keep it
+    bool other = false;
+    for (unsigned i = 0; i < count && !other; ++i) {
+      uct_component_attr_t attr{};
+      attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+      if (uct_component_query(components[i], &attr) != UCS_OK) {
+        other = true;
+        break;
+      }
+      other = std::none_of(kCopyOnlyComponents.begin(), kCopyOnlyComponents.end(),
+                           [&](const char* name) { return std::strcmp(name, attr.name) == 0; });
+    }
+    uct_release_component_list(components);
+    return other;
+  }();
+  return answer;
 }
+
+bool leaveDeviceModulesOut() {
+  if (std::getenv("UCX_MODULES") != nullptr) return false;  // the user's choice
+  const std::string denied = std::string("^") + kDeviceModules;
+  return ucs_global_opts_set_value("MODULES", denied.c_str()) == UCS_OK;
+}
+
+Context::~Context() { ucp_cleanup(handle_); }
 
 std::shared_ptr<Context> Context::shared(const std::string& netDevices, Reach reach) {
   static std::mutex mu;

@@ -6,9 +6,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <array>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ucxb::ucx {
@@ -38,10 +39,42 @@ enum class Reach { kAnyHost, kOneHost };
 // query of a tcp interface (one per active-message id at worker creation, again at each
 // endpoint's lane selection) UCX re-reads sysfs, opens a socket for SIOCGIF* ioctls and
 // parses /proc/net/route; leaving it out cut an 8-rank start's CPU by about a fifth
-// (docs/performance.md#start-up). Shared memory (posix, sysv, cma), self and the CUDA
-// transports stay: they carry every same-host byte UCX moves. RDMA transports stay too: UCX
-// may pick them for large same-host transfers, and no RDMA host was measured.
-inline constexpr const char* kOneHostTls = "^tcp";
+// (docs/performance.md#start-up). posix goes too: with both of UCX's shared-memory (mm)
+// transports open, UCX puts a same-host peer on sysv (its lanes never used posix here), yet
+// every worker set posix's interface up, writing its receive FIFO and first buffers through a
+// /dev/shm file, about 0.8 ms of CPU per worker. sysv, cma, self and the CUDA transports stay:
+// they carry every same-host byte UCX moves. RDMA transports stay too: UCX may pick them for
+// large same-host transfers, and no RDMA host was measured.
+inline constexpr const char* kOneHostTls = "^tcp,posix";
+// UCX_TLS for a kOneHost context where UCX opened no sysv memory domain with kOneHostTls
+// (a UCX or kernel without SysV shared memory): posix is then the same-host transport.
+inline constexpr const char* kOneHostWithoutSysvTls = "^tcp";
+// (lacksSysv, shared_memory_tls.h, tells from the transports the context opened.)
+
+// UCX's loadable modules that serve only device memory, in UCX_MODULES' syntax (glob
+// patterns, case-sensitive): the CUDA, ROCm and oneAPI Level Zero transports and memory hooks
+// (libuct_cuda, libucm_cuda, ...). UCX loads every module it finds when the process first
+// reads its configuration, and the wheel's CUDA modules cost every process, also on a host
+// without a GPU driver (where each dlopen fails after searching for libcuda): 0.37 ms of CPU
+// in ucp_config_read and ucp_init here (docs/performance.md#start-up).
+inline constexpr const char* kDeviceModules = "cuda*,rocm*,ze*";
+// Keeps UCX from loading kDeviceModules in this process (UCX_MODULES=^kDeviceModules), for
+// a torch that cannot hold device tensors (ucxbackend/__init__.py decides). UCX's modules
+// are process-wide and loaded once, at the first context (or `info`): called after that, or
+// where the user set UCX_MODULES, it changes nothing. Returns whether it applied.
+bool leaveDeviceModulesOut();
+// UCX's components (memory domains) whose memory needs no registration with the device that
+// moves it: the CPU copies them itself. Where every component this process's UCX loaded is
+// one of these, UCP's registration cache only costs ucp_init its memory hooks (about 0.4 ms
+// of CPU per process here, docs/performance.md#start-up), so the context is made with
+// RCACHE_ENABLE=n unless the user set UCX_RCACHE_ENABLE. Any other component (ib, rdmacm,
+// cuda_*, rocm_*, gdr_copy, knem, xpmem, ...) keeps UCX's default.
+inline constexpr std::array<const char*, 5> kCopyOnlyComponents = {"self", "tcp", "sysv",
+                                                                   "posix", "cma"};
+// Whether this process's UCX loaded a component outside kCopyOnlyComponents (asked once;
+// UCX's modules are loaded by then).
+bool registersMemory();
+
 // Whether `d` is applied here: this UCX is new enough and the user set none of its variables.
 bool appliesNow(const UcxDefault& d);
 
@@ -52,8 +85,12 @@ class Context {
   static std::shared_ptr<Context> shared(const std::string& netDevices,
                                          Reach reach = Reach::kAnyHost);
 
-  Context(ucp_context_h handle, bool sharedMemory, bool oneHostOnly)
-      : handle_(handle), sharedMemory_(sharedMemory), oneHostOnly_(oneHostOnly) {}
+  Context(ucp_context_h handle, bool sharedMemory, bool oneHostOnly,
+          std::vector<std::string> transports)
+      : handle_(handle),
+        sharedMemory_(sharedMemory),
+        oneHostOnly_(oneHostOnly),
+        transports_(std::move(transports)) {}
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -66,15 +103,14 @@ class Context {
   // Whether this context left out kOneHostTls (a kOneHost context the user's UCX_TLS did not
   // override): its workers reach no peer on another host.
   bool oneHostOnly() const { return oneHostOnly_; }
-  // contextTransports() of this context, read once (thread-safe).
-  const std::vector<std::string>& transports() const;
+  // contextTransports() of this context, read when it was made.
+  const std::vector<std::string>& transports() const { return transports_; }
 
  private:
   ucp_context_h handle_;
   bool sharedMemory_;
   bool oneHostOnly_;
-  mutable std::once_flag transportsRead_;
-  mutable std::vector<std::string> transports_;
+  std::vector<std::string> transports_;
 };
 
 }  // namespace ucxb::ucx
