@@ -143,12 +143,13 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "alone, 'on': to every peer, 'off': never "
                     "(docs/performance.md#both-directions-at-once)"),
              &O::sendLane),
-      member(choice("staging_stores", {"cached", "streaming"},
+      member(choice("staging_stores", {"auto", "cached", "streaming"},
                     "ucx backend, shared-memory staging only: how a rank writes the slots its "
                     "peer reads; 'streaming' uses non-temporal stores that go around its "
                     "cache, for hosts where handing freshly written cache lines to another "
                     "core is slow (when scripts/cross_core_copy.cpp runs faster with "
-                    "'streaming')"),
+                    "'streaming'); 'cached' uses plain stores; 'auto': streaming for a "
+                    "2-rank all_reduce of 16-256 KiB (the pair slots), cached otherwise"),
              &O::stagingStores),
       member(config::text("ifname",
                           "'' (automatic) or interface names: 'eth0', 'eth,ib' (prefixes), "
@@ -226,7 +227,8 @@ algo::Tuning BackendOptions::tuning() const {
 }
 
 SlotStores BackendOptions::slotStores() const {
-  return stagingStores == "streaming" ? SlotStores::kStreaming : SlotStores::kCached;
+  if (stagingStores == "streaming") return SlotStores::kStreaming;
+  return stagingStores == "cached" ? SlotStores::kCached : SlotStores::kAuto;
 }
 
 const config::Schema<BackendOptions>& backendOptionsSchema() {

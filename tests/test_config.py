@@ -44,7 +44,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
     "send_lane": "auto",
-    "staging_stores": "cached",
+    "staging_stores": "auto",
     "ifname": "",
     "udp_config": "",
     "udp_faults": "",
@@ -98,7 +98,8 @@ def test_staging_stores_knob() -> None:
     )
     assert Options(staging_stores="cached").resolve({}).staging_stores == "cached"
     assert Config(staging_stores="streaming").to_native()["staging_stores"] == "streaming"
-    with pytest.raises(ValueError, match=r"UCXBACKEND_STAGING_STORES.*'cached', 'streaming'"):
+    choices = r"UCXBACKEND_STAGING_STORES.*'auto', 'cached', 'streaming'"
+    with pytest.raises(ValueError, match=choices):
         Config.from_env({"UCXBACKEND_STAGING_STORES": "nontemporal"})
 
 

@@ -42,6 +42,9 @@ enum class PieceSize {
 // How a rank writes the pieces it stages into its own slots (the group's staging_stores).
 // Each rank chooses for itself: a reader sees the same bytes either way.
 enum class SlotStores {
+  // Per write (StagingArea::streams): streaming for a pair slot's exchange from
+  // kPairStreamingMinBytes, cached for everything else.
+  kAuto,
   kCached,     // memcpy: the bytes stay in the writer's cache for the reader to pull across
   kStreaming,  // streamingCopy: they go to memory; for hosts where that hand-off is slow
 };
@@ -53,6 +56,14 @@ struct StagingLayout {
   static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
   static constexpr size_t kCacheSizedPieceBytes = size_t{256} << 10;
   static constexpr size_t kMinSlotBytes = 16;
+  // From here a pair slot's exchange is written with streaming stores under kAuto. In that
+  // exchange both ranks write their slot and fold the peer's at once, and a cached write
+  // leaves every line for the peer to pull out of this core's cache and, two exchanges later,
+  // to invalidate in the peer's before writing it again: at 64 KiB that took 15.6 us per op
+  // against 12.8 streamed with the host in its fast mode, and 41 against 12.6 in its slow
+  // mode; below 16 KiB the cached write is faster in the fast mode (a 4 KiB exchange 0.45
+  // against 0.9 us). Measured in docs/performance.md (the pair slots' stores, 2026-11-27).
+  static constexpr size_t kPairStreamingMinBytes = size_t{16} << 10;
   // Slots start on cache-line boundaries whatever chunk_bytes is, so every element the
   // reductions read from a slot is aligned.
   static constexpr size_t kSlotAlignment = 64;
@@ -83,7 +94,7 @@ class StagingArea {
  public:
   // `peers[rank]` is rank's segment mapped here; peers[own rank] is left empty.
   StagingArea(StagingLayout layout, shm::SharedSegment mine, std::vector<shm::SharedSegment> peers,
-              SlotStores stores = SlotStores::kCached)
+              SlotStores stores = SlotStores::kAuto)
       : layout_(layout),
         mine_(std::move(mine)),
         peers_(std::move(peers)),
@@ -107,9 +118,22 @@ class StagingArea {
   // Throws TransportError where /dev/shm has no room for pages of the slot never written before.
   void fillOwnSlot(size_t k, const uint8_t* src, size_t n) {
     reserveOwn(k % layout_.slots, ownSlot(k), n);
-    fill(ownSlot(k), src, n);
+    fill(ownSlot(k), src, n, streams(n, false));
   }
   SlotStores stores() const { return stores_; }
+  // Whether an `n`-byte write into one of this rank's slots (a pair slot when `pairSlot`)
+  // goes around the cache (the one rule for kAuto, see kPairStreamingMinBytes).
+  bool streams(size_t n, bool pairSlot) const {
+    switch (stores_) {
+      case SlotStores::kStreaming:
+        return true;
+      case SlotStores::kCached:
+        return false;
+      case SlotStores::kAuto:
+        break;
+    }
+    return pairSlot && n >= StagingLayout::kPairStreamingMinBytes;
+  }
 
   // The pair slots: a 2-rank exchange whose message fits one (`bytes` at most
   // pairSlotBytes()) writes its own pair slot s and reads the peer's, and the exchanges
@@ -127,7 +151,7 @@ class StagingArea {
   }
   void fillOwnPairSlot(size_t s, const uint8_t* src, size_t n) {
     reserveOwn(layout_.slots + s % 2, pairSlotIn(mine_, s), n);
-    fill(pairSlotIn(mine_, s), src, n);
+    fill(pairSlotIn(mine_, s), src, n, streams(n, true));
   }
   const uint8_t* peerPairSlot(int peer, size_t s) const { return pairSlotIn(peers_.at(peer), s); }
 
@@ -170,9 +194,9 @@ class StagingArea {
     mine_.reserve(static_cast<size_t>(dst - mine_.data()) + done, n - done);
     done = n;
   }
-  // Copies `n` bytes into one of this rank's slots the way stores() says.
-  void fill(uint8_t* dst, const uint8_t* src, size_t n) const {
-    if (stores_ == SlotStores::kStreaming) {
+  // Copies `n` bytes into one of this rank's slots, around the cache when `streaming`.
+  static void fill(uint8_t* dst, const uint8_t* src, size_t n, bool streaming) {
+    if (streaming) {
       streamingCopy(dst, src, n);
     } else {
       std::memcpy(dst, src, n);

@@ -123,7 +123,7 @@ void testStreamingSlots() {
   // A streaming area's slot, read through the peer's mapping of the same segment.
   StagingArea streaming = areaWithSlots(1000, SlotStores::kStreaming);
   CHECK_MSG(streaming.stores() == SlotStores::kStreaming && full.stores() == SlotStores::kCached,
-         "an area keeps the stores it was made with (cached by default)");
+         "an area keeps the stores it was made with");
   std::vector<uint8_t> piece(1000);
   for (size_t i = 0; i < piece.size(); ++i) piece[i] = patternAt(i + 3);
   for (size_t k = 0; k < streaming.slots(); ++k) {
@@ -131,7 +131,38 @@ void testStreamingSlots() {
     CHECK_MSG(std::memcmp(streaming.peerSlot(1, k), piece.data() + k, piece.size() - k) == 0,
            "streaming slot " + std::to_string(k) + " reads back through the peer's mapping");
   }
+}
 
+// staging_stores=auto streams exactly the pair slots' writes from kPairStreamingMinBytes;
+// cached and streaming are what they say for every write.
+void testAutoStores() {
+  constexpr size_t kMin = StagingLayout::kPairStreamingMinBytes;
+  StagingArea autoArea = areaWithSlots(MiB, SlotStores::kAuto);
+  CHECK_MSG(autoArea.streams(kMin, true) && autoArea.streams(256 * 1024, true),
+            "auto streams a pair slot's write from kPairStreamingMinBytes");
+  CHECK_MSG(!autoArea.streams(kMin - 1, true) && !autoArea.streams(4096, true),
+            "auto caches a pair slot's write below kPairStreamingMinBytes");
+  CHECK_MSG(!autoArea.streams(kMin, false) && !autoArea.streams(MiB, false),
+            "auto caches every write into the credited slots");
+  const StagingArea cached = areaWithSlots(MiB, SlotStores::kCached);
+  const StagingArea streaming = areaWithSlots(MiB, SlotStores::kStreaming);
+  for (const size_t n : {size_t{64}, kMin, MiB}) {
+    for (const bool pair : {false, true}) {
+      CHECK_MSG(!cached.streams(n, pair) && streaming.streams(n, pair),
+                "cached and streaming are the same for every write");
+    }
+  }
+  // Both kinds of pair write read back through the peer's mapping, from an odd source offset
+  // (the head before the first aligned streaming store) and with an odd length (the tail).
+  std::vector<uint8_t> vec(kMin + 100);
+  for (size_t i = 0; i < vec.size(); ++i) vec[i] = patternAt(i + 11);
+  for (const size_t n : {kMin - 3, kMin + 5}) {
+    for (size_t s = 0; s < 2; ++s) {
+      autoArea.fillOwnPairSlot(s, vec.data() + 1, n);
+      CHECK_MSG(std::memcmp(autoArea.peerPairSlot(1, s), vec.data() + 1, n) == 0,
+                "an auto pair slot of " + std::to_string(n) + " bytes reads back");
+    }
+  }
 }
 
 }  // namespace
@@ -148,6 +179,7 @@ void testReservesBeforeWriting() {
   peers[1] = SharedSegment::open(name, layout.segmentBytes());
   creator.unlink();
   StagingArea area(layout, std::move(view), std::move(peers));
+  CHECK_MSG(area.stores() == SlotStores::kAuto, "an area's stores are auto by default");
   const std::vector<uint8_t> piece(64, 0x5A);
   const std::string err = ucxb::check::thrownMessage<ucxb::TransportError>(
       [&] { area.fillOwnSlot(1, piece.data(), piece.size()); });
@@ -163,6 +195,7 @@ int main(int argc, char** argv) {
       {"slots", testSlots, true},
       {"streaming_copy", testStreamingCopy, true},
       {"streaming_slots", testStreamingSlots, true},
+      {"auto_stores", testAutoStores, true},
       {"reserves_before_writing", testReservesBeforeWriting, true},
   };
   return ucxb::check::runGroups("staging_area_test", groups, argc, argv);
