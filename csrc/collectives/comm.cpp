@@ -93,7 +93,7 @@ RequestPtr Comm::recvFolded(int peer, uint32_t step, void* acc, size_t bytes,
 }
 
 RequestPtr Comm::recvStreamed(int peer, uint32_t step, void* dst, size_t bytes) {
-  if (memory_.type() != MemoryType::kHost || bytes == 0) return nullptr;
+  if (!takesHostPaths(memory_.type()) || bytes == 0) return nullptr;
   checkStep(step);
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
   // One-byte "elements": a copy has no element to keep whole across pieces.

@@ -54,7 +54,8 @@ class Comm {
   // Transport::recvFolded) and that stores them with non-temporal stores (streamingCopy):
   // where the transport copies every byte out of its own buffer anyway (UCX over TCP), the
   // copy then writes memory without first reading each line of a destination that is not in
-  // the cache. Null where the transport does not hand pieces over (then recv()).
+  // the cache. Null where that cannot be: memory that does not take host paths
+  // (takesHostPaths), or a transport that does not hand pieces over (then recv()).
   RequestPtr recvStreamed(int peer, uint32_t step, void* dst, size_t bytes);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
