@@ -99,8 +99,9 @@ def _glob(folder: str, keep: Callable[[Path], bool] = lambda p: True) -> list[st
 SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
     # The reduction kernels alone (torch-free).
     "reduce_kernels": lambda: ["csrc/collectives/reduce_kernels.cpp"],
-    # Every collective algorithm, Comm and the kernels (torch-free, UCX-free).
-    "collectives": lambda: _glob("csrc/collectives"),
+    # Every collective algorithm, Comm and the kernels (torch-free, UCX-free), with the
+    # non-temporal copy Comm's streamed receives store through.
+    "collectives": lambda: [*_glob("csrc/collectives"), "csrc/engine/streaming_copy.cpp"],
     # Shared-memory segments and the staging slots' streaming stores.
     "shm": lambda: ["transports/shm/shared_segment.cpp", "csrc/engine/streaming_copy.cpp"],
     # The in-memory transport and its thread driver (tests/cpp/inproc/), with the FoldTarget

@@ -6,7 +6,9 @@ checked bit for bit against numpy; and ranks that pass different sizes get an er
 hang. (Skipping the fold of whole elements fails every case here; UCX's TCP pieces did not
 split elements, so the elements two pieces share are checked by algorithms_test's folded
 worlds, tests/test_algorithms_inproc.py, whose transport cuts inside elements and hands the
-pieces over last first. Across hosts: tests/test_multinode_chunks.py.)"""
+pieces over last first. Across hosts: tests/test_multinode_chunks.py.) The same pieces,
+copied into place with non-temporal stores, carry a large all-gather half (Comm::recvStreamed):
+checked against numpy too."""
 
 from __future__ import annotations
 
@@ -27,15 +29,22 @@ ENV = {
 COUNT = 1_000_003  # odd: blocks of different lengths, a ragged last chunk
 
 
-def _rank_values(rank: int, dtype: torch.dtype) -> torch.Tensor:
+# int64 elements whose two all-gather blocks are both just over 16 MiB: received in place
+# through non-temporal stores (Comm::recvStreamed, building_blocks.cpp's kStreamedRecvMinBytes).
+STREAMED_COUNT = 2 * (16 << 20) // 8 + 3
+
+
+def _rank_values(rank: int, dtype: torch.dtype, count: int = COUNT) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + rank)
     if dtype.is_floating_point:
-        return torch.randn(COUNT, generator=g, dtype=torch.float64).to(dtype)
-    return torch.randint(-1000, 1000, (COUNT,), generator=g, dtype=torch.int64).to(dtype)
+        return torch.randn(count, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randint(-1000, 1000, (count,), generator=g, dtype=torch.int64).to(dtype)
 
 
-def _reduced(rank: int, ws: int, dtype: torch.dtype, op: str) -> dict[str, object]:
-    t = _rank_values(rank, dtype)
+def _reduced(
+    rank: int, ws: int, dtype: torch.dtype, op: str, count: int = COUNT
+) -> dict[str, object]:
+    t = _rank_values(rank, dtype, count)
     dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return {"bytes": t.numpy().tobytes()}
 
@@ -62,6 +71,18 @@ def test_folded_all_reduce_matches_numpy(dtype: torch.dtype, op: str) -> None:
         )
     for rank, got in enumerate(results):
         assert got["bytes"] == want.astype(a.dtype).tobytes(), (rank, dtype, op)
+
+
+def test_streamed_all_gather_matches_numpy() -> None:
+    """The all-gather half of a 2-rank all_reduce, received into place piece by piece with
+    non-temporal stores: every byte of both blocks, ragged ends included."""
+    skip_unless_ucx("streamed receives ride on the ucx transport's folding receives")
+    results = run_world(
+        _reduced, 2, args=(torch.int64, "SUM", STREAMED_COUNT), env=ENV, timeout=180
+    )
+    want = sum(_rank_values(r, torch.int64, STREAMED_COUNT).numpy() for r in range(2))
+    for rank, got in enumerate(results):
+        assert got["bytes"] == want.tobytes(), rank
 
 
 def _mismatched(rank: int, ws: int) -> tuple[float, str | None]:

@@ -17,6 +17,13 @@ size_t chunkElems(const Tuning& tuning, size_t count, size_t esz, size_t maxChun
 
 namespace {
 
+// A ring all-gather receives blocks of this size and up through Comm::recvStreamed: a block of
+// half a 32 MiB L3 or more is neither in the cache when it is written nor still there when the
+// user reads it, so stores that go around the cache cost least; a smaller one may be read from
+// the cache next and goes through recv(). A 64 MB all_reduce's 32 MB all-gather half over TCP
+// is received so (docs/performance.md, "The all-gather's copy-out around the cache").
+constexpr size_t kStreamedRecvMinBytes = size_t{16} << 20;
+
 bool overlap(const uint8_t* a, size_t aBytes, const uint8_t* b, size_t bBytes) {
   return a != nullptr && b != nullptr && a < b + bBytes && b < a + aBytes;
 }
@@ -204,7 +211,11 @@ void ringAllgather(Comm& c, const std::vector<uint8_t*>& blocks, const std::vect
   for (int s = 0; s < n - 1; ++s) {
     const int sendBlock = mod(r - s, n);
     const int recvBlock = mod(r - s - 1, n);
-    auto rq = c.recv(mod(r - 1, n), firstStep + s, blocks[recvBlock], bytes[recvBlock]);
+    RequestPtr rq = bytes[recvBlock] >= kStreamedRecvMinBytes
+                        ? c.recvStreamed(mod(r - 1, n), firstStep + s, blocks[recvBlock],
+                                         bytes[recvBlock])
+                        : nullptr;
+    if (!rq) rq = c.recv(mod(r - 1, n), firstStep + s, blocks[recvBlock], bytes[recvBlock]);
     auto sq = c.send(mod(r + 1, n), firstStep + s, blocks[sendBlock], bytes[sendBlock]);
     c.wait({rq, sq});
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "csrc/engine/streaming_copy.h"
 #include "transports/tag.h"
 
 namespace ucxb {
@@ -87,6 +88,16 @@ RequestPtr Comm::recvFolded(int peer, uint32_t step, void* acc, size_t bytes,
   const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
   RequestPtr req =
       transport_.recvFolded(peer, t, tag::kFullMask, acc, bytes, red.elementSize, red.fn);
+  if (req) track(req);
+  return req;
+}
+
+RequestPtr Comm::recvStreamed(int peer, uint32_t step, void* dst, size_t bytes) {
+  if (!takesHostPaths(memory_.type()) || bytes == 0) return nullptr;
+  checkStep(step);
+  const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
+  // One-byte "elements": a copy has no element to keep whole across pieces.
+  RequestPtr req = transport_.recvFolded(peer, t, tag::kFullMask, dst, bytes, 1, &streamingCopy);
   if (req) track(req);
   return req;
 }

@@ -50,6 +50,13 @@ class Comm {
   // without a host kernel, or a transport that does not fold for this peer (then receive into
   // scratch and reduce()).
   RequestPtr recvFolded(int peer, uint32_t step, void* acc, size_t bytes, const Reduction& red);
+  // A receive into `dst` whose pieces the transport hands over as they arrive (the same
+  // Transport::recvFolded) and that stores them with non-temporal stores (streamingCopy):
+  // where the transport copies every byte out of its own buffer anyway (UCX over TCP), the
+  // copy then writes memory without first reading each line of a destination that is not in
+  // the cache. Null where that cannot be: memory that does not take host paths
+  // (takesHostPaths), or a transport that does not hand pieces over (then recv()).
+  RequestPtr recvStreamed(int peer, uint32_t step, void* dst, size_t bytes);
   // Waits for all; a receive that got fewer bytes than posted is an error (ranks disagree on
   // the message size), as is one that got more (UCX reports truncation).
   void wait(const std::vector<RequestPtr>& requests);
