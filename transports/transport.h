@@ -24,10 +24,11 @@ enum class MemoryType { kHost, kCuda };
 
 // Whether bytes in `memory` may take the paths that read and write them on the host: the
 // backend's shared-memory slots (csrc/collectives/staged_path.h: memcpy and the host
-// kernels), the folding receive (recvFolded: the host kernels inside progress()), ucx's send
-// lane (a second worker that posts host memory) and the backend's inline run on the caller's
-// thread (no device stream, no ready event). The one rule for all of them, asked with the
-// memory type of the op (Comm::staging(), Comm::recvFolded(), TransportBackend::enqueue) or of
+// kernels), the folding receive (recvFolded: the host kernels inside progress()) and the
+// streamed receive built on it (non-temporal host stores), ucx's send lane (a second worker
+// that posts host memory) and the backend's inline run on the caller's thread (no device
+// stream, no ready event). The one rule for all of them, asked with the memory type of the op
+// (Comm::staging(), Comm::recvFolded(), Comm::recvStreamed(), TransportBackend::enqueue) or of
 // the message (UcxTransport::viaLane): host memory only. A CUDA buffer on one of them would be
 // read by the host (a crash, or bytes that are not the tensor's), or leave before the
 // kernels that write it have run.
