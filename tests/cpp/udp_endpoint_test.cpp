@@ -1304,8 +1304,8 @@ void testCreditReceiverStall() {
 // The peer's receive timestamps (one_way_delay.h) keep the time threshold from taking packets
 // behind a growing queue for lost, cut a path's window for its queue instead, and tell path
 // 1's random losses (no queue) from congestion: they do not cut its window.
-// Guarded here (deterministic, the runs of the docs' table, seed 3): adaptive at least 1.25x
-// round-robin at 1 MiB, 1.3x at 4 MiB and 1.4x at 16 MiB (1.28x, 1.34x, 1.43x; without the
+// Guarded here (deterministic, the runs of the docs' table, seed 3): adaptive at least 1.2x
+// round-robin at 1 MiB, 1.4x at 4 MiB and 1.4x at 16 MiB (1.25x, 1.45x, 1.47x; without the
 // timestamps 1.47x, 1.37x, 1.08x), with path 1 carrying about its quarter (15-30% of the
 // packets; a loss weight would leave it 1.6%, the windows' cuts without timestamps 3-20%).
 // UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
@@ -1340,7 +1340,7 @@ void testMultipathRateLimited() {
     const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
     const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
     const double share = pathShare(c.adaptive.stats, 1);
-    const double floor = bytes == size_t{1} << 20 ? 1.25 : bytes == size_t{4} << 20 ? 1.3 : 1.4;
+    const double floor = bytes == size_t{1} << 20 ? 1.2 : 1.4;
     CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
     CHECK_MSG(ratio >= floor, std::to_string(bytes) + ": " + std::to_string(ratio));
     CHECK_MSG(share > 0.15 && share < 0.3, std::to_string(share));

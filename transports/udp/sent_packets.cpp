@@ -171,7 +171,8 @@ void SentPackets::detectLossesPerPath(TimeUs now, DurationUs lossDelay,
     if (p.state == SentPacket::State::kInFlight && anyAckedLater) {
       const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
       if ((ackedLater[path] && sentLater[path] >= reorderThreshold) ||
-          (p.sentTime + delay <= now && overdue(p, delay))) {
+          (p.sentTime + delay <= now &&
+           (overdue(p, delay) || p.sentTime + kTimestampWaitCap * delay <= now))) {
         markLost(p, lost);
       }
     }
@@ -188,9 +189,8 @@ std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) con
     if (p.state == SentPacket::State::kAcked) anyAckedLater = true;
     if (p.state != SentPacket::State::kInFlight || !anyAckedLater) continue;
     const DurationUs delay = std::max(lossDelay, pathLossDelay_[p.path % kMaxPaths]);
-    // Not yet overdue by the timestamps: judged again at the next ACK, not by a timer.
-    if (!overdue(p, delay)) continue;
-    const TimeUs due = p.sentTime + delay;
+    // Not yet overdue by the timestamps: judged again at the next ACK, or at the cap.
+    const TimeUs due = p.sentTime + (overdue(p, delay) ? delay : kTimestampWaitCap * delay);
     if (!next || due < *next) next = due;
   }
   return next;
