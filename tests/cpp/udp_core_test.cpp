@@ -808,41 +808,35 @@ void testWireFormat() {
   CHECK(maxCtsIdsFor(256) >= 1);
 }
 
-// The queue forecast behind the time threshold's gate (one_way_delay.h), by hand: a path of
-// 1 us per byte (1000-byte packets, 1 ms each) and 100 us of propagation, the peer's
-// clock 5000 us ahead of ours.
+// What the receive timestamps of one path say (one_way_delay.h), by hand: a path of 1 us per
+// byte (1000-byte packets, 1 ms each) and 100 us of propagation, the peer's clock 5000 us
+// ahead of ours.
 void testOneWayDelays() {
   OneWayDelays d;
   constexpr TimeUs kOffset = 5000;
-  // Nothing known: every packet may be declared lost (the time threshold alone decides).
-  CHECK(d.overdue(0, 1000, 0, 0));
-  // Packets 1-3 sent at once at t=0; they drain 1 ms apart behind the first.
+  CHECK(!d.known(0) && d.queueDelayUs(0) == 0 && d.drainUsPerByte(0) == 0);
+  // Packets 1-3 sent at once at t=0: they drain 1 ms apart behind the first.
   d.onTimestamp(0, 1000, 0, kOffset + 1100);
   d.onTimestamp(0, 2000, 0, kOffset + 2100);
   d.onTimestamp(0, 3000, 0, kOffset + 3100);
+  CHECK(d.known(0));
   CHECK(std::abs(d.drainUsPerByte(0) - 1.0) < 1e-9);
   CHECK_EQ(d.queueDelayUs(0), DurationUs{2000});
   CHECK_EQ(d.lastSentTime(0), TimeUs{0});
-  // Packet 5 (bytes 4001-5000), sent at t=0 too, is due at 3100 + 2 ms = 5100 (peer clock).
-  d.onAckTime(kOffset + 5000);
-  CHECK(!d.overdue(0, 5000, 0, 50));   // not yet due
-  d.onAckTime(kOffset + 5149);
-  CHECK(!d.overdue(0, 5000, 0, 50));   // due, within the slack
-  d.onAckTime(kOffset + 5151);
-  CHECK(d.overdue(0, 5000, 0, 50));    // past it: lost
-  // A packet sent late onto an empty queue is due at its send time plus the least delay.
-  CHECK(!d.overdue(0, 4000, 5000, 50));
-  CHECK(d.overdue(0, 4000, 5000 - 1000, 50));
-  // A packet sent before the newest one that arrived: its path (FIFO) passed it.
-  CHECK(d.overdue(0, 2500, 0, 1'000'000));
-  // An idle gap (the later packet did not wait) is not a drain-time sample; an older packet
-  // (reordered ACK) changes nothing; other paths are apart.
+  // An idle gap (the later packet did not wait) is no drain-time sample, and the queue is
+  // gone; an older packet (a reordered ACK) changes nothing; other paths are apart.
   d.onTimestamp(0, 4000, 10'000, kOffset + 10'100);
   CHECK(std::abs(d.drainUsPerByte(0) - 1.0) < 1e-9);
   CHECK_EQ(d.queueDelayUs(0), DurationUs{0});
   d.onTimestamp(0, 3500, 0, kOffset + 20'000);
   CHECK_EQ(d.lastSentTime(0), TimeUs{10'000});
-  CHECK(!d.known(1) && d.overdue(1, 1, 0, 0));
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{0});
+  // Two packets back to back at half the rate: the average moves 1/8 of the way.
+  d.onTimestamp(0, 5000, 20'000, kOffset + 20'100);
+  d.onTimestamp(0, 6000, 20'000, kOffset + 22'100);
+  CHECK(std::abs(d.drainUsPerByte(0) - (1.0 + (2.0 - 1.0) / 8)) < 1e-9);
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{2000});
+  CHECK(!d.known(1) && d.queueDelayUs(1) == 0);
 }
 
 void testConfig() {

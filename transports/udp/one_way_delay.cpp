@@ -30,21 +30,6 @@ void OneWayDelays::onTimestamp(uint32_t path, uint64_t pathBytes, TimeUs sentTim
   p.lastSent = sentTime;
 }
 
-void OneWayDelays::onAckTime(TimeUs peerNow) { peerNow_ = std::max(peerNow_, peerNow); }
-
-bool OneWayDelays::overdue(uint32_t path, uint64_t pathBytes, TimeUs sentTime,
-                           DurationUs slack) const {
-  const Path& p = paths_[path % kPaths];
-  if (!p.known || pathBytes <= p.lastBytes) return true;
-  // In the peer's clock: behind the newest packet known, draining at the path's rate, and
-  // no sooner than the path's least delay after it was sent.
-  const double drained = static_cast<double>(p.lastReceived) +
-                         static_cast<double>(pathBytes - p.lastBytes) * p.usPerByte;
-  const double earliest = static_cast<double>(static_cast<int64_t>(sentTime) + p.leastDelay);
-  const double due = std::max(drained, earliest) + static_cast<double>(slack);
-  return static_cast<double>(peerNow_) > due;
-}
-
 DurationUs OneWayDelays::queueDelayUs(uint32_t path) const {
   const Path& p = paths_[path % kPaths];
   return p.known ? static_cast<DurationUs>(p.lastDelay - p.leastDelay) : 0;

@@ -38,10 +38,6 @@ PeerConnection::PeerConnection(const UdpConfig& config, const PeerIdentity& iden
       paths_(config_.paths, config_.pathPolicy),
       sendWindowBytes_(config_.sendWindowBytes) {
   sent_.setPerPathDetection(config_.paths > 1);
-  // As with the latest RTT (onAck): only where a loss cuts a window is a spurious one worth
-  // finding real losses later for (a host that holds 1% of datagrams up to 3 ms, under
-  // congestion=none: adaptive won back 30% of round-robin's loss cost instead of 75% at 1 MiB).
-  sent_.setTimestampedDetection(congestion_->cutsOnLoss());
   if (credits == nullptr) {
     ownCredits_ = makeCreditScheduler(config_);
     credits = ownCredits_.get();

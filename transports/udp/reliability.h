@@ -158,8 +158,8 @@ class PeerConnection {
   // the path's window is cut for it, with windows per path: the least RTT, the queue a halved
   // window needs to keep its link busy, and at least kQueueLimitPackets full datagrams' drain.
   DurationUs queueLimitUs(uint32_t path) const;
-  // 16: 8 cut 4 and 16 MiB of `multipath_rate_limited` to 1.37x and 1.33x round-robin
-  // (seed 3) against 1.34x and 1.43x; 4 let no path fill (udp-protocol.md has the figures).
+  // 16: with 8, `multipath_rate_limited` made 1.42x and 1.43x round-robin at 4 and 16 MiB on
+  // the mean of three seeds, against 16's 1.47x and 1.52x (udp-protocol.md has the figures).
   static constexpr double kQueueLimitPackets = 16;
   DurationUs currentRto() const;
   std::optional<TimeUs> rtoDeadline() const;

@@ -105,12 +105,6 @@ void SentPackets::takeTimestamps(const AckFrame& ack, AckResult& out) {
     delays_.onTimestamp(p->path, p->pathBytes, p->sentTime, ack.ackTimeUs - t.ageUs);
     out.timestampedPaths.push_back(p->path);
   }
-  delays_.onAckTime(ack.ackTimeUs);
-}
-
-bool SentPackets::overdue(const SentPacket& p, DurationUs delay) const {
-  // The slack is the threshold's own 1/8 of an RTT: what it allows for reordering.
-  return !timestamped_ || delays_.overdue(p.path, p.pathBytes, p.sentTime, delay / 9);
 }
 
 void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost, bool byTimeout) {
@@ -171,8 +165,7 @@ void SentPackets::detectLossesPerPath(TimeUs now, DurationUs lossDelay,
     if (p.state == SentPacket::State::kInFlight && anyAckedLater) {
       const DurationUs delay = std::max(lossDelay, pathLossDelay_[path]);
       if ((ackedLater[path] && sentLater[path] >= reorderThreshold) ||
-          (p.sentTime + delay <= now &&
-           (overdue(p, delay) || p.sentTime + kTimestampWaitCap * delay <= now))) {
+          p.sentTime + delay <= now) {
         markLost(p, lost);
       }
     }
@@ -188,9 +181,7 @@ std::optional<TimeUs> SentPackets::nextLossTimePerPath(DurationUs lossDelay) con
     const SentPacket& p = *it;
     if (p.state == SentPacket::State::kAcked) anyAckedLater = true;
     if (p.state != SentPacket::State::kInFlight || !anyAckedLater) continue;
-    const DurationUs delay = std::max(lossDelay, pathLossDelay_[p.path % kMaxPaths]);
-    // Not yet overdue by the timestamps: judged again at the next ACK, or at the cap.
-    const TimeUs due = p.sentTime + (overdue(p, delay) ? delay : kTimestampWaitCap * delay);
+    const TimeUs due = p.sentTime + std::max(lossDelay, pathLossDelay_[p.path % kMaxPaths]);
     if (!next || due < *next) next = due;
   }
   return next;

@@ -86,12 +86,8 @@ class SentPackets {
     pathLossDelay_[path % pathLossDelay_.size()] = delay;
   }
 
-  // With per-path detection, the time threshold also waits until an ACK written after the
-  // packet could have arrived, by the peer's receive timestamps (one_way_delay.h): a packet
-  // behind a queue that grew since its path's RTT was measured is late, not lost.
-  // Off: the timestamps are still measured, and the time threshold alone decides.
+  // Each path's one-way delay and queue, from the peer's receive timestamps in the ACKs.
   const OneWayDelays& oneWayDelays() const { return delays_; }
-  void setTimestampedDetection(bool on) { timestamped_ = on; }
 
   // Moves to `lost` every in-flight packet below the largest acknowledged one that the
   // packet or time threshold declares lost.
@@ -134,17 +130,8 @@ class SentPackets {
   std::array<InFlight, kPathSlots> pathInFlight_{};
   std::array<uint64_t, kPathSlots> pathBytesSent_{};
   OneWayDelays delays_;
-  bool timestamped_ = true;
   // Feeds the frame's receive timestamps of packets it acknowledged to delays_.
   void takeTimestamps(const AckFrame& ack, AckResult& out);
-  // Whether a packet past its path's time threshold may be declared lost (see oneWayDelays()).
-  bool overdue(const SentPacket& p, DurationUs delay) const;
-  // The timestamps hold a packet back at most this many times its path's time threshold: a
-  // lost packet with no later one of its own path may wait for an ACK that never comes (the
-  // tail of a message), and a timeout costs more than a spurious loss. 2: 1.36x, 1.54x, 1.52x
-  // round-robin at 1, 4, 16 MiB on the mean of three seeds (`multipath_rate_limited`),
-  // against 1.32x, 1.47x, 1.52x with no cap and 1.34x, 1.47x, 1.52x with 3.
-  static constexpr uint64_t kTimestampWaitCap = 2;
   std::optional<PacketNumber> largestAcked_;
   bool perPath_ = false;
   std::array<DurationUs, kPathSlots> pathLossDelay_{};
