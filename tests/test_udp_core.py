@@ -26,6 +26,7 @@ GROUPS = [
     "crc32c",
     "range_set",
     "wire_format",
+    "one_way_delay",
     "config",
     "faults",
     "rtt_congestion",

@@ -42,6 +42,7 @@
 #include "transports/config/key_values.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/loss_recovery_rack.h"
+#include "transports/udp/one_way_delay.h"
 #include "transports/udp/range_set.h"
 #include "transports/udp/reliability.h"
 #include "transports/udp/rtt.h"
@@ -762,7 +763,80 @@ void testWireFormat() {
   CHECK(!thrownMessage([&] { encodePing(tiny, testHeader(), 1); }).empty());
   CHECK_EQ(maxFragmentBytes(1472), size_t{1412});
   CHECK_EQ(maxAckRangesFor(1472), kMaxAckRanges);
+  // Receive timestamps (one per path) after the ranges, and room left for them.
+  CHECK_EQ(maxAckRangesFor(256, kMaxAckTimestamps), size_t{2});  // 56 + 16 x 12 + 8 bytes
+  CHECK_EQ(maxAckRangesFor(256), (256 - kAckFixedBytes) / kAckRangeBytes + 1);
+  AckFrame stamped;
+  stamped.rangeCount = 2;
+  stamped.ranges[0] = {90, 100};
+  stamped.ranges[1] = {50, 80};
+  stamped.ackTimeUs = 1'000'000'007;
+  stamped.timestampCount = 2;
+  stamped.timestamps[0] = {100, 3};
+  stamped.timestamps[1] = {77, 250};
+  n = encodeAck(buf, testHeader(), stamped);
+  CHECK_EQ(n, ackBytes(2, 2));
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kNone);
+  CHECK(p.ack.ackTimeUs == 1'000'000'007 && p.ack.timestampCount == 2 &&
+        p.ack.timestamps[0].packetNumber == 100 && p.ack.timestamps[0].ageUs == 3 &&
+        p.ack.timestamps[1].packetNumber == 77 && p.ack.timestamps[1].ageUs == 250 &&
+        p.ack.rangeCount == 2 && p.ack.ranges[1].smallest == 50);
+  // Cut short, one byte too many, a timestamp of a packet above the largest acknowledged, one
+  // received before the clock began, a reserved field set, too many: each is refused.
+  sealChecksum({buf.data(), n - 1});
+  CHECK(decodePacket({buf.data(), n - 1}, p) == DecodeError::kTruncated);
+  stamped.timestamps[1] = {101, 250};
+  n = encodeAck(buf, testHeader(), stamped);
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kMalformed);
+  stamped.timestamps[1] = {77, 250};
+  stamped.ackTimeUs = 200;
+  n = encodeAck(buf, testHeader(), stamped);
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kMalformed);
+  stamped.ackTimeUs = 1000;
+  n = encodeAck(buf, testHeader(), stamped);
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kNone);
+  buf[54] = 1;
+  sealChecksum({buf.data(), n});
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kMalformed);
+  stamped.timestampCount = kMaxAckTimestamps + 1;
+  CHECK(!thrownMessage([&] { encodeAck(buf, testHeader(), stamped); }).empty());
+  // A version-3 peer's datagram is dropped as such, not misread.
+  n = encodeAck(buf, testHeader(), empty);
+  buf[0] = 3;
+  sealChecksum({buf.data(), n});
+  CHECK(decodePacket({buf.data(), n}, p) == DecodeError::kBadVersion);
   CHECK(maxCtsIdsFor(256) >= 1);
+}
+
+// What the receive timestamps of one path say (one_way_delay.h), by hand: a path of 1 us per
+// byte (1000-byte packets, 1 ms each) and 100 us of propagation, the peer's clock 5000 us
+// ahead of ours.
+void testOneWayDelays() {
+  OneWayDelays d;
+  constexpr TimeUs kOffset = 5000;
+  CHECK(!d.known(0) && d.queueDelayUs(0) == 0 && d.drainUsPerByte(0) == 0);
+  // Packets 1-3 sent at once at t=0: they drain 1 ms apart behind the first.
+  d.onTimestamp(0, 1000, 0, kOffset + 1100);
+  d.onTimestamp(0, 2000, 0, kOffset + 2100);
+  d.onTimestamp(0, 3000, 0, kOffset + 3100);
+  CHECK(d.known(0));
+  CHECK(std::abs(d.drainUsPerByte(0) - 1.0) < 1e-9);
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{2000});
+  CHECK_EQ(d.lastSentTime(0), TimeUs{0});
+  // An idle gap (the later packet did not wait) is no drain-time sample, and the queue is
+  // gone; an older packet (a reordered ACK) changes nothing; other paths are apart.
+  d.onTimestamp(0, 4000, 10'000, kOffset + 10'100);
+  CHECK(std::abs(d.drainUsPerByte(0) - 1.0) < 1e-9);
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{0});
+  d.onTimestamp(0, 3500, 0, kOffset + 20'000);
+  CHECK_EQ(d.lastSentTime(0), TimeUs{10'000});
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{0});
+  // Two packets back to back at half the rate: the average moves 1/8 of the way.
+  d.onTimestamp(0, 5000, 20'000, kOffset + 20'100);
+  d.onTimestamp(0, 6000, 20'000, kOffset + 22'100);
+  CHECK(std::abs(d.drainUsPerByte(0) - (1.0 + (2.0 - 1.0) / 8)) < 1e-9);
+  CHECK_EQ(d.queueDelayUs(0), DurationUs{2000});
+  CHECK(!d.known(1) && d.queueDelayUs(1) == 0);
 }
 
 void testConfig() {
@@ -2919,6 +2993,7 @@ const ucxb::check::Group kGroups[] = {
     {"crc32c", testCrc32c, true},
     {"range_set", testRangeSet, true},
     {"wire_format", testWireFormat, true},
+    {"one_way_delay", testOneWayDelays, true},
     {"config", testConfig, true},
     {"faults", testFaults, true},
     {"rtt_congestion", testRttAndCongestion, true},

@@ -1366,11 +1366,13 @@ void testCreditReceiverStall() {
 // lossy path's 1.25% aggregate loss keeps it small (clean / round-robin 1.8-1.9x). adaptive
 // under aimd keeps a window per path, OLIA-coupled (congestion_coupled.h): path 1's losses
 // cut path 1's window only, and path 1 carries what its window allows instead of a trickle.
-// Guarded here (deterministic, the runs of the docs' table): adaptive at least 1.45x
-// round-robin at 1 MiB, 1.3x at 4 MiB and 1.05x at 16 MiB (1.47x, 1.37x, 1.08x reached with
-// the per-path time threshold following each path's latest RTT; 0.96x and 0.98x at 4 and
-// 16 MiB with the smoothed RTT alone under F-RTO timeouts), with path 1 in use beyond the
-// trickle a loss weight leaves it (3-20% of the packets; the trickle is 1.6%). UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
+// The peer's receive timestamps (one_way_delay.h) cut a path's window for a standing queue,
+// before it overflows, and tell path 1's random losses (no queue) from congestion: they do not
+// cut its window. Guarded here (deterministic, the runs of the docs' table, seed 3): adaptive
+// at least 1.5x round-robin at 1 and 16 MiB and 1.45x at 4 MiB (1.55x, 1.51x, 1.57x; without
+// the timestamps 1.47x, 1.37x, 1.08x), with path 1 carrying about its quarter (15-30% of the
+// packets; a loss weight would leave it 1.6%, the windows' cuts without timestamps 3-20%).
+// UCXB_MULTIPATH_SEED picks another seed. UCXB_MULTIPATH_SWEEP=1 prints the table of the
 // docs instead (every congestion policy; =aimd: the aimd rows only), at
 // UCXB_MULTIPATH_RATE_MBPS per path if set.
 void testMultipathRateLimited() {
@@ -1402,10 +1404,10 @@ void testMultipathRateLimited() {
     const double bound = static_cast<double>(c.spray.totalUs) / c.clean.totalUs;
     const double ratio = static_cast<double>(c.spray.totalUs) / c.adaptive.totalUs;
     const double share = pathShare(c.adaptive.stats, 1);
-    const double floor = bytes == size_t{1} << 20 ? 1.45 : bytes == size_t{4} << 20 ? 1.3 : 1.05;
+    const double floor = bytes == size_t{4} << 20 ? 1.45 : 1.5;
     CHECK_MSG(bound >= 1.5, std::to_string(bytes) + ": " + std::to_string(bound));
     CHECK_MSG(ratio >= floor, std::to_string(bytes) + ": " + std::to_string(ratio));
-    CHECK_MSG(share > 0.03 && share < 0.2, std::to_string(share));
+    CHECK_MSG(share > 0.15 && share < 0.3, std::to_string(share));
   }
 }
 

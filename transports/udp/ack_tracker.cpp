@@ -5,7 +5,7 @@
 namespace ucxb::udp {
 
 AckTracker::AckTracker(const UdpConfig& config)
-    : ackEvery_(config.ackEvery), maxAckDelay_(config.maxAckDelayUs) {}
+    : ackEvery_(config.ackEvery), maxAckDelay_(config.maxAckDelayUs), timestamped_(config.paths > 1) {}
 
 AckTracker::Arrival AckTracker::classify(PacketNumber pn) const {
   if (pn < floor_) return Arrival::kStale;
@@ -17,8 +17,12 @@ bool AckTracker::plausible(PacketNumber pn) const {
   return pn <= reach + kMaxJump;
 }
 
-bool AckTracker::record(PacketNumber pn, TimeUs now) {
+bool AckTracker::record(PacketNumber pn, TimeUs now, uint32_t path) {
   const bool outOfOrder = largest_ && pn < *largest_;
+  if (timestamped_) {
+    Newest& n = newest_[path % newest_.size()];
+    if (!n.pending || pn > n.pn) n = {pn, now, true};
+  }
   // A gap before this packet means loss (or reordering): tell the sender at once.
   const bool gap = largest_ ? pn > *largest_ + 1 : pn > 0;
   received_.insert(pn);
@@ -52,9 +56,23 @@ std::optional<TimeUs> AckTracker::ackDeadline() const {
   return std::nullopt;
 }
 
+size_t AckTracker::timestampsPending() const {
+  return static_cast<size_t>(
+      std::count_if(newest_.begin(), newest_.end(), [](const Newest& n) { return n.pending; }));
+}
+
 void AckTracker::buildAck(TimeUs now, size_t maxRanges, AckFrame& out) {
   out.rangeCount = 0;
   out.ackDelayUs = 0;
+  out.ackTimeUs = now;
+  out.timestampCount = 0;
+  for (Newest& n : newest_) {
+    if (!n.pending) continue;
+    n.pending = false;
+    const uint64_t age = now > n.at ? now - n.at : 0;
+    out.timestamps[out.timestampCount++] = {n.pn,
+                                            static_cast<uint32_t>(std::min<uint64_t>(age, UINT32_MAX))};
+  }
   if (largest_) {
     out.ackDelayUs = static_cast<uint32_t>(std::min<uint64_t>(now - largestTime_, UINT32_MAX));
   }

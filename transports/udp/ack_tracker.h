@@ -3,6 +3,7 @@
 // received (SACK), so one lost ACK costs nothing: the next one repeats it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -28,9 +29,9 @@ class AckTracker {
     return received_.firstMissingFrom(from < floor_ ? floor_ : from);
   }
 
-  // Records an accepted, new packet. Returns true if it arrived out of order (after a
-  // higher-numbered one).
-  bool record(PacketNumber pn, TimeUs now);
+  // Records an accepted, new packet that came over `path`. Returns true if it arrived out of
+  // order (after a higher-numbered one).
+  bool record(PacketNumber pn, TimeUs now, uint32_t path = 0);
 
   // Acknowledge at the next opportunity: a duplicate arrived (our last ACK may have been
   // lost), a PING asks for news, a packet completed a message (its sender waits for the ACK
@@ -41,8 +42,11 @@ class AckTracker {
   // When the delayed-ACK timer fires, if an ACK is pending.
   std::optional<TimeUs> ackDeadline() const;
 
-  // Fills `out` (all but creditLimit) with up to `maxRanges` of the highest ranges received,
-  // and resets the pending state.
+  // How many receive timestamps the next ACK carries (buildAck): one per path that brought a
+  // new packet since the last ACK, with several paths; none with one.
+  size_t timestampsPending() const;
+  // Fills `out` (all but creditLimit) with up to `maxRanges` of the highest ranges received
+  // and the pending timestamps, and resets the pending state.
   void buildAck(TimeUs now, size_t maxRanges, AckFrame& out);
 
  private:
@@ -60,6 +64,15 @@ class AckTracker {
   uint32_t unacked_ = 0;    // packets received since the last ACK
   TimeUs firstUnackedTime_ = 0;
   bool immediate_ = false;
+  // Per path, the newest packet (highest number) received on it since the last ACK, and when:
+  // the sender reads each path's one-way delay and queue from these (one_way_delay.h).
+  const bool timestamped_;
+  struct Newest {
+    PacketNumber pn = 0;
+    TimeUs at = 0;
+    bool pending = false;
+  };
+  std::array<Newest, kMaxAckTimestamps> newest_{};
 };
 
 }  // namespace ucxb::udp

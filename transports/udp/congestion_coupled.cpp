@@ -94,9 +94,19 @@ void CoupledAimdCongestionControl::onPathLost(uint32_t path, TimeUs newestLostSe
     if (p.lossesSinceCut > 0) p.lossesSinceCut += count;
     return;
   }
+  cut(p, now, count);
+}
+
+void CoupledAimdCongestionControl::onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now) {
+  Path& p = paths_[path % paths_.size()];
+  if (p.cut && sentTime <= p.cutAt) return;  // the queue of a round already cut for
+  cut(p, now, 0);  // nothing a late ACK could show spurious: never undone
+}
+
+void CoupledAimdCongestionControl::cut(Path& p, TimeUs now, uint64_t losses) {
   p.windowBeforeCut = p.window;
   p.thresholdBeforeCut = p.slowStartThreshold;
-  p.lossesSinceCut = count;
+  p.lossesSinceCut = losses;
   p.ackedBetweenCutsBeforeCut = p.ackedBetweenCuts;
   p.ackedBetweenCuts = p.ackedSinceCut;
   p.ackedSinceCut = 0;

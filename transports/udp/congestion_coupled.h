@@ -63,6 +63,10 @@ class CoupledAimdCongestionControl final : public CongestionControl {
   void onPathLost(uint32_t path, TimeUs newestLostSentTime, TimeUs now, uint64_t count);
   // A packet of `path` that loss detection declared lost was acknowledged after all.
   void onPathSpuriousLoss(uint32_t path);
+  // The peer's receive timestamps show a standing queue on `path` (a packet sent at
+  // `sentTime` waited in it longer than the connection allows, reliability.cpp): cut as for
+  // a loss, once per round trip, before the queue overflows and a loss costs a resend.
+  void onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now);
 
  private:
   struct Path {
@@ -82,6 +86,9 @@ class CoupledAimdCongestionControl final : public CongestionControl {
     double ackedSinceCut = 0;
     double ackedBetweenCutsBeforeCut = 0;  // for the undo: the interval the cut ended
   };
+  // Halves the window (a congestion event); `losses`: how many lost packets it answers, for
+  // its undo (0: not undone).
+  void cut(Path& p, TimeUs now, uint64_t losses);
   // OLIA's increase per ACK on `path` in congestion avoidance (packets; may be negative).
   double coupledIncrease(uint32_t path) const;
   // OLIA's measure of a path: packets acknowledged between cuts (the larger of the last

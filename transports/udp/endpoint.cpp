@@ -270,7 +270,7 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
   for (size_t offset = 0; offset == 0 || offset < bytes.size(); offset += step) {
     const auto piece = bytes.subspan(offset, std::min(step, bytes.size() - offset));
     if (!faults_) {
-      deliver(peer, piece, now);
+      deliver(peer, path, piece, now);
       continue;
     }
     faultOut_.clear();
@@ -278,10 +278,10 @@ bool Endpoint::handleDatagram(TimeUs now, const SocketAddress& from,
     if (trace_) trace_->sampleQueue(now, peer, path, *faults_);
     for (auto& copy : faultOut_) {
       if (copy.extraDelayUs == 0) {
-        deliver(peer, copy.bytes, now);
+        deliver(peer, path, copy.bytes, now);
       } else {
         delayed_.push(
-            Delayed{now + copy.extraDelayUs, delayedOrder_++, peer, std::move(copy.bytes)});
+            Delayed{now + copy.extraDelayUs, delayedOrder_++, peer, path, std::move(copy.bytes)});
       }
     }
   }
@@ -333,7 +333,7 @@ bool Endpoint::failUnreachable(TimeUs now) {
   return failed;
 }
 
-void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
+void Endpoint::deliver(int peer, uint32_t path, std::span<const uint8_t> bytes, TimeUs now) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (p.opener) {
     // Nothing unauthenticated reaches the connection: not even its decoder sees it.
@@ -344,7 +344,7 @@ void Endpoint::deliver(int peer, std::span<const uint8_t> bytes, TimeUs now) {
     bytes = bytes.first(bytes.size() - kAuthTrailerBytes);
     p.unreachableSince.reset();  // it is alive: whatever the ICMP said was not from it
   }
-  p.connection->onDatagram(bytes, now);
+  p.connection->onDatagram(bytes, now, path);
   if (trace_) trace_->sampleConnection(now, peer, *p.connection);
 }
 
@@ -354,7 +354,7 @@ bool Endpoint::handleTimeout(TimeUs now) {
     // top() is const, but the element is popped right after: moving its bytes out is safe.
     Delayed d = std::move(const_cast<Delayed&>(delayed_.top()));
     delayed_.pop();
-    deliver(d.peer, d.bytes, now);
+    deliver(d.peer, d.path, d.bytes, now);
     delivered = true;
   }
   if (failUnreachable(now)) delivered = true;

@@ -196,6 +196,7 @@ class Endpoint {
     TimeUs dueUs;
     uint64_t order;  // FIFO among equal due times
     int peer;
+    uint32_t path;
     std::vector<uint8_t> bytes;
     bool operator>(const Delayed& o) const {
       return dueUs != o.dueUs ? dueUs > o.dueUs : order > o.order;
@@ -217,7 +218,7 @@ class Endpoint {
   };
 
   Peer& peerAt(int peer, const char* what);
-  void deliver(int peer, std::span<const uint8_t> bytes, TimeUs now);
+  void deliver(int peer, uint32_t path, std::span<const uint8_t> bytes, TimeUs now);
   void cancelRequest(EndpointRequest& request);
   void failPeer(int peer, const std::string& why);
   // Authenticated mode: fails the peers whose closed port no authenticated datagram

@@ -23,12 +23,14 @@
 
 #include "transports/udp/stats.h"
 #include "transports/udp/udp_types.h"
+#include "transports/udp/wire_format.h"
 
 namespace ucxb::udp {
 
 
 // Most paths (sockets per rank) a group may use.
 constexpr uint32_t kMaxPaths = 16;
+static_assert(kMaxPaths <= kMaxAckTimestamps, "an ACK carries a receive timestamp per path");
 // A set of paths as a bit mask (bit p: path p); every path.
 constexpr uint32_t kAllPaths = (uint32_t{1} << kMaxPaths) - 1;
 

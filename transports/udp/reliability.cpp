@@ -78,7 +78,7 @@ void PeerConnection::drop(DropReason reason) {
   ++stats_.droppedBy[static_cast<size_t>(reason)];
 }
 
-void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
+void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, uint32_t path) {
   lastNow_ = std::max(lastNow_, now);
   ++stats_.datagramsReceived;
   stats_.bytesReceived += datagram.size();
@@ -173,7 +173,7 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now) {
     case PacketType::kNack:
     case PacketType::kCredit: break;
   }
-  if (acks_.record(pn, now)) ++stats_.outOfOrderPackets;
+  if (acks_.record(pn, now, path)) ++stats_.outOfOrderPackets;
   ++stats_.datagramsAccepted;
 }
 
@@ -201,6 +201,13 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
   for (const uint32_t path : ackResult_.spuriousLossPaths) {
     paths_.onSpuriousLoss(path);
     if (pathWindows_ != nullptr) pathWindows_->onPathSpuriousLoss(path);
+  }
+  if (pathWindows_ != nullptr) {
+    for (const uint32_t path : ackResult_.timestampedPaths) {
+      if (sent_.oneWayDelays().queueDelayUs(path) > queueLimitUs(path)) {
+        pathWindows_->onPathQueue(path, sent_.oneWayDelays().lastSentTime(path), now);
+      }
+    }
   }
   AckSignal signal;
   signal.now = now;
@@ -331,7 +338,16 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
   if (pathWindows_ != nullptr) {
     // Each path's window reacts to its own losses (a trim, like a loss, is congestion there).
     for (uint32_t path = 0; path < kMaxPaths; ++path) {
-      if (pathLost[path] > 0) pathWindows_->onPathLost(path, pathNewestSent[path], now, pathLost[path]);
+      if (pathLost[path] == 0) continue;
+      // A loss on a path whose queue, by the peer's timestamps, is within the limit is not
+      // congestion (that cuts the window through onPathQueue before the queue overflows) but
+      // the path's own random loss: resent, and the window kept, so that a path losing 5% at
+      // random still carries what its other 95% can.
+      if (sent_.oneWayDelays().known(path) &&
+          sent_.oneWayDelays().queueDelayUs(path) <= queueLimitUs(path)) {
+        continue;
+      }
+      pathWindows_->onPathLost(path, pathNewestSent[path], now, pathLost[path]);
     }
   } else if (cause == LossCause::kDetected) {
     congestion_->onPacketsLost(newestSent, now);
@@ -341,6 +357,12 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
 }
 
 DurationUs PeerConnection::lossDelay() const { return lossRecovery_->lossDelay(rtt_); }
+
+DurationUs PeerConnection::queueLimitUs(uint32_t path) const {
+  const double drainUs = sent_.oneWayDelays().drainUsPerByte(path) *
+                         static_cast<double>(config_.mtuPayload) * kQueueLimitPackets;
+  return std::max<DurationUs>(rtt_.min(), static_cast<DurationUs>(drainUs));
+}
 
 DurationUs PeerConnection::currentRto() const {
   const DurationUs base =
@@ -492,7 +514,7 @@ size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t 
 }
 
 size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
-  acks_.buildAck(now, maxAckRangesFor(config_.mtuPayload), ackFrame_);
+  acks_.buildAck(now, maxAckRangesFor(config_.mtuPayload, acks_.timestampsPending()), ackFrame_);
   ackFrame_.creditLimit = receiver_.creditLimit();
   receiver_.noteCreditAdvertised(ackFrame_.creditLimit);
   ackFrame_.ceCount = static_cast<uint16_t>(ceReceived_);

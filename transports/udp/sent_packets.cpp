@@ -18,6 +18,7 @@ PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent conte
   p.sentTime = now;
   p.bytes = bytes;
   p.path = path;
+  p.pathBytes = pathBytesSent_[path % kPathSlots] += bytes;
   p.content = std::move(content);
   countInFlight(p, +1);
   packets_.push_back(std::move(p));
@@ -50,6 +51,7 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   out.lateDataAcks = 0;
   out.spuriousLossPaths.clear();
   out.rttSampleSentTime.reset();
+  out.timestampedPaths.clear();
   if (ack.rangeCount == 0) return true;
   // Ranges are descending: the first one holds the largest number.
   if (ack.ranges[0].largest >= next_) return false;
@@ -87,8 +89,22 @@ bool SentPackets::onAck(const AckFrame& ack, AckResult& out) {
   if (!largestAcked_ || ack.ranges[0].largest > *largestAcked_) {
     largestAcked_ = ack.ranges[0].largest;
   }
+  takeTimestamps(ack, out);
   trimFront();
   return true;
+}
+
+void SentPackets::takeTimestamps(const AckFrame& ack, AckResult& out) {
+  if (ack.timestampCount == 0) return;
+  for (uint16_t i = 0; i < ack.timestampCount; ++i) {
+    const AckTimestamp& t = ack.timestamps[i];
+    // Only a packet the frame acknowledged (a timestamp of anything else is no news: an old
+    // one, or one whose range did not fit), and still on record.
+    const SentPacket* p = find(t.packetNumber);
+    if (p == nullptr || p->state != SentPacket::State::kAcked) continue;
+    delays_.onTimestamp(p->path, p->pathBytes, p->sentTime, ack.ackTimeUs - t.ageUs);
+    out.timestampedPaths.push_back(p->path);
+  }
 }
 
 void SentPackets::markLost(SentPacket& p, std::vector<SentPacket>& lost, bool byTimeout) {

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "transports/udp/one_way_delay.h"
 #include "transports/udp/udp_types.h"
 #include "transports/udp/wire_format.h"
 
@@ -38,6 +39,7 @@ struct SentPacket {
   uint32_t bytes = 0;  // datagram size
   State state = State::kInFlight;
   uint32_t path = 0;  // which of the peer's paths it took (path_selector.h)
+  uint64_t pathBytes = 0;  // bytes sent on its path so far, its own included (one_way_delay.h)
   PacketContent content;
 };
 
@@ -66,6 +68,8 @@ class SentPackets {
     // Send time of the frame's largest packet if this frame is the first to acknowledge it:
     // the one RTT sample the frame yields (RFC 9002 5.1).
     std::optional<TimeUs> rttSampleSentTime;
+    // Paths whose one-way delay the frame's receive timestamps updated (oneWayDelays()).
+    std::vector<uint32_t> timestampedPaths;
   };
   // Applies an ACK frame. Returns false, changing nothing, if it acknowledges a packet number
   // never sent (a confused or forged peer).
@@ -81,6 +85,9 @@ class SentPackets {
   void setPathLossDelay(uint32_t path, DurationUs delay) {
     pathLossDelay_[path % pathLossDelay_.size()] = delay;
   }
+
+  // Each path's one-way delay and queue, from the peer's receive timestamps in the ACKs.
+  const OneWayDelays& oneWayDelays() const { return delays_; }
 
   // Moves to `lost` every in-flight packet below the largest acknowledged one that the
   // packet or time threshold declares lost.
@@ -121,6 +128,10 @@ class SentPackets {
     uint64_t bytes = 0;
   };
   std::array<InFlight, kPathSlots> pathInFlight_{};
+  std::array<uint64_t, kPathSlots> pathBytesSent_{};
+  OneWayDelays delays_;
+  // Feeds the frame's receive timestamps of packets it acknowledged to delays_.
+  void takeTimestamps(const AckFrame& ack, AckResult& out);
   std::optional<PacketNumber> largestAcked_;
   bool perPath_ = false;
   std::array<DurationUs, kPathSlots> pathLossDelay_{};

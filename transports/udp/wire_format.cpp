@@ -16,7 +16,8 @@ constexpr size_t kOffPacketNumber = 16;
 constexpr size_t kOffTag = 24, kOffMessageId = 32, kOffMessageLength = 40, kOffOffset = 48,
                  kOffFragmentLength = 56, kOffFlags = 58, kOffDataReserved = 59;
 constexpr size_t kOffLargest = 16, kOffCredit = 24, kOffAckDelay = 32, kOffRangeCount = 36,
-                 kOffCeCount = 38, kOffFirstRange = 40;
+                 kOffCeCount = 38, kOffFirstRange = 40, kOffAckTime = 44,
+                 kOffTimestampCount = 52, kOffAckReserved = 54;
 constexpr size_t kOffCtsCount = 24, kOffCtsReserved = 26;
 constexpr size_t kOffNackCount = 16, kOffNackReserved = 18;
 constexpr size_t kOffGranted = 16, kOffWanted = 24, kOffCreditFlags = 32, kOffCreditReserved = 34;
@@ -119,11 +120,25 @@ DecodeError decodeAck(const uint8_t* p, size_t n, DecodedPacket& out) {
   const uint16_t count = get16(p + kOffRangeCount);
   const uint32_t firstLength = get32(p + kOffFirstRange);
   a.ceCount = get16(p + kOffCeCount);
-  if (count > kMaxAckRanges) return DecodeError::kMalformed;
-  const size_t expected = ackBytes(count);
+  a.ackTimeUs = get64(p + kOffAckTime);
+  const uint16_t stamps = get16(p + kOffTimestampCount);
+  if (count > kMaxAckRanges || stamps > kMaxAckTimestamps || get16(p + kOffAckReserved) != 0) {
+    return DecodeError::kMalformed;
+  }
+  const size_t expected = ackBytes(count, stamps);
   if (n < expected) return DecodeError::kTruncated;
   if (n > expected) return DecodeError::kMalformed;
   a.rangeCount = count;
+  a.timestampCount = stamps;
+  const uint8_t* t = p + ackBytes(count);
+  for (uint16_t i = 0; i < stamps; ++i, t += kAckTimestampBytes) {
+    a.timestamps[i] = {get64(t), get32(t + 8)};
+    // A packet received before the clock began, or one never acknowledged, is impossible.
+    if (a.timestamps[i].ageUs > a.ackTimeUs || count == 0 ||
+        a.timestamps[i].packetNumber > largest) {
+      return DecodeError::kMalformed;
+    }
+  }
   if (count == 0) {
     return largest == 0 && firstLength == 0 ? DecodeError::kNone : DecodeError::kMalformed;
   }
@@ -268,7 +283,10 @@ size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumb
 }
 
 size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFrame& ack) {
-  const size_t n = ackBytes(ack.rangeCount);
+  if (ack.timestampCount > kMaxAckTimestamps) {
+    throw std::length_error("udp wire format: an ACK carries at most 16 timestamps");
+  }
+  const size_t n = ackBytes(ack.rangeCount, ack.timestampCount);
   requireRoom(out, n, "ACK packet");
   uint8_t* p = out.data();
   writeCommon(p, header, PacketType::kAck);
@@ -276,6 +294,14 @@ size_t encodeAck(std::span<uint8_t> out, const PacketHeader& header, const AckFr
   put32(p + kOffAckDelay, ack.ackDelayUs);
   put16(p + kOffRangeCount, ack.rangeCount);
   put16(p + kOffCeCount, ack.ceCount);
+  put64(p + kOffAckTime, ack.ackTimeUs);
+  put16(p + kOffTimestampCount, ack.timestampCount);
+  put16(p + kOffAckReserved, 0);
+  uint8_t* t = p + ackBytes(ack.rangeCount);
+  for (uint16_t i = 0; i < ack.timestampCount; ++i, t += kAckTimestampBytes) {
+    put64(t, ack.timestamps[i].packetNumber);
+    put32(t + 8, ack.timestamps[i].ageUs);
+  }
   if (ack.rangeCount == 0) {
     put64(p + kOffLargest, 0);
     put32(p + kOffFirstRange, 0);
@@ -346,9 +372,10 @@ size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const Cr
   return kCreditBytes;
 }
 
-size_t maxAckRangesFor(size_t mtuPayload) {
-  if (mtuPayload < kAckFixedBytes) return 0;
-  return std::min(kMaxAckRanges, (mtuPayload - kAckFixedBytes) / kAckRangeBytes + 1);
+size_t maxAckRangesFor(size_t mtuPayload, size_t timestamps) {
+  const size_t fixed = ackBytes(0, timestamps);
+  if (mtuPayload < fixed) return 0;
+  return std::min(kMaxAckRanges, (mtuPayload - fixed) / kAckRangeBytes + 1);
 }
 
 size_t maxCtsIdsFor(size_t mtuPayload) {

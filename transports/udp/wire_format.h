@@ -1,10 +1,11 @@
-// The datagram format of the UDP transport, version 3: encoders, and a decoder that checks
+// The datagram format of the UDP transport, version 4: encoders, and a decoder that checks
 // every length, offset and count before anything else looks at a datagram.
 //
 // Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
 // control, congestion=credit). A version-1 peer would count every CREDIT as bad_type and
 // stall a credit sender, so the version says it: each end drops the other's datagrams as
-// bad_version, and a mixed group fails loudly instead.
+// bad_version, and a mixed group fails loudly instead. 3 adds CREDIT's catch-up flag; 4 adds
+// the ACK's receive timestamps (its fixed part grows from 44 to 56 bytes).
 //
 // All integers are little-endian. Every datagram starts with the common header:
 //
@@ -25,15 +26,21 @@
 //   can be matched to a posted receive and written straight into it. A trimmed DATA (flag
 //   kTrimmed, set by a congested switch) is the header alone: its payload was cut on the way,
 //   and its fragment length still says how long the payload was.
-// ACK (44 bytes + 8 per extra range; not reliable, never acknowledged):
+// ACK (56 bytes + 8 per extra range + 12 per timestamp; not reliable, never acknowledged):
 //   16 u64 largest acknowledged   24 u64 credit limit   32 u32 ack delay (us)
 //   36 u16 range count   38 u16 CE count (DATA received marked kCongestionExperienced, since
 //   the start, modulo 2^16: the ECN echo)   40 u32 first range length
-//   44 (range count - 1) x { u32 gap, u32 length }
+//   44 u64 ack time (us, the receiver's own clock, when it wrote this ACK)
+//   52 u16 timestamp count   54 u16 reserved (0)
+//   56 (range count - 1) x { u32 gap, u32 length }
+//   then timestamp count x { u64 packet number, u32 age (us before the ack time) }
 //   The first range is [largest - first range length, largest]; each next range ends `gap`+1
 //   below the previous range's smallest (gap = missing numbers in between, >= 1) and spans
 //   length+1 numbers. Range count 0 is a pure flow-control update (largest and first range
-//   length are then 0).
+//   length are then 0). A timestamp says when a packet arrived, on the receiver's clock: with
+//   several paths, the newest packet received on each path since the last ACK (at most one
+//   per path, kMaxAckTimestamps), so that the sender sees each path's one-way delay and queue
+//   (one_way_delay.h). The clocks need not agree: only differences of one clock are used.
 // CTS (clear to send; 28 bytes + 8 per id): 24 u16 count   26 u16 reserved (0)   28 count x u64
 //   message id: the receiver has posted the buffer for these rendezvous messages.
 // PING (24 bytes): elicits an ACK (zero-window probe), carries nothing else.
@@ -60,7 +67,7 @@
 
 namespace ucxb::udp {
 
-constexpr uint8_t kWireVersion = 3;
+constexpr uint8_t kWireVersion = 4;
 
 enum class PacketType : uint8_t {
   kData = 1,
@@ -109,8 +116,10 @@ constexpr uint16_t kKnown = kRequest | kCatchUp;
 constexpr size_t kCommonHeaderBytes = 16;
 constexpr size_t kReliableHeaderBytes = 24;  // common header + packet number
 constexpr size_t kDataHeaderBytes = 60;
-constexpr size_t kAckFixedBytes = 44;
+constexpr size_t kAckFixedBytes = 56;
 constexpr size_t kAckRangeBytes = 8;
+constexpr size_t kAckTimestampBytes = 12;
+constexpr size_t kMaxAckTimestamps = 16;  // one per path: kMaxPaths (path_selector.h)
 constexpr size_t kCtsFixedBytes = 28;
 constexpr size_t kPingBytes = 24;
 constexpr size_t kNackFixedBytes = 20;
@@ -150,12 +159,21 @@ struct PacketRange {
   PacketNumber largest = 0;
 };
 
+// When the receiver got one packet: `ageUs` before the frame's ackTimeUs.
+struct AckTimestamp {
+  PacketNumber packetNumber = 0;
+  uint32_t ageUs = 0;
+};
+
 struct AckFrame {
   uint64_t creditLimit = 0;
   uint32_t ackDelayUs = 0;
   uint16_t rangeCount = 0;  // 0: no packet acknowledged, only the credit limit
   uint16_t ceCount = 0;     // DATA received marked Congestion Experienced, modulo 2^16
   std::array<PacketRange, kMaxAckRanges> ranges{};  // descending, disjoint, non-adjacent
+  TimeUs ackTimeUs = 0;     // the receiver's clock
+  uint16_t timestampCount = 0;
+  std::array<AckTimestamp, kMaxAckTimestamps> timestamps{};
   PacketNumber largest() const { return rangeCount ? ranges[0].largest : 0; }
 };
 
@@ -220,16 +238,18 @@ size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
 
 size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const CreditFrame& credit);
 
-constexpr size_t ackBytes(size_t ranges) {
-  return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0);
+constexpr size_t ackBytes(size_t ranges, size_t timestamps = 0) {
+  return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0) +
+         timestamps * kAckTimestampBytes;
 }
 constexpr size_t ctsBytes(size_t ids) { return kCtsFixedBytes + ids * 8; }
 constexpr size_t nackBytes(size_t numbers) { return kNackFixedBytes + numbers * 8; }
 
 // Most payload bytes one DATA datagram of at most `mtuPayload` bytes can carry.
 constexpr size_t maxFragmentBytes(size_t mtuPayload) { return mtuPayload - kDataHeaderBytes; }
-// Most ACK ranges / CTS ids that fit in one datagram of at most `mtuPayload` bytes.
-size_t maxAckRangesFor(size_t mtuPayload);
+// Most ACK ranges (beside `timestamps` timestamps) / CTS ids that fit in one datagram of at
+// most `mtuPayload` bytes.
+size_t maxAckRangesFor(size_t mtuPayload, size_t timestamps = 0);
 size_t maxCtsIdsFor(size_t mtuPayload);
 
 // Recomputes the checksum of an encoded datagram in place (tests and fault injection use it
