@@ -449,6 +449,9 @@ class FakeNative:
         )
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
+    def ucx_leave_device_modules_out(self) -> None:
+        """What a CPU-only torch asks before its first ucx group: nothing to do here, no UCX."""
+
 
 @pytest.fixture
 def fake_native(monkeypatch: pytest.MonkeyPatch) -> FakeNative:
