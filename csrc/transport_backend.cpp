@@ -428,6 +428,14 @@ void TransportBackend::injectTransportFault(const std::string& where) {
   engine_->post(std::move(wake));
 }
 
+uint64_t TransportBackend::injectedTransportFolds() const {
+  if (!faults_) {
+    throwInvalid("transport_fault_counts", getRank(),
+                 "the group was created without UCXBACKEND_TEST_FAULT_INJECTION=1", backendName_);
+  }
+  return faults_->folds();
+}
+
 bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& work) {
   if (!engine.failed()) return false;
   work.finishError(

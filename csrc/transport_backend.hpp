@@ -156,6 +156,8 @@ class TransportBackend : public c10d::Backend {
   // transport throws from its next progress() ("progress") or arm() ("arm"), and the
   // progress thread is woken to make that call. Any thread.
   void injectTransportFault(const std::string& where);
+  // Test-only, as injectTransportFault: the receives the wrapped transport folded so far.
+  uint64_t injectedTransportFolds() const;
 
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
