@@ -271,10 +271,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
 
 // outputs[i] holds size() copies of inputs[i]'s shape, rank-major. One algorithm call for all
 // pairs: inputs are packed into one block per rank, gathered, then split back.
-c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
-                                                              std::vector<at::Tensor> outputs,
-                                                              std::vector<at::Tensor> inputs,
-                                                              std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(
+    const char* op, std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+    std::chrono::milliseconds timeout, const std::function<void()>& alsoIssue) {
   const auto c = checker(op);
   if (inputs.empty() || inputs.size() != outputs.size()) {
     c.fail("expects as many outputs as inputs (and at least one), got " +
@@ -340,7 +339,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(const char* op,
                      dst.copyBack();
                      at += len;
                    }
-                 });
+                 },
+                 nullptr, alsoIssue);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::_allgather_base(
@@ -380,10 +380,17 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather_coalesced(
     }
     flatOutputs.push_back(at::empty({inputs[i].numel() * getSize()}, inputs[i].options()));
   }
-  auto inner = allgatherFlat("allgather_coalesced", flatOutputs, inputs, timeoutFor(opts.timeout));
-  // Scatter the flat results into the user's lists once gathered, before the Work completes.
-  auto work = makeWork("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, c.device(), {},
-                       inputs, timeoutFor(opts.timeout));
+  // The Work handed back, which scatters the flat results into the user's lists once
+  // gathered, is made under issueMu_ with the gather's (enqueue): both take their numbers
+  // there, one after the other. Made after it returned, another thread's op could take a
+  // number between them on one rank and not on another, and ops pair by number across ranks.
+  c10::intrusive_ptr<TransportWork> work;
+  auto inner = allgatherFlat("allgather_coalesced", flatOutputs, inputs, timeoutFor(opts.timeout),
+                             [&] {
+                               work = makeWork("allgather_coalesced",
+                                               c10d::OpType::ALLGATHER_COALESCED, c.device(), {},
+                                               inputs, timeoutFor(opts.timeout));
+                             });
   std::vector<std::vector<at::Tensor>> lists = outputLists;
   inner->getFuture()->addCallback([work, lists, flatOutputs, device = c.device(),
                                    timeout = timeoutFor(opts.timeout)](c10::ivalue::Future& f) {

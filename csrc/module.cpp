@@ -244,6 +244,17 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend"), py::arg("where") = "progress",
       "Test-only: the group's transport throws from its next progress() or arm() (the group "
       "must have been created with UCXBACKEND_TEST_FAULT_INJECTION=1).");
+  m.def(
+      "_transport_fault_counts",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        py::dict out;
+        const auto* group = asGroup(backend, "_transport_fault_counts");
+        out["folded_receives"] = group->injectedTransportFolds();
+        return out;
+      },
+      py::arg("backend"),
+      "Test-only: what the fault-injecting transport of a group created with "
+      "UCXBACKEND_TEST_FAULT_INJECTION=1 saw: folded_receives (its transport folded them).");
 
   m.def(
       "flight_recorder_capacity",

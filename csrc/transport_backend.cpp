@@ -428,6 +428,14 @@ void TransportBackend::injectTransportFault(const std::string& where) {
   engine_->post(std::move(wake));
 }
 
+uint64_t TransportBackend::injectedTransportFolds() const {
+  if (!faults_) {
+    throwInvalid("transport_fault_counts", getRank(),
+                 "the group was created without UCXBACKEND_TEST_FAULT_INJECTION=1", backendName_);
+  }
+  return faults_->folds();
+}
+
 bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& work) {
   if (!engine.failed()) return false;
   work.finishError(
@@ -515,7 +523,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::vector<at::Tensor> outputs,
                                                         OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
-                                                        Body body, PostBody inlineBody) {
+                                                        Body body, PostBody inlineBody,
+                                                        const std::function<void()>& alsoIssue) {
   // From its sequence number to its place in the queue (or its lease), an op is issued
   // under issueMu_: ops that threads issue concurrently then run in the order of their
   // numbers on every rank. Peers match ops by number, so two ranks running a pair in
@@ -527,6 +536,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   {
     std::lock_guard<std::mutex> issue(issueMu_);
     work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+    if (alsoIssue) alsoIssue();
     if (!engine_->failed()) {
       // The caller's thread has no device stream to order the op after: the inline run is a
       // host path (takesHostPaths), asked here only.

@@ -156,6 +156,8 @@ class TransportBackend : public c10d::Backend {
   // transport throws from its next progress() ("progress") or arm() ("arm"), and the
   // progress thread is woken to make that call. Any thread.
   void injectTransportFault(const std::string& where);
+  // Test-only, as injectTransportFault: the receives the wrapped transport folded so far.
+  uint64_t injectedTransportFolds() const;
 
  private:
   // The body of a collective, run on the progress thread with a Comm scoped to the op.
@@ -188,12 +190,15 @@ class TransportBackend : public c10d::Backend {
                                              std::vector<at::Tensor> outputs, OpInputs inputs,
                                              std::chrono::milliseconds timeout);
   // `inlineBody`, when set, is the same op split for the inline path: tried first (runInline)
-  // unless the op is a CUDA one; `body` runs on the progress thread otherwise.
+  // unless the op is a CUDA one; `body` runs on the progress thread otherwise. `alsoIssue`,
+  // when set, runs under issueMu_ right after the op's Work is made: an op that makes a
+  // second Work (allgather_coalesced) numbers it there, so no other op's number falls between.
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
                                          std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs, OpInputs inputs,
                                          std::chrono::milliseconds timeout, Body body,
-                                         PostBody inlineBody = nullptr);
+                                         PostBody inlineBody = nullptr,
+                                         const std::function<void()>& alsoIssue = nullptr);
   // The task that runs `body` for `work` on the progress thread, queued. `tagGroup`: the
   // group field of the op's tags (tag::markedGroup).
   void queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
@@ -214,10 +219,12 @@ class TransportBackend : public c10d::Backend {
                                                std::vector<at::Tensor> tensors,
                                                const c10d::ReduceOp& reduceOp,
                                                std::chrono::milliseconds timeout);
+  // `alsoIssue`: as enqueue's.
   c10::intrusive_ptr<c10d::Work> allgatherFlat(const char* op,
                                                std::vector<at::Tensor> outputs,
                                                std::vector<at::Tensor> inputs,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout,
+                                               const std::function<void()>& alsoIssue = nullptr);
   c10::intrusive_ptr<c10d::Work> reduceScatterFlat(const char* op,
                                                    std::vector<at::Tensor> outputs,
                                                    std::vector<std::vector<at::Tensor>> inputs,

@@ -8,9 +8,13 @@ split elements, so the elements two pieces share are checked by algorithms_test'
 worlds, tests/test_algorithms_inproc.py, whose transport cuts inside elements and hands the
 pieces over last first. Across hosts: tests/test_multinode_chunks.py.) The same pieces,
 copied into place with non-temporal stores, carry a large all-gather half (Comm::recvStreamed):
-checked against numpy too."""
+checked against numpy too. A group whose transport is wrapped for fault injection
+(UCXBACKEND_TEST_FAULT_INJECTION=1) folds too, and a fault injected while its folding receives
+are posted fails the op with that fault."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -98,3 +102,42 @@ def test_folded_sizes_that_differ_fail() -> None:
     assert all(msg is not None for msg in messages), messages
     for rank, (elapsed, msg) in enumerate(res):
         assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
+
+
+def _fault_injected(rank: int, ws: int) -> dict[str, object]:
+    from ucxbackend import _C
+
+    native = dist.group.WORLD._get_backend(torch.device("cpu"))
+    t = _rank_values(rank, torch.int64)
+    dist.all_reduce(t)
+    out: dict[str, object] = {
+        "bytes": t.numpy().tobytes(),
+        "folds": _C._transport_fault_counts(native)["folded_receives"],
+    }
+    pending = _rank_values(rank, torch.int64)
+    if rank == 0:
+        # Posted (folding receives included) while rank 1 is away; then progress() throws.
+        work = dist.all_reduce(pending, async_op=True)
+        time.sleep(0.5)
+        _C._inject_transport_fault(native, "progress")
+        out["fault"] = timed_failure(work.wait)
+    else:
+        time.sleep(2.0)
+        out["fault"] = timed_failure(lambda: dist.all_reduce(pending))
+    return out
+
+
+def test_fault_injected_group_folds_and_reports_faults() -> None:
+    skip_unless_ucx("folding receives are the ucx transport's")
+    env = {**ENV, "UCXBACKEND_TEST_FAULT_INJECTION": "1"}
+    pg_timeout = 5.0
+    res = run_world(_fault_injected, 2, env=env, pg_timeout=pg_timeout, timeout=180)
+    want = (_rank_values(0, torch.int64) + _rank_values(1, torch.int64)).numpy().tobytes()
+    for rank, out in enumerate(res):
+        assert out["bytes"] == want, rank
+        assert out["folds"] > 0, f"rank {rank}: the wrapped transport never folded"
+    elapsed, msg = res[0]["fault"]
+    assert msg is not None, "the op survived an injected transport fault"
+    assert "injected transport fault" in msg and "allreduce" in msg and "rank 0 of 2" in msg, msg
+    assert elapsed < pg_timeout, (elapsed, msg)
+    assert res[1]["fault"][0] < pg_timeout + 10, res[1]["fault"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -68,12 +69,16 @@ def udp_fuzz() -> Path:
 
 
 def _run(
-    binary: Path, args: list[str], timeout: float, env: dict[str, str] | None = None
+    binary: Path,
+    args: list[str],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
             [str(binary), *args],
-            cwd=REPO,
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -215,10 +220,44 @@ def test_planted_overflow_is_caught(udp_fuzz: Path, tmp_path: Path) -> None:
     assert "udp_fuzz_target.cpp" in result.stderr  # the stack names the write
     crashes = sorted(artifacts.glob("crash-*"))
     assert len(crashes) == 1, result.stderr[-3000:]
-    replay = _run(udp_fuzz, [str(crashes[0])], timeout=60, env=planted)
+    # Replayed where its copy would land (the default artifact prefix is ./): none is made,
+    # the replayed file is named instead. (Replays in the repo once left crash-<hash> there,
+    # a planted crash that later looked like a real one.)
+    replay = _run(udp_fuzz, [str(crashes[0])], timeout=60, env=planted, cwd=tmp_path)
     assert replay.returncode != 0
     assert "use-after-poison" in replay.stderr
+    assert f"crash while replaying {crashes[0]} (no artifact written)" in replay.stderr
+    assert not list(tmp_path.glob("crash-*")), "the replay wrote a copy of its input"
     assert _run(udp_fuzz, [str(crashes[0])], timeout=60).returncode == 0
+
+
+def test_abort_sent_from_outside_is_not_a_crash(udp_fuzz: Path, tmp_path: Path) -> None:
+    """A SIGABRT that another process sends (a supervisor's timeout, kill -ABRT) is told from
+    one the target raised: the sender's pid is printed, and the input goes to killed-<hash>,
+    never to crash-<hash>, which replays as no crash."""
+    args = ["-runs=-1", "-max_total_time=120", "-seed=1", f"-artifact_prefix={tmp_path}/"]
+    proc = subprocess.Popen(
+        [str(udp_fuzz), *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **ENV},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # fuzzing from here on: inside an input nearly all the time
+            if "INITED" in line:
+                break
+        proc.send_signal(signal.SIGABRT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGABRT, stderr[-3000:]
+    assert f"signal {int(signal.SIGABRT)} sent by pid {os.getpid()}" in stderr, stderr[-3000:]
+    assert not list(tmp_path.glob("crash-*")), stderr[-3000:]
 
 
 @pytest.mark.slow

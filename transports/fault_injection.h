@@ -3,10 +3,13 @@
 // transport (csrc/engine/progress_engine.cpp) without breaking a real transport. A group
 // wraps its transport in one only when UCXBACKEND_TEST_FAULT_INJECTION=1 is set at creation
 // (csrc/transport_backend.cpp); Python arms it with ucxbackend._C._inject_transport_fault.
-// Everything else is forwarded unchanged.
+// Everything else is forwarded unchanged, recvFolded included (so that such a group folds as
+// its transport would, and faults reach folding receives too); the folds it sees are counted
+// (ucxbackend._C._transport_fault_counts) so that a test can tell that they did happen.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +24,10 @@ class FaultSwitch {
  public:
   enum class Where : int { kNone = 0, kProgress = 1, kArm = 2 };
   void arm(Where where) { where_.store(static_cast<int>(where), std::memory_order_release); }
+  // Receives the transport folded (recvFolded gave a request). Counted by the owner thread,
+  // read from any.
+  void countFold() { folds_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t folds() const { return folds_.load(std::memory_order_relaxed); }
   // Throws, once, if armed for `where`.
   void maybeThrow(Where where, const char* call) {
     int expected = static_cast<int>(where);
@@ -32,6 +39,7 @@ class FaultSwitch {
 
  private:
   std::atomic<int> where_{0};
+  std::atomic<uint64_t> folds_{0};
 };
 
 class FaultInjectingTransport : public Transport {
@@ -53,6 +61,12 @@ class FaultInjectingTransport : public Transport {
   RequestPtr recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
                   MemoryType mem = MemoryType::kHost) override {
     return inner_->recv(peer, tag, mask, data, bytes, mem);
+  }
+  RequestPtr recvFolded(int peer, Tag tag, Tag mask, void* dst, size_t bytes, size_t elementSize,
+                        Fold fold) override {
+    RequestPtr req = inner_->recvFolded(peer, tag, mask, dst, bytes, elementSize, std::move(fold));
+    if (req) faults_->countFold();
+    return req;
   }
   bool progress() override {
     faults_->maybeThrow(FaultSwitch::Where::kProgress, "progress()");

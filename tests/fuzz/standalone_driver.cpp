@@ -15,7 +15,10 @@
 // -fsanitize-coverage=trace-pc (g++ and clang both have it), it is also coverage-guided:
 // inputs that reach a new edge join the corpus and, as with libFuzzer, are written to the
 // first CORPUS_DIR. An input that aborts, trips a sanitizer or times out is written to
-// <artifact_prefix>crash-<hash> before the process dies, for replay.
+// <artifact_prefix>crash-<hash> (timeout-<hash>) before the process dies, for replay. A fatal
+// signal that another process sent (kill -ABRT, a supervisor's timeout) is no crash of the
+// target: its input goes to killed-<hash>, and the sender's pid is printed. Replaying FILEs
+// writes no artifact: the input is the file already, named on stderr.
 //
 // Single-threaded and deterministic for a given -seed (timeouts aside).
 #include <fcntl.h>
@@ -90,6 +93,7 @@ namespace {
 
 const uint8_t* g_input = nullptr;
 size_t g_inputSize = 0;
+const char* g_replaying = nullptr;  // the file being replayed, if any
 char g_artifactPrefix[1024] = "./";
 volatile sig_atomic_t g_saved = 0;
 
@@ -105,9 +109,30 @@ void writeAll(int fd, const void* p, size_t n) {
 
 void say(const char* s) { writeAll(2, s, std::strlen(s)); }
 
+void sayNumber(unsigned long long v) {
+  char digits[24];
+  size_t n = sizeof digits;
+  digits[--n] = '\0';
+  do {
+    digits[--n] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  say(digits + n);
+}
+
 void saveCurrentInput(const char* kind) {
   if (g_saved || g_input == nullptr) return;
   g_saved = 1;
+  if (g_replaying != nullptr) {
+    // A copy of a file being replayed would only be a second name for it, written wherever
+    // the replay happened to run (a test's replay of a planted crash left one in the repo).
+    say("udp_fuzz: ");
+    say(kind);
+    say(" while replaying ");
+    say(g_replaying);
+    say(" (no artifact written)\n");
+    return;
+  }
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < g_inputSize; ++i) h = (h ^ g_input[i]) * 0x100000001b3ull;
   char path[1200];
@@ -135,9 +160,24 @@ void saveCurrentInput(const char* kind) {
   say(")\n");
 }
 
-void onFatalSignal(int sig) {
-  saveCurrentInput(sig == SIGALRM ? "timeout" : "crash");
-  if (sig == SIGALRM) say("udp_fuzz: an input ran past -timeout\n");
+// Sent by another process (kill(), sigqueue(), tgkill()): si_code <= 0 marks a signal sent
+// from user space, and abort() and raise() in this process send it with our own pid.
+bool sentByAnother(const siginfo_t* info) {
+  return info != nullptr && info->si_code <= 0 && info->si_pid != ::getpid();
+}
+
+void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
+  if (sentByAnother(info)) {
+    say("udp_fuzz: signal ");
+    sayNumber(static_cast<unsigned long long>(sig));
+    say(" sent by pid ");
+    sayNumber(static_cast<unsigned long long>(info->si_pid));
+    say(": the process was killed, not crashed by its input\n");
+    saveCurrentInput("killed");
+  } else {
+    saveCurrentInput(sig == SIGALRM ? "timeout" : "crash");
+    if (sig == SIGALRM) say("udp_fuzz: an input ran past -timeout\n");
+  }
   ::signal(sig == SIGALRM ? SIGABRT : sig, SIG_DFL);
   ::raise(sig == SIGALRM ? SIGABRT : sig);
 }
@@ -146,7 +186,8 @@ void onSanitizerDeath() { saveCurrentInput("crash"); }
 
 void installCrashHandlers() {
   struct sigaction sa {};
-  sa.sa_handler = onFatalSignal;
+  sa.sa_sigaction = onFatalSignal;
+  sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGABRT, &sa, nullptr);
   ::sigaction(SIGALRM, &sa, nullptr);
@@ -384,7 +425,9 @@ int replay(const Options& o) {
     const Input d = readFile(path);
     std::printf("Running: %s (%zu bytes)\n", path.c_str(), d.size());
     std::fflush(stdout);
+    g_replaying = path.c_str();
     runOne(d, o.timeout);
+    g_replaying = nullptr;
     std::printf("Executed %s\n", path.c_str());
   }
   return 0;
