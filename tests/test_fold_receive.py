@@ -10,12 +10,16 @@ pieces over last first. Across hosts: tests/test_multinode_chunks.py.) The same 
 copied into place with non-temporal stores, carry a large all-gather half (Comm::recvStreamed):
 checked against numpy too. A group whose transport is wrapped for fault injection
 (UCXBACKEND_TEST_FAULT_INJECTION=1) folds too, and a fault injected while its folding receives
-are posted fails the op with that fault."""
+are posted fails the op with that fault. And FoldTarget on its own under
+UndefinedBehaviorSanitizer (tests/cpp/fold_target_test.cpp): UCX's buffer may hold a piece at
+an address not aligned to the element, and no kernel may be handed such an element."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
+import cpp_build
 import numpy as np
 import pytest
 import torch
@@ -141,3 +145,27 @@ def test_fault_injected_group_folds_and_reports_faults() -> None:
     assert "injected transport fault" in msg and "allreduce" in msg and "rank 0 of 2" in msg, msg
     assert elapsed < pg_timeout, (elapsed, msg)
     assert res[1]["fault"][0] < pg_timeout + 10, res[1]["fault"]
+
+
+# The shipped kernels and FoldTarget under UBSan (and ASan): -fsanitize=undefined checks the
+# alignment of every typed load, which x86 would otherwise do without complaint.
+FOLD_TARGET_TEST = cpp_build.Program(
+    "fold_target_test_ubsan",
+    "tests/cpp/fold_target_test.cpp",
+    groups=["reduce_kernels"],
+    flags=[*cpp_build.ASAN_UBSAN, "-Werror"],
+    extra_sources=["transports/fold_target.cpp"],
+)
+
+
+def test_fold_target_hands_kernels_aligned_elements_only() -> None:
+    run = subprocess.run(
+        [FOLD_TARGET_TEST.build()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"UBSAN_OPTIONS": "print_stacktrace=1", "ASAN_OPTIONS": "detect_leaks=1"},
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+    assert " 0 failed" in run.stdout, output[-6000:]

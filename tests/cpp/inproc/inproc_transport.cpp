@@ -47,13 +47,16 @@ using InprocRequestPtr = std::shared_ptr<InprocRequest>;
 
 // Hands `n` bytes to a folding receive the way UCX may: in pieces cut at offsets that split
 // elements of every size (n/3 + 1 bytes: a single 8-byte element goes as 3 + 3 + 2), the last
-// piece first.
+// piece first, each from a copy at an odd address (as UCX's receive buffer may hold it).
 void deliverInPieces(FoldTarget& target, const uint8_t* data, size_t n) {
   const size_t piece = n / 3 + 1;
+  std::vector<uint8_t> odd(piece + 1);
   std::vector<size_t> starts;
   for (size_t at = 0; at < n; at += piece) starts.push_back(at);
   for (auto at = starts.rbegin(); at != starts.rend(); ++at) {
-    target.unpack(*at, data + *at, std::min(piece, n - *at));
+    const size_t length = std::min(piece, n - *at);
+    std::memcpy(odd.data() + 1, data + *at, length);
+    target.unpack(*at, odd.data() + 1, length);
   }
 }
 
