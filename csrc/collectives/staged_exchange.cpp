@@ -224,6 +224,26 @@ PostedStagedExchange::PostedStagedExchange(Comm& c, int peer, const uint8_t* src
       firstStep_(firstStep),
       paired_(staging_.pairFits(bytes)) {
   if (!staging_.retiredBecause().empty()) throw OpFailed(staging_.retiredBecause());
+  try {
+    post(c, src);
+  } catch (...) {
+    // Filling a slot can fail after receives and notices are posted (reserving the slot's
+    // pages: a full /dev/shm). Those requests point into arrived_ and sent_, which go with
+    // this half-made exchange, and no destructor runs for it: give them up here, before the
+    // members are freed, and retire the slots if the peer was told of one.
+    std::vector<RequestPtr> posted = notices_;
+    posted.insert(posted.end(), small_.begin(), small_.end());
+    posted.insert(posted.end(), credits_.begin(), credits_.end());
+    c.abandon(posted);
+    if (!small_.empty()) staging_.retire(slotsInUse(rank_, peer_));
+    throw;
+  }
+}
+
+void PostedStagedExchange::post(Comm& c, const uint8_t* src) {
+  const size_t bytes = bytes_;
+  const int peer = peer_;
+  const uint32_t firstStep = firstStep_;
   if (paired_) {
     pairSlot_ = staging_.takePairSlot();
     sent_.resize(1);

@@ -100,6 +100,9 @@ class PostedStagedExchange {
   std::vector<RequestPtr> consume(Comm& c, uint8_t* dst, const Reduction* red);
 
  private:
+  // The constructor's work: posts the notices' receives, fills the slots, sends the notices.
+  void post(Comm& c, const uint8_t* src);
+
   StagingArea& staging_;
   const int peer_;
   const int rank_;
