@@ -24,6 +24,7 @@ GROUPS = [
     "allreduce_rabenseifner",
     "allreduce_pair_slots",
     "allreduce_fused_pair",
+    "allreduce_half_made",
     "reduce_scatter_ring",
     "reduce_scatter_recursive_halving",
     "reduce_binomial",

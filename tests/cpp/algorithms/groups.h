@@ -9,6 +9,8 @@ void testAllreduceRecursiveDoubling();
 void testAllreduceRabenseifner();
 void testAllreducePairSlots();
 void testAllreduceFusedPairSlowPeer();
+// failing_post_groups.cpp: a posted all_reduce that fails part-way through posting.
+void testAllreduceHalfMade();
 void testReduceScatterRing();
 void testReduceScatterRecursiveHalving();
 void testReduceBinomial();

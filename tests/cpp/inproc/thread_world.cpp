@@ -16,7 +16,8 @@ namespace {
 // Every rank's slots, as setUpStaging (csrc/staging_setup.cpp) lays them out: the group's
 // chunk bytes cap the slot size. All ranks live in this process, so each opens its peers'
 // segments by name, as a peer process would.
-std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) {
+std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes,
+                                                      int unreservedRank) {
   StagingLayout layout;
   layout.slotBytes =
       std::clamp(chunkBytes, StagingLayout::kMinSlotBytes, StagingLayout::kMaxSlotBytes);
@@ -38,6 +39,13 @@ std::vector<std::unique_ptr<StagingArea>> makeStaging(int n, size_t chunkBytes) 
   }
   std::vector<std::unique_ptr<StagingArea>> areas;
   for (int r = 0; r < n; ++r) {
+    if (r == unreservedRank) {
+      // A view opened, not created: the same pages, but reserve() fails on the first fill.
+      shm::SharedSegment view =
+          shm::SharedSegment::open(prefix + std::to_string(r), layout.segmentBytes());
+      own[r].unlink();
+      own[r] = std::move(view);
+    }
     own[r].unlink();  // every mapping exists: leave nothing in /dev/shm
     areas.push_back(std::make_unique<StagingArea>(layout, std::move(own[r]), std::move(peers[r])));
   }
@@ -52,7 +60,7 @@ ThreadWorld::ThreadWorld(WorldOptions options)
       reports_(options.size) {
   std::vector<std::unique_ptr<StagingArea>> staging(options_.size);
   if (options_.staged && options_.size > 1) {
-    staging = makeStaging(options_.size, options_.tuning.chunkBytes);
+    staging = makeStaging(options_.size, options_.tuning.chunkBytes, options_.unreservedRank);
   }
   for (int r = 0; r < options_.size; ++r) {
     threads_.emplace_back(&ThreadWorld::rankMain, this, r, std::move(staging[r]));

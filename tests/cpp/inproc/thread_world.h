@@ -24,6 +24,9 @@ struct WorldOptions {
   // Give every rank shared-memory slots (as when all ranks share a host), sized from the
   // tuning's chunk bytes as the backend sizes them.
   bool staged = false;
+  // With `staged`: this rank's own slots are a view of its segment that cannot reserve pages,
+  // so its first fill throws "reserve()" as a full /dev/shm makes it (-1: none such).
+  int unreservedRank = -1;
   // Run every op over BouncingMemory (device_stand_ins.h): buffers the transport cannot
   // carry, staged through host buffers by Comm, as udp stages CUDA tensors.
   bool bounced = false;

@@ -1,0 +1,40 @@
+"""The collective algorithms' groups that guard memory a failed op leaves behind, again under
+AddressSanitizer and UndefinedBehaviorSanitizer (tests/test_algorithms_inproc.py runs them
+plain).
+
+allreduce_half_made (tests/cpp/algorithms/failing_post_groups.cpp): a posted all_reduce that
+fails while filling its slot must give up the receives it posted into its own buffers; one
+left behind takes the peer's notice after those buffers are freed, which only a sanitizer sees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import cpp_build
+import pytest
+from test_algorithms_inproc import PROGRAM, SOURCE_GROUPS
+
+ASAN = cpp_build.Program(
+    "algorithms_test_asan",
+    PROGRAM,
+    groups=SOURCE_GROUPS,
+    flags=[*cpp_build.ASAN_UBSAN, "-Werror", "-pthread"],
+)
+GROUPS = ["allreduce_half_made"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", GROUPS)
+def test_under_address_sanitizer(group: str) -> None:
+    env = {"ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    result = subprocess.run(
+        [str(ASAN.build()), group],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    assert f"[{group}] ok" in result.stdout
