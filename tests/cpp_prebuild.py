@@ -19,13 +19,14 @@ import shutil
 import sys
 
 import cpp_build  # tests/ is sys.path[0]: this script's folder
+from test_algorithms_asan import ASAN
 from test_algorithms_tsan import TSAN
 from test_udp_core_sanitizers import SANITIZED
 from test_udp_fuzz import FUZZER
 
-# In the order make test needs them: the fuzzer's file comes before the two sanitizer files
+# In the order make test needs them: the fuzzer's file comes before the sanitizer files
 # (tests/conftest.py's FILE_SECONDS), and compiles the core's units that SANITIZED shares.
-PROGRAMS = [FUZZER, SANITIZED, TSAN]
+PROGRAMS = [FUZZER, SANITIZED, TSAN, ASAN]
 
 
 def _remove_dead_scratch() -> None:
