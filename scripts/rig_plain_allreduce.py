@@ -30,6 +30,9 @@ builds in one rig session, in the other order every second round; the line names
 checkout). ``--variant K=V`` repeats each plain
 run with that variable added as well (settings compared in one rig session, e.g.
 ``--variant UCXBACKEND_UDP_CONFIG=send_window_bytes=4M``; the line names it).
+``--env RIG_PLACEMENT=1`` adds where the ranks' threads ran (the share of samples with both
+progress threads on one core: udp's two modes on the rig) and ``--variant RIG_PIN_CORES=0,0``
+/ ``0,1`` puts a run in either placement (scripts/rig_placement.py).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 from netns_rig import Host, NetnsRig  # noqa: E402
+from rig_placement import Placement, pin_from_env, shared_core  # noqa: E402
 
 DEADLINE_S = 180.0
 HOSTS: tuple[Host, Host] = ("a", "b")  # rank 0 on a, rank 1 on b
@@ -62,6 +66,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     import ucxbackend  # noqa: F401  (registers "ucx" and "udp")
 
+    pin_from_env(int(os.environ["RANK"]))
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     t = torch.ones(args.mbytes * (1 << 20) // 4, dtype=torch.float32)
@@ -70,12 +75,16 @@ def _worker(args: argparse.Namespace) -> int:
     before = _udp_counters() if args.backend == "udp" else {}
     dist.barrier()
     times = []
+    placement = Placement() if os.environ.get("RIG_PLACEMENT") == "1" else None
+    if placement:
+        placement.start()
     usage0 = _usage()
     for _ in range(args.iters):
         start = time.perf_counter()
         dist.all_reduce(t)
         times.append(time.perf_counter() - start)
     usage = {k: v - usage0[k] for k, v in _usage().items()}
+    placed = placement.stop() if placement else None
     dist.barrier()
     # Every rank started from ones and each all_reduce of 2 ranks doubled them: a power of two,
     # exact in float32.
@@ -90,6 +99,7 @@ def _worker(args: argparse.Namespace) -> int:
         "sleeps_per_op": usage["sleeps"] / args.iters,
         "preemptions_per_op": usage["preemptions"] / args.iters,
         "correct": correct,
+        "placement": placed,
     }
     if args.backend == "udp":
         time.sleep(0.05)  # the counters are published when the progress thread goes idle
@@ -299,6 +309,17 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
         f"{backend:5s} round {rnd}: {run.gbs(nbytes):5.2f} GB/s (CPU {cpu:.2f} s per GB; "
         f"per op and rank {sleeps} sleeps, {preempted} preemptions)"
     )
+    placed = [r["placement"] for r in run.results if r.get("placement")]
+    if len(placed) == 2:
+        shared, paired = shared_core(placed[0]["progress_cores"], placed[1]["progress_cores"])
+        line += f"\n      progress threads on one core in {shared} of {paired} paired samples"
+        for r, p in zip(run.results, placed, strict=True):
+            for name, t in p["threads"].items():
+                line += (
+                    f"\n      rank {r['rank']} {name}: CPU {t['cpu_ms']:.0f} ms, runnable "
+                    f"{t['runq_ms']:.0f} ms, {t['sleeps']:.0f} sleeps, "
+                    f"{t['preemptions']:.0f} preemptions, cores seen {t['cores']}"
+                )
     if not all(r["correct"] for r in run.results):
         line += " WRONG RESULT"
     if backend == "udp":
