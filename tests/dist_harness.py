@@ -5,8 +5,8 @@ initialises a process group in each, calls ``fn(rank, world_size, *args)`` and
 returns the per-rank results in rank order.  ``fn`` must be a module-level
 function and its result must be picklable.
 
-The ranks are forked from a fork server that has imported torch, numpy and
-ucxbackend once (``PRELOAD``): importing torch costs a rank ~2 s of CPU, and the
+The ranks are forked from a fork server that has imported torch, numpy,
+ucxbackend and pytest once (``PRELOAD``): importing torch costs a rank ~2 s of CPU, and the
 suite starts well over a thousand ranks on two cores.  A rank whose environment
 differs from the server's in a variable read at import time (``IMPORT_TIME_ENV``,
 e.g. ``TORCH_DISTRIBUTED_DEBUG`` or ``UCX_*``) is spawned from scratch instead,
@@ -41,7 +41,9 @@ FAIL_GRACE = 10.0
 _DEATH_GRACE = 2.0
 
 # What ranks import; the fork server imports it once for all of them. Functional collectives
-# and FSDP pull in torch._dynamo (~2 s of CPU a rank, lazily, at the first such call).
+# and FSDP pull in torch._dynamo (~2 s of CPU a rank, lazily, at the first such call). A rank
+# imports its fn's module, a test file, and with it pytest: about 0.09 s of CPU, more than a
+# small world's rank spends on its group and ops (docs/testing.md).
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -49,6 +51,7 @@ PRELOAD = (
     "torch.distributed.fsdp",
     "numpy",
     "ucxbackend",
+    "pytest",
 )
 # Variables that torch, UCX (global options, read when libucs loads) or ucxbackend (the log
 # level) read when they are imported: a rank that needs other values than the fork server had

@@ -1,6 +1,8 @@
 """The collective algorithms' groups that guard memory a failed op leaves behind, again under
 AddressSanitizer and UndefinedBehaviorSanitizer (tests/test_algorithms_inproc.py runs them
-plain).
+plain), in a program of their own (tests/cpp/algorithms_asan_test.cpp) that links only these
+groups' checks: the build compiles the algorithms, the staging slots and the in-memory
+transport, and none of algorithms_test's other groups (docs/testing.md).
 
 allreduce_half_made (tests/cpp/algorithms/failing_post_groups.cpp): a posted all_reduce that
 fails while filling its slot must give up the receives it posted into its own buffers; one
@@ -14,13 +16,15 @@ import subprocess
 
 import cpp_build
 import pytest
-from test_algorithms_inproc import PROGRAM, SOURCE_GROUPS
 
+# The groups' own sources go in by name (extra_sources), the rest by source group; the groups'
+# names are the program's (tests/cpp/algorithms_asan_test.cpp).
 ASAN = cpp_build.Program(
-    "algorithms_test_asan",
-    PROGRAM,
-    groups=SOURCE_GROUPS,
+    "algorithms_asan_test",
+    "tests/cpp/algorithms_asan_test.cpp",
+    groups=["collectives", "shm", "inproc"],
     flags=[*cpp_build.ASAN_UBSAN, "-Werror", "-pthread"],
+    extra_sources=["tests/cpp/algorithms/failing_post_groups.cpp"],
 )
 GROUPS = ["allreduce_half_made"]
 
