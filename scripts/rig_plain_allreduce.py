@@ -17,7 +17,9 @@ time over the timed loop, the statistic bench reports), the CPU both ranks' proc
 GB moved one way and each rank's sleeps and preemptions per op (voluntary and involuntary
 context switches of all its threads: its wake-ups); for udp also the transport's counters
 (packets, resends, timeouts and the runs of them an ACK showed were early, smoothed RTT, the
-receive buffer the kernel granted, GRO trains) and each namespace's kernel UDP drops
+receive buffer the kernel granted, the send window, GRO trains, ACKs sent, packets declared
+lost, out-of-order arrivals, receive and send batches, sends a full socket blocked, waits for
+credit) and each namespace's kernel UDP drops
 (``RcvbufErrors``). ``--bench`` runs ``python -m
 ucxbackend bench`` under torchrun after each round, as docs/performance.md does; ``--iperf``
 then runs two iperf3 transfers at once, one per direction (two processes, not ``--bidir``), and
@@ -334,6 +336,13 @@ def _describe(run: PlainRun, backend: str, rnd: int, nbytes: int) -> str:
             "socket_receive_buffer",
             "send_window_bytes",
             "trains_received",
+            "ack_packets_sent",
+            "packets_declared_lost",
+            "out_of_order_packets",
+            "receive_batches",
+            "send_batches",
+            "send_blocked",
+            "credit_stalls",
         )
         line += "\n      " + " ".join(f"{k}={'/'.join(str(x.get(k, 0)) for x in c)}" for k in keys)
         line += "\n      kernel " + " ".join(

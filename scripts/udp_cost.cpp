@@ -6,6 +6,10 @@
 //            compare builds on a loaded host where CPU times do not
 //   sockets  two UdpTransports over 127.0.0.1, one thread each, sleeping on eventFd()/arm()
 //            when idle as the backend's progress thread does; prints each rank's CPU time
+//   fold4, fold8
+//            sockets, each receive folded into an accumulator as it arrives (recvFolded, as
+//            the reduce-scatter receives) with a sum of 4- or 8-byte integers (exact, so every
+//            element is checked): what a datagram's payload alignment costs the fold
 //
 // Built by tests/test_udp_cost.py (tests/cpp_build.py), or by hand from the repository root:
 //   g++ -std=c++20 -O3 -DNDEBUG -pthread -I. scripts/udp_cost.cpp transports/udp/*.cpp
@@ -15,7 +19,7 @@
 // Instructions per round (docs/performance.md): run under valgrind --tool=callgrind with 3
 // rounds and with 1, and divide the difference by 2 rounds' bytes (2 directions x BYTES each).
 //
-//   udp_cost memory|sockets BYTES ROUNDS [MTU_PAYLOAD=1472]
+//   udp_cost memory|sockets|fold4|fold8 BYTES ROUNDS [MTU_PAYLOAD=1472]
 // Exit status: 0, 1 when a byte or a request was wrong, 2 for bad arguments.
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -116,14 +120,44 @@ struct RankResult {
   std::string error;
 };
 
-void runRank(udp::UdpTransport& t, size_t bytes, int rounds, RankResult& out) {
+// The sum the fold modes fold with (elements of T, wrapping: exact whatever the bytes).
+template <typename T>
+void sumInto(void* acc, const void* in, size_t elements) {
+  T* a = static_cast<T*>(acc);
+  const T* b = static_cast<const T*>(in);
+  for (size_t i = 0; i < elements; ++i) a[i] += b[i];
+}
+
+// Whether `acc`, started as a copy of `start` and then folded with `rounds` copies of
+// `added`, holds start + rounds x added in every element of T.
+template <typename T>
+bool foldedRight(const std::vector<uint8_t>& acc, const std::vector<uint8_t>& start,
+                 const std::vector<uint8_t>& added, int rounds) {
+  for (size_t i = 0; i + sizeof(T) <= acc.size(); i += sizeof(T)) {
+    T a, s, d;
+    std::memcpy(&a, acc.data() + i, sizeof(T));
+    std::memcpy(&s, start.data() + i, sizeof(T));
+    std::memcpy(&d, added.data() + i, sizeof(T));
+    if (a != static_cast<T>(s + static_cast<T>(rounds) * d)) return false;
+  }
+  return true;
+}
+
+// elementSize 0: plain receives, every round's bytes checked; 4 or 8: folded receives.
+void runRank(udp::UdpTransport& t, size_t bytes, int rounds, size_t elementSize,
+             RankResult& out) {
   const int me = t.rank(), peer = 1 - me;
   const std::vector<uint8_t> src = pattern(bytes, me);
   std::vector<uint8_t> dst(bytes);
+  if (elementSize != 0) dst = src;  // the accumulator starts as this rank's own pattern
+  const Transport::Fold fold = elementSize == 8 ? sumInto<uint64_t> : sumInto<uint32_t>;
   rusage before{}, after{};
   getrusage(RUSAGE_THREAD, &before);
   for (int r = 0; r < rounds; ++r) {
-    auto recv = t.recv(peer, static_cast<Tag>(r + 1), ~Tag{0}, dst.data(), bytes);
+    auto recv = elementSize == 0
+                    ? t.recv(peer, static_cast<Tag>(r + 1), ~Tag{0}, dst.data(), bytes)
+                    : t.recvFolded(peer, static_cast<Tag>(r + 1), ~Tag{0}, dst.data(), bytes,
+                                   elementSize, fold);
     auto send = t.send(peer, static_cast<Tag>(r + 1), src.data(), bytes);
     while (recv->pending() || send->pending()) {
       if (t.progress()) continue;
@@ -136,7 +170,7 @@ void runRank(udp::UdpTransport& t, size_t bytes, int rounds, RankResult& out) {
       out.error = "rank " + std::to_string(me) + ": " + recv->error() + send->error();
       return;
     }
-    for (size_t i = 0; i < bytes; ++i) {
+    for (size_t i = 0; elementSize == 0 && i < bytes; ++i) {
       if (dst[i] != patternByte(i, peer)) {
         out.error = "rank " + std::to_string(me) + " got a wrong byte at " + std::to_string(i);
         return;
@@ -144,6 +178,12 @@ void runRank(udp::UdpTransport& t, size_t bytes, int rounds, RankResult& out) {
     }
   }
   getrusage(RUSAGE_THREAD, &after);
+  const std::vector<uint8_t> sent = pattern(bytes, peer);
+  if (elementSize != 0 && !(elementSize == 8 ? foldedRight<uint64_t>(dst, src, sent, rounds)
+                                             : foldedRight<uint32_t>(dst, src, sent, rounds))) {
+    out.error = "rank " + std::to_string(me) + " folded a wrong sum";
+    return;
+  }
   out.userS = seconds(after.ru_utime) - seconds(before.ru_utime);
   out.systemS = seconds(after.ru_stime) - seconds(before.ru_stime);
   const auto counters = t.peerCounters();
@@ -152,7 +192,7 @@ void runRank(udp::UdpTransport& t, size_t bytes, int rounds, RankResult& out) {
   }
 }
 
-int runSockets(size_t bytes, int rounds, const udp::UdpConfig& config) {
+int runSockets(size_t bytes, int rounds, size_t elementSize, const udp::UdpConfig& config) {
   udp::UdpTransportOptions options;
   options.config = config;
   options.sessionToken = 7;
@@ -162,8 +202,8 @@ int runSockets(size_t bytes, int rounds, const udp::UdpConfig& config) {
     for (int b = 0; b < 2; ++b) t[a]->connect(b, t[b]->localAddress());
   }
   RankResult result[2];
-  std::thread other([&] { runRank(*t[1], bytes, rounds, result[1]); });
-  runRank(*t[0], bytes, rounds, result[0]);
+  std::thread other([&] { runRank(*t[1], bytes, rounds, elementSize, result[1]); });
+  runRank(*t[0], bytes, rounds, elementSize, result[0]);
   other.join();
   double cpu = 0;
   for (int r = 0; r < 2; ++r) {
@@ -178,7 +218,7 @@ int runSockets(size_t bytes, int rounds, const udp::UdpConfig& config) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: udp_cost memory|sockets BYTES ROUNDS [MTU_PAYLOAD=1472]\n");
+  std::fprintf(stderr, "usage: udp_cost memory|sockets|fold4|fold8 BYTES ROUNDS [MTU_PAYLOAD=1472]\n");
   return 2;
 }
 
@@ -197,7 +237,12 @@ int main(int argc, char** argv) {
   try {
     if (argc == 5) config = udp::parseUdpConfig("mtu_payload=" + std::string(argv[4]), config);
     if (mode == "memory") return runMemory(bytes, static_cast<int>(rounds), config);
-    if (mode == "sockets") return runSockets(bytes, static_cast<int>(rounds), config);
+    if (mode == "sockets") return runSockets(bytes, static_cast<int>(rounds), 0, config);
+    if (mode == "fold4" || mode == "fold8") {
+      const size_t elementSize = mode == "fold8" ? 8 : 4;
+      if (bytes % elementSize != 0) return usage();
+      return runSockets(bytes, static_cast<int>(rounds), elementSize, config);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "udp_cost: %s\n", e.what());
     return 2;

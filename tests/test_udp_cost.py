@@ -49,10 +49,22 @@ def test_sockets_mode_reports_each_rank(udp_cost: str) -> None:
     assert re.fullmatch(r"cpu_s_per_gb \d+\.\d{3}", lines[2]), lines[2]
 
 
+@pytest.mark.parametrize("mode", ["fold4", "fold8"])
+def test_fold_modes_check_every_sum(udp_cost: str, mode: str) -> None:
+    """Folded receives over loopback at Ethernet's datagram size (GSO/GRO trains where the
+    kernel has them): 3 rounds of 1 MiB + 24 bytes each way, every element of the accumulator
+    compared with start + 3 x what the peer sent (wrapping integer sums: exact). A payload
+    folded twice, skipped or misaligned into the wrong elements exits 1."""
+    proc = _run(udp_cost, mode, str((1 << 20) + 24), "3", "1472")
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"cpu_s_per_gb \d+\.\d{3}", proc.stdout.splitlines()[-1]), proc.stdout
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ("memory",),
+        ("fold8", "1028", "1"),
         ("fast", "1024", "1"),
         ("memory", "0", "1"),
         ("memory", "1024", "0"),
@@ -60,6 +72,7 @@ def test_sockets_mode_reports_each_rank(udp_cost: str) -> None:
     ],
 )
 def test_bad_arguments_exit_2(udp_cost: str, args: tuple[str, ...]) -> None:
-    """A wrong mode, an empty message, no rounds or an mtu_payload below the minimum: exit 2."""
+    """A wrong mode, an empty message, no rounds, a fold of a size its elements do not divide
+    or an mtu_payload below the minimum: exit 2."""
     proc = _run(udp_cost, *args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)

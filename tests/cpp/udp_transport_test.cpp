@@ -78,8 +78,9 @@ void testSizes() {
 // Folding receives (Transport::recvFolded): every payload is added into the accumulator as it
 // arrives, so each byte must reach the fold exactly once: a duplicated or resent fragment
 // folded twice, or a piece of an element folded alone, shows as a wrong sum. Integers, so
-// the reference is exact. int32 and int64 (8-byte elements: a 1412-byte fragment at
-// mtu_payload 1472 ends inside one, so pieces of an element meet in the FoldTarget);
+// the reference is exact. int32, int64 and 16-byte elements (fragments are cut at multiples of
+// 8 bytes: an 8904-byte one at mtu_payload 8972 ends inside a 16-byte element, so pieces of
+// an element meet in the FoldTarget);
 // rendezvous sizes and an eager message sent before its receive is posted (buffered, then
 // folded when the receive comes).
 template <typename T>
@@ -119,7 +120,8 @@ void foldOnce(size_t count, bool sendFirst, uint64_t seq) {
 void testFolded() {
   uint64_t seq = 1000;
   foldOnce<int32_t>(1 << 18, false, ++seq);           // 1 MiB: rendezvous
-  foldOnce<int64_t>((1 << 17) + 3, false, ++seq);     // elements split between fragments
+  foldOnce<int64_t>((1 << 17) + 3, false, ++seq);
+  foldOnce<unsigned __int128>((1 << 16) + 3, false, ++seq);  // elements split between fragments
   foldOnce<int32_t>(1000, true, ++seq);               // eager, arrives before the receive
   foldOnce<int64_t>(1001, true, ++seq);
   // Any source: not folded (the caller receives and reduces instead).
@@ -222,6 +224,53 @@ void testWindow() {
   CHECK_EQ(counter(t.peerCounters()[1], "send_window_bytes"), options.config.sendWindowBytes);
 }
 
+// One progress() sends at least as many datagrams as it received (up to what it has to send):
+// a rank whose peer has filled its socket buffer must not spend its turns receiving and send
+// a few datagrams in between, or its own direction (and its ACKs) starves while its peer,
+// window spent, sleeps (issue #23's slow rig rounds). Rank 1 sends its whole window at
+// Ethernet's datagram size (GRO trains on loopback) while rank 0 is not progressed; then one
+// progress() of rank 0, which has as much to send back.
+void testBalance() {
+  udp::UdpTransportOptions o = options;
+  o.config.mtuPayload = 1472;
+  o.faults = udp::FaultConfig{};
+  udp::UdpTransport a(0, 2, o), b(1, 2, o);
+  a.connect(1, b.localAddress());
+  b.connect(0, a.localAddress());
+  constexpr size_t kBytes = size_t{16} << 20;
+  std::vector<uint8_t> out0(kBytes, 1), out1(kBytes, 2), in0(kBytes), in1(kBytes);
+  const Tag t = tag::p2p(1, 90, 0);
+  std::vector<RequestPtr> reqs = {a.recv(1, t, tag::kFullMask, in0.data(), kBytes),
+                                  b.recv(0, t, tag::kFullMask, in1.data(), kBytes),
+                                  b.send(0, t, out1.data(), kBytes)};
+  for (int k = 0; k < 200; ++k) b.progress();  // its RTS, and nothing more: a has not answered
+  reqs.push_back(a.send(1, t, out0.data(), kBytes));
+  a.progress();  // the CTS
+  for (int k = 0; k < 2000 && b.progress(); ++k) {
+  }  // b's window, unacknowledged, in a's socket buffer
+  const auto before = a.peerCounters()[1];
+  a.progress();
+  const auto after = a.peerCounters()[1];
+  const auto delta = [&](const char* name) { return counter(after, name) - counter(before, name); };
+  const uint64_t received = delta("datagrams_received"), sent = delta("data_packets_sent");
+  std::printf("ok balance: one progress() received %llu datagrams, sent %llu DATA\n",
+              static_cast<unsigned long long>(received), static_cast<unsigned long long>(sent));
+  CHECK_MSG(received > 0, "nothing arrived");
+  // Of what arrived, a few were b's ACKs and CTS; of what went, one was a's ACK.
+  CHECK_MSG(sent + 8 >= received, "sent " + std::to_string(sent) + " DATA after receiving " +
+                                      std::to_string(received) + " datagrams");
+  std::vector<udp::UdpTransport*> both = {&a, &b};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    for (auto* x : both) x->progress();
+    done = true;
+    for (const auto& r : reqs) done = done && !r->pending();
+  }
+  CHECK_MSG(done, "the exchange did not finish");
+  CHECK(in0 == out1 && in1 == out0);
+}
+
 // A peer that vanishes: rank 2 waits for a message from rank 1, which is destroyed.
 void testDeadPeer() {
   {
@@ -296,6 +345,7 @@ int main(int argc, char** argv) {
       {"cancel", testCancel, true},
       {"counters", testCounters, true},
       {"window", testWindow, true},
+      {"balance", testBalance, true},
       {"bad_address", testBadAddress, true},
       {"dead_peer", testDeadPeer, true},
   };

@@ -31,9 +31,18 @@ class FoldSink final : public ReceiveSink {
 };
 
 constexpr size_t kReceiveBatch = 32;      // datagrams per recvmmsg
+// Receive slots lie this far apart: kMaxDatagramBytes rounded up to a cache line, so that
+// every slot starts aligned and a DATA payload (at kDataHeaderBytes) is 8-aligned for the fold.
+constexpr size_t kReceiveSlotBytes = (kMaxDatagramBytes + 63) / 64 * 64;
 constexpr size_t kReceiveBatchesPerProgress = 8;
 constexpr size_t kSendBatch = 64;         // datagrams per sendmmsg
-constexpr size_t kSendPerProgress = 512;  // then progress() returns to receive ACKs
+// Datagrams one progress() sends at least (then it returns to receive ACKs), and receives at
+// most before it sends: with GRO a batch of 32 trains is up to 1408 datagrams, and 8 such
+// batches (16 MB at Ethernet's size) before any send let one rank's receiving starve its
+// sending (and its ACKs) while its peer, window spent, slept (the rig's slow mode, issue #23).
+// A progress() that received more sends as many as it received: each direction gets as much
+// of the thread as the other.
+constexpr size_t kSendPerProgress = 512;
 // Marks the receive buffer's record after the addresses in localAddress(); an address record
 // starts with its family (4 or 6), so the two cannot be confused.
 constexpr uint8_t kReceiveBufferTag = 'R';
@@ -73,17 +82,18 @@ UdpTransport::UdpTransport(int rank, int size, UdpTransportOptions options)
   }
   // Left uninitialised (6 MB on loopback between the two): zeroing them cost every group's
   // creation milliseconds, and the kernel still hands out zeroed pages as they are touched.
-  receiveArena_ = std::make_unique_for_overwrite<uint8_t[]>(kReceiveBatch * kMaxDatagramBytes);
+  receiveArena_ = std::make_unique_for_overwrite<uint8_t[]>(kReceiveBatch * kReceiveSlotBytes);
   receiveBatch_.resize(kReceiveBatch);
   for (size_t i = 0; i < kReceiveBatch; ++i) {
-    receiveBatch_[i].data = receiveArena_.get() + i * kMaxDatagramBytes;
+    receiveBatch_[i].data = receiveArena_.get() + i * kReceiveSlotBytes;
     receiveBatch_[i].capacity = kMaxDatagramBytes;
   }
   const size_t mtu = endpoint_.options().config.mtuPayload;
   sendArena_ = std::make_unique_for_overwrite<uint8_t[]>(kSendBatch * mtu);
   outgoing_.resize(kSendBatch);
   outgoingPath_.resize(kSendBatch);
-  for (size_t i = 0; i < kSendBatch; ++i) outgoing_[i].data = sendArena_.get() + i * mtu;
+  // Each datagram is written right after the one before (transmit()): room for kSendBatch
+  // of the largest.
 }
 
 UdpTransport::~UdpTransport() {
@@ -189,28 +199,33 @@ RequestPtr UdpTransport::recvFolded(int peer, Tag tag, Tag mask, void* dst, size
 bool UdpTransport::progress() {
   bool active = false;
   const TimeUs now = nowUs();
-  receiveDatagrams(now, active);
+  const size_t received = receiveDatagrams(now, active);
   bool errorsReported = false;
   for (uint32_t p = 0; p < socketCount(); ++p) errorsReported |= socketOf(p).errorsReported();
   if (errorsReported && receiveRefusals(now)) active = true;
   if (endpoint_.handleTimeout(now)) active = true;
-  transmit(now, active);
+  transmit(now, active, std::max(kSendPerProgress, received));
   if (endpoint_.completeRequests()) active = true;
   return active;
 }
 
-void UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
-  for (uint32_t p = 0; p < socketCount(); ++p) receiveFrom(socketOf(p), now, active);
+size_t UdpTransport::receiveDatagrams(TimeUs now, bool& active) {
+  size_t received = 0;
+  for (uint32_t p = 0; p < socketCount(); ++p) received += receiveFrom(socketOf(p), now, active);
+  return received;
 }
 
-void UdpTransport::receiveFrom(UdpSocket& socket, TimeUs now, bool& active) {
-  for (size_t round = 0; round < kReceiveBatchesPerProgress; ++round) {
+size_t UdpTransport::receiveFrom(UdpSocket& socket, TimeUs now, bool& active) {
+  size_t received = 0;  // datagrams, each of a train counted
+  for (size_t round = 0; round < kReceiveBatchesPerProgress && received < kSendPerProgress;
+       ++round) {
     const size_t n = socket.receiveBatch(receiveBatch_);
-    if (n == 0) return;
+    if (n == 0) return received;
     ++counts_.receiveBatches;
     active = true;
     for (size_t i = 0; i < n; ++i) {
       const Datagram& d = receiveBatch_[i];
+      received += d.segmentSize != 0 ? (d.length + d.segmentSize - 1) / d.segmentSize : 1;
       if (d.truncated) {
         ++counts_.truncatedOnReceive;
         continue;
@@ -222,8 +237,9 @@ void UdpTransport::receiveFrom(UdpSocket& socket, TimeUs now, bool& active) {
         ++counts_.trainsReceived;
       }
     }
-    if (n < receiveBatch_.size()) return;
+    if (n < receiveBatch_.size()) return received;
   }
+  return received;
 }
 
 bool UdpTransport::receiveRefusals(TimeUs now) {
@@ -249,8 +265,11 @@ void UdpTransport::setWantWritable(bool want) {
 }
 
 void UdpTransport::buildTrains() {
-  // Slots are mtu apart in sendArena_, so consecutive full-size datagrams to one peer are
-  // already one contiguous train; a shorter datagram (an ACK, a message's tail) ends it.
+  // Datagrams lie back to back in sendArena_, so consecutive datagrams of one size to one
+  // peer are already one contiguous train, and a shorter one (an ACK, a message's tail) ends
+  // it. A train's segment size is its first datagram's: full DATA datagrams are the mtu, or
+  // up to 7 bytes less where fragments are rounded down to kFragmentAlignment
+  // (maxFragmentBytes).
   trains_.clear();
   trainSlots_.clear();
   trainPath_.clear();
@@ -259,15 +278,17 @@ void UdpTransport::buildTrains() {
   for (size_t i = outgoingSent_; i < outgoingCount_;) {
     Datagram train = outgoing_[i];
     size_t slots = 1;
-    while (gso && i + slots < outgoingCount_ && outgoing_[i + slots - 1].length == mtu &&
-           slots < UdpSocket::kMaxSegments &&
+    const size_t segment = train.length;
+    while (gso && i + slots < outgoingCount_ && outgoing_[i + slots - 1].length == segment &&
+           outgoing_[i + slots].data == outgoing_[i + slots - 1].data + segment &&
+           outgoing_[i + slots].length <= segment && slots < UdpSocket::kMaxSegments &&
            train.length + outgoing_[i + slots].length <= UdpSocket::kMaxTrainBytes &&
            outgoing_[i + slots].peer == train.peer &&
            outgoingPath_[i + slots] == outgoingPath_[i]) {
       train.length += outgoing_[i + slots].length;
       ++slots;
     }
-    train.segmentSize = slots > 1 ? static_cast<uint16_t>(mtu) : 0;
+    train.segmentSize = slots > 1 ? static_cast<uint16_t>(segment) : 0;
     trains_.push_back(train);
     trainSlots_.push_back(slots);
     trainPath_.push_back(outgoingPath_[i]);
@@ -303,16 +324,19 @@ bool UdpTransport::flushOutgoing() {
   return true;
 }
 
-void UdpTransport::transmit(TimeUs now, bool& active) {
+void UdpTransport::transmit(TimeUs now, bool& active, size_t budget) {
   sendBacklog_ = false;
   if (!flushOutgoing()) return;
   const size_t mtu = endpoint_.options().config.mtuPayload;
-  for (size_t budget = kSendPerProgress; budget > 0; --budget) {
+  for (; budget > 0; --budget) {
     if (outgoingCount_ == outgoing_.size() && !flushOutgoing()) {
       sendBacklog_ = true;
       return;
     }
     Datagram& d = outgoing_[outgoingCount_];
+    d.data = outgoingCount_ == 0 ? sendArena_.get()
+                                 : outgoing_[outgoingCount_ - 1].data +
+                                       outgoing_[outgoingCount_ - 1].length;
     const size_t n = endpoint_.pollTransmit(now, std::span<uint8_t>(d.data, mtu), d.peer,
                                             outgoingPath_[outgoingCount_]);
     if (n == 0) {

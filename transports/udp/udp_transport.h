@@ -85,12 +85,14 @@ class UdpTransport final : public Transport {
   };
 
   static TimeUs nowUs();
-  void receiveDatagrams(TimeUs now, bool& active);
-  void receiveFrom(UdpSocket& socket, TimeUs now, bool& active);
+  // Both return how many datagrams came in (each datagram of a train counted).
+  size_t receiveDatagrams(TimeUs now, bool& active);
+  size_t receiveFrom(UdpSocket& socket, TimeUs now, bool& active);
   // Hands the endpoint the peers whose port turned out closed; returns whether any error
   // was read.
   bool receiveRefusals(TimeUs now);
-  void transmit(TimeUs now, bool& active);
+  // Sends up to `budget` datagrams.
+  void transmit(TimeUs now, bool& active, size_t budget);
   bool flushOutgoing();
   void buildTrains();
   void setWantWritable(bool want);

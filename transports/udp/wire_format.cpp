@@ -14,7 +14,8 @@ namespace {
 constexpr size_t kOffVersion = 0, kOffType = 1, kOffSource = 2, kOffCrc = 4, kOffToken = 8;
 constexpr size_t kOffPacketNumber = 16;
 constexpr size_t kOffTag = 24, kOffMessageId = 32, kOffMessageLength = 40, kOffOffset = 48,
-                 kOffFragmentLength = 56, kOffFlags = 58, kOffDataReserved = 59;
+                 kOffFragmentLength = 56, kOffFlags = 58, kOffDataReserved = 59,
+                 kOffDataPadding = 60;
 constexpr size_t kOffLargest = 16, kOffCredit = 24, kOffAckDelay = 32, kOffRangeCount = 36,
                  kOffCeCount = 38, kOffFirstRange = 40, kOffAckTime = 44,
                  kOffTimestampCount = 52, kOffAckReserved = 54;
@@ -83,7 +84,8 @@ DecodeError decodeData(const uint8_t* p, size_t n, DecodedPacket& out) {
     return trimmed ? DecodeError::kMalformed : DecodeError::kTruncated;
   }
   if (!trimmed && carried > d.fragmentLength) return DecodeError::kMalformed;  // trailing bytes
-  if (p[kOffDataReserved] != 0 || (d.flags & ~data_flags::kKnown) != 0) {
+  if (p[kOffDataReserved] != 0 || get32(p + kOffDataPadding) != 0 ||
+      (d.flags & ~data_flags::kKnown) != 0) {
     return DecodeError::kMalformed;
   }
   const bool rts = d.flags & data_flags::kRendezvousRequest;
@@ -276,6 +278,7 @@ size_t encodeData(std::span<uint8_t> out, const PacketHeader& header, PacketNumb
   put16(p + kOffFragmentLength, data.fragmentLength);
   put8(p + kOffFlags, data.flags);
   put8(p + kOffDataReserved, 0);
+  put32(p + kOffDataPadding, 0);
   // datagramChecksum(p, n), with the payload summed as it is copied in (crc32cCopy).
   put32(p + kOffCrc, crc32cCopy(datagramChecksum(p, kDataHeaderBytes), p + kDataHeaderBytes,
                                 payload, data.fragmentLength));

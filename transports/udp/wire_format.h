@@ -1,11 +1,15 @@
-// The datagram format of the UDP transport, version 4: encoders, and a decoder that checks
+// The datagram format of the UDP transport, version 5: encoders, and a decoder that checks
 // every length, offset and count before anything else looks at a datagram.
 //
 // Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
 // control, congestion=credit). A version-1 peer would count every CREDIT as bad_type and
 // stall a credit sender, so the version says it: each end drops the other's datagrams as
 // bad_version, and a mixed group fails loudly instead. 3 adds CREDIT's catch-up flag; 4 adds
-// the ACK's receive timestamps (its fixed part grows from 44 to 56 bytes).
+// the ACK's receive timestamps (its fixed part grows from 44 to 56 bytes); 5 pads the DATA
+// header from 60 to 64 bytes, so that a payload lies 8-aligned in an aligned datagram and
+// fragments cut at multiples of 8 bytes (kFragmentAlignment): the fold of an 8-byte dtype then
+// reads the payload where it lies, where a 60-byte header had it copied to an aligned page
+// and every other fragment's boundary split an element (FoldTarget, transports/).
 //
 // All integers are little-endian. Every datagram starts with the common header:
 //
@@ -19,9 +23,10 @@
 // one per packet sent on the connection, retransmissions included: a number is never reused,
 // so an ACK is never ambiguous and every ACK of the newest packet is a clean RTT sample.
 //
-// DATA (60-byte header, then the payload):
+// DATA (64-byte header, then the payload):
 //   24 u64 tag   32 u64 message id   40 u64 message length   48 u64 offset
 //   56 u16 fragment length   58 u8 flags (data_flags)   59 u8 reserved (0)
+//   60 u32 reserved (0: the padding that aligns the payload)
 //   Every fragment repeats the message's tag and length, so whichever fragment arrives first
 //   can be matched to a posted receive and written straight into it. A trimmed DATA (flag
 //   kTrimmed, set by a congested switch) is the header alone: its payload was cut on the way,
@@ -67,7 +72,7 @@
 
 namespace ucxb::udp {
 
-constexpr uint8_t kWireVersion = 4;
+constexpr uint8_t kWireVersion = 5;
 
 enum class PacketType : uint8_t {
   kData = 1,
@@ -115,7 +120,10 @@ constexpr uint16_t kKnown = kRequest | kCatchUp;
 
 constexpr size_t kCommonHeaderBytes = 16;
 constexpr size_t kReliableHeaderBytes = 24;  // common header + packet number
-constexpr size_t kDataHeaderBytes = 60;
+constexpr size_t kDataHeaderBytes = 64;
+// A sender cuts messages at multiples of this many bytes (maxFragmentBytes): the largest
+// element a reduction commonly folds (float64, int64), so that no fragment boundary splits one.
+constexpr size_t kFragmentAlignment = 8;
 constexpr size_t kAckFixedBytes = 56;
 constexpr size_t kAckRangeBytes = 8;
 constexpr size_t kAckTimestampBytes = 12;
@@ -245,8 +253,11 @@ constexpr size_t ackBytes(size_t ranges, size_t timestamps = 0) {
 constexpr size_t ctsBytes(size_t ids) { return kCtsFixedBytes + ids * 8; }
 constexpr size_t nackBytes(size_t numbers) { return kNackFixedBytes + numbers * 8; }
 
-// Most payload bytes one DATA datagram of at most `mtuPayload` bytes can carry.
-constexpr size_t maxFragmentBytes(size_t mtuPayload) { return mtuPayload - kDataHeaderBytes; }
+// Most payload bytes one DATA datagram of at most `mtuPayload` bytes carries: what fits, rounded
+// down to kFragmentAlignment (1408 at Ethernet's 1472, the whole room; at most 7 bytes short).
+constexpr size_t maxFragmentBytes(size_t mtuPayload) {
+  return (mtuPayload - kDataHeaderBytes) / kFragmentAlignment * kFragmentAlignment;
+}
 // Most ACK ranges (beside `timestamps` timestamps) / CTS ids that fit in one datagram of at
 // most `mtuPayload` bytes.
 size_t maxAckRangesFor(size_t mtuPayload, size_t timestamps = 0);
