@@ -361,7 +361,8 @@ def ucx_net_devices_env(
       never set here, so the user's values always pass through.
     * a spec, or a remote rendezvous host: ``UCX_NET_DEVICES`` = the selected interfaces, plus
       the RDMA ports (``mlx5_0:1``) behind them, from ``ib_root``.
-    * no spec and a loopback (or no) rendezvous host: nothing: UCX keeps all its devices.
+    * no spec and a loopback (or no) rendezvous host: nothing: UCX keeps all its devices; no
+      interface is listed for it.
 
     Raises ValueError (from :func:`select_interface`) for a spec that matches nothing.
     """
@@ -375,8 +376,22 @@ def ucx_net_devices_env(
     explicit = spec is not None and bool(spec.strip())
     if not explicit and not rendezvous_host:
         return {}
+    host_ip = resolve(rendezvous_host) if rendezvous_host else None
+    if not explicit and host_ip is not None and ipaddress.IPv4Address(host_ip).is_loopback:
+        # The answer is known before any interface is listed: getifaddrs through ctypes and an
+        # MTU ioctl per interface cost each rank's first ucx group about 1.3 ms of CPU.
+        log.info(
+            "rendezvous host %s is loopback (%s): every rank on this host, UCX keeps its devices",
+            rendezvous_host,
+            host_ip,
+        )
+        return {}
     sel = select_interface(
-        spec, rendezvous_host, interfaces=interfaces, resolve=resolve, route_source=route_source
+        spec,
+        rendezvous_host,
+        interfaces=interfaces,
+        resolve=lambda _host: host_ip or "",
+        route_source=route_source,
     )
     if not explicit and sel.loopback:
         return {}
