@@ -149,7 +149,7 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "cache, for hosts where handing freshly written cache lines to another "
                     "core is slow (when scripts/cross_core_copy.cpp runs faster with "
                     "'streaming'); 'cached' uses plain stores; 'auto': streaming for a "
-                    "2-rank all_reduce of 16-256 KiB (the pair slots), cached otherwise"),
+                    "2-rank all_reduce of 4-256 KiB (the pair slots), cached otherwise"),
              &O::stagingStores),
       member(config::text("ifname",
                           "'' (automatic) or interface names: 'eth0', 'eth,ib' (prefixes), "

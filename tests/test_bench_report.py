@@ -1,5 +1,5 @@
 """``ucxbackend.bench.report``, ``.progress`` and ``.plot``: the table (header, rows, footer,
-udp transport statistics), the ``--json`` document, the progress line, the plot.
+udp transport statistics, wait statistics), the ``--json`` document, the progress line, the plot.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ucxbackend.bench import report as bench_report
 from ucxbackend.bench import sizes as bench_sizes
 from ucxbackend.bench import timing as bench_timing
 from ucxbackend.bench import udp as bench_udp
+from ucxbackend.bench import waits as bench_waits
 
 
 def _m(
@@ -106,9 +107,11 @@ def test_json_report_schema() -> None:
         "busbw",
         "wrong",
         "transport",
+        "waits",
         "host_staged",
     }
     assert rec["transport"] is None  # udp columns only
+    assert rec["waits"] is None  # ucx and udp columns only
     assert rec["host_staged"] is False and doc["limits"] == []  # --device cuda only
     assert doc["udp_variants"] == [] and doc["options"]["udp_variants"] == []
     assert rec["time_us"] == {"mean": 10.0, "median": 10.0, "min": 5.0, "max": 20.0}
@@ -220,3 +223,26 @@ def test_transport_block() -> None:
         r for r in bench_report.row_records([row], "mean", 2) if r["backend"] == "udp:gbn@10%"
     ]
     assert rec["transport"]["per_op"]["retransmitted_packets"] == 12.4
+
+
+def test_wait_block() -> None:
+    opts = options("--backends", "ucx,gloo")
+    row = bench_report.row_for(bench_sizes.Layout("all_reduce", 8, 2), opts)
+    ucx = _m(6.0)
+    per_op = dict.fromkeys(bench_waits.WAIT_COUNTERS, 0.0)
+    per_op.update(inline=1.9, handed_over=0.1, core_moves=0.004, yields=26.25, sleeps=0.15)
+    ucx.waits = {"iters": 1000, "per_op": per_op}
+    row.results.update({"ucx": ucx, "gloo": _m(80.0)})
+    block = bench_report.format_wait_block("all_reduce", [row], ("ucx", "gloo"))
+    assert all(line.startswith("#") for line in block)  # data lines stay the main table's
+    assert block[0].startswith("# wait statistics (all_reduce): per op")
+    assert block[1].split()[1:] == [
+        "size", "column", "inline", "handed", "moves", "yields", "sleeps", "vcsw", "icsw"
+    ]
+    assert block[2].split()[1:] == [
+        "8", "ucx", "1.900", "0.100", "0.004", "26.250", "0.150", "0.000", "0.000"
+    ]
+    assert len(block) == 4 and block[-1] == "#"  # no gloo line
+    assert bench_report.format_wait_block("all_reduce", [row], ("gloo",)) == []
+    (rec,) = [r for r in bench_report.row_records([row], "mean", 2) if r["backend"] == "ucx"]
+    assert rec["waits"]["per_op"]["handed_over"] == 0.1

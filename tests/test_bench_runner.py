@@ -69,6 +69,27 @@ def test_all_reduce_ucx_vs_gloo(tmp_path: Path) -> None:
             assert f"{rec['busbw']:.2f}" == cell(table, row, backend, "busbw")
             assert f"{rec['algbw']:.2f}" == cell(table, row, backend, "algbw")
             assert rec["wrong"] == 0
+    # How the ucx ops waited (bench/waits.py), counted over the timed ops only: each rank's
+    # op runs inline, is handed over or (the group busy, as right after the barrier) queued,
+    # so inline and handed over add up to at most one per op and rank, and these small ops
+    # mostly run inline; Gloo has no such block.
+    iters = int(TINY[TINY.index("-n") + 1])
+    inline = 0.0
+    for row in rows:
+        waits = records[("ucx", int(row[0]))]["waits"]
+        assert waits["iters"] == iters
+        per_op = waits["per_op"]
+        assert 0 <= per_op["inline"] + per_op["handed_over"] <= 2.0, per_op
+        assert per_op["yields"] >= 0 and per_op["voluntary_ctxt_switches"] >= 0
+        inline += per_op["inline"]
+        assert records[("gloo", int(row[0]))]["waits"] is None
+    assert inline > 0, "no timed ucx op counted inline"
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# wait statistics ("))
+    block = [line.split() for line in lines[start + 2 :] if line.startswith("#") and len(line) > 1]
+    assert [(int(cells[1]), cells[2]) for cells in block] == [
+        (8, "ucx"), (64, "ucx"), (512, "ucx"), (4096, "ucx"), (32768, "ucx")
+    ], block
 
 
 def test_fake_column_is_the_dispatch_floor() -> None:

@@ -42,8 +42,8 @@ enum class PieceSize {
 // How a rank writes the pieces it stages into its own slots (the group's staging_stores).
 // Each rank chooses for itself: a reader sees the same bytes either way.
 enum class SlotStores {
-  // Per write (StagingArea::streams): streaming for a pair slot's exchange from
-  // kPairStreamingMinBytes, cached for everything else.
+  // Per write (StagingArea::streams): streaming for every pair slot's exchange, cached for
+  // everything else.
   kAuto,
   kCached,     // memcpy: the bytes stay in the writer's cache for the reader to pull across
   kStreaming,  // streamingCopy: they go to memory; for hosts where that hand-off is slow
@@ -56,14 +56,6 @@ struct StagingLayout {
   static constexpr size_t kMaxSlotBytes = size_t{1} << 20;
   static constexpr size_t kCacheSizedPieceBytes = size_t{256} << 10;
   static constexpr size_t kMinSlotBytes = 16;
-  // From here a pair slot's exchange is written with streaming stores under kAuto. In that
-  // exchange both ranks write their slot and fold the peer's at once, and a cached write
-  // leaves every line for the peer to pull out of this core's cache and, two exchanges later,
-  // to invalidate in the peer's before writing it again: at 64 KiB that took 15.6 us per op
-  // against 12.8 streamed with the host in its fast mode, and 41 against 12.6 in its slow
-  // mode; below 16 KiB the cached write is faster in the fast mode (a 4 KiB exchange 0.45
-  // against 0.9 us). Measured in docs/performance.md (the pair slots' stores, 2026-11-27).
-  static constexpr size_t kPairStreamingMinBytes = size_t{16} << 10;
   // Slots start on cache-line boundaries whatever chunk_bytes is, so every element the
   // reductions read from a slot is aligned.
   static constexpr size_t kSlotAlignment = 64;
@@ -118,12 +110,21 @@ class StagingArea {
   // Throws TransportError where /dev/shm has no room for pages of the slot never written before.
   void fillOwnSlot(size_t k, const uint8_t* src, size_t n) {
     reserveOwn(k % layout_.slots, ownSlot(k), n);
-    fill(ownSlot(k), src, n, streams(n, false));
+    fill(ownSlot(k), src, n, streams(false));
   }
   SlotStores stores() const { return stores_; }
-  // Whether an `n`-byte write into one of this rank's slots (a pair slot when `pairSlot`)
-  // goes around the cache (the one rule for kAuto, see kPairStreamingMinBytes).
-  bool streams(size_t n, bool pairSlot) const {
+  // Whether a write into one of this rank's slots (a pair slot when `pairSlot`) goes around
+  // the cache. The one rule for kAuto: a pair slot's write streams, whatever its size. In
+  // that exchange both ranks write their slot and fold the peer's at once, and a cached write
+  // leaves every line for the peer to pull out of this core's cache and, two exchanges later,
+  // to invalidate in the peer's before writing it again: two hand-offs of every line per op,
+  // which this host's slow mode makes about 4x dearer. At 64 KiB that took 15.6 us per op
+  // against 12.8 streamed in the host's fast mode, 41 against 12.6 in its slow one. At 4 KiB
+  // (the smallest pair exchange, kAllreducePairSlotsMin) the cached write is about 0.4 us
+  // faster in the fast mode but 2-3 us slower in the slow one, which put a 4 KB all_reduce
+  // above twice torch's dispatch floor in half the runs; streamed it stays within it in both.
+  // Measured in docs/performance.md (the pair slots' stores; the 4 KB floor).
+  bool streams(bool pairSlot) const {
     switch (stores_) {
       case SlotStores::kStreaming:
         return true;
@@ -132,7 +133,7 @@ class StagingArea {
       case SlotStores::kAuto:
         break;
     }
-    return pairSlot && n >= StagingLayout::kPairStreamingMinBytes;
+    return pairSlot;
   }
 
   // The pair slots: a 2-rank exchange whose message fits one (`bytes` at most
@@ -151,7 +152,7 @@ class StagingArea {
   }
   void fillOwnPairSlot(size_t s, const uint8_t* src, size_t n) {
     reserveOwn(layout_.slots + s % 2, pairSlotIn(mine_, s), n);
-    fill(pairSlotIn(mine_, s), src, n, streams(n, true));
+    fill(pairSlotIn(mine_, s), src, n, streams(true));
   }
   const uint8_t* peerPairSlot(int peer, size_t s) const { return pairSlotIn(peers_.at(peer), s); }
 

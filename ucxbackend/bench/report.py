@@ -3,8 +3,9 @@
 Call order, per run: :func:`header_lines` (versions, options, ranks); per collective:
 :func:`format_header`, then :func:`format_row` as each size is measured (a :class:`Row`
 from :func:`row_for`), then :func:`format_footer` (average busbw, ``#wrong``, why cells are
-n/a) and :func:`format_transport_block` (udp columns); at the end :func:`build_report`
-(the JSON document, ``schema`` ``ucxbackend-bench/1``, also what :mod:`.plot` draws).
+n/a), :func:`format_transport_block` (udp columns) and :func:`format_wait_block` (ucx and
+udp columns); at the end :func:`build_report` (the JSON document, ``schema``
+``ucxbackend-bench/1``, also what :mod:`.plot` draws).
 
 With ``--device cuda`` a column may be shown under another label (``gloo(host-staged)``:
 ``labels``, from :func:`.ops.column_label`), and each row ends with the limit column
@@ -179,35 +180,86 @@ _UDP_BLOCK: Final = (
 )
 
 
+def _stats_block(
+    title: str,
+    headings: Sequence[str],
+    cell_width: int,
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    stats: Callable[[Row, str], dict[str, Any] | None],
+    cells: Callable[[dict[str, Any]], list[str]],
+) -> list[str]:
+    """A block of comment lines after a collective's table: ``title``, the headings, one line
+    per size and column that has ``stats`` (``cells`` of them; n/a where a size has none), and
+    a closing ``#``. Empty when no column has any."""
+    cols = [c for c in columns if any(stats(row, c) for row in rows)]
+    if not cols:
+        return []
+    width = max(8, *(len(c) for c in cols))
+    fmt = "#{:>11}  {:<" + str(width) + "}" + "".join(f"  {{:>{cell_width}}}" for _ in headings)
+    lines = [title, fmt.format("size", "column", *headings)]
+    for row in rows:
+        for col in cols:
+            st = stats(row, col)
+            shown = ["n/a"] * len(headings) if st is None else cells(st)
+            lines.append(fmt.format(row.layout.nbytes, col, *shown))
+    return [*lines, "#"]
+
+
 def format_transport_block(
     collective: str, rows: Sequence[Row], columns: Sequence[str]
 ) -> list[str]:
     """The ``# udp transport statistics`` block: one line per size and udp column, every
     line a comment (the data lines of the file stay those of the main table). Empty when no
     column has statistics."""
-    cols = [c for c in columns if any(_transport(row, c) for row in rows)]
-    if not cols:
-        return []
-    width = max(8, *(len(c) for c in cols))
-    fmt = "#{:>11}  {:<" + str(width) + "}" + "".join("  {:>10}" for _ in _UDP_BLOCK)
-    lines = [
+    title = (
         f"# udp transport statistics ({collective}): per op over the timed iterations, summed "
         "over ranks (drops: injected; qdrops, marks, trims: at the emulated bottleneck; spur: "
-        "spurious retransmissions; data: data packets, resends included); srtt: max over ranks",
-        fmt.format("size", "column", *(h for h, _, _ in _UDP_BLOCK)),
-    ]
-    for row in rows:
-        for col in cols:
-            st = _transport(row, col)
-            if st is None:
-                cells = ["n/a"] * len(_UDP_BLOCK)
-            else:
-                cells = [
-                    f.format(st["per_op"][key] if key in st["per_op"] else st[key])
-                    for _, key, f in _UDP_BLOCK
-                ]
-            lines.append(fmt.format(row.layout.nbytes, col, *cells))
-    return [*lines, "#"]
+        "spurious retransmissions; data: data packets, resends included); srtt: max over ranks"
+    )
+
+    def cells(st: dict[str, Any]) -> list[str]:
+        return [
+            f.format(st["per_op"][key] if key in st["per_op"] else st[key])
+            for _, key, f in _UDP_BLOCK
+        ]
+
+    headings = [h for h, _, _ in _UDP_BLOCK]
+    return _stats_block(title, headings, 10, rows, columns, _transport, cells)
+
+
+# The wait statistics block: (heading, waits.WAIT_COUNTERS key).
+_WAIT_BLOCK: Final = (
+    ("inline", "inline"),
+    ("handed", "handed_over"),
+    ("moves", "core_moves"),
+    ("yields", "yields"),
+    ("sleeps", "sleeps"),
+    ("vcsw", "voluntary_ctxt_switches"),
+    ("icsw", "nonvoluntary_ctxt_switches"),
+)
+
+
+def _waits(row: Row, column: str) -> dict[str, Any] | None:
+    m = row.results.get(column)
+    return None if m is None else m.waits
+
+
+def format_wait_block(collective: str, rows: Sequence[Row], columns: Sequence[str]) -> list[str]:
+    """The ``# wait statistics`` block: one line per size and ucx or udp column (how their
+    ops waited: bench/waits.py), every line a comment. Empty when no column has them."""
+    title = (
+        f"# wait statistics ({collective}): per op over the timed iterations, summed over "
+        "ranks (inline: ran on the caller's thread; handed: handed to the progress thread; "
+        "moves: off a core the peer waited on; yields, sleeps: every thread's; vcsw, icsw: "
+        "the caller's context switches, blocking and preempted)"
+    )
+
+    def cells(st: dict[str, Any]) -> list[str]:
+        return [f"{st['per_op'][key]:.3f}" for _, key in _WAIT_BLOCK]
+
+    headings = [h for h, _ in _WAIT_BLOCK]
+    return _stats_block(title, headings, 8, rows, columns, _waits, cells)
 
 
 def avg_busbw(rows: Sequence[Row], backend: str, stat: str, world: int) -> float | None:
@@ -315,6 +367,7 @@ def row_records(rows: Sequence[Row], stat: str, world: int) -> list[dict[str, An
                     "busbw": busbw,
                     "wrong": m.wrong,
                     "transport": m.transport,
+                    "waits": m.waits,
                     "host_staged": m.host_staged,
                 }
             )

@@ -59,6 +59,7 @@ from .report import (
     format_header,
     format_row,
     format_transport_block,
+    format_wait_block,
     header_lines,
     row_for,
 )
@@ -207,6 +208,7 @@ class _Sweep:
         rows = [self.size(layout, labels, limit) for layout in self.layouts[coll]]
         self.emit(format_footer(rows, cols, opts.check, opts.stat, self.ctx.world, labels))
         self.emit(format_transport_block(coll, rows, self.columns))
+        self.emit(format_wait_block(coll, rows, self.columns))
         return rows
 
     def size(

@@ -5,7 +5,8 @@ Call order: :func:`prepare` runs the op once, checks it (:mod:`.cases`) and warm
 :class:`Timed`; :func:`time_round` times one round of iterations after a barrier (the runner
 gives the backends their rounds in turn); :func:`finish` reduces every round over the ranks.
 :func:`measure` is the three in one round. For udp columns the transport counters are read
-around each round (:func:`settled_udp_counters`) so that they count only timed iterations.
+around each round (:func:`settled_udp_counters`) so that they count only timed iterations,
+and for the ucx and udp columns how the ops waited (:mod:`.waits`).
 Everything collective goes through :class:`RankContext`'s Gloo control group.
 
 With ``--device cuda``, :func:`measure_d2d_copy` times the limit column: a device-to-device
@@ -32,7 +33,8 @@ from .ops import Buffers, host_staged, make_buffers, make_op, make_staged_op
 from .options import BenchOptions
 from .sizes import Layout
 from .trace import TraceWriter
-from .udp import UDP_COUNTERS, UDP_GAUGES
+from .udp import UDP, UDP_COUNTERS, UDP_GAUGES
+from .waits import WAIT_COUNTERS, counted, wait_counters, wait_stats
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class Measurement:
     time_us: dict[str, float] | None = None  # mean, median, min, max
     wrong: int | None = None  # None: not checked
     transport: dict[str, Any] | None = None  # udp columns: see udp_transport_stats()
+    waits: dict[str, Any] | None = None  # ucx and udp columns: see waits.wait_stats()
     host_staged: bool = False  # the bench copied the tensors to the host and back (ops)
 
     def time(self, stat: str) -> float | None:
@@ -205,10 +208,12 @@ class Timed:
     wrong: int | None
     udp: bool
     host_staged: bool = False
+    native: bool = False  # a ucx or udp column: how its ops waited is counted (waits.py)
     layout: Layout | None = None  # what --trace labels its samples with
     times: list[float] = field(default_factory=list)
     counted: dict[str, int] = field(default_factory=dict)  # udp counters' change in rounds
     gauges: dict[str, int] = field(default_factory=dict)  # udp gauges after the last round
+    waited: dict[str, int] = field(default_factory=dict)  # wait counters' change in rounds
 
 
 def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement | Timed:
@@ -246,7 +251,7 @@ def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> M
     ctx.sync()
     return Timed(
         backend, group, fn, wrong, udp=backend in ctx.udp_columns, host_staged=staged,
-        layout=layout,
+        native=backend == "ucx" or backend == UDP or backend in ctx.udp_columns, layout=layout,
     )
 
 
@@ -259,7 +264,11 @@ def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None
         ctx.sync()
     dist.barrier(group=timed.group)
     before = settled_udp_counters(timed.group) if timed.udp else None
+    waits_before = wait_counters(timed.group) if timed.native else None
     timed.times += _time_iterations(timed.fn, ctx.sync, iters)
+    if waits_before is not None:
+        for c, v in counted(waits_before, wait_counters(timed.group)).items():
+            timed.waited[c] = timed.waited.get(c, 0) + v
     if before is not None:
         after = settled_udp_counters(timed.group)
         for c in UDP_COUNTERS:
@@ -279,7 +288,13 @@ def finish(ctx: RankContext, timed: Timed) -> Measurement:
         transport = udp_transport_stats(
             ctx, zero, {**timed.counted, **timed.gauges}, len(timed.times)
         )
-    return Measurement(True, None, time_us, timed.wrong, transport, timed.host_staged)
+    waits = None
+    if timed.native:
+        sums = ctx.sum_stats([timed.waited.get(c, 0) for c in WAIT_COUNTERS])
+        waits = wait_stats(dict(zip(WAIT_COUNTERS, sums, strict=True)), len(timed.times))
+    return Measurement(
+        True, None, time_us, timed.wrong, transport, waits=waits, host_staged=timed.host_staged
+    )
 
 
 def _max_time_us(ctx: RankContext, times: Sequence[float]) -> dict[str, float]:
