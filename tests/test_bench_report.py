@@ -195,6 +195,8 @@ def test_transport_block() -> None:
         "trims/op",
         "spur/op",
         "data/op",
+        "qcuts/op",
+        "atbdp/op",
         "srtt(us)",
     ]
     assert block[2].split()[1:3] == ["1048576", "lossless"]
@@ -210,6 +212,8 @@ def test_transport_block() -> None:
         "0.00",
         "0.00",
         "0.0",
+        "0.00",
+        "0.00",
         "123",
     ]
     assert len(block) == 5 and block[-1] == "#"  # no gloo line

@@ -159,6 +159,7 @@ ENDPOINT_GROUPS = [
     "multipath_spurious_loss",
     "multipath_op_time",
     "multipath_rate_limited",
+    "multipath_host_stalls",
 ]
 
 

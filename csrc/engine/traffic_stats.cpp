@@ -7,12 +7,13 @@ namespace ucxb {
 namespace {
 
 // Levels, not counts: the largest over peers, never differenced per op (a path's RTT and
-// weight too: path<i>_rtt_us, path<i>_weight_permille).
+// weight and window too: path<i>_rtt_us, path<i>_weight_permille, path<i>_window_packets).
 bool isGauge(const std::string& name) {
   return name.rfind("rtt_", 0) == 0 || name.find("_high_water") != std::string::npos ||
          name.find("_rtt_us") != std::string::npos ||
          name.find("_weight_permille") != std::string::npos ||
-         name.find("_window_bytes") != std::string::npos;
+         name.find("_window_bytes") != std::string::npos ||
+         name.find("_window_packets") != std::string::npos;
 }
 
 }  // namespace

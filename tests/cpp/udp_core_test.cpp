@@ -1105,6 +1105,19 @@ void testCoupledWindows() {
   // A timeout blames no path: every window to the floor.
   d.onRetransmissionTimeout(10);
   for (uint32_t p = 0; p < 4; ++p) CHECK_EQ(d.pathWindowPackets(p), uint64_t{2});
+  // A standing queue halves the path's window, once per round, and never below the floor it
+  // is given (the path's bandwidth-delay product, which a window fills without a queue).
+  CoupledAimdCongestionControl q(2, 40, 2);  // 20 per path
+  CHECK(q.onPathQueue(0, 5, 10, 6.0));
+  CHECK_EQ(q.pathWindowPackets(0), uint64_t{10});
+  CHECK(!q.onPathQueue(0, 8, 12, 6.0));  // sent before that cut: the same round
+  CHECK(q.onPathQueue(0, 20, 30, 6.0));
+  CHECK_EQ(q.pathWindowPackets(0), uint64_t{6});  // half would be 5
+  CHECK(!q.onPathQueue(0, 40, 50, 6.0));          // at the floor: no cut
+  CHECK_EQ(q.pathWindowPackets(0), uint64_t{6});
+  CHECK_EQ(q.pathWindowPackets(1), uint64_t{20});
+  CHECK(q.onPathQueue(1, 40, 50));  // no floor given: the windows' own
+  CHECK_EQ(q.pathWindowPackets(1), uint64_t{10});
 }
 
 void testRttAndCongestion() {

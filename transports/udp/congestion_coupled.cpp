@@ -86,21 +86,27 @@ void CoupledAimdCongestionControl::onPathAcked(uint32_t path, TimeUs sentTime, T
   if (grow < 0) p.slowStartThreshold = std::min(p.slowStartThreshold, p.window);
 }
 
-void CoupledAimdCongestionControl::onPathLost(uint32_t path, TimeUs newestLostSentTime, TimeUs now,
+bool CoupledAimdCongestionControl::onPathLost(uint32_t path, TimeUs newestLostSentTime, TimeUs now,
                                               uint64_t count) {
   Path& p = paths_[path % paths_.size()];
   if (p.cut && newestLostSentTime <= p.cutAt) {
     // Already reacted to this round; the losses join the cut's, for its undo.
     if (p.lossesSinceCut > 0) p.lossesSinceCut += count;
-    return;
+    return false;
   }
   cut(p, now, count);
+  return true;
 }
 
-void CoupledAimdCongestionControl::onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now) {
+bool CoupledAimdCongestionControl::onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now,
+                                               double floorPackets) {
   Path& p = paths_[path % paths_.size()];
-  if (p.cut && sentTime <= p.cutAt) return;  // the queue of a round already cut for
+  if (p.cut && sentTime <= p.cutAt) return false;  // the queue of a round already cut for
+  if (p.window <= floorPackets) return false;
   cut(p, now, 0);  // nothing a late ACK could show spurious: never undone
+  p.window = std::max(p.window, floorPackets);
+  p.slowStartThreshold = p.window;
+  return true;
 }
 
 void CoupledAimdCongestionControl::cut(Path& p, TimeUs now, uint64_t losses) {

@@ -60,13 +60,16 @@ class CoupledAimdCongestionControl final : public CongestionControl {
   void setPathRtt(uint32_t path, DurationUs rttUs);
   void onPathAcked(uint32_t path, TimeUs sentTime, TimeUs now);
   // `count` packets of `path` declared lost at once, the newest sent at newestLostSentTime.
-  void onPathLost(uint32_t path, TimeUs newestLostSentTime, TimeUs now, uint64_t count);
+  // True if the window was cut (not for a round already cut for).
+  bool onPathLost(uint32_t path, TimeUs newestLostSentTime, TimeUs now, uint64_t count);
   // A packet of `path` that loss detection declared lost was acknowledged after all.
   void onPathSpuriousLoss(uint32_t path);
   // The peer's receive timestamps show a standing queue on `path` (a packet sent at
   // `sentTime` waited in it longer than the connection allows, reliability.cpp): cut as for
-  // a loss, once per round trip, before the queue overflows and a loss costs a resend.
-  void onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now);
+  // a loss, once per round trip, before the queue overflows and a loss costs a resend; not
+  // below `floorPackets` (the path's bandwidth-delay product: a window that it fills keeps no
+  // queue standing). True if the window was cut.
+  bool onPathQueue(uint32_t path, TimeUs sentTime, TimeUs now, double floorPackets = 0);
 
  private:
   struct Path {

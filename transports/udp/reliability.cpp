@@ -203,9 +203,23 @@ bool PeerConnection::onAck(const AckFrame& ack, TimeUs now) {
     if (pathWindows_ != nullptr) pathWindows_->onPathSpuriousLoss(path);
   }
   if (pathWindows_ != nullptr) {
+    const OneWayDelays& delays = sent_.oneWayDelays();
     for (const uint32_t path : ackResult_.timestampedPaths) {
-      if (sent_.oneWayDelays().queueDelayUs(path) > queueLimitUs(path)) {
-        pathWindows_->onPathQueue(path, sent_.oneWayDelays().lastSentTime(path), now);
+      const DurationUs limit = queueLimitUs(path);
+      const DurationUs queue = delays.queueDelayUs(path);
+      if (queue <= limit) continue;
+      // A window that a path's bandwidth-delay product fills cannot keep a queue standing on
+      // it: what waits is another's (the peer host's, when its receiving thread did not run
+      // and the datagrams of every path waited in its socket alike). Cut below it, every
+      // path's window fell to the floor on a loaded host while the links idled
+      // (docs/udp-protocol.md, adaptive).
+      const double bdp = bdpPackets(path);
+      if (static_cast<double>(pathWindows_->pathWindowPackets(path)) <= bdp) {
+        ++pathCuts_[path % kMaxPaths].queueAtBdp;
+        continue;
+      }
+      if (pathWindows_->onPathQueue(path, delays.lastSentTime(path), now, bdp)) {
+        ++pathCuts_[path % kMaxPaths].queue;
       }
     }
   }
@@ -347,7 +361,9 @@ void PeerConnection::recover(std::vector<SentPacket>& lost, TimeUs now, LossCaus
           sent_.oneWayDelays().queueDelayUs(path) <= queueLimitUs(path)) {
         continue;
       }
-      pathWindows_->onPathLost(path, pathNewestSent[path], now, pathLost[path]);
+      if (pathWindows_->onPathLost(path, pathNewestSent[path], now, pathLost[path])) {
+        ++pathCuts_[path].loss;
+      }
     }
   } else if (cause == LossCause::kDetected) {
     congestion_->onPacketsLost(newestSent, now);
@@ -362,6 +378,12 @@ DurationUs PeerConnection::queueLimitUs(uint32_t path) const {
   const double drainUs = sent_.oneWayDelays().drainUsPerByte(path) *
                          static_cast<double>(config_.mtuPayload) * kQueueLimitPackets;
   return std::max<DurationUs>(rtt_.min(), static_cast<DurationUs>(drainUs));
+}
+
+double PeerConnection::bdpPackets(uint32_t path) const {
+  const double usPerPacket =
+      sent_.oneWayDelays().drainUsPerByte(path) * static_cast<double>(config_.mtuPayload);
+  return usPerPacket > 0 ? static_cast<double>(rtt_.min()) / usPerPacket : 0.0;
 }
 
 DurationUs PeerConnection::currentRto() const {
@@ -631,7 +653,14 @@ Stats PeerConnection::stats() const {
   s.rttSamples = rtt_.samples();
   s.sendWindowBytes = sendWindowBytes_;
   if (paths_.paths() > 1) {
-    for (uint32_t p = 0; p < paths_.paths(); ++p) s.paths.push_back(paths_.stats(p));
+    for (uint32_t p = 0; p < paths_.paths(); ++p) {
+      PathStats& ps = s.paths.emplace_back(paths_.stats(p));
+      if (pathWindows_ == nullptr) continue;
+      ps.windowPackets = pathWindows_->pathWindowPackets(p);
+      ps.lossCuts = pathCuts_[p].loss;
+      ps.queueCuts = pathCuts_[p].queue;
+      ps.queueAtBdp = pathCuts_[p].queueAtBdp;
+    }
   }
   return s;
 }

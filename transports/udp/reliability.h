@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -163,6 +164,10 @@ class PeerConnection {
   // 16: with 8, `multipath_rate_limited` made 1.42x and 1.43x round-robin at 4 and 16 MiB on
   // the mean of three seeds, against 16's 1.47x and 1.52x (udp-protocol.md has the figures).
   static constexpr double kQueueLimitPackets = 16;
+  // The path's bandwidth-delay product in full datagrams: the least RTT over the time the
+  // path drains one (0 until the drain time is measured). A cut for a standing queue stops
+  // there.
+  double bdpPackets(uint32_t path) const;
   DurationUs currentRto() const;
   std::optional<TimeUs> rtoDeadline() const;
   std::optional<TimeUs> probeDeadline() const;
@@ -265,6 +270,11 @@ class PeerConnection {
   CreditCongestionControl* credit_ = nullptr;
   // The congestion policy's per-path windows (congestion_coupled.h), or null: one window.
   CoupledAimdCongestionControl* pathWindows_ = nullptr;
+  // Its cuts per path, counted for stats() (PathStats: loss_cuts, queue_cuts, queue_at_bdp).
+  struct PathCuts {
+    uint64_t loss = 0, queue = 0, queueAtBdp = 0;
+  };
+  std::array<PathCuts, kMaxPaths> pathCuts_{};
   bool backlogChanged_ = true;
 
   // Trimmed DATA received and not yet NACKed.

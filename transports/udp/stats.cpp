@@ -81,6 +81,17 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("rtt_latest_us", s.rttLatestUs);
   add("rtt_samples", s.rttSamples);
   add("send_window_bytes", s.sendWindowBytes);
+  // adaptive's windows per path, over every path (each path's own below): the bench's table
+  // shows how often a queue cut them, and how often a queue met a window at the path's
+  // bandwidth-delay product.
+  uint64_t queueCuts = 0;
+  uint64_t queueAtBdp = 0;
+  for (const PathStats& p : s.paths) {
+    queueCuts += p.queueCuts;
+    queueAtBdp += p.queueAtBdp;
+  }
+  add("queue_cuts", queueCuts);
+  add("queue_at_bdp", queueAtBdp);
   // "path<i>_<name>" per path, only when there are several.
   for (size_t i = 0; i < s.paths.size(); ++i) {
     const PathStats& p = s.paths[i];
@@ -91,6 +102,10 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
     out.emplace_back(prefix + "lost", p.lost);
     out.emplace_back(prefix + "rtt_us", p.rttSmoothedUs);
     out.emplace_back(prefix + "weight_permille", p.weightPermille);
+    out.emplace_back(prefix + "window_packets", p.windowPackets);
+    out.emplace_back(prefix + "loss_cuts", p.lossCuts);
+    out.emplace_back(prefix + "queue_cuts", p.queueCuts);
+    out.emplace_back(prefix + "queue_at_bdp", p.queueAtBdp);
   }
   return out;
 }

@@ -46,6 +46,14 @@ struct PathStats {
   uint64_t lost = 0;           // declared lost (any cause)
   DurationUs rttSmoothedUs = 0;  // from every acked packet (ACK delay included)
   uint64_t weightPermille = 1000;  // adaptive: the path's share weight, 1000 = full
+  // adaptive under aimd (a window per path, congestion_coupled.h): the path's window now, how
+  // often it was halved for losses and for a standing queue (the peer's receive timestamps,
+  // one_way_delay.h), and how often a queue was seen with the window already at the path's
+  // bandwidth-delay product, where no cut for a queue takes it (reliability.cpp).
+  uint64_t windowPackets = 0;
+  uint64_t lossCuts = 0;
+  uint64_t queueCuts = 0;
+  uint64_t queueAtBdp = 0;
 };
 
 struct Stats {

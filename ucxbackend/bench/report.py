@@ -176,6 +176,8 @@ _UDP_BLOCK: Final = (
     ("trims/op", "faults_trimmed", "{:.2f}"),
     ("spur/op", "spurious_retransmissions", "{:.2f}"),
     ("data/op", "data_packets_sent", "{:.1f}"),
+    ("qcuts/op", "queue_cuts", "{:.2f}"),
+    ("atbdp/op", "queue_at_bdp", "{:.2f}"),
     ("srtt(us)", "rtt_smoothed_us", "{:.0f}"),
 )
 
@@ -215,7 +217,9 @@ def format_transport_block(
     title = (
         f"# udp transport statistics ({collective}): per op over the timed iterations, summed "
         "over ranks (drops: injected; qdrops, marks, trims: at the emulated bottleneck; spur: "
-        "spurious retransmissions; data: data packets, resends included); srtt: max over ranks"
+        "spurious retransmissions; data: data packets, resends included; qcuts, atbdp: adaptive's "
+        "path windows cut for a queue, queues met at a path's bandwidth-delay product); srtt: "
+        "max over ranks"
     )
 
     def cells(st: dict[str, Any]) -> list[str]:

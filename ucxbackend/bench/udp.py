@@ -53,6 +53,8 @@ UDP_COUNTERS: Final = (
     "duplicate_packets",
     "out_of_order",
     "dropped",  # datagrams the receiver rejected (malformed, stale, ...), injected drops not
+    "queue_cuts",  # adaptive: path windows halved for a standing queue (receive timestamps)
+    "queue_at_bdp",  # adaptive: queues met with the window at the path's bandwidth-delay product
 )
 # Gauges read after the timed iterations, max over ranks.
 UDP_GAUGES: Final = ("rtt_smoothed_us", "rtt_min_us")
