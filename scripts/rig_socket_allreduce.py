@@ -28,10 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from netns_rig import Host, NetnsRig
-from rig_plain_allreduce import _describe, iperf_both_ways, run_plain
+from rig_plain_allreduce import _describe, collect_outputs, iperf_both_ways, run_plain
 
 SOURCE = Path(__file__).resolve().parent / "socket_allreduce.cpp"
-DEADLINE_S = 180.0
 HOSTS: tuple[Host, Host] = ("a", "b")  # rank 0 on a (it listens), rank 1 on b
 
 
@@ -58,16 +57,7 @@ def run_socket(
         )
         for rank, host in enumerate(HOSTS)
     ]
-    outs: list[str] = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=DEADLINE_S)
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = collect_outputs(procs)
     if any(p.returncode for p in procs):
         raise RuntimeError(f"socket all_reduce ({mode}) failed: {[p.returncode for p in procs]}")
     results = [json.loads(o) for o in outs]
