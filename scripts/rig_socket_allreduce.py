@@ -5,11 +5,12 @@ come to iperf3 on this rig at all (issue #23; docs/performance.md).
 Usage (root, iproute2, g++; iperf3 for the reference)::
 
     python scripts/rig_socket_allreduce.py [--rounds 2] [--mbytes 64] [--iters 20]
-        [--modes fold,copyout,move] [--backends ucx] [--iperf 5]
+        [--modes fold,copyout,move,epoll] [--backends ucx] [--iperf 5]
 
 Per round it prints iperf3's two directions, then scripts/socket_allreduce.cpp in each mode
 (fold: reduce-scatter pieces summed from a warm buffer, all-gather read into place; copyout:
-the all-gather copied out of a warm buffer as UCX's TCP transport does; move: no arithmetic),
+the all-gather copied out of a warm buffer as UCX's TCP transport does; move: no arithmetic;
+epoll: fold on a non-blocking socket that waits in epoll_wait, as UCX's TCP transport waits),
 then each backend the plain way (scripts/rig_plain_allreduce.py). Every line gives the bus
 bandwidth in GB/s (slower rank) and the CPU seconds of both ranks per GB moved one way, the
 figure comparable with iperf3's sender + receiver per GB.
@@ -73,7 +74,7 @@ def main() -> int:
     parser.add_argument("--mbytes", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--modes", default="fold,copyout,move")
+    parser.add_argument("--modes", default="fold,copyout,move,epoll")
     parser.add_argument("--backends", default="ucx", help="'' for none")
     parser.add_argument("--iperf", type=int, default=5, metavar="SECONDS")
     args = parser.parse_args()

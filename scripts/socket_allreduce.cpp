@@ -18,16 +18,21 @@
 //            (what UCX's TCP transport does: it has no receive into the user's buffer)
 //   move     no arithmetic: both phases read straight into the tensor (the transfer alone,
 //            from and into a tensor of this size)
+//   epoll    as fold, on a non-blocking socket: a call that would block waits in epoll_wait
+//            and is retried, as UCX's TCP transport waits (what the event loop alone costs)
 // Prints one JSON line: the loop's seconds and the process's CPU seconds (all threads, user +
 // system). Every element must equal 2^(WARMUP+ITERS) at the end (fold/copyout), else exit 1.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -48,22 +53,53 @@ constexpr size_t kPiece = size_t{512} << 10;
   std::exit(2);
 }
 
-void writeAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t k = ::send(fd, p, n, 0);
-    if (k < 0) die("send");
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-}
+// The socket's direction for one thread: blocking calls, or (epoll >= 0) non-blocking ones
+// that wait in epoll_wait for the socket to become ready when they would block.
+struct Channel {
+  int fd;
+  int epoll = -1;
 
-void readAll(int fd, char* p, size_t n) {
-  while (n > 0) {
-    ssize_t k = ::recv(fd, p, n, MSG_WAITALL);
-    if (k <= 0) die("recv");
-    p += k;
-    n -= static_cast<size_t>(k);
+  void waitReady() const {
+    epoll_event ev;
+    while (epoll_wait(epoll, &ev, 1, -1) < 0) {
+      if (errno != EINTR) die("epoll_wait");
+    }
   }
+  void writeAll(const char* p, size_t n) const {
+    while (n > 0) {
+      ssize_t k = ::send(fd, p, n, 0);
+      if (k < 0 && epoll >= 0 && errno == EAGAIN) {
+        waitReady();
+        continue;
+      }
+      if (k < 0) die("send");
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+  void readAll(char* p, size_t n) const {
+    while (n > 0) {
+      ssize_t k = ::recv(fd, p, n, epoll >= 0 ? 0 : MSG_WAITALL);
+      if (k < 0 && epoll >= 0 && errno == EAGAIN) {
+        waitReady();
+        continue;
+      }
+      if (k <= 0) die("recv");
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+};
+
+// An epoll set that reports `fd` ready for `events` (level-triggered).
+int epollFor(int fd, uint32_t events) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) die("epoll_create1");
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) die("epoll_ctl");
+  return ep;
 }
 
 double cpuSeconds() {
@@ -131,12 +167,12 @@ int main(int argc, char** argv) {
   const int rank = argc == 9 ? std::atoi(argv[1]) : -1;
   const size_t bytes = argc == 9 ? static_cast<size_t>(std::atol(argv[5])) << 20 : 0;
   const long iters = argc == 9 ? std::atol(argv[6]) : 0, warmup = argc == 9 ? std::atol(argv[7]) : 0;
-  if ((mode != "fold" && mode != "copyout" && mode != "move") || (rank != 0 && rank != 1) ||
+  if ((mode != "fold" && mode != "copyout" && mode != "move" && mode != "epoll") || (rank != 0 && rank != 1) ||
       bytes == 0 || iters < 1 || warmup < 0 || warmup + iters > 100) {
     // 2^(warmup+iters) must stay an exact float for the check at the end.
     std::fprintf(stderr,
                  "usage: %s RANK(0|1) LISTEN PEER PORT MBYTES(>=1) ITERS(>=1) WARMUP "
-                 "fold|copyout|move (WARMUP+ITERS <= 100)\n",
+                 "fold|copyout|move|epoll (WARMUP+ITERS <= 100)\n",
                  argv[0]);
     return 2;
   }
@@ -148,17 +184,23 @@ int main(int argc, char** argv) {
   const int fd = connectPair(rank, argv[2], argv[3], std::atoi(argv[4]));
   int one = 1;
   if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) die("setsockopt");
+  Channel out{fd}, in{fd};
+  if (mode == "epoll") {
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) die("fcntl");
+    out.epoll = epollFor(fd, EPOLLOUT);
+    in.epoll = epollFor(fd, EPOLLIN);
+  }
 
   const long ops = warmup + iters;
   Progress progress;
   std::thread sender([&] {
     for (long op = 0; op < ops; ++op) {
       progress.await(op - 1, 0);  // the peer's half holds last op's result
-      writeAll(fd, theirs, half);
+      out.writeAll(theirs, half);
       for (size_t at = 0; at < half; at += kPiece) {
         const size_t n = std::min(kPiece, half - at);
         progress.await(op - 1, at + n);
-        writeAll(fd, mine + at, n);
+        out.writeAll(mine + at, n);
       }
     }
   });
@@ -174,9 +216,9 @@ int main(int argc, char** argv) {
     for (size_t at = 0; at < half; at += kPiece) {
       const size_t n = std::min(kPiece, half - at);
       if (mode == "move") {
-        readAll(fd, mine + at, n);
+        in.readAll(mine + at, n);
       } else {
-        readAll(fd, warmBytes, n);
+        in.readAll(warmBytes, n);
         float* dst = reinterpret_cast<float*>(mine + at);
         for (size_t i = 0; i < n / sizeof(float); ++i) dst[i] += warm[i];
       }
@@ -185,11 +227,11 @@ int main(int argc, char** argv) {
     if (mode == "copyout") {
       for (size_t at = 0; at < half; at += kPiece) {
         const size_t n = std::min(kPiece, half - at);
-        readAll(fd, warmBytes, n);
+        in.readAll(warmBytes, n);
         std::memcpy(theirs + at, warmBytes, n);
       }
     } else {
-      readAll(fd, theirs, half);
+      in.readAll(theirs, half);
     }
     progress.publish(op, 0);
   }
@@ -197,6 +239,9 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   const double c1 = cpuSeconds();
   sender.join();
+  for (int ep : {in.epoll, out.epoll}) {
+    if (ep >= 0) close(ep);
+  }
   close(fd);
   if (mode != "move") {
     const float want = std::ldexp(1.0f, static_cast<int>(ops));

@@ -51,7 +51,7 @@ def test_socket_allreduce_modes(tmp_path: Path) -> None:
     per half (1 MB: 512 KiB halves) and one of three pieces per half (3 MB)."""
     exe = build(tmp_path)
     for mbytes in (1, 3):
-        for mode in ("fold", "copyout", "move"):
+        for mode in ("fold", "copyout", "move", "epoll"):
             results = _run_pair(exe, mbytes, iters=3, warmup=1, mode=mode)
             assert [r["rank"] for r in results] == [0, 1]
             for r in results:
