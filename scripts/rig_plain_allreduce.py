@@ -171,6 +171,22 @@ class PlainRun:
         return float(nbytes / slowest / 1e9)  # 2 ranks: busbw = algbw
 
 
+def collect_outputs(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Each process's stdout once all exited (DEADLINE_S each); whatever is still running then,
+    or when reading fails, is killed with its process group."""
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=DEADLINE_S)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return outputs
+
+
 def run_plain(
     rig: NetnsRig,
     backend: str,
@@ -201,16 +217,7 @@ def run_plain(
         _start(rig, host, argv, env=_plain_env(rig, rank, port, repo, extra_env or {}), cwd=repo)
         for rank, host in enumerate(HOSTS)
     ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=DEADLINE_S)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    outputs = collect_outputs(procs)
     bad = [(p.returncode, out) for p, out in zip(procs, outputs, strict=False) if p.returncode]
     if bad or len(outputs) < 2:
         raise RuntimeError(f"{backend} ranks failed: {bad or outputs}")
