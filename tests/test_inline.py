@@ -19,7 +19,11 @@ only where the path under test really ran:
 * a 2-rank all_reduce through the shared-memory slots, inline on one rank and queued on the
   other (``inline_bytes=0`` there), gives the reference bit for bit.
 
-One world runs every scenario: starting ranks is what costs here.
+* in a group of MULTI_WS ranks (not a power of two: the first two ranks fold), every dtype x
+  op through recursive doubling inline (one level after another on the caller's thread, a
+  late peer's op handed over between levels), also with some ranks queuing every op.
+
+A 2-rank world runs the other scenarios: starting ranks is what costs here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # 40000 (40 KB of int8 to 320 KB of float64, one or two 256 KiB pieces): one exchange through
 # the shared-memory slots, inline too (ucx; udp has no slots and queues the ring).
 COUNTS = (1, 7, 1000, 40000)
+# The multi-rank world: 5 = 4 + 1, so ranks 0 and 1 fold and the other ranks run two levels.
+MULTI_WS = 5
+# Within one chunk of recursive doubling for every dtype (kAllreduceRecursiveDoublingMax).
+MULTI_COUNTS = (1, 7, 1000)
+# Ranks whose mixed group queues every op (inline_bytes=0): a folded rank, a participant.
+MULTI_QUEUED = (0, 3)
 STAGED_COUNT = 100_000  # int64: 800 KB, four pieces, what the slots hold at once
 
 
@@ -114,7 +124,9 @@ def _gathered(x: torch.Tensor, ws: int, gloo: Any) -> list[torch.Tensor]:
     return [p.bool() if x.dtype == torch.bool else p.view(x.dtype) for p in parts]
 
 
-def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
+def _matrix(
+    rank: int, ws: int, group: Any, gloo: Any, counts: tuple[int, ...] = COUNTS
+) -> dict[str, Any]:
     """Every dtype x op x count on `group`; mismatches and how many ops went inline."""
     bad: list[str] = []
     before = _inline_stats(group)
@@ -124,7 +136,7 @@ def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
         for op in OPS:
             if op == "AVG" and not dtype.is_floating_point:
                 continue
-            for n in COUNTS:
+            for n in counts:
                 salt += 1
                 x = _inputs(rank, n, dtype, salt)
                 xs = _gathered(x, ws, gloo)
@@ -417,3 +429,41 @@ def test_shared_core_moves_higher_rank(inline_world: list[dict[str, Any]]) -> No
     assert low["core_moves"] == 0, low
     assert high["core_moves"] >= 1, high
     assert high["mask_after"] == high["mask"], high
+
+
+def _multi_world(rank: int, ws: int) -> dict[str, Any]:
+    gloo = dist.new_group(backend="gloo")
+    out: dict[str, Any] = {}
+    groups = {
+        # spin_us 2 s: no op is handed over, so each rank drives every level itself.
+        "ucx": ("ucx", {"spin_us": 2_000_000}),
+        # The default spin_us: on this loaded host many ops are handed over between levels.
+        "udp": ("udp", {}),
+        "mixed": ("ucx", {"inline_bytes": 0} if rank in MULTI_QUEUED else {}),
+    }
+    for name, (backend, options) in groups.items():
+        group = dist.new_group(backend=backend, pg_options=options, timeout=timedelta(seconds=30))
+        out[name] = _matrix(rank, ws, group, gloo, MULTI_COUNTS)
+        dist.destroy_process_group(group)
+    return out
+
+
+@pytest.fixture(scope="module")
+def multi_world() -> list[dict[str, Any]]:
+    if BACKEND != "ucx":
+        pytest.skip(f"the inline path of ucx/udp ({BACKEND} under test)")
+    return run_world(_multi_world, MULTI_WS, timeout=WORLD_TIMEOUT)
+
+
+@pytest.mark.parametrize("name", ["ucx", "udp", "mixed"])
+def test_multi_rank_inline_matches_reference(multi_world: list[dict[str, Any]], name: str) -> None:
+    for rank, out in enumerate(multi_world):
+        m = out[name]
+        assert not m["bad"], f"rank {rank}: {m['bad'][:5]}"
+        assert m["inline"] + m["handed_over"] <= m["ops"], (rank, m)
+        if name == "mixed" and rank in MULTI_QUEUED:
+            assert m["inline"] == 0 and m["handed_over"] == 0, (rank, m)
+        elif name != "udp":
+            # The first op after the group's creation included; a few may still queue (the
+            # progress thread in an idle pass for longer than lend() waits).
+            assert m["inline"] > 0, (rank, m)
