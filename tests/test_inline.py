@@ -7,9 +7,10 @@ only where the path under test really ran:
 * results of every dtype and reduce op (2 ranks) equal a reference computed from the inputs
   that Gloo gathered, bit for bit for integers and bool, on ucx and on udp, and both ranks
   end with the same bits (float inputs hold zeros of opposite signs on the two ranks);
-* a rank 200 ms late: the early rank's op starts inline, is handed over to the progress
-  thread (blocking and ``async_op=True``, which returns at once; and a 2-rank op through the
-  shared-memory slots, handed over while it waits for the peer's notices) and is still right;
+* a rank 200 ms late: the early rank's ``async_op=True`` op starts inline, is handed over to
+  the progress thread and returns at once; a blocking one (and a 2-rank blocking op through the
+  shared-memory slots, waiting for the peer's notices) is driven to its end on the caller's
+  thread, sleeping while it waits; each is still right;
 * two threads issuing ops on one group at once (some inline, some queued behind a lease);
 * ``abort()`` from another thread while an op is inline (``spin_us`` long, the peer absent);
 * ``inline_bytes=0`` and a message above the threshold never go inline;
@@ -20,8 +21,8 @@ only where the path under test really ran:
   other (``inline_bytes=0`` there), gives the reference bit for bit.
 
 * in a group of MULTI_WS ranks (not a power of two: the first two ranks fold), every dtype x
-  op through recursive doubling inline (one level after another on the caller's thread, a
-  late peer's op handed over between levels), also with some ranks queuing every op.
+  op through recursive doubling inline (one level after another on the caller's thread; an
+  async op of a late peer handed over between levels), also with some ranks queuing every op.
 
 A 2-rank world runs the other scenarios: starting ranks is what costs here.
 """
@@ -125,7 +126,12 @@ def _gathered(x: torch.Tensor, ws: int, gloo: Any) -> list[torch.Tensor]:
 
 
 def _matrix(
-    rank: int, ws: int, group: Any, gloo: Any, counts: tuple[int, ...] = COUNTS
+    rank: int,
+    ws: int,
+    group: Any,
+    gloo: Any,
+    counts: tuple[int, ...] = COUNTS,
+    async_op: bool = False,
 ) -> dict[str, Any]:
     """Every dtype x op x count on `group`; mismatches and how many ops went inline."""
     bad: list[str] = []
@@ -141,7 +147,11 @@ def _matrix(
                 x = _inputs(rank, n, dtype, salt)
                 xs = _gathered(x, ws, gloo)
                 got = x.clone()
-                dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=group)
+                work = dist.all_reduce(
+                    got, op=getattr(dist.ReduceOp, op), group=group, async_op=async_op
+                )
+                if work is not None:
+                    work.wait()
                 ops += 1
                 want = _reference(xs, op)
                 if not _same(got, want):
@@ -377,12 +387,15 @@ def test_late_peer_hands_over(inline_world: list[dict[str, Any]], mode: str) -> 
     early, late = inline_world[0][f"late/{mode}"], inline_world[1][f"late/{mode}"]
     assert early["result"] == late["result"] == [3] * 8, (early, late)
     assert early["all_three"] and late["all_three"], (early, late)
-    # The early rank's op started inline and was handed over; it took the late rank's time.
-    assert early["handed_over"] == 1 and early["inline"] == 0, early
-    assert early["op_s"] >= LATE_S / 2, early
+    assert early["op_s"] >= LATE_S / 2, early  # it took the late rank's time
     if mode == "async":
-        # Held no longer than spin_us (250 us), not until the peer came.
+        # The early rank's op started inline and was handed over: the caller was held no
+        # longer than spin_us (250 us), not until the peer came.
+        assert early["handed_over"] == 1 and early["inline"] == 0, early
         assert early["issue_s"] < LATE_S / 2, early
+    else:
+        # A blocking caller (async_op=False) drove its op to the end, sleeping while it waited.
+        assert early["inline"] == 1 and early["handed_over"] == 0, early
 
 
 def test_two_threads_on_one_group(inline_world: list[dict[str, Any]]) -> None:
@@ -435,15 +448,16 @@ def _multi_world(rank: int, ws: int) -> dict[str, Any]:
     gloo = dist.new_group(backend="gloo")
     out: dict[str, Any] = {}
     groups = {
-        # spin_us 2 s: no op is handed over, so each rank drives every level itself.
-        "ucx": ("ucx", {"spin_us": 2_000_000}),
-        # The default spin_us: on this loaded host many ops are handed over between levels.
-        "udp": ("udp", {}),
-        "mixed": ("ucx", {"inline_bytes": 0} if rank in MULTI_QUEUED else {}),
+        # Blocking: each rank drives every level itself, sleeping while a peer is late.
+        "ucx": ("ucx", {}, False),
+        # async_op=True: an op not done within spin_us is handed over between two levels
+        # (on a loaded host, most are).
+        "udp": ("udp", {}, True),
+        "mixed": ("ucx", {"inline_bytes": 0} if rank in MULTI_QUEUED else {}, False),
     }
-    for name, (backend, options) in groups.items():
+    for name, (backend, options, async_op) in groups.items():
         group = dist.new_group(backend=backend, pg_options=options, timeout=timedelta(seconds=30))
-        out[name] = _matrix(rank, ws, group, gloo, MULTI_COUNTS)
+        out[name] = _matrix(rank, ws, group, gloo, MULTI_COUNTS, async_op)
         dist.destroy_process_group(group)
     return out
 
@@ -463,7 +477,10 @@ def test_multi_rank_inline_matches_reference(multi_world: list[dict[str, Any]], 
         assert m["inline"] + m["handed_over"] <= m["ops"], (rank, m)
         if name == "mixed" and rank in MULTI_QUEUED:
             assert m["inline"] == 0 and m["handed_over"] == 0, (rank, m)
-        elif name != "udp":
+        elif name == "udp":
+            assert m["inline"] + m["handed_over"] > 0, (rank, m)
+        else:
             # The first op after the group's creation included; a few may still queue (the
-            # progress thread in an idle pass for longer than lend() waits).
-            assert m["inline"] > 0, (rank, m)
+            # progress thread in an idle pass for longer than lend() waits). A blocking
+            # caller never hands its op over.
+            assert m["inline"] > 0 and m["handed_over"] == 0, (rank, m)

@@ -254,7 +254,8 @@ void ProgressEngine::threadMain() {
 
 void ProgressEngine::park() {
   epoll_event ev;
-  if (epoll_wait(parkEpollFd_, &ev, 1, kParkMs) == 1) {
+  const int ms = leaseSleeps_.load(std::memory_order_seq_cst) ? kLongParkMs : kParkMs;
+  if (epoll_wait(parkEpollFd_, &ev, 1, ms) == 1) {
     uint64_t count;
     (void)!read(wakeFd_, &count, sizeof(count));
   }
@@ -424,7 +425,9 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     // it: the progress thread, whose op may wait dozens of times, then sleeps instead
     // (crowded(), core_yield.h). A borrowing caller polls on: it loses at most one slice,
     // since it hands the op over at giveUpAt, `spin` after it began.
-    if (now - lastEvent < config_.spin && (borrowed || !crowded())) {
+    // A borrower that never gives up (Lease::wait's toTheEnd) sleeps as the thread does.
+    const bool handsOver = borrowed && giveUpAt != Clock::time_point::max();
+    if (now - lastEvent < config_.spin && (handsOver || !crowded())) {
       const auto after = yieldCoreFrom(now);
       if (cores && after - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
@@ -438,6 +441,9 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       }
       setWaitingFor(std::move(what));
       published = true;
+    }
+    if (borrowed && !leaseSleeps_.load(std::memory_order_relaxed)) {
+      leaseSleeps_.store(true, std::memory_order_seq_cst);
     }
     sleepUntilEvent(waitEpollFd_, std::min(deadline, giveUpAt));
     lastEvent = Clock::now();
@@ -520,8 +526,9 @@ ProgressEngine::Lease::Lease(ProgressEngine& engine, std::unique_lock<std::mutex
 }
 
 bool ProgressEngine::Lease::wait(const std::vector<RequestPtr>& requests,
-                                 Clock::time_point deadline) {
-  return engine_.waitUntil(requests, deadline, handOverAt_, /*borrowed=*/true);
+                                 Clock::time_point deadline, bool toTheEnd) {
+  return engine_.waitUntil(requests, deadline, toTheEnd ? Clock::time_point::max() : handOverAt_,
+                           /*borrowed=*/true);
 }
 
 void ProgressEngine::Lease::handOver(Task continuation) {
@@ -549,6 +556,8 @@ void ProgressEngine::endLease(Lease& lease) {
     lent_.store(false);
     wake = !queue_.empty();
   }
+  // A thread parked for kLongParkMs must not wait that long to listen again.
+  if (leaseSleeps_.exchange(false, std::memory_order_seq_cst)) wake = true;
   lease.owner_.unlock();
   // Queued work (a handed-over op, ops posted meanwhile) must not wait for the thread's next
   // look. Without it the parked thread resumes listening within kParkMs by itself.
