@@ -373,8 +373,11 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
                                Clock::time_point deadline, Clock::time_point giveUpAt,
                                bool borrowed) {
-  // Ranks sharing a host see where this caller waits (see the top of the header).
-  StagingArea* const cores = borrowed ? staging_.get() : nullptr;
+  // Ranks sharing a host see where this caller waits (see the top of the header). Only a
+  // pair: in a larger group whose ranks outnumber the cores, every higher rank finds some
+  // lower rank on its core at nearly every yield, and moving would only migrate it, twice
+  // per yield, for nothing.
+  StagingArea* const cores = borrowed && transport_->size() == 2 ? staging_.get() : nullptr;
   if (cores) cores->publishCore(sched_getcpu());
   auto lastEvent = Clock::now();
   const auto barePollUntil = borrowed ? lastEvent + kBarePoll : lastEvent;
@@ -425,9 +428,11 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     // it: the progress thread, whose op may wait dozens of times, then sleeps instead
     // (crowded(), core_yield.h). A borrowing caller polls on: it loses at most one slice,
     // since it hands the op over at giveUpAt, `spin` after it began.
-    // A borrower that never gives up (Lease::wait's toTheEnd) sleeps as the thread does.
-    const bool handsOver = borrowed && giveUpAt != Clock::time_point::max();
-    if (now - lastEvent < config_.spin && (handsOver || !crowded())) {
+    // One that never gives up (Lease::wait's toTheEnd) waits as the thread would, but in a
+    // pair that shares a host (`cores`), where its yields are what moves the higher rank off
+    // a core both share.
+    const bool pollsOn = borrowed && (giveUpAt != Clock::time_point::max() || cores != nullptr);
+    if (now - lastEvent < config_.spin && (pollsOn || !crowded())) {
       const auto after = yieldCoreFrom(now);
       if (cores && after - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
