@@ -125,7 +125,8 @@ std::vector<at::Tensor> rootList(const Checker& c, int root,
 c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c10d::OpType type,
                                                               std::vector<at::Tensor> tensors,
                                                               const c10d::ReduceOp& reduceOp,
-                                                              std::chrono::milliseconds timeout) {
+                                                              std::chrono::milliseconds timeout,
+                                                              bool callerWaits) {
   const auto c = checker(op);
   const auto spec = reductionFor(c, tensors, reduceOp);
   const int size = getSize();
@@ -137,12 +138,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c
       inlineWanted(first.nbytes()) &&
       algo::allreducePostable(tuning_, static_cast<size_t>(first.numel()), spec.red.elementSize,
                               size, engine_->staging())) {
-    inlineBody = [t = first, spec, reduceOp, size](Comm& comm) -> Posted {
+    inlineBody = [t = first, spec, reduceOp, size, callerWaits](Comm& comm) -> Posted {
       at::Tensor buf = t;
       preScale(buf, reduceOp);
       Posted posted{algo::postAllreduce(comm, buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                         spec.red),
-                    nullptr};
+                    nullptr, callerWaits};
       // Only AVG scales afterwards: a SUM's op allocates no closure for it.
       if (reduceOp.op_ == c10d::ReduceOp::AVG) {
         posted.after = [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); };
@@ -176,14 +177,15 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce(std::vector<at::Tenso
   if (opts.sparseIndices.has_value()) {
     checker("allreduce").fail("sparse all_reduce is not supported");
   }
+  // torch sets asyncOp from async_op: false means it calls wait() on the Work at once.
   return allreduceFlat("allreduce", c10d::OpType::ALLREDUCE, tensors, opts.reduceOp,
-                       timeoutFor(opts.timeout));
+                       timeoutFor(opts.timeout), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   return allreduceFlat("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
-                       opts.reduceOp, timeoutFor(opts.timeout));
+                       opts.reduceOp, timeoutFor(opts.timeout), !opts.asyncOp);
 }
 
 // --- reduce / broadcast ------------------------------------------------------------------------

@@ -638,7 +638,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
     try {
       posted = post(*comm);
       bool complete = false;
-      while (lease->wait(posted.op->requests(), deadline)) {
+      while (lease->wait(posted.op->requests(), deadline, posted.callerWaits)) {
         comm->completed(posted.op->requests());
         complete = posted.op->advance(*comm);
         if (complete) break;

@@ -168,6 +168,10 @@ class TransportBackend : public c10d::Backend {
   struct Posted {
     std::unique_ptr<algo::PostedOp> op;
     std::function<void()> after;  // empty: nothing to do once the op is complete
+    // The caller blocks on the op's Work right after issuing it (the op's options say
+    // asyncOp=false): the op is driven to its end on the caller's thread, never handed over
+    // (ProgressEngine::Lease::wait's toTheEnd). An async caller is held at most spin_us.
+    bool callerWaits = false;
   };
   using PostBody = std::function<Posted(Comm&)>;
 
@@ -218,7 +222,8 @@ class TransportBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduceFlat(const char* op, c10d::OpType type,
                                                std::vector<at::Tensor> tensors,
                                                const c10d::ReduceOp& reduceOp,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout,
+                                               bool callerWaits);
   // `alsoIssue`: as enqueue's.
   c10::intrusive_ptr<c10d::Work> allgatherFlat(const char* op,
                                                std::vector<at::Tensor> outputs,

@@ -7,9 +7,10 @@ only where the path under test really ran:
 * results of every dtype and reduce op (2 ranks) equal a reference computed from the inputs
   that Gloo gathered, bit for bit for integers and bool, on ucx and on udp, and both ranks
   end with the same bits (float inputs hold zeros of opposite signs on the two ranks);
-* a rank 200 ms late: the early rank's op starts inline, is handed over to the progress
-  thread (blocking and ``async_op=True``, which returns at once; and a 2-rank op through the
-  shared-memory slots, handed over while it waits for the peer's notices) and is still right;
+* a rank 200 ms late: the early rank's ``async_op=True`` op starts inline, is handed over to
+  the progress thread and returns at once; a blocking one (and a 2-rank blocking op through the
+  shared-memory slots, waiting for the peer's notices) is driven to its end on the caller's
+  thread, sleeping while it waits; each is still right;
 * two threads issuing ops on one group at once (some inline, some queued behind a lease);
 * ``abort()`` from another thread while an op is inline (``spin_us`` long, the peer absent);
 * ``inline_bytes=0`` and a message above the threshold never go inline;
@@ -19,7 +20,11 @@ only where the path under test really ran:
 * a 2-rank all_reduce through the shared-memory slots, inline on one rank and queued on the
   other (``inline_bytes=0`` there), gives the reference bit for bit.
 
-One world runs every scenario: starting ranks is what costs here.
+* in a group of MULTI_WS ranks (not a power of two: the first two ranks fold), every dtype x
+  op through recursive doubling inline (one level after another on the caller's thread; an
+  async op of a late peer handed over between levels), also with some ranks queuing every op.
+
+A 2-rank world runs the other scenarios: starting ranks is what costs here.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
 # 40000 (40 KB of int8 to 320 KB of float64, one or two 256 KiB pieces): one exchange through
 # the shared-memory slots, inline too (ucx; udp has no slots and queues the ring).
 COUNTS = (1, 7, 1000, 40000)
+# The multi-rank world: 5 = 4 + 1, so ranks 0 and 1 fold and the other ranks run two levels.
+MULTI_WS = 5
+# Within one chunk of recursive doubling for every dtype (kAllreduceRecursiveDoublingMax).
+MULTI_COUNTS = (1, 7, 1000)
+# Ranks whose mixed group queues every op (inline_bytes=0): a folded rank, a participant.
+MULTI_QUEUED = (0, 3)
 STAGED_COUNT = 100_000  # int64: 800 KB, four pieces, what the slots hold at once
 
 
@@ -114,7 +125,14 @@ def _gathered(x: torch.Tensor, ws: int, gloo: Any) -> list[torch.Tensor]:
     return [p.bool() if x.dtype == torch.bool else p.view(x.dtype) for p in parts]
 
 
-def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
+def _matrix(
+    rank: int,
+    ws: int,
+    group: Any,
+    gloo: Any,
+    counts: tuple[int, ...] = COUNTS,
+    async_op: bool = False,
+) -> dict[str, Any]:
     """Every dtype x op x count on `group`; mismatches and how many ops went inline."""
     bad: list[str] = []
     before = _inline_stats(group)
@@ -124,12 +142,16 @@ def _matrix(rank: int, ws: int, group: Any, gloo: Any) -> dict[str, Any]:
         for op in OPS:
             if op == "AVG" and not dtype.is_floating_point:
                 continue
-            for n in COUNTS:
+            for n in counts:
                 salt += 1
                 x = _inputs(rank, n, dtype, salt)
                 xs = _gathered(x, ws, gloo)
                 got = x.clone()
-                dist.all_reduce(got, op=getattr(dist.ReduceOp, op), group=group)
+                work = dist.all_reduce(
+                    got, op=getattr(dist.ReduceOp, op), group=group, async_op=async_op
+                )
+                if work is not None:
+                    work.wait()
                 ops += 1
                 want = _reference(xs, op)
                 if not _same(got, want):
@@ -365,12 +387,15 @@ def test_late_peer_hands_over(inline_world: list[dict[str, Any]], mode: str) -> 
     early, late = inline_world[0][f"late/{mode}"], inline_world[1][f"late/{mode}"]
     assert early["result"] == late["result"] == [3] * 8, (early, late)
     assert early["all_three"] and late["all_three"], (early, late)
-    # The early rank's op started inline and was handed over; it took the late rank's time.
-    assert early["handed_over"] == 1 and early["inline"] == 0, early
-    assert early["op_s"] >= LATE_S / 2, early
+    assert early["op_s"] >= LATE_S / 2, early  # it took the late rank's time
     if mode == "async":
-        # Held no longer than spin_us (250 us), not until the peer came.
+        # The early rank's op started inline and was handed over: the caller was held no
+        # longer than spin_us (250 us), not until the peer came.
+        assert early["handed_over"] == 1 and early["inline"] == 0, early
         assert early["issue_s"] < LATE_S / 2, early
+    else:
+        # A blocking caller (async_op=False) drove its op to the end, sleeping while it waited.
+        assert early["inline"] == 1 and early["handed_over"] == 0, early
 
 
 def test_two_threads_on_one_group(inline_world: list[dict[str, Any]]) -> None:
@@ -417,3 +442,45 @@ def test_shared_core_moves_higher_rank(inline_world: list[dict[str, Any]]) -> No
     assert low["core_moves"] == 0, low
     assert high["core_moves"] >= 1, high
     assert high["mask_after"] == high["mask"], high
+
+
+def _multi_world(rank: int, ws: int) -> dict[str, Any]:
+    gloo = dist.new_group(backend="gloo")
+    out: dict[str, Any] = {}
+    groups = {
+        # Blocking: each rank drives every level itself, sleeping while a peer is late.
+        "ucx": ("ucx", {}, False),
+        # async_op=True: an op not done within spin_us is handed over between two levels
+        # (on a loaded host, most are).
+        "udp": ("udp", {}, True),
+        "mixed": ("ucx", {"inline_bytes": 0} if rank in MULTI_QUEUED else {}, False),
+    }
+    for name, (backend, options, async_op) in groups.items():
+        group = dist.new_group(backend=backend, pg_options=options, timeout=timedelta(seconds=30))
+        out[name] = _matrix(rank, ws, group, gloo, MULTI_COUNTS, async_op)
+        dist.destroy_process_group(group)
+    return out
+
+
+@pytest.fixture(scope="module")
+def multi_world() -> list[dict[str, Any]]:
+    if BACKEND != "ucx":
+        pytest.skip(f"the inline path of ucx/udp ({BACKEND} under test)")
+    return run_world(_multi_world, MULTI_WS, timeout=WORLD_TIMEOUT)
+
+
+@pytest.mark.parametrize("name", ["ucx", "udp", "mixed"])
+def test_multi_rank_inline_matches_reference(multi_world: list[dict[str, Any]], name: str) -> None:
+    for rank, out in enumerate(multi_world):
+        m = out[name]
+        assert not m["bad"], f"rank {rank}: {m['bad'][:5]}"
+        assert m["inline"] + m["handed_over"] <= m["ops"], (rank, m)
+        if name == "mixed" and rank in MULTI_QUEUED:
+            assert m["inline"] == 0 and m["handed_over"] == 0, (rank, m)
+        elif name == "udp":
+            assert m["inline"] + m["handed_over"] > 0, (rank, m)
+        else:
+            # The first op after the group's creation included; a few may still queue (the
+            # progress thread in an idle pass for longer than lend() waits). A blocking
+            # caller never hands its op over.
+            assert m["inline"] > 0 and m["handed_over"] == 0, (rank, m)

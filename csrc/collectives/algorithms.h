@@ -43,14 +43,14 @@ class PostedOp {
   std::vector<RequestPtr> requests_;
 };
 
-// Whether a 2-rank all_reduce of `count` elements runs as a PostedOp (postAllreduce): one
-// exchange through the transport where the choice is recursive doubling in one chunk (small
-// messages), or, in a group whose ranks stage through shared memory (`staging`: the group's
-// slots, null when it has none or the op's memory is not the host's), one exchange of the
-// whole vector through the slots where the automatic choice is the ring and the vector fits
-// the slots at once. allreduce() runs such an op through postAllreduce too, so a rank that
-// drives it on the caller's thread and a rank that runs it on its progress thread exchange
-// the same messages.
+// Whether an all_reduce of `count` elements runs as a PostedOp (postAllreduce): recursive
+// doubling in one chunk (small messages), at any group size, through the transport; or, at
+// two ranks in a group whose ranks stage through shared memory (`staging`: the group's slots,
+// null when it has none or the op's memory is not the host's), one exchange of the whole
+// vector through the slots where the automatic choice is the ring and the vector fits the
+// slots at once. allreduce() runs such an op through postAllreduce too, so a rank that drives
+// it on the caller's thread and a rank that runs it on its progress thread exchange the same
+// messages.
 bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
                        const StagingArea* staging);
 // Posts the op (allreducePostable must hold for the Comm's group and memory).

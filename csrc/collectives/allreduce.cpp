@@ -151,39 +151,99 @@ Reduction foldOrder(const Comm& comm, Reduction red) {
   return lowerFirst(red, comm.rank(), 1 - comm.rank());
 }
 
-// Recursive doubling at two ranks in one chunk: one exchange of the whole vector through the
-// transport, received into scratch and folded in.
-class PostedExchangeAllreduce : public PostedOp {
+// Recursive doubling in one chunk (small messages), any group size: the messages of
+// recursiveDoubling() for a vector that fits one chunk, the same tag steps included, so that a
+// rank that drives it on the caller's thread and a rank that runs recursiveDoubling() on its
+// progress thread (or this op there) meet. Each wait is one part: the fold's first phase (a
+// folded rank sends its vector; its partner receives it into scratch and folds it in), one
+// exchange per level (received into scratch, folded in with lowerFirst), and the fold's last
+// phase (the partner sends the result back; the folded rank receives it in place).
+class PostedRecursiveDoubling : public PostedOp {
  public:
   static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize) {
-    return worldSize == 2 &&
-           choose(tuning, Op::kAllreduce, count * elementSize, worldSize) ==
-               Algorithm::kRecursiveDoubling &&
-           count <= chunkElems(tuning, count, elementSize, kStepSpace / 3);  // one level + 2
+    if (worldSize < 2 || choose(tuning, Op::kAllreduce, count * elementSize, worldSize) !=
+                             Algorithm::kRecursiveDoubling) {
+      return false;
+    }
+    const Pow2Fold f(0, worldSize);
+    return count <= chunkElems(tuning, count, elementSize,
+                               kStepSpace / static_cast<size_t>(f.levels() + 2));
   }
 
-  // The step recursive doubling gives its one exchange at two ranks: after foldIn's (empty)
-  // phase of one step, its only chunk, which is also its last.
-  PostedExchangeAllreduce(Comm& comm, void* data, size_t count, const Reduction& red)
-      : data_(data), count_(count), red_(foldOrder(comm, red)) {
-    const uint32_t step = chunkStep(1, 0, 1);
-    const size_t bytes = count * red.elementSize;
-    const int peer = 1 - comm.rank();
-    peerData_ = comm.scratch(bytes);
-    requests_.push_back(comm.recv(peer, step, peerData_, bytes));
-    requests_.push_back(comm.send(peer, step, data, bytes));
+  PostedRecursiveDoubling(Comm& comm, void* data, size_t count, const Reduction& red)
+      : data_(static_cast<uint8_t*>(data)),
+        count_(count),
+        bytes_(count * red.elementSize),
+        red_(red),
+        fold_(comm.rank(), comm.size()),
+        partner_(fold_.foldPartner(comm.rank())) {
+    if (partner_ >= 0 && fold_.folded()) {
+      requests_.push_back(comm.send(partner_, chunkStep(0, 0, 1), data_, bytes_));
+      return;
+    }
+    peerData_ = comm.scratch(bytes_);
+    if (partner_ >= 0) {
+      requests_.push_back(comm.recv(partner_, chunkStep(0, 0, 1), peerData_, bytes_));
+      return;
+    }
+    postLevel(comm);
   }
 
   bool advance(Comm& comm) override {
-    comm.reduce(red_, data_, peerData_, count_);
+    requests_.clear();
+    switch (stage_) {
+      case Stage::kFoldIn:
+        if (fold_.folded()) {
+          // Sent: the result comes back in place (foldOut's step, unchunked).
+          requests_.push_back(comm.recv(partner_, lastStep(), data_, bytes_));
+          stage_ = Stage::kFoldOut;
+          return false;
+        }
+        comm.reduce(red_, data_, peerData_, count_);
+        postLevel(comm);
+        return false;
+      case Stage::kLevels:
+        comm.reduce(lowerFirst(red_, comm.rank(), levelPeer()), data_, peerData_, count_);
+        ++level_;
+        if ((1 << level_) < fold_.pof2) {
+          postLevel(comm);
+          return false;
+        }
+        if (partner_ < 0) return true;
+        requests_.push_back(comm.send(partner_, lastStep(), data_, bytes_));
+        stage_ = Stage::kFoldOut;
+        return false;
+      case Stage::kFoldOut:
+        return true;
+    }
     return true;
   }
 
  private:
-  void* data_;
+  enum class Stage { kFoldIn, kLevels, kFoldOut };
+
+  int levelPeer() const { return fold_.oldRank(fold_.participant ^ (1 << level_)); }
+  // recursiveDoubling's steps with one chunk per phase: the fold's first phase takes step 0,
+  // level k step k+1, the fold's last phase levels()+1.
+  uint32_t lastStep() const { return static_cast<uint32_t>(fold_.levels() + 1); }
+
+  void postLevel(Comm& comm) {
+    stage_ = Stage::kLevels;
+    const int peer = levelPeer();
+    const uint32_t step = chunkStep(static_cast<uint32_t>(level_ + 1), 0, 1);
+    requests_.push_back(comm.recv(peer, step, peerData_, bytes_));
+    requests_.push_back(comm.send(peer, step, data_, bytes_));
+  }
+
+  uint8_t* data_;
   size_t count_;
+  size_t bytes_;
   Reduction red_;
-  uint8_t* peerData_;
+  Pow2Fold fold_;
+  int partner_;
+  uint8_t* peerData_ = nullptr;
+  int level_ = 0;  // the exchange with the participant at distance 2^level_ is next
+  Stage stage_ = Stage::kFoldIn;
 };
 
 // Where the ring would run at two ranks in a group that stages: each rank copies its whole vector
@@ -238,7 +298,7 @@ class PostedStagedAllreduce : public PostedOp {
 
 bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
                        const StagingArea* staging) {
-  return PostedExchangeAllreduce::applies(tuning, count, elementSize, worldSize) ||
+  return PostedRecursiveDoubling::applies(tuning, count, elementSize, worldSize) ||
          PostedStagedAllreduce::applies(tuning, count, elementSize, worldSize, staging);
 }
 
@@ -249,8 +309,8 @@ std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
                                      comm.staging())) {
     return std::make_unique<PostedStagedAllreduce>(comm, data, count, red);
   }
-  if (PostedExchangeAllreduce::applies(comm.tuning(), count, red.elementSize, comm.size())) {
-    return std::make_unique<PostedExchangeAllreduce>(comm, data, count, red);
+  if (PostedRecursiveDoubling::applies(comm.tuning(), count, red.elementSize, comm.size())) {
+    return std::make_unique<PostedRecursiveDoubling>(comm, data, count, red);
   }
   throw OpFailed("internal: postAllreduce called for an all_reduce that is not postable");
 }

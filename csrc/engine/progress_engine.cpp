@@ -254,7 +254,8 @@ void ProgressEngine::threadMain() {
 
 void ProgressEngine::park() {
   epoll_event ev;
-  if (epoll_wait(parkEpollFd_, &ev, 1, kParkMs) == 1) {
+  const int ms = leaseSleeps_.load(std::memory_order_seq_cst) ? kLongParkMs : kParkMs;
+  if (epoll_wait(parkEpollFd_, &ev, 1, ms) == 1) {
     uint64_t count;
     (void)!read(wakeFd_, &count, sizeof(count));
   }
@@ -372,8 +373,11 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
                                Clock::time_point deadline, Clock::time_point giveUpAt,
                                bool borrowed) {
-  // Ranks sharing a host see where this caller waits (see the top of the header).
-  StagingArea* const cores = borrowed ? staging_.get() : nullptr;
+  // Ranks sharing a host see where this caller waits (see the top of the header). Only a
+  // pair: in a larger group whose ranks outnumber the cores, every higher rank finds some
+  // lower rank on its core at nearly every yield, and moving would only migrate it, twice
+  // per yield, for nothing.
+  StagingArea* const cores = borrowed && transport_->size() == 2 ? staging_.get() : nullptr;
   if (cores) cores->publishCore(sched_getcpu());
   auto lastEvent = Clock::now();
   const auto barePollUntil = borrowed ? lastEvent + kBarePoll : lastEvent;
@@ -424,7 +428,11 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     // it: the progress thread, whose op may wait dozens of times, then sleeps instead
     // (crowded(), core_yield.h). A borrowing caller polls on: it loses at most one slice,
     // since it hands the op over at giveUpAt, `spin` after it began.
-    if (now - lastEvent < config_.spin && (borrowed || !crowded())) {
+    // One that never gives up (Lease::wait's toTheEnd) waits as the thread would, but in a
+    // pair that shares a host (`cores`), where its yields are what moves the higher rank off
+    // a core both share.
+    const bool pollsOn = borrowed && (giveUpAt != Clock::time_point::max() || cores != nullptr);
+    if (now - lastEvent < config_.spin && (pollsOn || !crowded())) {
       const auto after = yieldCoreFrom(now);
       if (cores && after - now > kCrowdedYield) leaveSharedCore(sched_getcpu());
       continue;
@@ -438,6 +446,9 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       }
       setWaitingFor(std::move(what));
       published = true;
+    }
+    if (borrowed && !leaseSleeps_.load(std::memory_order_relaxed)) {
+      leaseSleeps_.store(true, std::memory_order_seq_cst);
     }
     sleepUntilEvent(waitEpollFd_, std::min(deadline, giveUpAt));
     lastEvent = Clock::now();
@@ -520,8 +531,9 @@ ProgressEngine::Lease::Lease(ProgressEngine& engine, std::unique_lock<std::mutex
 }
 
 bool ProgressEngine::Lease::wait(const std::vector<RequestPtr>& requests,
-                                 Clock::time_point deadline) {
-  return engine_.waitUntil(requests, deadline, handOverAt_, /*borrowed=*/true);
+                                 Clock::time_point deadline, bool toTheEnd) {
+  return engine_.waitUntil(requests, deadline, toTheEnd ? Clock::time_point::max() : handOverAt_,
+                           /*borrowed=*/true);
 }
 
 void ProgressEngine::Lease::handOver(Task continuation) {
@@ -549,6 +561,8 @@ void ProgressEngine::endLease(Lease& lease) {
     lent_.store(false);
     wake = !queue_.empty();
   }
+  // A thread parked for kLongParkMs must not wait that long to listen again.
+  if (leaseSleeps_.exchange(false, std::memory_order_seq_cst)) wake = true;
   lease.owner_.unlock();
   // Queued work (a handed-over op, ops posted meanwhile) must not wait for the thread's next
   // look. Without it the parked thread resumes listening within kParkMs by itself.

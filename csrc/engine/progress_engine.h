@@ -130,8 +130,13 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
     Lease& operator=(const Lease&) = delete;
     Transport& transport() { return *engine_.transport_; }
     // Drives progress on this thread until every request has completed (true) or `spin` has
-    // passed since the lease began (false: hand the op over). Failures as waitAll.
-    bool wait(const std::vector<RequestPtr>& requests, Clock::time_point deadline);
+    // passed since the lease began (false: hand the op over). Failures as waitAll. With
+    // `toTheEnd` (the caller blocks on the op's Work right after issuing it) it never gives
+    // up before the deadline: past `spin` since the last event it sleeps on the transport's
+    // fd, as the progress thread's waits do, so every message of the op reaches the waiting
+    // thread without a hop through the progress thread.
+    bool wait(const std::vector<RequestPtr>& requests, Clock::time_point deadline,
+              bool toTheEnd = false);
     // Queues `continuation` ahead of every task posted meanwhile; the thread runs it once the
     // lease has ended. The lease counts as handed over.
     void handOver(Task continuation);
@@ -219,7 +224,8 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
                  Clock::time_point giveUpAt, bool borrowed = false);
   // A borrowing caller's sched_yield() took long: move off `core` if a lower rank waits on it.
   void leaveSharedCore(int core);
-  // The thread, while a lease is out: wait on the eventfd (never the transport's fd).
+  // The thread, while a lease is out: wait on the eventfd (never the transport's fd), for
+  // kParkMs, or kLongParkMs while the borrower sleeps (leaseSleeps_).
   void park();
   void endLease(Lease& lease);
 
@@ -232,6 +238,10 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // How often a parked thread looks again: a burst of inline ops keeps it parked (so their
   // traffic never wakes it), and within this long after the burst it listens again.
   static constexpr int kParkMs = 1;
+  // While the borrower sleeps on the transport's fd (a blocking caller's op waits for a late
+  // peer) the thread parks this long: the lease's end wakes it (endLease), so a short park
+  // would only cost the parked threads of oversubscribed ranks a wake-up every kParkMs.
+  static constexpr int kLongParkMs = 100;
   // How long lend() waits for an idle pass of the thread to end before the op is queued.
   static constexpr std::chrono::microseconds kLendWait{50};
   // A sched_yield() that returns later than this ran another thread on this core (a bare
@@ -273,6 +283,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   TrafficStats traffic_;
   bool trafficDirty_ = false;  // progress happened since the last publish (progress thread)
   std::thread thread_;
+  // The borrowing caller has slept on the transport's fd during its lease (Lease::wait with
+  // toTheEnd); endLease then wakes the parked thread.
+  std::atomic<bool> leaseSleeps_{false};
 };
 
 }  // namespace ucxb
