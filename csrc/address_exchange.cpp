@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <random>
+#include <chrono>
 
 namespace ucxb {
 
@@ -17,10 +18,14 @@ namespace {
 // round of exchange()): complete() deletes them all, also those of instances that failed. A
 // new key must be added here.
 constexpr std::array<const char*, 1> kQuestions = {"shm"};
-constexpr std::array<const char*, 4> kSingles = {"token", "done", "closed", "released"};
+constexpr std::array<const char*, 5> kSingles = {"token", "done", "closed", "released", "cards"};
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
+// How long a wait on the Store lasts before the waiter looks at the other ranks' cards
+// (csrc/creation_liveness.hpp): how late a dead rank on this host is found, and how often a
+// waiting rank makes two Store calls (is the creation closed? the cards).
+constexpr std::chrono::milliseconds kLivenessSlice{1000};
 
 // The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
 std::string roundKey(const char* name, int round) {
@@ -136,12 +141,16 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     }
     set(scope_ + "token", tokenRecord_);
   }
+  // Before this rank waits for anyone, so that a rank that dies from here on is found by the
+  // ranks that wait for it on its host (checkPeers).
+  appendCard(RankCard::mine());
 }
 
 AddressExchange::~AddressExchange() {
-  if (completed_) return;
+  if (completed_ || closed_) return;
   try {
-    set(scope_ + "closed", std::vector<uint8_t>{1});
+    const std::string why = "rank " + std::to_string(rank_) + " failed (its own error says why)";
+    set(scope_ + "closed", {why.begin(), why.end()});
   } catch (...) {
     // The Store itself is gone: nobody can join this instance either.
   }
@@ -246,9 +255,13 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   putU32(entry, record.size());
   entry.insert(entry.end(), record.begin(), record.end());
   append(recordsKey, entry);
-  if (add(arrivedKey, 1) == size_) set(allInKey, {1});
+  const bool lastIn = add(arrivedKey, 1) == size_;
+  if (lastIn) set(allInKey, {1});
   std::vector<std::vector<uint8_t>> values;
   try {
+    if (!lastIn) {
+      await(allInKey, rounds_ == 1 ? "every rank's record" : "every rank's second record");
+    }
     values = multiGet({allInKey, recordsKey});
   } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
     throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
@@ -326,14 +339,18 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
                                    const std::function<void()>& lastYes) {
   checkQuestion(question);
   const std::string answer = scope_ + question + "_answer";
+  bool answered = true;
   if (!mine) {
     set(answer, {0});
   } else if (add(scope_ + question + "_yes", 1) == size_) {
     lastYes();
     set(answer, {1});
+  } else {
+    answered = false;
   }
   std::vector<uint8_t> said;
   try {
+    if (!answered) await(answer, "every rank's answer to '" + question + "'");
     said = get(answer);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
     // Only a rank that said yes waits (a no is its own answer).
@@ -357,13 +374,21 @@ std::string AddressExchange::counterForError(const std::string& key) {
 void AddressExchange::complete() {
   completed_ = true;
   const std::string released = scope_ + "released";
+  // Only rank 0 waits from here on, for the others: a rank that finished may then exit (or
+  // die) without failing the creation. Said before "done", so that a rank killed between the
+  // two fails it (rank 0 would wait for it in vain).
+  if (rank_ != 0) {
+    RankCard finished = card_;
+    finished.finished = instance_;
+    appendCard(finished);
+  }
   if (add(scope_ + "done", 1) < size_) {
     // Rank 0 returns only once every rank is done with the Store: in a short job (create,
     // exit) rank 0 often hosts the TCPStore, and its exit would otherwise cut off a slower
     // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
     if (rank_ != 0) return;
     try {
-      wait(released);
+      await(released, "every rank to finish");
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
@@ -391,6 +416,98 @@ void AddressExchange::complete() {
   }
   if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
   if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
+}
+
+void AddressExchange::appendCard(const RankCard& card) {
+  card_ = card;
+  std::vector<uint8_t> entry;
+  const auto bytes = card.encode();
+  putU32(entry, static_cast<size_t>(rank_));
+  putU32(entry, bytes.size());
+  entry.insert(entry.end(), bytes.begin(), bytes.end());
+  append(scope_ + "cards", entry);
+}
+
+void AddressExchange::await(const std::string& key, const std::string& waitingFor) {
+  using Clock = std::chrono::steady_clock;
+  // c10d's kNoTimeout (zero) waits for ever.
+  const auto timeout = store_.getTimeout();
+  const bool forever = timeout <= std::chrono::milliseconds::zero();
+  const auto start = Clock::now();
+  for (bool first = true;; first = false) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        timeout - (Clock::now() - start));
+    const auto slice =
+        forever ? kLivenessSlice : std::clamp(left, std::chrono::milliseconds{1}, kLivenessSlice);
+    const auto sliceStart = Clock::now();
+    try {
+      ++(first ? traffic_.calls : traffic_.polls);
+      traffic_.bytes += key.size();
+      store_.wait({key}, slice);
+      return;
+    } catch (const c10::Error&) {
+      // A wait that ended well before its slice did is the Store failing, not the key being
+      // late. The creation's own deadline is the Store's timeout: a rank found dead by then
+      // is still named, rather than the Store's timeout.
+      if (Clock::now() - sliceStart < slice / 2) throw;
+      if (!forever && Clock::now() - start >= timeout) {
+        pollPeers(waitingFor);
+        throw;
+      }
+    }
+    pollPeers(waitingFor);
+  }
+}
+
+void AddressExchange::pollPeers(const std::string& waitingFor) {
+  // Its Store calls are polls: they come with a wait, not with the creation.
+  struct AsPolls {
+    StoreTraffic& traffic;
+    const uint64_t calls = traffic.calls;
+    ~AsPolls() {
+      traffic.polls += traffic.calls - calls;
+      traffic.calls = calls;
+    }
+  } asPolls{traffic_};
+  checkPeers(waitingFor);
+}
+
+void AddressExchange::checkPeers(const std::string& waitingFor) {
+  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
+  if (check(scope_ + "closed")) {
+    const auto why = get(scope_ + "closed");
+    closed_ = true;  // closed already: the destructor need not say so again
+    throw SetupError("this creation of the group was given up while " + waiting + ": " +
+                     std::string(why.begin(), why.end()));
+  }
+  // The cards as appended, the latest of each rank last (a rank appends a second one when it
+  // finishes).
+  const auto blob = get(scope_ + "cards");
+  std::vector<std::optional<RankCard>> cards(size_);
+  for (size_t at = 0; blob.size() - at >= 8;) {
+    const uint32_t p = readU32(blob, at);
+    const uint32_t n = readU32(blob, at + 4);
+    at += 8;
+    if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
+    cards[p] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
+                                 blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
+    at += n;
+  }
+  for (int p = 0; p < size_; ++p) {
+    const auto& card = cards[p];
+    if (p == rank_ || !card || card->finished == instance_ || !card->provablyDead()) continue;
+    const std::string why = "rank " + std::to_string(p) + " (" + card->where() +
+                            ") died during this creation of the group: " + waiting +
+                            " and found its process gone";
+    // Every other rank, on any host, finds the creation closed within a slice.
+    try {
+      set(scope_ + "closed", {why.begin(), why.end()});
+      closed_ = true;
+    } catch (const std::exception&) {
+      // The Store is gone too: the destructor tries again.
+    }
+    throw SetupError(why);
+  }
 }
 
 }  // namespace ucxb

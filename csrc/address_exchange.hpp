@@ -15,7 +15,13 @@
 // has given up on ("<instance>/closed"). So a creation that failed half-way on some rank
 // (before or after it reached the Store) costs that creation only: the next one finds every
 // rank in step. A creation that completes deletes its keys; one that fails marks its
-// instance closed.
+// instance closed, saying why.
+//
+// Once in the instance, each rank appends its card (csrc/creation_liveness.hpp) to "cards"
+// before it waits for anyone. A rank that waits looks, every kLivenessSlice, at whether the
+// instance was closed and at the cards: a rank on its host that died before finishing the
+// creation fails it at once (the waiter closes it, naming that rank, so that ranks on other
+// hosts fail too), instead of every waiter waiting for the Store's timeout.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/creation_liveness.hpp"
 #include "csrc/startup_profile.hpp"
 
 // Declared, not included: only address_exchange.cpp calls the Store, and its header
@@ -104,6 +111,16 @@ class AddressExchange {
   // exchange()'s error when the Store timed out waiting for every rank's record under
   // `recordsKey`.
   std::string notJoined(const std::string& recordsKey, const std::string& storeSaid);
+  // Appends `card` as this rank's latest to the instance's "cards".
+  void appendCard(const RankCard& card);
+  // wait() for `key` within the Store's timeout (which then throws the Store's error), in
+  // slices of kLivenessSlice with checkPeers() between them. `waitingFor` is for messages.
+  void await(const std::string& key, const std::string& waitingFor);
+  // Throws SetupError if another rank closed the instance, or if a rank that has not finished
+  // this creation died on this host (then closes the instance first, saying so).
+  void checkPeers(const std::string& waitingFor);
+  // checkPeers(), its Store calls counted as polls.
+  void pollPeers(const std::string& waitingFor);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
@@ -117,6 +134,8 @@ class AddressExchange {
   const std::vector<uint8_t>& tokenRecord();
   std::vector<uint8_t> tokenRecord_;
   bool completed_ = false;
+  bool closed_ = false;  // this rank closed the instance, or found it closed
+  RankCard card_;        // this rank's, as last appended
   int rounds_ = 0;  // exchange() calls so far
 };
 

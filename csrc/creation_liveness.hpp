@@ -1,0 +1,44 @@
+// Whether a rank that a group's creation waits for can still come: each rank publishes a card
+// (its host and process) before it waits for anyone, and a rank waiting on the Store looks at
+// the cards of the others between short waits. A rank on this host whose process is provably
+// gone (killed, say) will never write what the creation waits for, so the waiters fail at once
+// naming it instead of at the Store's timeout. Torch-free.
+//
+// A rank on another host cannot be checked without a connection (there is none yet): it is
+// found dead only by a waiter on its own host, which then closes the creation, and every other
+// rank fails as soon as it sees that (AddressExchange).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transports/shm/shared_segment.h"
+
+namespace ucxb {
+
+struct RankCard {
+  std::string host;  // shm::hostIdentity(); empty where it is not unique to this machine
+  shm::SegmentOwner process;
+  // The creation (instance) of the group this rank last finished, 0 for none: a rank that
+  // finished this one and then exited is not waited for any more, so its death fails nothing.
+  int64_t finished = 0;
+
+  // This process's card.
+  static RankCard mine();
+  std::vector<uint8_t> encode() const;
+  // nullopt for bytes that are not a card (another release's, or damaged).
+  static std::optional<RankCard> decode(const std::vector<uint8_t>& bytes);
+  // True only when the rank's process is on this host and provably gone (no such process, a
+  // zombie, or its pid taken by a process that started at another time).
+  bool provablyDead() const;
+  // "pid 1234 on this host" or "on host <identity>", for messages.
+  std::string where() const;
+};
+
+// UCXBACKEND_TEST_KILL_AT=<point> (a test-only hook, docs/testing.md#test-only-hooks): this
+// process dies by SIGKILL at that point of a group's creation, as a rank killed there would.
+void testKillPoint(const char* point);
+
+}  // namespace ucxb

@@ -1,0 +1,78 @@
+"""A rank SIGKILLed while a group is created (the test-only hook UCXBACKEND_TEST_KILL_AT,
+docs/testing.md#test-only-hooks), at each stage from its joining the creation on: every
+survivor raises within a few seconds naming the dead rank, instead of at the Store's timeout.
+
+The reference is what the survivors did before (docs/failure-model.md, "A rank that fails or
+dies while a group is created"): they waited for the Store's timeout, PG_TIMEOUT here, and
+then failed without naming the rank for every stage. Gloo's survivors wait for as long (its
+creation has no liveness check either)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from conftest import skip_unless_ucx
+from dist_harness import run_world, timed_failure
+
+PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
+FAST = 8.0  # a dead rank on this host is found within about a second (kLivenessSlice)
+VICTIM_ENV = "UCXBACKEND_TEST_KILL_AT"
+
+
+def _create_while_one_dies(rank: int, ws: int, backend: str, victim: int, point: str) -> Any:
+    if rank == victim:
+        os.environ[VICTIM_ENV] = point
+    return timed_failure(lambda: dist.new_group(backend=backend))
+
+
+# (backend, killed rank, where, environment of every rank): where the survivors were then
+# waiting is in the comments.
+CASES = [
+    # before its transport and record exist: the others wait for every rank's record
+    ("ucx", 2, "joined", {}),
+    ("udp", 2, "joined", {}),
+    # rank 0 itself (it opened the creation; the FileStore lives on without it)
+    ("ucx", 0, "joined", {}),
+    # after its record, before its shared-memory answer: the others wait for the answer
+    ("ucx", 2, "shm_offered", {}),
+    # between the two rounds of addresses (a one-host guess proven wrong): the others wait
+    # for every rank's second record
+    ("ucx", 2, "between_rounds", {"UCXBACKEND_TEST_ANY_HOST": "round"}),
+    # after everything else, before it said it finished: rank 0 waits for every rank
+    ("ucx", 2, "before_complete", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "victim", "point", "env"),
+    CASES,
+    ids=[f"{b}-rank{v}-{p}" for b, v, p, _ in CASES],
+)
+def test_survivors_name_the_killed_rank_at_once(
+    backend: str, victim: int, point: str, env: dict[str, str]
+) -> None:
+    skip_unless_ucx("the group's creation is the extension's")
+    res = run_world(
+        _create_while_one_dies,
+        3,
+        args=(backend, victim, point),
+        env=env,
+        pg_timeout=PG_TIMEOUT,
+        expect_fail_ranks={victim},
+        timeout=120,
+    )
+    assert res[victim] is None, res  # it died
+    survivors = [r for r in range(3) if r != victim]
+    failed = {r: res[r] for r in survivors if res[r][1] is not None}
+    if point == "before_complete":
+        # Only rank 0 waits for the others once its own part is done; rank 1 may have
+        # finished its part (and holds a group whose first op will fail on the dead peer).
+        assert 0 in failed, res
+    else:
+        assert set(failed) == set(survivors), res
+    for r, (elapsed, msg) in failed.items():
+        assert f"rank {victim} (pid " in msg and "died during this creation" in msg, (r, msg)
+        assert elapsed < FAST, (r, elapsed, msg)
