@@ -22,10 +22,73 @@ constexpr std::array<const char*, 5> kSingles = {"token", "done", "closed", "rel
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
-// How long a wait on the Store lasts before the waiter looks at the other ranks' cards
+// How often a rank that waits on the Store looks at the other ranks' cards
 // (csrc/creation_liveness.hpp): how late a dead rank on this host is found, and how often a
 // waiting rank makes two Store calls (is the creation closed? the cards).
 constexpr std::chrono::milliseconds kLivenessSlice{1000};
+// Written into the key that ranks wait for, to wake them, when the creation is given up (its
+// real values are 0 and 1).
+const std::vector<uint8_t> kGivenUp = {'X'};
+
+// Runs `look` every kLivenessSlice on a thread of its own, on `store`, until it finds something
+// (a non-empty reason) or stop() is called. Does nothing without a store.
+class CreationWatch {
+ public:
+  using Look = std::function<std::string(c10d::Store&, uint64_t& calls)>;
+  CreationWatch(c10::intrusive_ptr<c10d::Store> store, Look look)
+      : store_(std::move(store)), look_(std::move(look)) {
+    if (store_) thread_ = std::thread([this] { run(); });
+  }
+  ~CreationWatch() {
+    uint64_t ignored = 0;
+    stop(ignored);
+  }
+  CreationWatch(const CreationWatch&) = delete;
+  CreationWatch& operator=(const CreationWatch&) = delete;
+
+  // Ends the thread; returns what it found, and adds its Store calls to `calls`.
+  std::string stop(uint64_t& calls) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stopped_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    calls += calls_;
+    calls_ = 0;
+    return found_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, kLivenessSlice, [this] { return stopped_; })) {
+      lock.unlock();
+      std::string why;
+      uint64_t calls = 0;
+      try {
+        why = look_(*store_, calls);
+      } catch (const std::exception&) {
+        // The Store failing: the caller's own wait says so.
+      }
+      lock.lock();
+      calls_ += calls;
+      if (!why.empty()) {
+        found_ = why;
+        return;
+      }
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  Look look_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
+  std::string found_;
+  uint64_t calls_ = 0;
+  std::thread thread_;
+};
 
 // The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
 std::string roundKey(const char* name, int round) {
@@ -142,7 +205,7 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     set(scope_ + "token", tokenRecord_);
   }
   // Before this rank waits for anyone, so that a rank that dies from here on is found by the
-  // ranks that wait for it on its host (checkPeers).
+  // ranks that wait for it on its host (lookAtCreation).
   appendCard(RankCard::mine());
 }
 
@@ -263,7 +326,11 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
       await(allInKey, rounds_ == 1 ? "every rank's record" : "every rank's second record");
     }
     values = multiGet({allInKey, recordsKey});
-  } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
+    if (values[0] == kGivenUp) {
+      givenUp(rounds_ == 1 ? "every rank's record" : "every rank's second record");
+    }
+  } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
+    throwIfDiedMeanwhile(rounds_ == 1 ? "every rank's record" : "every rank's second record");
     throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
   }
   const std::vector<uint8_t>& blob = values[1];
@@ -352,7 +419,9 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
   try {
     if (!answered) await(answer, "every rank's answer to '" + question + "'");
     said = get(answer);
+    if (said == kGivenUp) givenUp("every rank's answer to '" + question + "'");
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
+    throwIfDiedMeanwhile("every rank's answer to '" + question + "'");
     // Only a rank that said yes waits (a no is its own answer).
     throw SetupError("not every rank answered '" + question + "' in this creation of the " +
                      "group within the Store's " + std::to_string(store_.getTimeout().count()) +
@@ -390,6 +459,7 @@ void AddressExchange::complete() {
     try {
       await(released, "every rank to finish");
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
+      throwIfDiedMeanwhile("every rank to finish");
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
                        counterForError(scope_ + "done") +
@@ -429,60 +499,67 @@ void AddressExchange::appendCard(const RankCard& card) {
 }
 
 void AddressExchange::await(const std::string& key, const std::string& waitingFor) {
-  using Clock = std::chrono::steady_clock;
-  // c10d's kNoTimeout (zero) waits for ever.
-  const auto timeout = store_.getTimeout();
-  const bool forever = timeout <= std::chrono::milliseconds::zero();
-  const auto start = Clock::now();
-  for (bool first = true;; first = false) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        timeout - (Clock::now() - start));
-    const auto slice =
-        forever ? kLivenessSlice : std::clamp(left, std::chrono::milliseconds{1}, kLivenessSlice);
-    const auto sliceStart = Clock::now();
-    try {
-      ++(first ? traffic_.calls : traffic_.polls);
-      traffic_.bytes += key.size();
-      store_.wait({key}, slice);
-      return;
-    } catch (const c10::Error&) {
-      // A wait that ended well before its slice did is the Store failing, not the key being
-      // late. The creation's own deadline is the Store's timeout: a rank found dead by then
-      // is still named, rather than the Store's timeout.
-      if (Clock::now() - sliceStart < slice / 2) throw;
-      if (!forever && Clock::now() - start >= timeout) {
-        pollPeers(waitingFor);
-        throw;
-      }
-    }
-    pollPeers(waitingFor);
+  if (check(key)) return;
+  // A wait without a timeout of its own, the Store's: TCPStore logs two warnings for every
+  // wait that times out, so the creation is looked at by a thread of its own, through a clone
+  // of the Store (a blocking wait holds a TCPStore client's connection). A Store that cannot
+  // be cloned waits as before, for the Store's timeout.
+  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
+  c10::intrusive_ptr<c10d::Store> clone;
+  try {
+    clone = store_.clone();
+  } catch (const std::exception&) {
+  }
+  CreationWatch watch(clone, [this, key, waiting](c10d::Store& s, uint64_t& calls) {
+    return lookAtCreation(s, key, waiting, calls);
+  });
+  ++traffic_.polls;
+  traffic_.bytes += key.size();
+  std::string found;
+  try {
+    store_.wait({key});
+  } catch (const c10::Error&) {  // the Store's timeout: what the watch found says more
+    found = watch.stop(traffic_.polls);
+    if (found.empty()) throw;
+  }
+  if (found.empty()) found = watch.stop(traffic_.polls);
+  if (!found.empty()) {
+    closed_ = true;  // by the watch, or by another rank: the destructor need not say so
+    throw SetupError(found);
   }
 }
 
-void AddressExchange::pollPeers(const std::string& waitingFor) {
-  // Its Store calls are polls: they come with a wait, not with the creation.
-  struct AsPolls {
-    StoreTraffic& traffic;
-    const uint64_t calls = traffic.calls;
-    ~AsPolls() {
-      traffic.polls += traffic.calls - calls;
-      traffic.calls = calls;
-    }
-  } asPolls{traffic_};
-  checkPeers(waitingFor);
+void AddressExchange::givenUp(const std::string& waitingFor) {
+  closed_ = true;
+  std::string why = "?";
+  try {
+    const auto said = get(scope_ + "closed");
+    why.assign(said.begin(), said.end());
+  } catch (const std::exception&) {  // the Store itself may be gone by now
+  }
+  throw SetupError("this creation of the group was given up while rank " +
+                   std::to_string(rank_) + " waited for " + waitingFor + ": " + why);
 }
 
-void AddressExchange::checkPeers(const std::string& waitingFor) {
-  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
-  if (check(scope_ + "closed")) {
-    const auto why = get(scope_ + "closed");
-    closed_ = true;  // closed already: the destructor need not say so again
-    throw SetupError("this creation of the group was given up while " + waiting + ": " +
-                     std::string(why.begin(), why.end()));
+std::string AddressExchange::lookAtCreation(c10d::Store& s, const std::string& key,
+                                            const std::string& waiting, uint64_t& calls) const {
+  // Whatever it finds, it wakes this rank's wait (and every other rank's on the same key).
+  const auto wake = [&](const std::string& why) {
+    calls += 1;
+    s.set(key, kGivenUp);
+    return why;
+  };
+  calls += 1;
+  if (s.check({scope_ + "closed"})) {
+    calls += 1;
+    const auto why = s.get(scope_ + "closed");
+    return wake("this creation of the group was given up while " + waiting + ": " +
+                std::string(why.begin(), why.end()));
   }
   // The cards as appended, the latest of each rank last (a rank appends a second one when it
   // finishes).
-  const auto blob = get(scope_ + "cards");
+  calls += 1;
+  const auto blob = s.get(scope_ + "cards");
   std::vector<std::optional<RankCard>> cards(size_);
   for (size_t at = 0; blob.size() - at >= 8;) {
     const uint32_t p = readU32(blob, at);
@@ -493,21 +570,38 @@ void AddressExchange::checkPeers(const std::string& waitingFor) {
                                  blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
     at += n;
   }
-  for (int p = 0; p < size_; ++p) {
+  {
+    const std::lock_guard<std::mutex> lock(cardsMutex_);
+    lastCards_ = cards;
+  }
+  const std::string why = deadAmong(cards, waiting);
+  if (why.empty()) return {};
+  // Every other rank, on any host, finds the creation closed.
+  calls += 1;
+  s.set(scope_ + "closed", std::vector<uint8_t>(why.begin(), why.end()));
+  return wake(why);
+}
+
+std::string AddressExchange::deadAmong(const std::vector<std::optional<RankCard>>& cards,
+                                       const std::string& waiting) const {
+  for (int p = 0; p < static_cast<int>(cards.size()); ++p) {
     const auto& card = cards[p];
     if (p == rank_ || !card || card->finished == instance_ || !card->provablyDead()) continue;
-    const std::string why = "rank " + std::to_string(p) + " (" + card->where() +
-                            ") died during this creation of the group: " + waiting +
-                            " and found its process gone";
-    // Every other rank, on any host, finds the creation closed within a slice.
-    try {
-      set(scope_ + "closed", {why.begin(), why.end()});
-      closed_ = true;
-    } catch (const std::exception&) {
-      // The Store is gone too: the destructor tries again.
-    }
-    throw SetupError(why);
+    return "rank " + std::to_string(p) + " (" + card->where() +
+           ") died during this creation of the group: " + waiting + " and found its process gone";
   }
+  return {};
+}
+
+void AddressExchange::throwIfDiedMeanwhile(const std::string& waitingFor) {
+  std::vector<std::optional<RankCard>> cards;
+  {
+    const std::lock_guard<std::mutex> lock(cardsMutex_);
+    cards = lastCards_;
+  }
+  const std::string why =
+      deadAmong(cards, "rank " + std::to_string(rank_) + " waited for " + waitingFor);
+  if (!why.empty()) throw SetupError(why + " (the Store is gone too)");
 }
 
 }  // namespace ucxb

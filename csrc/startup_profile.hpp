@@ -12,10 +12,10 @@
 namespace ucxb {
 
 // The Store traffic of one creation: every call (a multi-key get, set or wait is one) and the
-// bytes of the keys and values it carried, both ways. The calls of a rank that waits on a
-// late rank for longer than one liveness slice (csrc/address_exchange.hpp: the wait again,
-// and its look at the other ranks) are `polls`, not `calls`: they grow with the wait, not
-// with the creation.
+// bytes of the keys and values it carried, both ways. The calls of a rank that had to wait
+// for a late rank (csrc/address_exchange.hpp: the wait itself, and its thread's looks at the
+// other ranks every second) are `polls`, not `calls`: they grow with the wait, not with the
+// creation.
 struct StoreTraffic {
   uint64_t calls = 0;
   uint64_t polls = 0;

@@ -28,31 +28,33 @@ def _create_while_one_dies(rank: int, ws: int, backend: str, victim: int, point:
     return timed_failure(lambda: dist.new_group(backend=backend))
 
 
-# (backend, killed rank, where, environment of every rank): where the survivors were then
-# waiting is in the comments.
+# (backend, killed rank, where, environment of every rank, Store): where the survivors were
+# then waiting is in the comments. A FileStore (file) outlives any rank; a TCPStore (tcp) is
+# rank 0's, and a survivor's look at the creation goes through a clone of it.
 CASES = [
     # before its transport and record exist: the others wait for every rank's record
-    ("ucx", 2, "joined", {}),
-    ("udp", 2, "joined", {}),
-    # rank 0 itself (it opened the creation; the FileStore lives on without it)
-    ("ucx", 0, "joined", {}),
+    ("ucx", 2, "joined", {}, "file"),
+    ("udp", 2, "joined", {}, "file"),
+    # rank 0 itself (it opened the creation)
+    ("ucx", 0, "joined", {}, "file"),
     # after its record, before its shared-memory answer: the others wait for the answer
-    ("ucx", 2, "shm_offered", {}),
+    ("ucx", 2, "shm_offered", {}, "file"),
+    ("ucx", 2, "shm_offered", {}, "tcp"),
     # between the two rounds of addresses (a one-host guess proven wrong): the others wait
     # for every rank's second record
-    ("ucx", 2, "between_rounds", {"UCXBACKEND_TEST_ANY_HOST": "round"}),
+    ("ucx", 2, "between_rounds", {"UCXBACKEND_TEST_ANY_HOST": "round"}, "file"),
     # after everything else, before it said it finished: rank 0 waits for every rank
-    ("ucx", 2, "before_complete", {}),
+    ("ucx", 2, "before_complete", {}, "file"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("backend", "victim", "point", "env"),
+    ("backend", "victim", "point", "env", "init"),
     CASES,
-    ids=[f"{b}-rank{v}-{p}" for b, v, p, _ in CASES],
+    ids=[f"{b}-rank{v}-{p}-{i}" for b, v, p, _, i in CASES],
 )
 def test_survivors_name_the_killed_rank_at_once(
-    backend: str, victim: int, point: str, env: dict[str, str]
+    backend: str, victim: int, point: str, env: dict[str, str], init: str
 ) -> None:
     skip_unless_ucx("the group's creation is the extension's")
     res = run_world(
@@ -60,6 +62,7 @@ def test_survivors_name_the_killed_rank_at_once(
         3,
         args=(backend, victim, point),
         env=env,
+        init=init,
         pg_timeout=PG_TIMEOUT,
         expect_fail_ranks={victim},
         timeout=120,

@@ -397,8 +397,8 @@ def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     its time; torch's own part of ``init_process_group`` is not in them, nor is the first op,
     where ucx connects each peer on first use; ``any_host`` appears where a ucx group that
     guessed it shares one host turned out to span hosts), the c10d Store calls it made (a
-    multi-key read is one call) and, apart, those it made only because it waited for a late
-    rank for more than a second (polls: looking for a dead one), the bytes of keys and values
+    multi-key read is one call) and, apart, those it made only because it had to wait for a
+    late rank (polls: the wait, and looking for a dead rank), the bytes of keys and values
     they carried, and the transports below the group's (ucx: those its UCP context may use,
     e.g. ``posix``, ``tcp``; empty for udp). See docs/bench.md (``bench startup``, which
     prints it per phase) and
