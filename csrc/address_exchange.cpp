@@ -7,7 +7,8 @@
 #include <array>
 #include <cstring>
 #include <random>
-#include <chrono>
+
+#include "csrc/creation_watch.hpp"
 
 namespace ucxb {
 
@@ -18,77 +19,14 @@ namespace {
 // round of exchange()): complete() deletes them all, also those of instances that failed. A
 // new key must be added here.
 constexpr std::array<const char*, 1> kQuestions = {"shm"};
-constexpr std::array<const char*, 5> kSingles = {"token", "done", "closed", "released", "cards"};
+constexpr std::array<const char*, 7> kSingles = {"token",  "done",   "closed",  "released",
+                                                 "cards", "carded", "cards_in"};
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
-// How often a rank that waits on the Store looks at the other ranks' cards
-// (csrc/creation_liveness.hpp): how late a dead rank on this host is found, and how often a
-// waiting rank makes two Store calls (is the creation closed? the cards).
-constexpr std::chrono::milliseconds kLivenessSlice{1000};
-// Written into the key that ranks wait for, to wake them, when the creation is given up (its
+// Written into the keys that ranks wait for, to wake them, when the creation is given up (their
 // real values are 0 and 1).
 const std::vector<uint8_t> kGivenUp = {'X'};
-
-// Runs `look` every kLivenessSlice on a thread of its own, on `store`, until it finds something
-// (a non-empty reason) or stop() is called. Does nothing without a store.
-class CreationWatch {
- public:
-  using Look = std::function<std::string(c10d::Store&, uint64_t& calls)>;
-  CreationWatch(c10::intrusive_ptr<c10d::Store> store, Look look)
-      : store_(std::move(store)), look_(std::move(look)) {
-    if (store_) thread_ = std::thread([this] { run(); });
-  }
-  ~CreationWatch() {
-    uint64_t ignored = 0;
-    stop(ignored);
-  }
-  CreationWatch(const CreationWatch&) = delete;
-  CreationWatch& operator=(const CreationWatch&) = delete;
-
-  // Ends the thread; returns what it found, and adds its Store calls to `calls`.
-  std::string stop(uint64_t& calls) {
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      stopped_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    calls += calls_;
-    calls_ = 0;
-    return found_;
-  }
-
- private:
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!wake_.wait_for(lock, kLivenessSlice, [this] { return stopped_; })) {
-      lock.unlock();
-      std::string why;
-      uint64_t calls = 0;
-      try {
-        why = look_(*store_, calls);
-      } catch (const std::exception&) {
-        // The Store failing: the caller's own wait says so.
-      }
-      lock.lock();
-      calls_ += calls;
-      if (!why.empty()) {
-        found_ = why;
-        return;
-      }
-    }
-  }
-
-  c10::intrusive_ptr<c10d::Store> store_;
-  Look look_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopped_ = false;
-  std::string found_;
-  uint64_t calls_ = 0;
-  std::thread thread_;
-};
 
 // The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
 std::string roundKey(const char* name, int round) {
@@ -145,6 +83,47 @@ std::vector<std::vector<uint8_t>> unframe(const std::vector<uint8_t>& value, siz
   std::vector<std::vector<uint8_t>> whole(count);
   whole[0] = value;
   return whole;
+}
+
+// The cards of "<instance>/cards" by rank, the latest of each rank (a rank appends a second one
+// when it finishes); nullopt for a rank without one.
+Cards parseCards(const std::vector<uint8_t>& blob, int size) {
+  Cards cards(size);
+  for (size_t at = 0; blob.size() - at >= 8;) {
+    const uint32_t p = readU32(blob, at);
+    const uint32_t n = readU32(blob, at + 4);
+    at += 8;
+    if (p >= static_cast<uint32_t>(size) || blob.size() - at < n) break;
+    cards[p] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
+                                 blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
+    at += n;
+  }
+  return cards;
+}
+
+std::string deathOf(int rank, const RankCard& card, const std::string& waiting) {
+  return "rank " + std::to_string(rank) + " (" + card.where() +
+         ") died during this creation of the group: " + waiting + " and found its process gone";
+}
+
+// Gives up the creation under `scope` on `store`: says `why` under "closed" (unless a rank said
+// why first), and writes kGivenUp into every key that a rank of it may be waiting for, which
+// wakes them all, on every host (they then read "closed"). Counts its Store calls in `calls`.
+void giveUp(c10d::Store& store, const std::string& scope, const std::string& why,
+            uint64_t& calls) {
+  const std::string closed = scope + "closed";
+  ++calls;
+  if (!store.check({closed})) {
+    ++calls;
+    store.set(closed, std::vector<uint8_t>(why.begin(), why.end()));
+  }
+  std::vector<std::string> waited = {scope + "released"};
+  for (int round = 0; round < kMaxRounds; ++round) waited.push_back(scope + roundKey("all_in", round));
+  for (const char* question : kQuestions) waited.push_back(scope + question + "_answer");
+  for (const auto& key : waited) {
+    ++calls;
+    store.set(key, kGivenUp);
+  }
 }
 
 }  // namespace
@@ -205,15 +184,18 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     set(scope_ + "token", tokenRecord_);
   }
   // Before this rank waits for anyone, so that a rank that dies from here on is found by the
-  // ranks that wait for it on its host (lookAtCreation).
+  // ranks that wait for it on its host (watched). The last rank to say so says that every rank
+  // has (a wait reads the cards once, after that).
   appendCard(RankCard::mine());
+  if (add(scope_ + "carded", 1) == size_) set(scope_ + "cards_in", {1});
 }
 
 AddressExchange::~AddressExchange() {
   if (completed_ || closed_) return;
   try {
-    const std::string why = "rank " + std::to_string(rank_) + " failed (its own error says why)";
-    set(scope_ + "closed", {why.begin(), why.end()});
+    // Every rank still waiting in this creation fails now, not at the Store's timeout.
+    giveUp(store_, scope_, "rank " + std::to_string(rank_) + " failed (its own error says why)",
+           traffic_.calls);
   } catch (...) {
     // The Store itself is gone: nobody can join this instance either.
   }
@@ -320,17 +302,18 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   append(recordsKey, entry);
   const bool lastIn = add(arrivedKey, 1) == size_;
   if (lastIn) set(allInKey, {1});
+  const std::string waitingFor =
+      rounds_ == 1 ? "every rank's record" : "every rank's second record";
   std::vector<std::vector<uint8_t>> values;
   try {
-    if (!lastIn) {
-      await(allInKey, rounds_ == 1 ? "every rank's record" : "every rank's second record");
+    const auto read = [&] { values = multiGet({allInKey, recordsKey}); };
+    if (lastIn) {
+      read();
+    } else {
+      watched(waitingFor, read);
     }
-    values = multiGet({allInKey, recordsKey});
-    if (values[0] == kGivenUp) {
-      givenUp(rounds_ == 1 ? "every rank's record" : "every rank's second record");
-    }
-  } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
-    throwIfDiedMeanwhile(rounds_ == 1 ? "every rank's record" : "every rank's second record");
+    if (values[0] == kGivenUp) givenUp(waitingFor);
+  } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
     throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
   }
   const std::vector<uint8_t>& blob = values[1];
@@ -415,13 +398,17 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
   } else {
     answered = false;
   }
+  const std::string waitingFor = "every rank's answer to '" + question + "'";
   std::vector<uint8_t> said;
   try {
-    if (!answered) await(answer, "every rank's answer to '" + question + "'");
-    said = get(answer);
-    if (said == kGivenUp) givenUp("every rank's answer to '" + question + "'");
+    const auto read = [&] { said = get(answer); };
+    if (answered) {
+      read();
+    } else {
+      watched(waitingFor, read);
+    }
+    if (said == kGivenUp) givenUp(waitingFor);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
-    throwIfDiedMeanwhile("every rank's answer to '" + question + "'");
     // Only a rank that said yes waits (a no is its own answer).
     throw SetupError("not every rank answered '" + question + "' in this creation of the " +
                      "group within the Store's " + std::to_string(store_.getTimeout().count()) +
@@ -457,9 +444,10 @@ void AddressExchange::complete() {
     // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
     if (rank_ != 0) return;
     try {
-      await(released, "every rank to finish");
+      std::vector<uint8_t> said;
+      watched("every rank to finish", [&] { said = get(released); });
+      if (said == kGivenUp) givenUp("every rank to finish");
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
-      throwIfDiedMeanwhile("every rank to finish");
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
                        counterForError(scope_ + "done") +
@@ -498,33 +486,47 @@ void AddressExchange::appendCard(const RankCard& card) {
   append(scope_ + "cards", entry);
 }
 
-void AddressExchange::await(const std::string& key, const std::string& waitingFor) {
-  if (check(key)) return;
-  // A wait without a timeout of its own, the Store's: TCPStore logs two warnings for every
-  // wait that times out, so the creation is looked at by a thread of its own, through a clone
-  // of the Store (a blocking wait holds a TCPStore client's connection). A Store that cannot
-  // be cloned waits as before, for the Store's timeout.
+void AddressExchange::watched(const std::string& waitingFor, const std::function<void()>& call) {
   const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
-  c10::intrusive_ptr<c10d::Store> clone;
+  // Every rank's card, once every rank has one (a rank's card comes before anything a wait is
+  // for, so this wait ends no later than `call`'s would), read at the creation's first wait
+  // only: later cards only say that a rank finished, which the watch reads when it matters.
+  if (!cards_) cards_ = multiGet({scope_ + "cards_in", scope_ + "cards"})[1];
+  // The watch's thread may outlive this object (CreationWatch::stop): it holds what it uses.
+  auto store = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store_);
+  CreationWatch watch(
+      parseCards(*cards_, size_), rank_, instance_,
+      [store, scope = scope_, size = size_, self = rank_, instance = instance_, waiting](
+          int, Cards& cards, uint64_t& calls) -> std::string {
+        // The rank may have finished the creation and exited since the cards were read: read
+        // them again, on a connection of this thread's own (the waiting thread holds the
+        // Store's). Only now, a dead process on this host having been seen.
+        const auto clone = store->clone();
+        ++calls;
+        cards = parseCards(clone->get(scope + "cards"), size);
+        const int dead = firstDeadRank(cards, self, instance);
+        if (dead < 0) return {};
+        const std::string why = deathOf(dead, *cards[dead], waiting);
+        giveUp(*clone, scope, why, calls);
+        return why;
+      });
   try {
-    clone = store_.clone();
-  } catch (const std::exception&) {
+    call();
+  } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
+    if (const std::string found = watch.stop(traffic_.calls); !found.empty()) {
+      closed_ = true;  // the watch gave the creation up: the destructor need not
+      throw SetupError(found);
+    }
+    // The Store may have gone with the dead rank (a TCPStore is rank 0's), or the watch could
+    // not reach it: the cards still name the rank.
+    const Cards cards = watch.cards();
+    const int dead = firstDeadRank(cards, rank_, instance_);
+    if (dead < 0) throw;
+    throw SetupError(deathOf(dead, *cards[dead], waiting) + " (and the Store failed: " +
+                     e.what_without_backtrace() + ")");
   }
-  CreationWatch watch(clone, [this, key, waiting](c10d::Store& s, uint64_t& calls) {
-    return lookAtCreation(s, key, waiting, calls);
-  });
-  ++traffic_.polls;
-  traffic_.bytes += key.size();
-  std::string found;
-  try {
-    store_.wait({key});
-  } catch (const c10::Error&) {  // the Store's timeout: what the watch found says more
-    found = watch.stop(traffic_.polls);
-    if (found.empty()) throw;
-  }
-  if (found.empty()) found = watch.stop(traffic_.polls);
-  if (!found.empty()) {
-    closed_ = true;  // by the watch, or by another rank: the destructor need not say so
+  if (const std::string found = watch.stop(traffic_.calls); !found.empty()) {
+    closed_ = true;
     throw SetupError(found);
   }
 }
@@ -539,69 +541,6 @@ void AddressExchange::givenUp(const std::string& waitingFor) {
   }
   throw SetupError("this creation of the group was given up while rank " +
                    std::to_string(rank_) + " waited for " + waitingFor + ": " + why);
-}
-
-std::string AddressExchange::lookAtCreation(c10d::Store& s, const std::string& key,
-                                            const std::string& waiting, uint64_t& calls) const {
-  // Whatever it finds, it wakes this rank's wait (and every other rank's on the same key).
-  const auto wake = [&](const std::string& why) {
-    calls += 1;
-    s.set(key, kGivenUp);
-    return why;
-  };
-  calls += 1;
-  if (s.check({scope_ + "closed"})) {
-    calls += 1;
-    const auto why = s.get(scope_ + "closed");
-    return wake("this creation of the group was given up while " + waiting + ": " +
-                std::string(why.begin(), why.end()));
-  }
-  // The cards as appended, the latest of each rank last (a rank appends a second one when it
-  // finishes).
-  calls += 1;
-  const auto blob = s.get(scope_ + "cards");
-  std::vector<std::optional<RankCard>> cards(size_);
-  for (size_t at = 0; blob.size() - at >= 8;) {
-    const uint32_t p = readU32(blob, at);
-    const uint32_t n = readU32(blob, at + 4);
-    at += 8;
-    if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
-    cards[p] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
-                                 blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
-    at += n;
-  }
-  {
-    const std::lock_guard<std::mutex> lock(cardsMutex_);
-    lastCards_ = cards;
-  }
-  const std::string why = deadAmong(cards, waiting);
-  if (why.empty()) return {};
-  // Every other rank, on any host, finds the creation closed.
-  calls += 1;
-  s.set(scope_ + "closed", std::vector<uint8_t>(why.begin(), why.end()));
-  return wake(why);
-}
-
-std::string AddressExchange::deadAmong(const std::vector<std::optional<RankCard>>& cards,
-                                       const std::string& waiting) const {
-  for (int p = 0; p < static_cast<int>(cards.size()); ++p) {
-    const auto& card = cards[p];
-    if (p == rank_ || !card || card->finished == instance_ || !card->provablyDead()) continue;
-    return "rank " + std::to_string(p) + " (" + card->where() +
-           ") died during this creation of the group: " + waiting + " and found its process gone";
-  }
-  return {};
-}
-
-void AddressExchange::throwIfDiedMeanwhile(const std::string& waitingFor) {
-  std::vector<std::optional<RankCard>> cards;
-  {
-    const std::lock_guard<std::mutex> lock(cardsMutex_);
-    cards = lastCards_;
-  }
-  const std::string why =
-      deadAmong(cards, "rank " + std::to_string(rank_) + " waited for " + waitingFor);
-  if (!why.empty()) throw SetupError(why + " (the Store is gone too)");
 }
 
 }  // namespace ucxb

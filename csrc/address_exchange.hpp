@@ -18,16 +18,17 @@
 // instance closed, saying why.
 //
 // Once in the instance, each rank appends its card (csrc/creation_liveness.hpp) to "cards"
-// before it waits for anyone. While a rank waits, a thread of its looks, every
-// kLivenessSlice, at whether the instance was closed and at the cards: a rank on its host that
-// died before finishing the creation fails it at once (the finder closes it, naming that rank,
-// and marks the key the ranks wait for, which wakes them on every host), instead of every
-// waiter waiting for the Store's timeout.
+// before it waits for anyone, and counts itself in "carded" (the last sets "cards_in"). A rank
+// that waits reads the cards once and, while it waits, a thread of its looks every second at
+// the processes of the ranks on its host (csrc/creation_watch.hpp), with no Store call: a rank
+// that died before finishing the creation fails it at once. The finder gives the creation up
+// (it says why under "closed" and writes a mark into every key a rank may wait for, which
+// wakes them on every host), and so does a rank that fails for a reason of its own, instead of
+// every waiter waiting for the Store's timeout.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -116,26 +117,15 @@ class AddressExchange {
   std::string notJoined(const std::string& recordsKey, const std::string& storeSaid);
   // Appends `card` as this rank's latest to the instance's "cards".
   void appendCard(const RankCard& card);
-  // wait() for `key`, at most the Store's timeout (then the Store's error), while a thread
-  // looks at the creation every kLivenessSlice (lookAtCreation): SetupError at once when the
-  // creation was given up. `waitingFor` is for messages.
-  void await(const std::string& key, const std::string& waitingFor);
+  // Runs `call`, a Store call that waits for other ranks (at most the Store's timeout), while a
+  // CreationWatch (csrc/creation_watch.hpp) looks at the processes of the ranks on this host:
+  // SetupError naming a rank found dead, which the watch has given the creation up for. A
+  // Store error of `call` (c10::Error) is thrown on as it is, unless the cards name a rank dead
+  // meanwhile. `waitingFor` is for messages.
+  void watched(const std::string& waitingFor, const std::function<void()>& call);
   // A waited-for key held the mark of a creation given up (by a rank that found another dead,
   // or failed itself): throws SetupError with the reason it left under "closed".
   [[noreturn]] void givenUp(const std::string& waitingFor);
-  // "" while the creation may still complete. Else why not: another rank closed it, or a rank
-  // on this host that has not finished it died (then closes it, saying so). Either way marks
-  // `key` to wake the ranks that wait for it. On `store` (a clone: another thread's),
-  // counting its calls in `calls`.
-  std::string lookAtCreation(c10d::Store& store, const std::string& key,
-                             const std::string& waiting, uint64_t& calls) const;
-  // Why the creation cannot complete, from `cards` alone: a rank on this host that has not
-  // finished it and whose process is gone; "" if none.
-  std::string deadAmong(const std::vector<std::optional<RankCard>>& cards,
-                        const std::string& waiting) const;
-  // After a Store call failed (a timeout, or the Store gone with a rank that gave up): throws
-  // SetupError if the cards last read while waiting name a rank dead since.
-  void throwIfDiedMeanwhile(const std::string& waitingFor);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
@@ -151,9 +141,8 @@ class AddressExchange {
   bool completed_ = false;
   bool closed_ = false;  // this rank closed the instance, or found it closed
   RankCard card_;        // this rank's, as last appended
-  // Every rank's card as lookAtCreation last read them (on the watching thread).
-  mutable std::mutex cardsMutex_;
-  mutable std::vector<std::optional<RankCard>> lastCards_;
+  // Every rank's cards as this rank's first wait read them (watched).
+  std::optional<std::vector<uint8_t>> cards_;
   int rounds_ = 0;  // exchange() calls so far
 };
 

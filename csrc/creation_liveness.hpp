@@ -1,12 +1,12 @@
 // Whether a rank that a group's creation waits for can still come: each rank publishes a card
-// (its host and process) before it waits for anyone, and a rank waiting on the Store looks at
-// the cards of the others between short waits. A rank on this host whose process is provably
-// gone (killed, say) will never write what the creation waits for, so the waiters fail at once
-// naming it instead of at the Store's timeout. Torch-free.
+// (its host and process) before it waits for anyone, and while a rank waits on the Store a
+// thread of its looks at the processes the cards name (csrc/creation_watch.hpp). A rank on this
+// host whose process is provably gone (killed, say) will never write what the creation waits
+// for, so the waiters fail at once naming it instead of at the Store's timeout. Torch-free.
 //
 // A rank on another host cannot be checked without a connection (there is none yet): it is
-// found dead only by a waiter on its own host, which then closes the creation, and every other
-// rank fails as soon as it sees that (AddressExchange).
+// found dead only by a waiter on its own host, which then gives the creation up, waking every
+// other rank (AddressExchange).
 #pragma once
 
 #include <cstdint>

@@ -218,7 +218,6 @@ PYBIND11_MODULE(_C, m) {
         py::dict out;
         out["phases"] = phases;
         out["store_calls"] = profile.store.calls;
-        out["store_polls"] = profile.store.polls;
         out["store_bytes"] = profile.store.bytes;
         out["transports"] = profile.transports;
         return out;

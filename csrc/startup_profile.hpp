@@ -12,13 +12,9 @@
 namespace ucxb {
 
 // The Store traffic of one creation: every call (a multi-key get, set or wait is one) and the
-// bytes of the keys and values it carried, both ways. The calls of a rank that had to wait
-// for a late rank (csrc/address_exchange.hpp: the wait itself, and its thread's looks at the
-// other ranks every second) are `polls`, not `calls`: they grow with the wait, not with the
-// creation.
+// bytes of the keys and values it carried, both ways.
 struct StoreTraffic {
   uint64_t calls = 0;
-  uint64_t polls = 0;
   uint64_t bytes = 0;
 };
 

@@ -264,6 +264,12 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   } catch (const SetupError& e) {
     throwSetupFailed(backendName_, groupId_, rank, e.what());
+  } catch (const c10::DistNetworkError& e) {
+    // The Store's connection broke where no wait was there to name who the creation lost.
+    throwSetupFailed(backendName_, groupId_, rank,
+                     "the c10d Store stopped answering (a TCPStore dies with the process that "
+                     "hosts it: rank 0's, for init_process_group's): " +
+                         std::string(e.what_without_backtrace()));
   }
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();

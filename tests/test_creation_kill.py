@@ -1,6 +1,8 @@
 """A rank SIGKILLed while a group is created (the test-only hook UCXBACKEND_TEST_KILL_AT,
 docs/testing.md#test-only-hooks), at each stage from its joining the creation on: every
 survivor raises within a few seconds naming the dead rank, instead of at the Store's timeout.
+A rank killed before it joins (rank 0: before it opens the creation) has no card to look at:
+the survivors raise at the Store's timeout, or when the Store dies with rank 0, naming it.
 
 The reference is what the survivors did before (docs/failure-model.md, "A rank that fails or
 dies while a group is created"): they waited for the Store's timeout, PG_TIMEOUT here, and
@@ -10,6 +12,8 @@ creation has no liveness check either)."""
 from __future__ import annotations
 
 import os
+import signal
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +24,10 @@ from dist_harness import run_world, timed_failure
 PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
 FAST = 8.0  # a dead rank on this host is found within about a second (kLivenessSlice)
 VICTIM_ENV = "UCXBACKEND_TEST_KILL_AT"
+# The Store's timeout for a creation that a rank never joins: the survivors wait for it.
+NEVER_JOINED_TIMEOUT = 4.0
+# What the survivors may take beyond it on this loaded 2-core machine: a bound, not a speed.
+SLACK = 8.0
 
 
 def _create_while_one_dies(rank: int, ws: int, backend: str, victim: int, point: str) -> Any:
@@ -79,3 +87,49 @@ def test_survivors_name_the_killed_rank_at_once(
     for r, (elapsed, msg) in failed.items():
         assert f"rank {victim} (pid " in msg and "died during this creation" in msg, (r, msg)
         assert elapsed < FAST, (r, elapsed, msg)
+
+
+def _create_without_one(rank: int, ws: int, backend: str, victim: int) -> Any:
+    # The default group exists; the victim dies before it reaches the next creation, and the
+    # survivors wait for it at most NEVER_JOINED_TIMEOUT (the Store's timeout, which new_group
+    # takes over).
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.distributed_c10d._get_default_store().set_timeout(timedelta(seconds=NEVER_JOINED_TIMEOUT))
+    return timed_failure(lambda: dist.new_group(backend=backend))
+
+
+# (killed rank, Store, what every survivor's error must say). Rank 0 opens the creation (the
+# others wait for it to); a TCPStore is rank 0's and dies with it.
+NEVER_JOINED = [
+    (2, "file", "rank 2 never joined this creation of the group"),
+    (2, "tcp", "rank 2 never joined this creation of the group"),
+    (0, "file", "rank 0 did not start this creation of the group"),
+    (0, "tcp", "rank 0"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("victim", "init", "said"), NEVER_JOINED, ids=[f"rank{v}-{i}" for v, i, _ in NEVER_JOINED]
+)
+def test_survivors_of_a_rank_that_never_joined_fail_in_bounded_time(
+    victim: int, init: str, said: str
+) -> None:
+    skip_unless_ucx("the group's creation is the extension's")
+    res = run_world(
+        _create_without_one,
+        3,
+        args=("ucx", victim),
+        init=init,
+        pg_timeout=60.0,
+        expect_fail_ranks={victim},
+        timeout=90,
+    )
+    assert res[victim] is None, res  # it died
+    for r in (r for r in range(3) if r != victim):
+        elapsed, msg = res[r]
+        assert msg is not None, (r, res)  # a group without rank `victim` was never created
+        assert "setting up group" in msg and f"on rank {r} failed" in msg, (r, msg)
+        assert said in msg, (r, msg)
+        assert elapsed < NEVER_JOINED_TIMEOUT + SLACK, (r, elapsed, msg)
