@@ -24,9 +24,13 @@ constexpr std::array<const char*, 7> kSingles = {"token",  "done",   "closed",  
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
-// Written into the keys that ranks wait for, to wake them, when the creation is given up (their
-// real values are 0 and 1).
-const std::vector<uint8_t> kGivenUp = {'X'};
+// The first byte of what is written into the keys that ranks wait for, followed by the reason,
+// to wake them when the creation is given up (their real values are 0 and 1). The reason
+// travels with the mark: the Store may be gone by the time a woken rank reads anything else
+// (a TCPStore is rank 0's, and rank 0 may have given up and exited).
+constexpr uint8_t kGivenUp = 'X';
+
+bool givenUp(const std::vector<uint8_t>& value) { return !value.empty() && value[0] == kGivenUp; }
 
 // The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
 std::string roundKey(const char* name, int round) {
@@ -106,23 +110,31 @@ std::string deathOf(int rank, const RankCard& card, const std::string& waiting) 
          ") died during this creation of the group: " + waiting + " and found its process gone";
 }
 
+// The keys of the creation under `scope` that a rank may wait for, all rounds and questions.
+std::vector<std::string> waitedKeys(const std::string& scope) {
+  std::vector<std::string> keys = {scope + "released"};
+  for (int round = 0; round < kMaxRounds; ++round) keys.push_back(scope + roundKey("all_in", round));
+  for (const char* question : kQuestions) keys.push_back(scope + question + "_answer");
+  return keys;
+}
+
 // Gives up the creation under `scope` on `store`: says `why` under "closed" (unless a rank said
-// why first), and writes kGivenUp into every key that a rank of it may be waiting for, which
-// wakes them all, on every host (they then read "closed"). Counts its Store calls in `calls`.
-void giveUp(c10d::Store& store, const std::string& scope, const std::string& why,
-            uint64_t& calls) {
+// why first), where a rank about to join looks, and writes the mark and `why` into `keys`,
+// which wakes every rank waiting for one of them, on every host. Counts its Store calls in
+// `calls`.
+void giveUp(c10d::Store& store, const std::string& scope, const std::vector<std::string>& keys,
+            const std::string& why, uint64_t& calls) {
   const std::string closed = scope + "closed";
   ++calls;
   if (!store.check({closed})) {
     ++calls;
     store.set(closed, std::vector<uint8_t>(why.begin(), why.end()));
   }
-  std::vector<std::string> waited = {scope + "released"};
-  for (int round = 0; round < kMaxRounds; ++round) waited.push_back(scope + roundKey("all_in", round));
-  for (const char* question : kQuestions) waited.push_back(scope + question + "_answer");
-  for (const auto& key : waited) {
+  const std::string marked = static_cast<char>(kGivenUp) + why;
+  const std::vector<uint8_t> mark(marked.begin(), marked.end());
+  for (const auto& key : keys) {
     ++calls;
-    store.set(key, kGivenUp);
+    store.set(key, mark);
   }
 }
 
@@ -193,9 +205,21 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
 AddressExchange::~AddressExchange() {
   if (completed_ || closed_) return;
   try {
-    // Every rank still waiting in this creation fails now, not at the Store's timeout.
-    giveUp(store_, scope_, "rank " + std::to_string(rank_) + " failed (its own error says why)",
-           traffic_.calls);
+    // Every rank still waiting for what this rank owes fails now, not at the Store's timeout:
+    // the keys of the rounds it did not publish a record in, of the questions it did not
+    // answer, and "released". The others it leaves alone: what it published (its record may
+    // say why it failed) is for the others to read.
+    std::vector<std::string> owed = {scope_ + "released"};
+    for (int round = rounds_; round < kMaxRounds; ++round) {
+      owed.push_back(scope_ + roundKey("all_in", round));
+    }
+    for (const char* question : kQuestions) {
+      if (std::find(said_.begin(), said_.end(), question) == said_.end()) {
+        owed.push_back(scope_ + question + "_answer");
+      }
+    }
+    giveUp(store_, scope_, owed,
+           "rank " + std::to_string(rank_) + " failed (its own error says why)", traffic_.calls);
   } catch (...) {
     // The Store itself is gone: nobody can join this instance either.
   }
@@ -312,7 +336,7 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
     } else {
       watched(waitingFor, read);
     }
-    if (values[0] == kGivenUp) givenUp(waitingFor);
+    if (givenUp(values[0])) throwGivenUp(waitingFor, values[0]);
   } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
     throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
   }
@@ -398,6 +422,7 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
   } else {
     answered = false;
   }
+  said_.push_back(question);
   const std::string waitingFor = "every rank's answer to '" + question + "'";
   std::vector<uint8_t> said;
   try {
@@ -407,7 +432,7 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
     } else {
       watched(waitingFor, read);
     }
-    if (said == kGivenUp) givenUp(waitingFor);
+    if (givenUp(said)) throwGivenUp(waitingFor, said);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
     // Only a rank that said yes waits (a no is its own answer).
     throw SetupError("not every rank answered '" + question + "' in this creation of the " +
@@ -437,6 +462,10 @@ void AddressExchange::complete() {
     RankCard finished = card_;
     finished.finished = instance_;
     appendCard(finished);
+  } else if (!cards_) {
+    // Rank 0 may wait below for the others (watched), and needs every rank's card for that:
+    // read now, while the last rank cannot have deleted the creation's keys yet.
+    cards_ = multiGet({scope_ + "cards_in", scope_ + "cards"})[1];
   }
   if (add(scope_ + "done", 1) < size_) {
     // Rank 0 returns only once every rank is done with the Store: in a short job (create,
@@ -446,7 +475,7 @@ void AddressExchange::complete() {
     try {
       std::vector<uint8_t> said;
       watched("every rank to finish", [&] { said = get(released); });
-      if (said == kGivenUp) givenUp("every rank to finish");
+      if (givenUp(said)) throwGivenUp("every rank to finish", said);
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
@@ -502,12 +531,15 @@ void AddressExchange::watched(const std::string& waitingFor, const std::function
         // them again, on a connection of this thread's own (the waiting thread holds the
         // Store's). Only now, a dead process on this host having been seen.
         const auto clone = store->clone();
-        ++calls;
+        // No cards: the last rank has finished and deleted the creation's keys (a get would
+        // wait for them).
+        calls += 2;
+        if (!clone->check({scope + "cards"})) return {};
         cards = parseCards(clone->get(scope + "cards"), size);
         const int dead = firstDeadRank(cards, self, instance);
         if (dead < 0) return {};
         const std::string why = deathOf(dead, *cards[dead], waiting);
-        giveUp(*clone, scope, why, calls);
+        giveUp(*clone, scope, waitedKeys(scope), why, calls);
         return why;
       });
   try {
@@ -531,16 +563,12 @@ void AddressExchange::watched(const std::string& waitingFor, const std::function
   }
 }
 
-void AddressExchange::givenUp(const std::string& waitingFor) {
+void AddressExchange::throwGivenUp(const std::string& waitingFor,
+                                   const std::vector<uint8_t>& mark) {
   closed_ = true;
-  std::string why = "?";
-  try {
-    const auto said = get(scope_ + "closed");
-    why.assign(said.begin(), said.end());
-  } catch (const std::exception&) {  // the Store itself may be gone by now
-  }
   throw SetupError("this creation of the group was given up while rank " +
-                   std::to_string(rank_) + " waited for " + waitingFor + ": " + why);
+                   std::to_string(rank_) + " waited for " + waitingFor + ": " +
+                   std::string(mark.begin() + 1, mark.end()));
 }
 
 }  // namespace ucxb

@@ -123,9 +123,9 @@ class AddressExchange {
   // Store error of `call` (c10::Error) is thrown on as it is, unless the cards name a rank dead
   // meanwhile. `waitingFor` is for messages.
   void watched(const std::string& waitingFor, const std::function<void()>& call);
-  // A waited-for key held the mark of a creation given up (by a rank that found another dead,
-  // or failed itself): throws SetupError with the reason it left under "closed".
-  [[noreturn]] void givenUp(const std::string& waitingFor);
+  // A waited-for key held `mark`, that of a creation given up (by a rank that found another
+  // dead, or failed itself): throws SetupError with the reason it carries.
+  [[noreturn]] void throwGivenUp(const std::string& waitingFor, const std::vector<uint8_t>& mark);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
@@ -144,6 +144,7 @@ class AddressExchange {
   // Every rank's cards as this rank's first wait read them (watched).
   std::optional<std::vector<uint8_t>> cards_;
   int rounds_ = 0;  // exchange() calls so far
+  std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
 };
 
 }  // namespace ucxb
