@@ -536,9 +536,9 @@ void AddressExchange::watched(const std::string& waitingFor, const std::function
         calls += 2;
         if (!clone->check({scope + "cards"})) return {};
         cards = parseCards(clone->get(scope + "cards"), size);
-        const int dead = firstDeadRank(cards, self, instance);
-        if (dead < 0) return {};
-        const std::string why = deathOf(dead, *cards[dead], waiting);
+        const std::vector<int> dead = deadRanks(cards, self, instance);
+        if (dead.empty()) return {};
+        const std::string why = deathOf(dead.front(), *cards[dead.front()], waiting);
         giveUp(*clone, scope, waitedKeys(scope), why, calls);
         return why;
       });
@@ -549,13 +549,16 @@ void AddressExchange::watched(const std::string& waitingFor, const std::function
       closed_ = true;  // the watch gave the creation up: the destructor need not
       throw SetupError(found);
     }
-    // The Store may have gone with the dead rank (a TCPStore is rank 0's), or the watch could
-    // not reach it: the cards still name the rank.
+    // The Store may have gone with a dead rank (a TCPStore is rank 0's), or the watch could
+    // not reach it: the cards still name the ranks gone. All of them: which went first (one
+    // killed, one that gave up on it and exited, say) cannot be told from here.
     const Cards cards = watch.cards();
-    const int dead = firstDeadRank(cards, rank_, instance_);
-    if (dead < 0) throw;
-    throw SetupError(deathOf(dead, *cards[dead], waiting) + " (and the Store failed: " +
-                     e.what_without_backtrace() + ")");
+    std::string why;
+    for (const int dead : deadRanks(cards, rank_, instance_)) {
+      why += (why.empty() ? "" : "; ") + deathOf(dead, *cards[dead], waiting);
+    }
+    if (why.empty()) throw;
+    throw SetupError(why + " (and the Store failed: " + e.what_without_backtrace() + ")");
   }
   if (const std::string found = watch.stop(traffic_.calls); !found.empty()) {
     closed_ = true;

@@ -19,13 +19,14 @@ constexpr std::chrono::milliseconds kStopGrace{1000};
 
 }  // namespace
 
-int firstDeadRank(const Cards& cards, int self, int64_t instance) {
+std::vector<int> deadRanks(const Cards& cards, int self, int64_t instance) {
+  std::vector<int> dead;
   for (int p = 0; p < static_cast<int>(cards.size()); ++p) {
     const auto& card = cards[p];
     if (p == self || !card || card->finished == instance) continue;
-    if (card->provablyDead()) return p;
+    if (card->provablyDead()) dead.push_back(p);
   }
-  return -1;
+  return dead;
 }
 
 struct CreationWatch::State {
@@ -51,12 +52,12 @@ CreationWatch::CreationWatch(Cards cards, int self, int64_t instance, Confirm co
     while (!s->changed.wait_for(lock, kLivenessSlice, [&] { return s->stopped; })) {
       Cards cards = s->cards;
       lock.unlock();
-      const int dead = firstDeadRank(cards, s->self, s->instance);
+      const std::vector<int> dead = deadRanks(cards, s->self, s->instance);
       std::string why;
       uint64_t calls = 0;
-      if (dead >= 0) {
+      if (!dead.empty()) {
         try {
-          why = s->confirm(dead, cards, calls);
+          why = s->confirm(dead.front(), cards, calls);
         } catch (const std::exception&) {
           // The Store failing: the waiting thread's own call says so, or this looks again.
         }

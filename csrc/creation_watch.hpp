@@ -22,9 +22,9 @@ namespace ucxb {
 
 using Cards = std::vector<std::optional<RankCard>>;
 
-// The first rank of `cards` other than `self` that has not finished `instance` and whose process
-// is provably gone (RankCard::provablyDead), or -1.
-int firstDeadRank(const Cards& cards, int self, int64_t instance);
+// The ranks of `cards` other than `self` that have not finished `instance` and whose process is
+// provably gone (RankCard::provablyDead), in rank order.
+std::vector<int> deadRanks(const Cards& cards, int self, int64_t instance);
 
 class CreationWatch {
  public:
