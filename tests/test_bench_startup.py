@@ -106,11 +106,13 @@ def test_creation_store_calls_do_not_grow_with_the_group() -> None:
     """On a TCPStore, each rank's creation of a group makes as many Store calls at 6 ranks as
     at 2 (one append and one multi-key read for everyone's records, counters for the rest),
     not a few more per peer. Which rank is last (it cleans up) and which came before rank 0
-    opened the creation (it waits for that) vary from run to run: up to 5 more at 6 ranks."""
+    opened the creation (it waits for that) vary from run to run: up to 6 more at 6 ranks (the
+    last rank is rank 0 more often at 2 ranks, and a rank other than 0 also says it finished:
+    27-33 at 2 ranks, 31-33 at 6, 2026-11-27)."""
     skip_unless_ucx("profiles a ucx group's creation")
     calls = {
         ws: [p["store_calls"] for p in run_world(_creation_profile, ws, init="tcp", timeout=90)]
         for ws in (2, 6)
     }
-    assert max(calls[6]) <= max(calls[2]) + 5, calls
+    assert max(calls[6]) <= max(calls[2]) + 6, calls
     assert max(calls[6]) <= _MAX_CREATION_CALLS, calls
