@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <random>
 
@@ -19,8 +20,7 @@ namespace {
 // round of exchange()): complete() deletes them all, also those of instances that failed. A
 // new key must be added here.
 constexpr std::array<const char*, 1> kQuestions = {"shm"};
-constexpr std::array<const char*, 7> kSingles = {"token",  "done",   "closed",  "released",
-                                                 "cards", "carded", "cards_in"};
+constexpr std::array<const char*, 4> kSingles = {"token", "done", "closed", "released"};
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
@@ -43,6 +43,27 @@ void checkQuestion(const std::string& question) {
     throw std::logic_error("address exchange: question '" + question +
                            "' is not in kQuestions (csrc/address_exchange.cpp)");
   }
+}
+
+// In the first round's records key, an entry whose rank has this bit is that rank's card
+// (csrc/creation_liveness.hpp), appended when it joins, before its record: a key every rank
+// appends to anyway, which the last rank deletes anyway.
+constexpr uint32_t kCardEntry = 0x80000000u;
+
+// "done" holds the ranks that finished the creation as bits (rank r adds 1 << r) in a group of
+// at most kDoneBits ranks: rank 0, the one rank that waits for the others to finish, can then
+// tell a rank that finished and exited from one that died before, from the counter it has
+// anyway. A larger group counts ones, and its rank 0 cannot tell: a rank of its host that dies
+// just before finishing is found only at the Store's timeout.
+constexpr int kDoneBits = 62;
+
+int64_t doneWeight(int rank, int size) { return size <= kDoneBits ? int64_t{1} << rank : 1; }
+
+int64_t allDone(int size) { return size <= kDoneBits ? (int64_t{1} << size) - 1 : size; }
+
+// How many ranks a value of "done" says finished.
+int64_t doneCount(int64_t done, int size) {
+  return size <= kDoneBits ? std::popcount(static_cast<uint64_t>(done)) : done;
 }
 
 // A record's parts, each preceded by its length (u32, little-endian), after this magic: a
@@ -89,17 +110,20 @@ std::vector<std::vector<uint8_t>> unframe(const std::vector<uint8_t>& value, siz
   return whole;
 }
 
-// The cards of "<instance>/cards" by rank, the latest of each rank (a rank appends a second one
-// when it finishes); nullopt for a rank without one.
+// The cards in the first round's records key by rank (kCardEntry); nullopt for a rank without
+// one.
 Cards parseCards(const std::vector<uint8_t>& blob, int size) {
   Cards cards(size);
   for (size_t at = 0; blob.size() - at >= 8;) {
     const uint32_t p = readU32(blob, at);
     const uint32_t n = readU32(blob, at + 4);
     at += 8;
-    if (p >= static_cast<uint32_t>(size) || blob.size() - at < n) break;
-    cards[p] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
-                                 blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
+    if (blob.size() - at < n) break;
+    const uint32_t cardOf = p & ~kCardEntry;
+    if ((p & kCardEntry) != 0 && cardOf < static_cast<uint32_t>(size)) {
+      cards[cardOf] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
+                                        blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
+    }
     at += n;
   }
   return cards;
@@ -196,10 +220,8 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     set(scope_ + "token", tokenRecord_);
   }
   // Before this rank waits for anyone, so that a rank that dies from here on is found by the
-  // ranks that wait for it on its host (watched). The last rank to say so says that every rank
-  // has (a wait reads the cards once, after that).
-  appendCard(RankCard::mine());
-  if (add(scope_ + "carded", 1) == size_) set(scope_ + "cards_in", {1});
+  // ranks that wait for it on its host (watched).
+  appendCard();
 }
 
 AddressExchange::~AddressExchange() {
@@ -334,7 +356,7 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
     if (lastIn) {
       read();
     } else {
-      watched(waitingFor, read);
+      watched(waitingFor, allInKey, read);
     }
     if (givenUp(values[0])) throwGivenUp(waitingFor, values[0]);
   } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
@@ -348,6 +370,10 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
     const uint32_t p = readU32(blob, at);
     const uint32_t n = readU32(blob, at + 4);
     at += 8;
+    if ((p & kCardEntry) != 0 && blob.size() - at >= n) {  // a card (parseCards)
+      at += n;
+      continue;
+    }
     if (p < static_cast<uint32_t>(size_) && found[p]) {
       // Two processes joined this creation as the same rank: the ranks were told to create
       // different groups under one id (see checkMembers in csrc/handshake.cpp).
@@ -389,8 +415,11 @@ std::string AddressExchange::notJoined(const std::string& recordsKey,
       const uint32_t p = readU32(blob, at);
       const uint32_t n = readU32(blob, at + 4);
       at += 8;
-      if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
-      found[p] = true;
+      if (blob.size() - at < n) break;
+      if ((p & kCardEntry) == 0) {  // not a card (parseCards)
+        if (p >= static_cast<uint32_t>(size_)) break;
+        found[p] = true;
+      }
       at += n;
     }
   } catch (const std::exception&) {
@@ -430,7 +459,7 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
     if (answered) {
       read();
     } else {
-      watched(waitingFor, read);
+      watched(waitingFor, answer, read);
     }
     if (givenUp(said)) throwGivenUp(waitingFor, said);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
@@ -455,31 +484,21 @@ std::string AddressExchange::counterForError(const std::string& key) {
 void AddressExchange::complete() {
   completed_ = true;
   const std::string released = scope_ + "released";
-  // Only rank 0 waits from here on, for the others: a rank that finished may then exit (or
-  // die) without failing the creation. Said before "done", so that a rank killed between the
-  // two fails it (rank 0 would wait for it in vain).
-  if (rank_ != 0) {
-    RankCard finished = card_;
-    finished.finished = instance_;
-    appendCard(finished);
-  } else if (!cards_) {
-    // Rank 0 may wait below for the others (watched), and needs every rank's card for that:
-    // read now, while the last rank cannot have deleted the creation's keys yet.
-    cards_ = multiGet({scope_ + "cards_in", scope_ + "cards"})[1];
-  }
-  if (add(scope_ + "done", 1) < size_) {
+  // Only rank 0 waits from here on, for the others: a rank that finished (its bit in "done")
+  // may then exit (or die) without failing the creation.
+  if (add(scope_ + "done", doneWeight(rank_, size_)) != allDone(size_)) {
     // Rank 0 returns only once every rank is done with the Store: in a short job (create,
     // exit) rank 0 often hosts the TCPStore, and its exit would otherwise cut off a slower
     // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
     if (rank_ != 0) return;
     try {
       std::vector<uint8_t> said;
-      watched("every rank to finish", [&] { said = get(released); });
+      watched("every rank to finish", released, [&] { said = get(released); });
       if (givenUp(said)) throwGivenUp("every rank to finish", said);
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
-                       counterForError(scope_ + "done") +
+                       doneForError() +
                        " of " + std::to_string(size_) + " did: a rank failed or died after the " +
                        "exchange of records; the Store said: " + e.what_without_backtrace() + ")");
     }
@@ -505,62 +524,107 @@ void AddressExchange::complete() {
   if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
 }
 
-void AddressExchange::appendCard(const RankCard& card) {
-  card_ = card;
+void AddressExchange::appendCard() {
   std::vector<uint8_t> entry;
-  const auto bytes = card.encode();
-  putU32(entry, static_cast<size_t>(rank_));
+  const auto bytes = RankCard::mine().encode();
+  putU32(entry, kCardEntry | static_cast<uint32_t>(rank_));
   putU32(entry, bytes.size());
   entry.insert(entry.end(), bytes.begin(), bytes.end());
-  append(scope_ + "cards", entry);
+  append(scope_ + roundKey("records", 0), entry);
 }
 
-void AddressExchange::watched(const std::string& waitingFor, const std::function<void()>& call) {
+std::string AddressExchange::doneForError() {
+  try {
+    return std::to_string(doneCount(add(scope_ + "done", 0), size_));
+  } catch (const std::exception&) {  // the Store itself may be gone by now
+    return "?";
+  }
+}
+
+namespace {
+
+// The watch's connection to the Store (CreationWatch), opened at its first use: a wait that
+// ends before the watch's first look opens none.
+struct WatchStore {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> clone;
+  c10d::Store& get() {
+    if (!clone) clone = store->clone();
+    return *clone;
+  }
+};
+
+}  // namespace
+
+void AddressExchange::watched(const std::string& waitingFor, const std::string& waitedKey,
+                              const std::function<void()>& call) {
   const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
-  // Every rank's card, once every rank has one (a rank's card comes before anything a wait is
-  // for, so this wait ends no later than `call`'s would), read at the creation's first wait
-  // only: later cards only say that a rank finished, which the watch reads when it matters.
-  if (!cards_) cards_ = multiGet({scope_ + "cards_in", scope_ + "cards"})[1];
   // The watch's thread may outlive this object (CreationWatch::stop): it holds what it uses.
-  auto store = c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store_);
+  const auto link = std::make_shared<WatchStore>(
+      WatchStore{c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store_), {}});
+  const std::string recordsKey = scope_ + roundKey("records", 0);
+  const bool finishing = waitedKey == scope_ + "released";  // rank 0, waiting for every rank
   CreationWatch watch(
-      parseCards(*cards_, size_), rank_, instance_,
-      [store, scope = scope_, size = size_, self = rank_, instance = instance_, waiting](
-          int, Cards& cards, uint64_t& calls) -> std::string {
-        // The rank may have finished the creation and exited since the cards were read: read
-        // them again, on a connection of this thread's own (the waiting thread holds the
-        // Store's). Only now, a dead process on this host having been seen.
-        const auto clone = store->clone();
-        // No cards: the last rank has finished and deleted the creation's keys (a get would
+      rank_,
+      [link, recordsKey, size = size_](uint64_t& calls) -> Cards {
+        c10d::Store& store = link->get();
+        // No records: the last rank has finished and deleted the creation's keys (a get would
         // wait for them).
-        calls += 2;
-        if (!clone->check({scope + "cards"})) return {};
-        cards = parseCards(clone->get(scope + "cards"), size);
-        const std::vector<int> dead = deadRanks(cards, self, instance);
-        if (dead.empty()) return {};
-        const std::string why = deathOf(dead.front(), *cards[dead.front()], waiting);
-        giveUp(*clone, scope, waitedKeys(scope), why, calls);
+        ++calls;
+        if (!store.check({recordsKey})) return Cards(size);
+        ++calls;
+        return parseCards(store.get(recordsKey), size);
+      },
+      [link, scope = scope_, size = size_, waitedKey, finishing, waiting](
+          int dead, Cards& cards, uint64_t& calls) -> std::string {
+        c10d::Store& store = link->get();
+        // The key waited for holds its value (or another rank's mark): the wait ends without
+        // the dead rank, which may have finished the creation and exited. The creation is
+        // closed: a rank gave it up, saying why, and may have exited since (a rank that timed
+        // out waiting for one that never joined, say): this wait goes on to its own end.
+        ++calls;
+        bool settled = store.check({waitedKey});
+        if (!settled) {
+          ++calls;
+          settled = store.check({scope + "closed"});
+        }
+        if (!settled && finishing) {
+          ++calls;
+          const int64_t done = store.add(scope + "done", 0);
+          settled = size > kDoneBits || ((done >> dead) & 1) != 0;
+        }
+        if (settled) {
+          cards[dead]->settled = true;
+          return {};
+        }
+        const std::string why = deathOf(dead, *cards[dead], waiting);
+        giveUp(store, scope, waitedKeys(scope), why, calls);
         return why;
       });
   try {
     call();
   } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
-    if (const std::string found = watch.stop(traffic_.calls); !found.empty()) {
+    if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
       closed_ = true;  // the watch gave the creation up: the destructor need not
       throw SetupError(found);
     }
     // The Store may have gone with a dead rank (a TCPStore is rank 0's), or the watch could
-    // not reach it: the cards still name the ranks gone. All of them: which went first (one
-    // killed, one that gave up on it and exited, say) cannot be told from here.
+    // not reach it: the cards, where the watch read them, still name the ranks gone. All of
+    // them: which went first (one killed, one that gave up on it and exited, say) cannot be
+    // told from here.
     const Cards cards = watch.cards();
+    // A rank without a card never joined (or the watch never read them): the caller names the
+    // ranks that never came, and a rank that timed out waiting for them and exited is no news.
+    const auto noCard = [](const std::optional<RankCard>& card) { return !card; };
+    if (cards.empty() || std::any_of(cards.begin(), cards.end(), noCard)) throw;
     std::string why;
-    for (const int dead : deadRanks(cards, rank_, instance_)) {
+    for (const int dead : deadRanks(cards, rank_)) {
       why += (why.empty() ? "" : "; ") + deathOf(dead, *cards[dead], waiting);
     }
     if (why.empty()) throw;
     throw SetupError(why + " (and the Store failed: " + e.what_without_backtrace() + ")");
   }
-  if (const std::string found = watch.stop(traffic_.calls); !found.empty()) {
+  if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
     closed_ = true;
     throw SetupError(found);
   }

@@ -11,8 +11,8 @@ namespace ucxb {
 
 namespace {
 
-// "UXC1\n<host>\n<pid> <start time> <pid namespace> <finished instance>".
-constexpr char kCardMagic[] = "UXC1";
+// "UXC2\n<host>\n<pid> <start time> <pid namespace>".
+constexpr char kCardMagic[] = "UXC2";
 
 }  // namespace
 
@@ -27,7 +27,7 @@ std::vector<uint8_t> RankCard::encode() const {
   const std::string text = std::string(kCardMagic) + "\n" + host + "\n" +
                            std::to_string(process.pid) + " " +
                            std::to_string(process.startTime) + " " +
-                           std::to_string(process.pidNamespace) + " " + std::to_string(finished);
+                           std::to_string(process.pidNamespace);
   return {text.begin(), text.end()};
 }
 
@@ -38,8 +38,7 @@ std::optional<RankCard> RankCard::decode(const std::vector<uint8_t>& bytes) {
   if (!std::getline(in, magic) || magic != kCardMagic || !std::getline(in, card.host)) {
     return std::nullopt;
   }
-  if (!(in >> card.process.pid >> card.process.startTime >> card.process.pidNamespace >>
-        card.finished)) {
+  if (!(in >> card.process.pid >> card.process.startTime >> card.process.pidNamespace)) {
     return std::nullopt;
   }
   return card;

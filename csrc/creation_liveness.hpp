@@ -1,6 +1,7 @@
 // Whether a rank that a group's creation waits for can still come: each rank publishes a card
-// (its host and process) before it waits for anyone, and while a rank waits on the Store a
-// thread of its looks at the processes the cards name (csrc/creation_watch.hpp). A rank on this
+// (its host and process) before it waits for anyone, and while a rank waits on the Store for
+// longer than a normal creation's wait, a thread of its looks at the processes the cards name
+// (csrc/creation_watch.hpp). A rank on this
 // host whose process is provably gone (killed, say) will never write what the creation waits
 // for, so the waiters fail at once naming it instead of at the Store's timeout. Torch-free.
 //
@@ -21,9 +22,9 @@ namespace ucxb {
 struct RankCard {
   std::string host;  // shm::hostIdentity(); empty where it is not unique to this machine
   shm::SegmentOwner process;
-  // The creation (instance) of the group this rank last finished, 0 for none: a rank that
-  // finished this one and then exited is not waited for any more, so its death fails nothing.
-  int64_t finished = 0;
+  // Known to the watch only, never published: the watch looks no more at this rank (it
+  // finished the creation, or the wait ends without it anyway), so its exit fails nothing.
+  bool settled = false;
 
   // This process's card.
   static RankCard mine();

@@ -10,57 +10,78 @@ namespace ucxb {
 
 namespace {
 
-// How often the watch looks at the other ranks' processes: how late a dead rank on this host is
-// found. A look reads /proc only; no Store call.
-constexpr std::chrono::milliseconds kLivenessSlice{1000};
-// How long stop() waits for a thread inside `confirm` before it leaves it behind: `confirm`
-// makes a handful of Store calls on a connection of its own, milliseconds on a live Store.
+// How long a wait goes unwatched: longer than the waits of a normal creation (measured in
+// docs/failure-model.md), so that those cost no Store call and no look; short enough that a
+// dead rank is found within about kWatchAfter + kLivenessSlice of the wait's start, or
+// kLivenessSlice of its death.
+constexpr std::chrono::milliseconds kWatchAfter{200};
+// How often the watch looks at the other ranks' processes after that. A look reads /proc
+// only; no Store call once every rank's card is known.
+constexpr std::chrono::milliseconds kLivenessSlice{500};
+// How long stop() waits for a thread inside a Store call before it leaves it behind: the
+// watch makes a handful of Store calls on a connection of its own, milliseconds on a live Store.
 constexpr std::chrono::milliseconds kStopGrace{1000};
+
+bool someMissing(const Cards& cards) {
+  for (const auto& card : cards) {
+    if (!card) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
-std::vector<int> deadRanks(const Cards& cards, int self, int64_t instance) {
+std::vector<int> deadRanks(const Cards& cards, int self) {
   std::vector<int> dead;
   for (int p = 0; p < static_cast<int>(cards.size()); ++p) {
     const auto& card = cards[p];
-    if (p == self || !card || card->finished == instance) continue;
+    if (p == self || !card || card->settled) continue;
     if (card->provablyDead()) dead.push_back(p);
   }
   return dead;
 }
 
 struct CreationWatch::State {
-  State(Cards c, int s, int64_t i, Confirm f)
-      : cards(std::move(c)), self(s), instance(i), confirm(std::move(f)) {}
+  State(int s, ReadCards r, Confirm f) : self(s), read(std::move(r)), confirm(std::move(f)) {}
   std::mutex mutex;
   std::condition_variable changed;  // stopped or done
   bool stopped = false;
   bool done = false;
   std::string found;
-  Cards cards;
+  Cards cards;  // empty until the first look
   uint64_t calls = 0;
   const int self;
-  const int64_t instance;
+  const ReadCards read;
   const Confirm confirm;
 };
 
-CreationWatch::CreationWatch(Cards cards, int self, int64_t instance, Confirm confirm)
-    : state_(std::make_shared<State>(std::move(cards), self, instance, std::move(confirm))) {
+CreationWatch::CreationWatch(int self, ReadCards read, Confirm confirm)
+    : state_(std::make_shared<State>(self, std::move(read), std::move(confirm))) {
   // The thread owns a share of the state: it may outlive this object (stop()).
   thread_ = std::thread([s = state_] {
     std::unique_lock<std::mutex> lock(s->mutex);
-    while (!s->changed.wait_for(lock, kLivenessSlice, [&] { return s->stopped; })) {
+    auto wait = kWatchAfter;
+    while (!s->changed.wait_for(lock, wait, [&] { return s->stopped; })) {
+      wait = kLivenessSlice;
       Cards cards = s->cards;
       lock.unlock();
-      const std::vector<int> dead = deadRanks(cards, s->self, s->instance);
       std::string why;
       uint64_t calls = 0;
-      if (!dead.empty()) {
-        try {
-          why = s->confirm(dead.front(), cards, calls);
-        } catch (const std::exception&) {
-          // The Store failing: the waiting thread's own call says so, or this looks again.
+      try {
+        if (cards.empty() || someMissing(cards)) {
+          // A rank without a card has not joined yet: read again; keep what is settled.
+          Cards fresh = s->read(calls);
+          for (size_t p = 0; p < fresh.size(); ++p) {
+            if (p < cards.size() && cards[p]) fresh[p] = cards[p];
+          }
+          cards = std::move(fresh);
         }
+        for (const int dead : deadRanks(cards, s->self)) {
+          why = s->confirm(dead, cards, calls);
+          if (!why.empty()) break;
+        }
+      } catch (const std::exception&) {
+        // The Store failing: the waiting thread's own call says so, or this looks again.
       }
       lock.lock();
       s->calls += calls;

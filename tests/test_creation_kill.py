@@ -22,7 +22,7 @@ from conftest import skip_unless_ucx
 from dist_harness import run_world, timed_failure
 
 PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
-FAST = 8.0  # a dead rank on this host is found within about a second (kLivenessSlice)
+FAST = 8.0  # found in well under a second (kWatchAfter + kLivenessSlice): a bound, not a speed
 VICTIM_ENV = "UCXBACKEND_TEST_KILL_AT"
 # The Store's timeout for a creation that a rank never joins: the survivors wait for it.
 NEVER_JOINED_TIMEOUT = 4.0
