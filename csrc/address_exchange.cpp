@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <random>
+
+#include "csrc/creation_watch.hpp"
 
 namespace ucxb {
 
@@ -21,6 +24,13 @@ constexpr std::array<const char*, 4> kSingles = {"token", "done", "closed", "rel
 constexpr std::array<const char*, 3> kRoundKeys = {"records", "arrived", "all_in"};
 // exchange() runs once, or twice where the first addresses could not reach every host.
 constexpr int kMaxRounds = 2;
+// The first byte of what is written into the keys that ranks wait for, followed by the reason,
+// to wake them when the creation is given up (their real values are 0 and 1). The reason
+// travels with the mark: the Store may be gone by the time a woken rank reads anything else
+// (a TCPStore is rank 0's, and rank 0 may have given up and exited).
+constexpr uint8_t kGivenUp = 'X';
+
+bool givenUp(const std::vector<uint8_t>& value) { return !value.empty() && value[0] == kGivenUp; }
 
 // The name of a key of exchange()'s `round` (0-based): "records", then "records_2".
 std::string roundKey(const char* name, int round) {
@@ -33,6 +43,27 @@ void checkQuestion(const std::string& question) {
     throw std::logic_error("address exchange: question '" + question +
                            "' is not in kQuestions (csrc/address_exchange.cpp)");
   }
+}
+
+// In the first round's records key, an entry whose rank has this bit is that rank's card
+// (csrc/creation_liveness.hpp), appended when it joins, before its record: a key every rank
+// appends to anyway, which the last rank deletes anyway.
+constexpr uint32_t kCardEntry = 0x80000000u;
+
+// "done" holds the ranks that finished the creation as bits (rank r adds 1 << r) in a group of
+// at most kDoneBits ranks: rank 0, the one rank that waits for the others to finish, can then
+// tell a rank that finished and exited from one that died before, from the counter it has
+// anyway. A larger group counts ones, and its rank 0 cannot tell: a rank of its host that dies
+// just before finishing is found only at the Store's timeout.
+constexpr int kDoneBits = 62;
+
+int64_t doneWeight(int rank, int size) { return size <= kDoneBits ? int64_t{1} << rank : 1; }
+
+int64_t allDone(int size) { return size <= kDoneBits ? (int64_t{1} << size) - 1 : size; }
+
+// How many ranks a value of "done" says finished.
+int64_t doneCount(int64_t done, int size) {
+  return size <= kDoneBits ? std::popcount(static_cast<uint64_t>(done)) : done;
 }
 
 // A record's parts, each preceded by its length (u32, little-endian), after this magic: a
@@ -77,6 +108,58 @@ std::vector<std::vector<uint8_t>> unframe(const std::vector<uint8_t>& value, siz
   std::vector<std::vector<uint8_t>> whole(count);
   whole[0] = value;
   return whole;
+}
+
+// The cards in the first round's records key by rank (kCardEntry); nullopt for a rank without
+// one.
+Cards parseCards(const std::vector<uint8_t>& blob, int size) {
+  Cards cards(size);
+  for (size_t at = 0; blob.size() - at >= 8;) {
+    const uint32_t p = readU32(blob, at);
+    const uint32_t n = readU32(blob, at + 4);
+    at += 8;
+    if (blob.size() - at < n) break;
+    const uint32_t cardOf = p & ~kCardEntry;
+    if ((p & kCardEntry) != 0 && cardOf < static_cast<uint32_t>(size)) {
+      cards[cardOf] = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
+                                        blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
+    }
+    at += n;
+  }
+  return cards;
+}
+
+std::string deathOf(int rank, const RankCard& card, const std::string& waiting) {
+  return "rank " + std::to_string(rank) + " (" + card.where() +
+         ") died during this creation of the group: " + waiting + " and found its process gone";
+}
+
+// The keys of the creation under `scope` that a rank may wait for, all rounds and questions.
+std::vector<std::string> waitedKeys(const std::string& scope) {
+  std::vector<std::string> keys = {scope + "released"};
+  for (int round = 0; round < kMaxRounds; ++round) keys.push_back(scope + roundKey("all_in", round));
+  for (const char* question : kQuestions) keys.push_back(scope + question + "_answer");
+  return keys;
+}
+
+// Gives up the creation under `scope` on `store`: says `why` under "closed" (unless a rank said
+// why first), where a rank about to join looks, and writes the mark and `why` into `keys`,
+// which wakes every rank waiting for one of them, on every host. Counts its Store calls in
+// `calls`.
+void giveUp(c10d::Store& store, const std::string& scope, const std::vector<std::string>& keys,
+            const std::string& why, uint64_t& calls) {
+  const std::string closed = scope + "closed";
+  ++calls;
+  if (!store.check({closed})) {
+    ++calls;
+    store.set(closed, std::vector<uint8_t>(why.begin(), why.end()));
+  }
+  const std::string marked = static_cast<char>(kGivenUp) + why;
+  const std::vector<uint8_t> mark(marked.begin(), marked.end());
+  for (const auto& key : keys) {
+    ++calls;
+    store.set(key, mark);
+  }
 }
 
 }  // namespace
@@ -136,12 +219,29 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
     }
     set(scope_ + "token", tokenRecord_);
   }
+  // Before this rank waits for anyone, so that a rank that dies from here on is found by the
+  // ranks that wait for it on its host (watched).
+  appendCard();
 }
 
 AddressExchange::~AddressExchange() {
-  if (completed_) return;
+  if (completed_ || closed_) return;
   try {
-    set(scope_ + "closed", std::vector<uint8_t>{1});
+    // Every rank still waiting for what this rank owes fails now, not at the Store's timeout:
+    // the keys of the rounds it did not publish a record in, of the questions it did not
+    // answer, and "released". The others it leaves alone: what it published (its record may
+    // say why it failed) is for the others to read.
+    std::vector<std::string> owed = {scope_ + "released"};
+    for (int round = rounds_; round < kMaxRounds; ++round) {
+      owed.push_back(scope_ + roundKey("all_in", round));
+    }
+    for (const char* question : kQuestions) {
+      if (std::find(said_.begin(), said_.end(), question) == said_.end()) {
+        owed.push_back(scope_ + question + "_answer");
+      }
+    }
+    giveUp(store_, scope_, owed,
+           "rank " + std::to_string(rank_) + " failed (its own error says why)", traffic_.calls);
   } catch (...) {
     // The Store itself is gone: nobody can join this instance either.
   }
@@ -246,10 +346,19 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   putU32(entry, record.size());
   entry.insert(entry.end(), record.begin(), record.end());
   append(recordsKey, entry);
-  if (add(arrivedKey, 1) == size_) set(allInKey, {1});
+  const bool lastIn = add(arrivedKey, 1) == size_;
+  if (lastIn) set(allInKey, {1});
+  const std::string waitingFor =
+      rounds_ == 1 ? "every rank's record" : "every rank's second record";
   std::vector<std::vector<uint8_t>> values;
   try {
-    values = multiGet({allInKey, recordsKey});
+    const auto read = [&] { values = multiGet({allInKey, recordsKey}); };
+    if (lastIn) {
+      read();
+    } else {
+      watched(waitingFor, allInKey, read);
+    }
+    if (givenUp(values[0])) throwGivenUp(waitingFor, values[0]);
   } catch (const c10::Error& e) {  // the Store's timeout, whichever Store it is
     throw SetupError(notJoined(recordsKey, e.what_without_backtrace()));
   }
@@ -261,6 +370,10 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
     const uint32_t p = readU32(blob, at);
     const uint32_t n = readU32(blob, at + 4);
     at += 8;
+    if ((p & kCardEntry) != 0 && blob.size() - at >= n) {  // a card (parseCards)
+      at += n;
+      continue;
+    }
     if (p < static_cast<uint32_t>(size_) && found[p]) {
       // Two processes joined this creation as the same rank: the ranks were told to create
       // different groups under one id (see checkMembers in csrc/handshake.cpp).
@@ -302,8 +415,11 @@ std::string AddressExchange::notJoined(const std::string& recordsKey,
       const uint32_t p = readU32(blob, at);
       const uint32_t n = readU32(blob, at + 4);
       at += 8;
-      if (p >= static_cast<uint32_t>(size_) || blob.size() - at < n) break;
-      found[p] = true;
+      if (blob.size() - at < n) break;
+      if ((p & kCardEntry) == 0) {  // not a card (parseCards)
+        if (p >= static_cast<uint32_t>(size_)) break;
+        found[p] = true;
+      }
       at += n;
     }
   } catch (const std::exception&) {
@@ -326,15 +442,26 @@ bool AddressExchange::everyoneSays(const std::string& question, bool mine,
                                    const std::function<void()>& lastYes) {
   checkQuestion(question);
   const std::string answer = scope_ + question + "_answer";
+  bool answered = true;
   if (!mine) {
     set(answer, {0});
   } else if (add(scope_ + question + "_yes", 1) == size_) {
     lastYes();
     set(answer, {1});
+  } else {
+    answered = false;
   }
+  said_.push_back(question);
+  const std::string waitingFor = "every rank's answer to '" + question + "'";
   std::vector<uint8_t> said;
   try {
-    said = get(answer);
+    const auto read = [&] { said = get(answer); };
+    if (answered) {
+      read();
+    } else {
+      watched(waitingFor, answer, read);
+    }
+    if (givenUp(said)) throwGivenUp(waitingFor, said);
   } catch (const c10::Error& e) {  // the Store's timeout: a rank left between the two rounds
     // Only a rank that said yes waits (a no is its own answer).
     throw SetupError("not every rank answered '" + question + "' in this creation of the " +
@@ -357,17 +484,21 @@ std::string AddressExchange::counterForError(const std::string& key) {
 void AddressExchange::complete() {
   completed_ = true;
   const std::string released = scope_ + "released";
-  if (add(scope_ + "done", 1) < size_) {
+  // Only rank 0 waits from here on, for the others: a rank that finished (its bit in "done")
+  // may then exit (or die) without failing the creation.
+  if (add(scope_ + "done", doneWeight(rank_, size_)) != allDone(size_)) {
     // Rank 0 returns only once every rank is done with the Store: in a short job (create,
     // exit) rank 0 often hosts the TCPStore, and its exit would otherwise cut off a slower
     // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
     if (rank_ != 0) return;
     try {
-      wait(released);
+      std::vector<uint8_t> said;
+      watched("every rank to finish", released, [&] { said = get(released); });
+      if (givenUp(said)) throwGivenUp("every rank to finish", said);
     } catch (const c10::Error& e) {  // the Store's timeout: a rank died before complete()
       throw SetupError("not every rank finished this creation of the group within the Store's " +
                        std::to_string(store_.getTimeout().count()) + " ms timeout (" +
-                       counterForError(scope_ + "done") +
+                       doneForError() +
                        " of " + std::to_string(size_) + " did: a rank failed or died after the " +
                        "exchange of records; the Store said: " + e.what_without_backtrace() + ")");
     }
@@ -391,6 +522,120 @@ void AddressExchange::complete() {
   }
   if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
   if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
+}
+
+void AddressExchange::appendCard() {
+  std::vector<uint8_t> entry;
+  const auto bytes = RankCard::mine().encode();
+  putU32(entry, kCardEntry | static_cast<uint32_t>(rank_));
+  putU32(entry, bytes.size());
+  entry.insert(entry.end(), bytes.begin(), bytes.end());
+  append(scope_ + roundKey("records", 0), entry);
+}
+
+std::string AddressExchange::doneForError() {
+  try {
+    return std::to_string(doneCount(add(scope_ + "done", 0), size_));
+  } catch (const std::exception&) {  // the Store itself may be gone by now
+    return "?";
+  }
+}
+
+namespace {
+
+// The watch's connection to the Store (CreationWatch), opened at its first use: a wait that
+// ends before the watch's first look opens none.
+struct WatchStore {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> clone;
+  c10d::Store& get() {
+    if (!clone) clone = store->clone();
+    return *clone;
+  }
+};
+
+}  // namespace
+
+void AddressExchange::watched(const std::string& waitingFor, const std::string& waitedKey,
+                              const std::function<void()>& call) {
+  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
+  // The watch's thread may outlive this object (CreationWatch::stop): it holds what it uses.
+  const auto link = std::make_shared<WatchStore>(
+      WatchStore{c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store_), {}});
+  const std::string recordsKey = scope_ + roundKey("records", 0);
+  const bool finishing = waitedKey == scope_ + "released";  // rank 0, waiting for every rank
+  CreationWatch watch(
+      rank_,
+      [link, recordsKey, size = size_](uint64_t& calls) -> Cards {
+        c10d::Store& store = link->get();
+        // No records: the last rank has finished and deleted the creation's keys (a get would
+        // wait for them).
+        ++calls;
+        if (!store.check({recordsKey})) return Cards(size);
+        ++calls;
+        return parseCards(store.get(recordsKey), size);
+      },
+      [link, scope = scope_, size = size_, waitedKey, finishing, waiting](
+          int dead, Cards& cards, uint64_t& calls) -> std::string {
+        c10d::Store& store = link->get();
+        // The key waited for holds its value (or another rank's mark): the wait ends without
+        // the dead rank, which may have finished the creation and exited. The creation is
+        // closed: a rank gave it up, saying why, and may have exited since (a rank that timed
+        // out waiting for one that never joined, say): this wait goes on to its own end.
+        ++calls;
+        bool settled = store.check({waitedKey});
+        if (!settled) {
+          ++calls;
+          settled = store.check({scope + "closed"});
+        }
+        if (!settled && finishing) {
+          ++calls;
+          const int64_t done = store.add(scope + "done", 0);
+          settled = size > kDoneBits || ((done >> dead) & 1) != 0;
+        }
+        if (settled) {
+          cards[dead]->settled = true;
+          return {};
+        }
+        const std::string why = deathOf(dead, *cards[dead], waiting);
+        giveUp(store, scope, waitedKeys(scope), why, calls);
+        return why;
+      });
+  try {
+    call();
+  } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
+    if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
+      closed_ = true;  // the watch gave the creation up: the destructor need not
+      throw SetupError(found);
+    }
+    // The Store may have gone with a dead rank (a TCPStore is rank 0's), or the watch could
+    // not reach it: the cards, where the watch read them, still name the ranks gone. All of
+    // them: which went first (one killed, one that gave up on it and exited, say) cannot be
+    // told from here.
+    const Cards cards = watch.cards();
+    // A rank without a card never joined (or the watch never read them): the caller names the
+    // ranks that never came, and a rank that timed out waiting for them and exited is no news.
+    const auto noCard = [](const std::optional<RankCard>& card) { return !card; };
+    if (cards.empty() || std::any_of(cards.begin(), cards.end(), noCard)) throw;
+    std::string why;
+    for (const int dead : deadRanks(cards, rank_)) {
+      why += (why.empty() ? "" : "; ") + deathOf(dead, *cards[dead], waiting);
+    }
+    if (why.empty()) throw;
+    throw SetupError(why + " (and the Store failed: " + e.what_without_backtrace() + ")");
+  }
+  if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
+    closed_ = true;
+    throw SetupError(found);
+  }
+}
+
+void AddressExchange::throwGivenUp(const std::string& waitingFor,
+                                   const std::vector<uint8_t>& mark) {
+  closed_ = true;
+  throw SetupError("this creation of the group was given up while rank " +
+                   std::to_string(rank_) + " waited for " + waitingFor + ": " +
+                   std::string(mark.begin() + 1, mark.end()));
 }
 
 }  // namespace ucxb

@@ -15,7 +15,18 @@
 // has given up on ("<instance>/closed"). So a creation that failed half-way on some rank
 // (before or after it reached the Store) costs that creation only: the next one finds every
 // rank in step. A creation that completes deletes its keys; one that fails marks its
-// instance closed.
+// instance closed, saying why.
+//
+// Once in the instance, each rank appends its card (csrc/creation_liveness.hpp) to the first
+// round's records key before it waits for anyone: one Store call, and no key of its own. A
+// wait that lasts longer than a normal creation's (csrc/creation_watch.hpp) is watched by a
+// thread of the waiting rank, which reads the cards then, on a connection of its own, and
+// looks every half second at the processes of the ranks on its host: a rank that died before
+// finishing the creation fails it within about a second. The finder gives the creation up (it
+// says why under "closed" and writes a mark into every key a rank may wait for, which wakes
+// them on every host), and so does a rank that fails for a reason of its own, instead of every
+// waiter waiting for the Store's timeout. "done" holds the finished ranks as bits, so that rank
+// 0 can tell a rank that finished and exited from one that died.
 #pragma once
 
 #include <cstdint>
@@ -104,6 +115,21 @@ class AddressExchange {
   // exchange()'s error when the Store timed out waiting for every rank's record under
   // `recordsKey`.
   std::string notJoined(const std::string& recordsKey, const std::string& storeSaid);
+  // Appends this rank's card to the first round's records key.
+  void appendCard();
+  // How many ranks "done" says finished, for an error message; "?" when the Store cannot be
+  // read either.
+  std::string doneForError();
+  // Runs `call`, a Store call that waits for other ranks (at most the Store's timeout), while a
+  // CreationWatch (csrc/creation_watch.hpp) looks at the processes of the ranks on this host:
+  // SetupError naming a rank found dead, which the watch has given the creation up for. A
+  // Store error of `call` (c10::Error) is thrown on as it is, unless the cards name a rank dead
+  // meanwhile. `waitedKey` is the key `call` waits for; `waitingFor` is for messages.
+  void watched(const std::string& waitingFor, const std::string& waitedKey,
+               const std::function<void()>& call);
+  // A waited-for key held `mark`, that of a creation given up (by a rank that found another
+  // dead, or failed itself): throws SetupError with the reason it carries.
+  [[noreturn]] void throwGivenUp(const std::string& waitingFor, const std::vector<uint8_t>& mark);
 
   c10d::Store& store_;
   StoreTraffic& traffic_;
@@ -117,7 +143,9 @@ class AddressExchange {
   const std::vector<uint8_t>& tokenRecord();
   std::vector<uint8_t> tokenRecord_;
   bool completed_ = false;
+  bool closed_ = false;  // this rank closed the instance, or found it closed
   int rounds_ = 0;  // exchange() calls so far
+  std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
 };
 
 }  // namespace ucxb

@@ -219,12 +219,14 @@ PYBIND11_MODULE(_C, m) {
         out["phases"] = phases;
         out["store_calls"] = profile.store.calls;
         out["store_bytes"] = profile.store.bytes;
+        out["store_watch_calls"] = profile.store.watchCalls;
         out["transports"] = profile.transports;
         return out;
       },
       py::arg("backend"),
       "Where this rank's creation of a ucx/udp group spent its time: its phases in seconds, "
-      "in order, the Store calls and bytes it made and the transports below the group's "
+      "in order, the Store calls and bytes it made (and the calls of its liveness watch, on a "
+      "connection of its own), and the transports below the group's "
       "(ucxbackend.startup_profile).");
 
   m.def(

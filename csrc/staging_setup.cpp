@@ -1,13 +1,12 @@
 #include "csrc/staging_setup.hpp"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+
+#include "csrc/creation_liveness.hpp"
 
 namespace ucxb {
 
@@ -35,13 +34,6 @@ struct Offer {
     return o;
   }
 };
-
-// UCXBACKEND_TEST_KILL_AT=<point> (a test-only hook, docs/testing.md#test-only-hooks): this
-// process dies by SIGKILL at that point of the set-up, as a rank killed there would.
-void testKillPoint(const char* point) {
-  const char* v = std::getenv("UCXBACKEND_TEST_KILL_AT");
-  if (v != nullptr && std::strcmp(v, point) == 0) ::kill(::getpid(), SIGKILL);
-}
 
 }  // namespace
 

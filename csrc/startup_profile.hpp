@@ -16,6 +16,9 @@ namespace ucxb {
 struct StoreTraffic {
   uint64_t calls = 0;
   uint64_t bytes = 0;
+  // The calls of the creation watch (csrc/creation_watch.hpp), on a connection of its own and
+  // only in a wait longer than a normal creation's: not in `calls`, which counts the common path.
+  uint64_t watchCalls = 0;
 };
 
 struct StartupProfile {

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "csrc/address_exchange.hpp"
+#include "csrc/creation_liveness.hpp"
 #include "csrc/device_memory.hpp"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/handshake.h"
@@ -154,6 +155,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   try {
     AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
     clock.mark("join");
+    testKillPoint("joined");  // before this rank's transport and record exist
     // A secret file this rank cannot use (or a build without OpenSSL) fails the creation on
     // every rank: the reason goes into this rank's record, where every other rank finds it as
     // a disagreeing setting, and is thrown here only after the exchange, instead of this rank
@@ -229,6 +231,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       // reaches any host, also one whose first transport did (only a wrong guess pays for
       // that), and publishes its address in a second round. Only the addresses change; the
       // settings and shared-memory offers checked above stand.
+      testKillPoint("between_rounds");
       transport.reset();
       build(/*anyHost=*/true);
       Handshake wide{mine.transport, mine.settings, {}};
@@ -250,6 +253,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     clock.mark("connect");
     staging = setUpStaging(options_, std::move(offer), offers, rank, exchange);
     clock.mark("shm_agree");
+    testKillPoint("before_complete");
     exchange.complete();  // the last rank here deletes the creation's Store keys
     clock.mark("cleanup");
   } catch (const config::ConfigError& e) {
@@ -260,6 +264,12 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     throwSetupFailed(backendName_, groupId_, rank, e.what());
   } catch (const SetupError& e) {
     throwSetupFailed(backendName_, groupId_, rank, e.what());
+  } catch (const c10::DistNetworkError& e) {
+    // The Store's connection broke where no wait was there to name who the creation lost.
+    throwSetupFailed(backendName_, groupId_, rank,
+                     "the c10d Store stopped answering (a TCPStore dies with the process that "
+                     "hosts it: rank 0's, for init_process_group's): " +
+                         std::string(e.what_without_backtrace()));
   }
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();

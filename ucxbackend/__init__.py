@@ -392,12 +392,15 @@ def wait_stats() -> dict[str, int]:
 def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Where this rank's creation of a ``ucx`` or ``udp`` group spent its time.
 
-    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n, "transports":
-    [name, ...]}``: the phases of the backend's constructor in order (they sum to its time;
+    Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n,
+    "store_watch_calls": n, "transports": [name, ...]}``: the phases of the backend's
+    constructor in order (they sum to its time;
     torch's own part of ``init_process_group`` is not in them, nor is the first op, where ucx
     connects each peer on first use; ``any_host`` appears where a ucx group that guessed it
     shares one host turned out to span hosts), the c10d Store calls it made (a multi-key read
-    is one call), the bytes of keys and values they carried, and the transports below the
+    is one call), the bytes of keys and values they carried, the Store calls of its liveness
+    watch (on a connection of its own, only in a wait longer than a normal creation's:
+    docs/failure-model.md), and the transports below the
     group's (ucx: those its UCP context may use, e.g. ``posix``, ``tcp``; empty for udp). See
     docs/bench.md (``bench startup``, which prints it per phase) and
     docs/performance.md#start-up.

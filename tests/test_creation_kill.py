@@ -1,0 +1,139 @@
+"""A rank SIGKILLed while a group is created (the test-only hook UCXBACKEND_TEST_KILL_AT,
+docs/testing.md#test-only-hooks), at each stage from its joining the creation on: every
+survivor raises within a few seconds naming the dead rank, instead of at the Store's timeout.
+A rank killed before it joins (rank 0: before it opens the creation) has no card to look at:
+the survivors raise at the Store's timeout, or when the Store dies with rank 0, naming it.
+
+The reference is what the survivors did before (docs/failure-model.md, "A rank that fails or
+dies while a group is created"): they waited for the Store's timeout, PG_TIMEOUT here, and
+then failed without naming the rank for every stage. Gloo's survivors wait for as long (its
+creation has no liveness check either)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from conftest import skip_unless_ucx
+from dist_harness import run_world, timed_failure
+
+PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
+FAST = 8.0  # found in well under a second (kWatchAfter + kLivenessSlice): a bound, not a speed
+VICTIM_ENV = "UCXBACKEND_TEST_KILL_AT"
+# The Store's timeout for a creation that a rank never joins: the survivors wait for it.
+NEVER_JOINED_TIMEOUT = 4.0
+# What the survivors may take beyond it on this loaded 2-core machine: a bound, not a speed.
+SLACK = 8.0
+
+
+def _create_while_one_dies(rank: int, ws: int, backend: str, victim: int, point: str) -> Any:
+    if rank == victim:
+        os.environ[VICTIM_ENV] = point
+    return timed_failure(lambda: dist.new_group(backend=backend))
+
+
+# (backend, killed rank, where, environment of every rank, Store): where the survivors were
+# then waiting is in the comments. A FileStore (file) outlives any rank; a TCPStore (tcp) is
+# rank 0's, and a survivor's look at the creation goes through a clone of it.
+CASES = [
+    # before its transport and record exist: the others wait for every rank's record
+    ("ucx", 2, "joined", {}, "file"),
+    ("udp", 2, "joined", {}, "file"),
+    # rank 0 itself (it opened the creation)
+    ("ucx", 0, "joined", {}, "file"),
+    # after its record, before its shared-memory answer: the others wait for the answer
+    ("ucx", 2, "shm_offered", {}, "file"),
+    ("ucx", 2, "shm_offered", {}, "tcp"),
+    # between the two rounds of addresses (a one-host guess proven wrong): the others wait
+    # for every rank's second record
+    ("ucx", 2, "between_rounds", {"UCXBACKEND_TEST_ANY_HOST": "round"}, "file"),
+    # after everything else, before it said it finished: rank 0 waits for every rank
+    ("ucx", 2, "before_complete", {}, "file"),
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "victim", "point", "env", "init"),
+    CASES,
+    ids=[f"{b}-rank{v}-{p}-{i}" for b, v, p, _, i in CASES],
+)
+def test_survivors_name_the_killed_rank_at_once(
+    backend: str, victim: int, point: str, env: dict[str, str], init: str
+) -> None:
+    skip_unless_ucx("the group's creation is the extension's")
+    res = run_world(
+        _create_while_one_dies,
+        3,
+        args=(backend, victim, point),
+        env=env,
+        init=init,
+        pg_timeout=PG_TIMEOUT,
+        expect_fail_ranks={victim},
+        timeout=120,
+    )
+    assert res[victim] is None, res  # it died
+    survivors = [r for r in range(3) if r != victim]
+    failed = {r: res[r] for r in survivors if res[r][1] is not None}
+    if point == "before_complete":
+        # Only rank 0 waits for the others once its own part is done; rank 1 may have
+        # finished its part (and holds a group whose first op will fail on the dead peer).
+        assert 0 in failed, res
+    else:
+        assert set(failed) == set(survivors), res
+    for r, (elapsed, msg) in failed.items():
+        assert f"rank {victim} (pid " in msg and "died during this creation" in msg, (r, msg)
+        assert elapsed < FAST, (r, elapsed, msg)
+
+
+def _create_without_one(rank: int, ws: int, backend: str, victim: int) -> Any:
+    # The default group exists; the victim dies before it reaches the next creation, and the
+    # survivors wait for it at most NEVER_JOINED_TIMEOUT (the Store's timeout, which new_group
+    # takes over).
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.distributed_c10d._get_default_store().set_timeout(timedelta(seconds=NEVER_JOINED_TIMEOUT))
+    return timed_failure(lambda: dist.new_group(backend=backend))
+
+
+# (killed rank, Store, what every survivor's error must say). Rank 0 opens the creation (the
+# others wait for it to); a TCPStore is rank 0's and dies with it: when rank 0 has failed and
+# exited first, rank 1 finds the Store gone and cannot tell which rank never came (rank 0
+# always names it, below).
+NEVER_JOINED = [
+    (2, "file", "rank 2 never joined this creation of the group"),
+    (2, "tcp", "never joined this creation of the group"),
+    (0, "file", "rank 0 did not start this creation of the group"),
+    (0, "tcp", "rank 0"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("victim", "init", "said"), NEVER_JOINED, ids=[f"rank{v}-{i}" for v, i, _ in NEVER_JOINED]
+)
+def test_survivors_of_a_rank_that_never_joined_fail_in_bounded_time(
+    victim: int, init: str, said: str
+) -> None:
+    skip_unless_ucx("the group's creation is the extension's")
+    res = run_world(
+        _create_without_one,
+        3,
+        args=("ucx", victim),
+        init=init,
+        pg_timeout=60.0,
+        expect_fail_ranks={victim},
+        timeout=90,
+    )
+    assert res[victim] is None, res  # it died
+    for r in (r for r in range(3) if r != victim):
+        elapsed, msg = res[r]
+        assert msg is not None, (r, res)  # a group without rank `victim` was never created
+        assert "setting up group" in msg and f"on rank {r} failed" in msg, (r, msg)
+        assert said in msg, (r, msg)
+        assert elapsed < NEVER_JOINED_TIMEOUT + SLACK, (r, elapsed, msg)
+    if victim != 0:
+        assert f"rank {victim} never joined" in res[0][1], res
