@@ -182,6 +182,7 @@ PYBIND11_MODULE(_C, m) {
         py::dict out;
         out["yields"] = c.yields;
         out["lost_yields"] = c.lostYields;
+        out["crowded_spells"] = c.spells;
         out["yields_when_crowded"] = c.yieldsWhenCrowded;
         out["sleeps"] = c.sleeps;
         out["sleep_timeouts"] = c.sleepTimeouts;
@@ -189,8 +190,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "This process's polling waits since it started, every group together: sched_yield calls "
       "('yields'), those that lost the core to a thread that kept it for over a millisecond "
-      "('lost_yields'; waits then sleep instead of polling for 100 ms), yields begun in such a "
-      "spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
+      "('lost_yields'), crowded spells begun when lost yields added up ('crowded_spells'; waits "
+      "then sleep instead of polling for 100 ms), yields begun in such a spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
       "and of idle progress threads ('sleeps'), and those that ended by their timeout, with no "
       "event ('sleep_timeouts').");
 

@@ -3,8 +3,9 @@
 Each rank runs on one core (all its threads pinned there) that a busy process shares, and
 makes 16 MB all_reduces through the shared-memory slots. A ``sched_yield`` there hands the
 busy process its whole slice (milliseconds); before the fix every polling wait of every op
-lost one that way, and went on yielding. Now the first lost yield makes the process's waits
-sleep instead of polling for 100 ms: ``wait_stats()`` counts the yields begun in such a
+lost one that way, and went on yielding. Now lost yields that add up (two of a few
+milliseconds here) begin a crowded spell: the process's waits sleep instead of polling for
+100 ms: ``wait_stats()`` counts the yields begun in such a
 spell, which only a race can make. Each op's result must equal the numpy sum of both ranks'
 inputs, bit for bit.
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+import cpp_build
 import pytest
 import torch
 import torch.distributed as dist
@@ -89,3 +91,21 @@ def test_waits_sleep_once_a_yield_lost_the_core(crowded_world: list[dict[str, An
         # of them lost (docs/performance.md#issue-23-stalls).
         assert out["yields_when_crowded"] <= 2, (rank, out)
         assert out["sleeps"] > 0, (rank, out)
+        # The busy process makes lost yields back to back: they add up to spells, a few
+        # lost yields each (LostTimeBudget; without spells it lost hundreds).
+        assert out["crowded_spells"] > 0, (rank, out)
+        assert out["lost_yields"] <= 6 * out["crowded_spells"] + 6, (rank, out)
+
+
+def test_lost_time_budget_unit() -> None:
+    """When lost yields begin a spell, on recorded patterns (tests/cpp/core_yield_test.cpp):
+    next to a spinning thread at the second lost yield, among busy ranks' turns never."""
+    exe = cpp_build.build(
+        "core_yield_test",
+        "tests/cpp/core_yield_test.cpp",
+        flags=cpp_build.PLAIN,
+        extra_sources=["csrc/engine/core_yield.cpp"],
+    )
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "core_yield_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout

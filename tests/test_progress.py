@@ -74,7 +74,7 @@ LATE_SECONDS = 2.0
 def waiting_cpu(rank: int, world_size: int) -> tuple[float, float, float, int] | None:
     """While rank 0's all_reduce waits LATE_SECONDS for a late rank 1, as fractions of a core:
     (CPU of the whole process, busy time of the whole process, busy time of the caller), and
-    how many of its yields lost the core meanwhile (after one, waits sleep for a while)."""
+    how many crowded spells lost yields began meanwhile (waits sleep for a while in one)."""
     import ucxbackend
 
     t = torch.ones(4)
@@ -85,16 +85,16 @@ def waiting_cpu(rank: int, world_size: int) -> tuple[float, float, float, int] |
         dist.all_reduce(t)
         return None
     cpu, busy, caller = time.process_time(), busy_seconds(), busy_seconds(True)
-    lost = ucxbackend.wait_stats()["lost_yields"]
+    spells = ucxbackend.wait_stats()["crowded_spells"]
     start = time.monotonic()
     dist.all_reduce(t)  # the caller waits on the Work, the progress thread on the peer
     waited = time.monotonic() - start
     cpu, busy = time.process_time() - cpu, busy_seconds() - busy
     caller = busy_seconds(True) - caller
-    lost = ucxbackend.wait_stats()["lost_yields"] - lost
+    spells = ucxbackend.wait_stats()["crowded_spells"] - spells
     assert t.tolist() == [float(world_size) ** 2] * 4
     assert waited > LATE_SECONDS / 2, f"the op did not wait for the late rank ({waited:.3f} s)"
-    return cpu / waited, busy / waited, caller / waited, lost
+    return cpu / waited, busy / waited, caller / waited, spells
 
 
 def test_pending_op_spins_briefly_then_sleeps() -> None:
@@ -114,11 +114,11 @@ def test_pending_op_spins_throughout_with_a_long_spin() -> None:
     env = {"UCXBACKEND_SPIN_US": "10000000", "UCXBACKEND_INLINE_BYTES": "0"}
     result = run_world(waiting_cpu, 2, timeout=90, env=env)[0]
     assert result is not None, "rank 0 returned nothing"
-    _, busy, caller, lost = result
-    if lost > 0:
+    _, busy, caller, spells = result
+    if spells > 0:
         # A thread that keeps a core shared with these: the waits rightly sleep then
         # (csrc/engine/core_yield.h; tested in test_crowded_core.py).
-        pytest.skip(f"{lost} yields lost the core to another job: polling was cut short")
+        pytest.skip(f"{spells} crowded spells (another job kept a core): polling was cut short")
     # Two threads spin the whole time: busy ~2.0 and the caller ~1.0.
     assert busy > 1.5, f"the waiting process did not spin: {result}"
     assert caller > 0.8, f"the caller's wait did not spin: {result}"

@@ -227,6 +227,25 @@ def test_congestion_policies_behind_a_lossy_bottleneck(congestion: str) -> None:
          sizes=(1, 20_000, 300_000), timeout=600)
 
 
+# Issue #22's fault matrix on real sockets: each fault at 30%, as the simulator's
+# lab_fault_matrix runs it (tests/cpp/udp_core_test.cpp), behind the same bottleneck.
+FAULTS_AT_30 = ("drop=0.3", "dup=0.3", "reorder=0.3", "corrupt=0.3")
+FAULT_COUNTER = {"drop": "faults_dropped", "dup": "faults_duplicated",
+                 "reorder": "faults_reordered", "corrupt": "faults_corrupted"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", FAULTS_AT_30)
+@pytest.mark.parametrize("congestion", ["none", "aimd", "delay", "ecn", "bdp", "credit"])
+def test_every_policy_through_the_fault_matrix_over_sockets(congestion: str, fault: str) -> None:
+    # Every byte delivered once (matches Gloo), with the fault made at the rate asked.
+    res = _run(2, _faults(0.0, f"{BOTTLENECK},{fault}", seed=29),
+               f"congestion={congestion},loss_recovery=rack,cc_link_mbps=500",
+               sizes=(1, 20_000), timeout=300)
+    made = sum(r["transport"][FAULT_COUNTER[fault.split("=")[0]]] for r in res)
+    assert made > 20, (fault, made)
+
+
 @pytest.mark.slow
 def test_corruption_and_delay_become_loss() -> None:
     res = _run(2, _faults(0.0, "corrupt=0.02,delay=0.01"), sizes=(1, 20_000, 300_000))

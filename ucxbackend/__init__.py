@@ -373,11 +373,13 @@ def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
 def wait_stats() -> dict[str, int]:
     """How this process's polling waits went, every ``ucx`` and ``udp`` group together.
 
-    Returns ``{"yields", "lost_yields", "yields_when_crowded", "sleeps", "sleep_timeouts"}``
-    counts: the ``sched_yield`` calls of the waits that poll (the progress thread within and
-    after an op, ``Work.wait()``, an inline caller), those that lost the core for over a
-    millisecond to a thread that kept it (after one, waits sleep instead of polling for
-    100 ms), yields begun in such a spell anyway (none but a race), the sleeps of waits and of
+    Returns ``{"yields", "lost_yields", "crowded_spells", "yields_when_crowded", "sleeps",
+    "sleep_timeouts"}`` counts: the ``sched_yield`` calls of the waits that poll (the progress
+    thread within and after an op, ``Work.wait()``, an inline caller), those that lost the core
+    for over a millisecond, the crowded spells those lost yields began once they added up
+    (more than 6 ms lost beyond a fifth of the time: a thread that keeps the core, not the
+    turns of busy ranks; waits then sleep instead of polling for 100 ms), yields begun in such
+    a spell anyway (none but a race), the sleeps of waits and of
     idle progress threads, and the sleeps that ended by their timeout rather than by an
     event. Differences over a run, divided by its ops, say why ops were slow
     (docs/performance.md#issue-23-stalls).
@@ -385,7 +387,14 @@ def wait_stats() -> dict[str, int]:
     if _C is None:
         raise _native_missing_error()
     raw = _C.wait_stats()
-    keys = ("yields", "lost_yields", "yields_when_crowded", "sleeps", "sleep_timeouts")
+    keys = (
+        "yields",
+        "lost_yields",
+        "crowded_spells",
+        "yields_when_crowded",
+        "sleeps",
+        "sleep_timeouts",
+    )
     return {key: int(raw[key]) for key in keys}
 
 

@@ -2,8 +2,10 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 
 namespace ucxb {
 
@@ -11,12 +13,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Longer than any turn a polling peer takes between its polls (a 1 MiB piece copied or
-// folded, a few hundred microseconds), shorter than a scheduler slice (0.75 ms at least, and
-// the tick that ends it comes 4 ms apart at HZ=250).
+// A yield that returned later than this lost the core: longer than a polling peer's usual turn
+// (a 1 MiB piece copied or folded, a few hundred microseconds), shorter than a scheduler slice
+// (0.75 ms at least, and the tick that ends it comes 4 ms apart at HZ=250).
 constexpr auto kLostYield = std::chrono::microseconds(1000);
-// How long waits sleep after a lost yield before they poll again: one lost yield per spell
-// costs at most a few percent of it.
+// How long waits sleep once a spell starts before they poll again: the two lost yields that
+// start the next one next to a spinning thread cost under a tenth of it.
 constexpr auto kCrowdedFor = std::chrono::milliseconds(100);
 
 std::atomic<int64_t> crowdedUntilNs{0};  // steady clock, ns since its epoch
@@ -26,11 +28,35 @@ std::atomic<uint64_t> yieldsWhenCrowded{0};
 std::atomic<uint64_t> sleeps{0};
 std::atomic<uint64_t> sleepTimeouts{0};
 
+std::atomic<uint64_t> spells{0};
+
+// Process-wide: either thread of a rank may be the one next to the busy thread. Touched only
+// after a lost yield, a few hundred times a second at most.
+std::mutex lostTimeMu;
+LostTimeBudget lostTime;
+
 int64_t toNs(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
+bool spellBegins(Clock::time_point before, Clock::time_point after) {
+  const std::lock_guard<std::mutex> lock(lostTimeMu);
+  return lostTime.add(toNs(after), toNs(after) - toNs(before));
+}
+
 }  // namespace
+
+bool LostTimeBudget::add(int64_t nowNs, int64_t lostNs) {
+  if (heldNs_ > 0) {
+    const auto drained = static_cast<int64_t>(static_cast<double>(nowNs - atNs_) * kShare);
+    heldNs_ = std::max<int64_t>(0, heldNs_ - drained);
+  }
+  heldNs_ += lostNs;
+  atNs_ = nowNs;
+  if (heldNs_ <= kBudgetNs) return false;
+  heldNs_ = 0;
+  return true;
+}
 
 Clock::time_point yieldCoreFrom(Clock::time_point before) {
   if (toNs(before) < crowdedUntilNs.load(std::memory_order_relaxed)) {
@@ -41,7 +67,9 @@ Clock::time_point yieldCoreFrom(Clock::time_point before) {
   yields.fetch_add(1, std::memory_order_relaxed);
   if (after - before <= kLostYield) return after;
   lostYields.fetch_add(1, std::memory_order_relaxed);
-  // Only ever later: another thread's lost yield may have set a later end already.
+  if (!spellBegins(before, after)) return after;
+  spells.fetch_add(1, std::memory_order_relaxed);
+  // Only ever later: another thread's spell may have set a later end already.
   const int64_t until = toNs(after + kCrowdedFor);
   int64_t seen = crowdedUntilNs.load(std::memory_order_relaxed);
   while (seen < until &&
@@ -64,8 +92,8 @@ void countSleep(bool timedOut) {
 
 WaitCounts waitCounts() {
   return {yields.load(std::memory_order_relaxed), lostYields.load(std::memory_order_relaxed),
-          yieldsWhenCrowded.load(std::memory_order_relaxed), sleeps.load(std::memory_order_relaxed),
-          sleepTimeouts.load(std::memory_order_relaxed)};
+          spells.load(std::memory_order_relaxed), yieldsWhenCrowded.load(std::memory_order_relaxed),
+          sleeps.load(std::memory_order_relaxed), sleepTimeouts.load(std::memory_order_relaxed)};
 }
 
 }  // namespace ucxb

@@ -11,11 +11,12 @@
 // a median of 205 ms on the loaded host, against 14-55 ms with waits that sleep at once
 // (docs/performance.md#issue-23-stalls).
 //
-// So every polling wait yields through yieldCore(): a yield that kept this thread off its
-// core for longer than kLostYield marks the process crowded for kCrowdedFor, and while it is
-// crowded() waits sleep (the progress thread), block (Work.wait) or hand over (an inline
-// caller) instead of polling. A sleeping thread is woken by the event it waits for, not by a
-// tick. Process-wide: the crowding is the host's, not a group's.
+// So every polling wait yields through yieldCore(), which times it. A yield that kept this
+// thread off its core for longer than kLostYield (1 ms) lost it; lost yields that add up
+// (LostTimeBudget) start a crowded spell of kCrowdedFor (100 ms) in the process, in which waits
+// sleep (the progress thread), block (Work.wait) or hand over (an inline caller) instead of
+// polling. A sleeping thread is woken by the event it waits for, not by a tick.
+// Process-wide: the crowding is the host's, not a group's.
 #pragma once
 
 #include <chrono>
@@ -23,15 +24,37 @@
 
 namespace ucxb {
 
-// sched_yield(), timed: a yield that returned later than kLostYield marks the process
-// crowded. Returns whether it did.
+// Whether lost yields crowd the process. One alone does not: ranks of a group oversubscribed
+// on their host take turns of 1-5 ms too (four udp ranks, eight busy threads on two cores:
+// about one lost yield per thread every 50 ms, all of it the op's own work), and sleeping
+// through a spell there cost a 4-rank incast 10-30% (docs/performance.md#issue-23-stalls).
+// A thread that keeps the core makes every second or third yield lost, back to back. So lost
+// time drains at kShare of the wall time, and a spell begins when more than kBudgetNs is
+// held: next to a spinning thread after two lost yields (3-4 ms each at HZ=250), among busy
+// ranks almost never. Clock-free, for tests (tests/cpp/core_yield_test.cpp).
+class LostTimeBudget {
+ public:
+  static constexpr double kShare = 0.2;
+  static constexpr int64_t kBudgetNs = 6'000'000;
+
+  // Adds a yield that lost the core for lostNs and ended at nowNs (steady clock): whether a
+  // spell begins (and the budget empties).
+  bool add(int64_t nowNs, int64_t lostNs);
+
+ private:
+  int64_t heldNs_ = 0;
+  int64_t atNs_ = 0;
+};
+
+// sched_yield(), timed: a yield that returned later than kLostYield lost the core, and may
+// begin a crowded spell (LostTimeBudget). Returns whether it lost the core.
 bool yieldCore();
 // The same, timed from `before`, the caller's clock reading taken just before (the inline
 // wait reads the clock once a pass, and two more readings per yield cost it about 0.4 us an
 // 8-byte op): returns the clock after the yield.
 std::chrono::steady_clock::time_point yieldCoreFrom(std::chrono::steady_clock::time_point before);
 
-// Whether a yield lost the core within the last kCrowdedFor: polling waits should sleep.
+// Whether the process is in a crowded spell: polling waits should sleep.
 bool crowded();
 
 // A polling wait that sleeps instead of yielding: counted, with whether the sleep ended by
@@ -39,12 +62,13 @@ bool crowded();
 void countSleep(bool timedOut);
 
 // This process's counts since it started (any thread): yields, yields that lost the core
-// (each starts or extends a crowded spell), yields begun while crowded() (none but a race:
+// (LostTimeBudget weighs them), yields begun while crowded() (none but a race:
 // waits check it first), sleeps of the waits in ops and of the idle progress thread, and
-// sleeps that ended by their timeout with no event.
+// sleeps that ended by their timeout with no event; spells: crowded spells begun.
 struct WaitCounts {
   uint64_t yields = 0;
   uint64_t lostYields = 0;
+  uint64_t spells = 0;
   uint64_t yieldsWhenCrowded = 0;
   uint64_t sleeps = 0;
   uint64_t sleepTimeouts = 0;

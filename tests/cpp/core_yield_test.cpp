@@ -1,0 +1,68 @@
+// When lost yields begin a crowded spell (csrc/engine/core_yield.h's LostTimeBudget), on the
+// lost-yield patterns recorded on this project's 2-core host (docs/performance.md#issue-23-stalls):
+// a spinning thread beside a polling one, and four busy udp ranks taking turns.
+#include "csrc/engine/core_yield.h"
+
+#include <algorithm>
+
+#include "tests/cpp/check.h"
+
+namespace {
+
+using ucxb::LostTimeBudget;
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kUs = 1'000;
+
+// Next to a thread that keeps the core, about every other yield loses 3.2-4 ms (the tick that
+// ends its slice): the second lost yield begins a spell, and so on after each spell.
+void testSpinningNeighbour() {
+  LostTimeBudget budget;
+  CHECK(!budget.add(10 * kMs, 3800 * kUs));
+  CHECK(budget.add(14 * kMs, 3800 * kUs));
+  // The spell emptied the budget: the first lost yield after it begins none on its own.
+  CHECK(!budget.add(120 * kMs, 3300 * kUs));
+  CHECK(budget.add(124 * kMs, 3700 * kUs));
+  // A single yield that lost the core for longer than the whole budget begins one at once.
+  LostTimeBudget once;
+  CHECK(once.add(500 * kMs, 9 * kMs));
+}
+
+// Busy ranks of one group: one lost yield of 1-4.5 ms per thread about every 50 ms (an op),
+// and now and then two a few milliseconds apart. Over two seconds, no spell.
+void testBusyRanks() {
+  LostTimeBudget budget;
+  int spells = 0;
+  int64_t now = 0;
+  const int64_t lost[] = {1100, 2700, 4500, 1800, 3900, 1200, 3100, 2300, 1500, 4200};
+  for (int op = 0; op < 40; ++op) {
+    now += 50 * kMs;
+    const int64_t first = lost[op % 10] * kUs;
+    spells += budget.add(now, first) ? 1 : 0;
+    if (op % 4 == 0) {  // a second lost yield 2 ms later, shorter than the budget's rest
+      spells += budget.add(now + 2 * kMs, std::min<int64_t>(6 * kMs - first, 1500 * kUs)) ? 1 : 0;
+    }
+  }
+  CHECK_EQ(spells, 0);
+}
+
+// The budget drains at kShare of the wall time: 5 ms held is gone after 25 ms, not before.
+void testDrain() {
+  LostTimeBudget budget;
+  CHECK(!budget.add(0, 5 * kMs));
+  CHECK(budget.add(4 * kMs, 2 * kMs));  // 5 - 0.8 + 2 > 6
+  LostTimeBudget later;
+  CHECK(!later.add(0, 5 * kMs));
+  CHECK(!later.add(26 * kMs, 5900 * kUs));  // drained to 0, then 5.9 ms held
+  CHECK(later.add(27 * kMs, 400 * kUs));    // 5.9 - 0.2 + 0.4 > 6
+}
+
+const ucxb::check::Group kGroups[] = {
+    {"spinning_neighbour", testSpinningNeighbour, true},
+    {"busy_ranks", testBusyRanks, true},
+    {"drain", testDrain, true},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return ucxb::check::runGroups("core_yield_test", kGroups, argc, argv); }
