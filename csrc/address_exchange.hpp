@@ -99,6 +99,10 @@ class AddressExchange {
   void complete();
 
   int64_t instance() const { return instance_; }
+  // How many ranks of the group run on this host, this one included, from the cards of the
+  // first exchange() (each rank's host identity); 1 before it, or where hosts cannot be told
+  // apart (shm::hostIdentityIsUnique).
+  int ranksOnHost() const { return ranksOnHost_; }
 
  private:
   // The Store calls, each counted in traffic_.
@@ -145,6 +149,7 @@ class AddressExchange {
   bool completed_ = false;
   bool closed_ = false;  // this rank closed the instance, or found it closed
   int rounds_ = 0;  // exchange() calls so far
+  int ranksOnHost_ = 1;
   std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
 };
 

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "csrc/address_exchange.hpp"
+#include "csrc/engine/core_yield.h"
 #include "csrc/creation_liveness.hpp"
 #include "csrc/device_memory.hpp"
 #include "csrc/collectives/algorithms.h"
@@ -216,6 +217,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
+    noteRanksOnHost(exchange.ranksOnHost());  // whose threads a lost yield counts as ours
     if (unusableSecret) throw *unusableSecret;
     if (buildFailure) std::rethrow_exception(buildFailure);
     std::vector<std::vector<uint8_t>> handshakes;

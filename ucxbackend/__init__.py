@@ -376,9 +376,10 @@ def wait_stats() -> dict[str, int]:
     Returns ``{"yields", "lost_yields", "crowded_spells", "yields_when_crowded", "sleeps",
     "sleep_timeouts"}`` counts: the ``sched_yield`` calls of the waits that poll (the progress
     thread within and after an op, ``Work.wait()``, an inline caller), those that lost the core
-    for over a millisecond, the crowded spells those lost yields began once they added up
-    (more than 6 ms lost beyond a fifth of the time: a thread that keeps the core, not the
-    turns of busy ranks; waits then sleep instead of polling for 100 ms), yields begun in such
+    for over a millisecond, the crowded spells lost yields began (at once when the host ran more
+    threads than this host's ranks do, else once they added up to more than 6 ms beyond a fifth
+    of the time: a thread that keeps the core, not the turns of the group's own busy ranks;
+    waits then sleep instead of polling for 100 ms), yields begun in such
     a spell anyway (none but a race), the sleeps of waits and of
     idle progress threads, and the sleeps that ended by their timeout rather than by an
     event. Differences over a run, divided by its ops, say why ops were slow

@@ -1,10 +1,14 @@
 #include "csrc/engine/core_yield.h"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace ucxb {
@@ -21,6 +25,13 @@ constexpr auto kLostYield = std::chrono::microseconds(1000);
 // start the next one next to a spinning thread cost under a tenth of it.
 constexpr auto kCrowdedFor = std::chrono::milliseconds(100);
 
+// Threads of a rank that poll or run its ops' work: the caller and the progress thread. Plus
+// one for the kernel's own short-lived work that the group's traffic wakes (softirqs over
+// loopback, kworkers).
+constexpr int kThreadsPerRank = 2;
+constexpr int kKernelThreads = 1;
+
+std::atomic<int> ranksOnHost{1};
 std::atomic<int64_t> crowdedUntilNs{0};  // steady clock, ns since its epoch
 std::atomic<uint64_t> yields{0};
 std::atomic<uint64_t> lostYields{0};
@@ -39,14 +50,46 @@ int64_t toNs(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
+// Whether the host runs more threads now than this host's ranks do: /proc/loadavg's fourth
+// field, "<runnable>/<all>", counts those running or waiting for a core at this moment. A few
+// microseconds, read only after a lost yield. Unreadable: as if an outsider ran (a spell at
+// every lost yield, the safe side on a loaded host).
+bool outsiderRunnable() {
+  static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char text[128];
+  const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+  if (n <= 0) return true;
+  text[n] = '\0';
+  const long runnable = runnableInLoadavg(text);
+  if (runnable < 0) return true;
+  return runnable > kThreadsPerRank * ranksOnHost.load(std::memory_order_relaxed) + kKernelThreads;
+}
+
 bool spellBegins(Clock::time_point before, Clock::time_point after) {
+  const bool outsider = outsiderRunnable();
   const std::lock_guard<std::mutex> lock(lostTimeMu);
-  return lostTime.add(toNs(after), toNs(after) - toNs(before));
+  return lostTime.add(toNs(after), toNs(after) - toNs(before), outsider);
 }
 
 }  // namespace
 
-bool LostTimeBudget::add(int64_t nowNs, int64_t lostNs) {
+long runnableInLoadavg(const char* text) {
+  const char* slash = std::strchr(text, '/');
+  if (slash == nullptr) return -1;
+  const char* start = slash;
+  while (start > text && start[-1] != ' ') --start;
+  if (start == slash) return -1;
+  char* end = nullptr;
+  const long runnable = std::strtol(start, &end, 10);
+  return end == slash ? runnable : -1;
+}
+
+bool LostTimeBudget::add(int64_t nowNs, int64_t lostNs, bool outsider) {
+  if (outsider) {
+    heldNs_ = 0;
+    return true;
+  }
   if (heldNs_ > 0) {
     const auto drained = static_cast<int64_t>(static_cast<double>(nowNs - atNs_) * kShare);
     heldNs_ = std::max<int64_t>(0, heldNs_ - drained);
@@ -81,6 +124,13 @@ Clock::time_point yieldCoreFrom(Clock::time_point before) {
 bool yieldCore() {
   const auto before = Clock::now();
   return yieldCoreFrom(before) - before > kLostYield;
+}
+
+void noteRanksOnHost(int ranks) {
+  int seen = ranksOnHost.load(std::memory_order_relaxed);
+  while (seen < ranks &&
+         !ranksOnHost.compare_exchange_weak(seen, ranks, std::memory_order_relaxed)) {
+  }
 }
 
 bool crowded() { return toNs(Clock::now()) < crowdedUntilNs.load(std::memory_order_relaxed); }

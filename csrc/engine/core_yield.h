@@ -12,8 +12,10 @@
 // (docs/performance.md#issue-23-stalls).
 //
 // So every polling wait yields through yieldCore(), which times it. A yield that kept this
-// thread off its core for longer than kLostYield (1 ms) lost it; lost yields that add up
-// (LostTimeBudget) start a crowded spell of kCrowdedFor (100 ms) in the process, in which waits
+// thread off its core for longer than kLostYield (1 ms) lost it. One lost while the host runs
+// more threads than this host's ranks do (a thread outside the group took the core), or lost
+// yields that add up (LostTimeBudget), start a crowded spell of kCrowdedFor (100 ms) in the
+// process, in which waits
 // sleep (the progress thread), block (Work.wait) or hand over (an inline caller) instead of
 // polling. A sleeping thread is woken by the event it waits for, not by a tick.
 // Process-wide: the crowding is the host's, not a group's.
@@ -24,27 +26,35 @@
 
 namespace ucxb {
 
-// Whether lost yields crowd the process. One alone does not: ranks of a group oversubscribed
-// on their host take turns of 1-5 ms too (four udp ranks, eight busy threads on two cores:
-// about one lost yield per thread every 50 ms, all of it the op's own work), and sleeping
-// through a spell there cost a 4-rank incast 10-30% (docs/performance.md#issue-23-stalls).
-// A thread that keeps the core makes every second or third yield lost, back to back. So lost
-// time drains at kShare of the wall time, and a spell begins when more than kBudgetNs is
-// held: next to a spinning thread after two lost yields (3-4 ms each at HZ=250), among busy
-// ranks almost never. Clock-free, for tests (tests/cpp/core_yield_test.cpp).
+// Whether lost yields crowd the process. A yield lost while a thread outside the group was
+// runnable does at once: another job's thread keeps the core for its slice, again and again.
+// One lost among the group's own threads alone does not: ranks oversubscribed on their host
+// take turns of 1-5 ms too (four udp ranks, eight busy threads on two cores: about one lost
+// yield per thread every 50 ms, all of it the op's own work), and sleeping through a spell
+// there cost a 4-rank incast 10-30% (docs/performance.md#issue-23-stalls). A thread that
+// keeps the core and is not seen (the host's count of runnable threads is a moment's) makes
+// every second or third yield lost, back to back. So lost time drains at kShare of the wall
+// time, and a spell begins when more than kBudgetNs is held: next to a spinning thread after
+// two lost yields (3-4 ms each at HZ=250), among busy ranks almost never. Clock-free, for
+// tests (tests/cpp/core_yield_test.cpp).
 class LostTimeBudget {
  public:
   static constexpr double kShare = 0.2;
   static constexpr int64_t kBudgetNs = 6'000'000;
 
-  // Adds a yield that lost the core for lostNs and ended at nowNs (steady clock): whether a
-  // spell begins (and the budget empties).
-  bool add(int64_t nowNs, int64_t lostNs);
+  // Adds a yield that lost the core for lostNs and ended at nowNs (steady clock), with
+  // whether a thread outside the group was runnable then: whether a spell begins (and the
+  // budget empties).
+  bool add(int64_t nowNs, int64_t lostNs, bool outsider);
 
  private:
   int64_t heldNs_ = 0;
   int64_t atNs_ = 0;
 };
+
+// The threads runnable on the host now, from /proc/loadavg's text ("0.35 0.79 1.47 3/512
+// 12345": 3, the fourth field's first number); -1 when the text is not of that form.
+long runnableInLoadavg(const char* text);
 
 // sched_yield(), timed: a yield that returned later than kLostYield lost the core, and may
 // begin a crowded spell (LostTimeBudget). Returns whether it lost the core.
@@ -53,6 +63,11 @@ bool yieldCore();
 // wait reads the clock once a pass, and two more readings per yield cost it about 0.4 us an
 // 8-byte op): returns the clock after the yield.
 std::chrono::steady_clock::time_point yieldCoreFrom(std::chrono::steady_clock::time_point before);
+
+// This process runs `ranks` ranks of a group on this host, itself included (the largest of its
+// groups counts): their threads are the group's own when a lost yield asks whether a thread
+// outside it took the core. 1 until a group says more.
+void noteRanksOnHost(int ranks);
 
 // Whether the process is in a crowded spell: polling waits should sleep.
 bool crowded();

@@ -1,6 +1,7 @@
 // When lost yields begin a crowded spell (csrc/engine/core_yield.h's LostTimeBudget), on the
 // lost-yield patterns recorded on this project's 2-core host (docs/performance.md#issue-23-stalls):
-// a spinning thread beside a polling one, and four busy udp ranks taking turns.
+// a spinning thread beside a polling one, four busy udp ranks taking turns, and a thread
+// outside the group seen runnable.
 #include "csrc/engine/core_yield.h"
 
 #include <algorithm>
@@ -18,14 +19,14 @@ constexpr int64_t kUs = 1'000;
 // ends its slice): the second lost yield begins a spell, and so on after each spell.
 void testSpinningNeighbour() {
   LostTimeBudget budget;
-  CHECK(!budget.add(10 * kMs, 3800 * kUs));
-  CHECK(budget.add(14 * kMs, 3800 * kUs));
+  CHECK(!budget.add(10 * kMs, 3800 * kUs, false));
+  CHECK(budget.add(14 * kMs, 3800 * kUs, false));
   // The spell emptied the budget: the first lost yield after it begins none on its own.
-  CHECK(!budget.add(120 * kMs, 3300 * kUs));
-  CHECK(budget.add(124 * kMs, 3700 * kUs));
+  CHECK(!budget.add(120 * kMs, 3300 * kUs, false));
+  CHECK(budget.add(124 * kMs, 3700 * kUs, false));
   // A single yield that lost the core for longer than the whole budget begins one at once.
   LostTimeBudget once;
-  CHECK(once.add(500 * kMs, 9 * kMs));
+  CHECK(once.add(500 * kMs, 9 * kMs, false));
 }
 
 // Busy ranks of one group: one lost yield of 1-4.5 ms per thread about every 50 ms (an op),
@@ -38,9 +39,9 @@ void testBusyRanks() {
   for (int op = 0; op < 40; ++op) {
     now += 50 * kMs;
     const int64_t first = lost[op % 10] * kUs;
-    spells += budget.add(now, first) ? 1 : 0;
+    spells += budget.add(now, first, false) ? 1 : 0;
     if (op % 4 == 0) {  // a second lost yield 2 ms later, shorter than the budget's rest
-      spells += budget.add(now + 2 * kMs, std::min<int64_t>(6 * kMs - first, 1500 * kUs)) ? 1 : 0;
+      spells += budget.add(now + 2 * kMs, std::min<int64_t>(6 * kMs - first, 1500 * kUs), false) ? 1 : 0;
     }
   }
   CHECK_EQ(spells, 0);
@@ -49,18 +50,38 @@ void testBusyRanks() {
 // The budget drains at kShare of the wall time: 5 ms held is gone after 25 ms, not before.
 void testDrain() {
   LostTimeBudget budget;
-  CHECK(!budget.add(0, 5 * kMs));
-  CHECK(budget.add(4 * kMs, 2 * kMs));  // 5 - 0.8 + 2 > 6
+  CHECK(!budget.add(0, 5 * kMs, false));
+  CHECK(budget.add(4 * kMs, 2 * kMs, false));  // 5 - 0.8 + 2 > 6
   LostTimeBudget later;
-  CHECK(!later.add(0, 5 * kMs));
-  CHECK(!later.add(26 * kMs, 5900 * kUs));  // drained to 0, then 5.9 ms held
-  CHECK(later.add(27 * kMs, 400 * kUs));    // 5.9 - 0.2 + 0.4 > 6
+  CHECK(!later.add(0, 5 * kMs, false));
+  CHECK(!later.add(26 * kMs, 5900 * kUs, false));  // drained to 0, then 5.9 ms held
+  CHECK(later.add(27 * kMs, 400 * kUs, false));    // 5.9 - 0.2 + 0.4 > 6
+}
+
+// A yield lost while a thread outside the group was runnable begins a spell at once, and
+// empties what the group's own turns had put in the budget.
+void testOutsider() {
+  LostTimeBudget budget;
+  CHECK(!budget.add(10 * kMs, 4 * kMs, false));
+  CHECK(budget.add(60 * kMs, 1100 * kUs, true));
+  CHECK(!budget.add(61 * kMs, 4 * kMs, false));
+}
+
+// /proc/loadavg's fourth field, as the kernel writes it.
+void testLoadavg() {
+  CHECK_EQ(ucxb::runnableInLoadavg("0.35 0.79 1.47 3/512 12345\n"), 3L);
+  CHECK_EQ(ucxb::runnableInLoadavg("10.31 9.06 6.60 14/1021 98765\n"), 14L);
+  CHECK_EQ(ucxb::runnableInLoadavg(""), -1L);
+  CHECK_EQ(ucxb::runnableInLoadavg("0.35 0.79 1.47 /512 1"), -1L);
+  CHECK_EQ(ucxb::runnableInLoadavg("0.35 0.79 1.47 x3/512 1"), -1L);
 }
 
 const ucxb::check::Group kGroups[] = {
     {"spinning_neighbour", testSpinningNeighbour, true},
     {"busy_ranks", testBusyRanks, true},
     {"drain", testDrain, true},
+    {"outsider", testOutsider, true},
+    {"loadavg", testLoadavg, true},
 };
 
 }  // namespace
