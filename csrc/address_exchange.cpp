@@ -549,11 +549,9 @@ std::string AddressExchange::doneForError() {
   }
 }
 
-namespace {
-
-// The watch's connection to the Store (CreationWatch), opened at its first use: a wait that
-// ends before the watch's first look opens none.
-struct WatchStore {
+// The watch's connection to the Store (CreationWatch), opened at its first use: a creation
+// whose waits all end before the watch's first look opens none.
+struct AddressExchange::WatchStore {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Store> clone;
   c10d::Store& get() {
@@ -562,19 +560,15 @@ struct WatchStore {
   }
 };
 
-}  // namespace
-
-void AddressExchange::watched(const std::string& waitingFor, const std::string& waitedKey,
-                              const std::function<void()>& call) {
-  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
-  // The watch's thread may outlive this object (CreationWatch::stop): it holds what it uses.
-  const auto link = std::make_shared<WatchStore>(
+CreationWatch& AddressExchange::watch() {
+  // A watch left behind in a Store call (spent) took its connection along: a new one.
+  if (watch_ && !watch_->spent()) return *watch_;
+  // The watch's thread may outlive this object (CreationWatch::endWait): it holds what it uses.
+  watchStore_ = std::make_shared<WatchStore>(
       WatchStore{c10::intrusive_ptr<c10d::Store>::reclaim_copy(&store_), {}});
-  const std::string recordsKey = scope_ + roundKey("records", 0);
-  const bool finishing = waitedKey == scope_ + "released";  // rank 0, waiting for every rank
-  CreationWatch watch(
-      rank_,
-      [link, recordsKey, size = size_](uint64_t& calls) -> Cards {
+  watch_ = std::make_unique<CreationWatch>(
+      rank_, [link = watchStore_, recordsKey = scope_ + roundKey("records", 0),
+              size = size_](uint64_t& calls) -> Cards {
         c10d::Store& store = link->get();
         // No records: the last rank has finished and deleted the creation's keys (a get would
         // wait for them).
@@ -582,37 +576,45 @@ void AddressExchange::watched(const std::string& waitingFor, const std::string& 
         if (!store.check({recordsKey})) return Cards(size);
         ++calls;
         return parseCards(store.get(recordsKey), size);
-      },
-      [link, scope = scope_, size = size_, waitedKey, finishing, waiting](
-          int dead, Cards& cards, uint64_t& calls) -> std::string {
-        c10d::Store& store = link->get();
-        // The key waited for holds its value (or another rank's mark): the wait ends without
-        // the dead rank, which may have finished the creation and exited. The creation is
-        // closed: a rank gave it up, saying why, and may have exited since (a rank that timed
-        // out waiting for one that never joined, say): this wait goes on to its own end.
-        ++calls;
-        bool settled = store.check({waitedKey});
-        if (!settled) {
-          ++calls;
-          settled = store.check({scope + "closed"});
-        }
-        if (!settled && finishing) {
-          ++calls;
-          const int64_t done = store.add(scope + "done", 0);
-          settled = size > kDoneBits || ((done >> dead) & 1) != 0;
-        }
-        if (settled) {
-          cards[dead]->settled = true;
-          return {};
-        }
-        const std::string why = deathOf(dead, *cards[dead], waiting);
-        giveUp(store, scope, waitedKeys(scope), why, calls);
-        return why;
       });
+  return *watch_;
+}
+
+void AddressExchange::watched(const std::string& waitingFor, const std::string& waitedKey,
+                              const std::function<void()>& call) {
+  const std::string waiting = "rank " + std::to_string(rank_) + " waited for " + waitingFor;
+  const bool finishing = waitedKey == scope_ + "released";  // rank 0, waiting for every rank
+  CreationWatch& watch = this->watch();
+  watch.beginWait([link = watchStore_, scope = scope_, size = size_, waitedKey, finishing,
+                   waiting](int dead, Cards& cards, uint64_t& calls) -> std::string {
+    c10d::Store& store = link->get();
+    // The key waited for holds its value (or another rank's mark): the wait ends without
+    // the dead rank, which may have finished the creation and exited. The creation is
+    // closed: a rank gave it up, saying why, and may have exited since (a rank that timed
+    // out waiting for one that never joined, say): this wait goes on to its own end.
+    ++calls;
+    bool settled = store.check({waitedKey});
+    if (!settled) {
+      ++calls;
+      settled = store.check({scope + "closed"});
+    }
+    if (!settled && finishing) {
+      ++calls;
+      const int64_t done = store.add(scope + "done", 0);
+      settled = size > kDoneBits || ((done >> dead) & 1) != 0;
+    }
+    if (settled) {
+      cards[dead]->settled = true;
+      return {};
+    }
+    const std::string why = deathOf(dead, *cards[dead], waiting);
+    giveUp(store, scope, waitedKeys(scope), why, calls);
+    return why;
+  });
   try {
     call();
   } catch (const c10::Error& e) {  // the Store's timeout, or the Store gone
-    if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
+    if (const std::string found = watch.endWait(traffic_.watchCalls); !found.empty()) {
       closed_ = true;  // the watch gave the creation up: the destructor need not
       throw SetupError(found);
     }
@@ -620,7 +622,7 @@ void AddressExchange::watched(const std::string& waitingFor, const std::string& 
     // not reach it: the cards, where the watch read them, still name the ranks gone. All of
     // them: which went first (one killed, one that gave up on it and exited, say) cannot be
     // told from here.
-    const Cards cards = watch.cards();
+    const Cards& cards = watch.cards();
     // A rank without a card never joined (or the watch never read them): the caller names the
     // ranks that never came, and a rank that timed out waiting for them and exited is no news.
     const auto noCard = [](const std::optional<RankCard>& card) { return !card; };
@@ -631,8 +633,11 @@ void AddressExchange::watched(const std::string& waitingFor, const std::string& 
     }
     if (why.empty()) throw;
     throw SetupError(why + " (and the Store failed: " + e.what_without_backtrace() + ")");
+  } catch (...) {
+    watch.endWait(traffic_.watchCalls);
+    throw;
   }
-  if (const std::string found = watch.stop(traffic_.watchCalls); !found.empty()) {
+  if (const std::string found = watch.endWait(traffic_.watchCalls); !found.empty()) {
     closed_ = true;
     throw SetupError(found);
   }

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,6 +46,8 @@ class Store;
 }  // namespace c10d
 
 namespace ucxb {
+
+class CreationWatch;
 
 // Creation could not get every rank into the same instance in time.
 class SetupError : public std::runtime_error {
@@ -124,8 +127,9 @@ class AddressExchange {
   // How many ranks "done" says finished, for an error message; "?" when the Store cannot be
   // read either.
   std::string doneForError();
-  // Runs `call`, a Store call that waits for other ranks (at most the Store's timeout), while a
-  // CreationWatch (csrc/creation_watch.hpp) looks at the processes of the ranks on this host:
+  // Runs `call`, a Store call that waits for other ranks (at most the Store's timeout), while
+  // the creation's CreationWatch (csrc/creation_watch.hpp) looks at the processes of the ranks
+  // on this host:
   // SetupError naming a rank found dead, which the watch has given the creation up for. A
   // Store error of `call` (c10::Error) is thrown on as it is, unless the cards name a rank dead
   // meanwhile. `waitedKey` is the key `call` waits for; `waitingFor` is for messages.
@@ -151,6 +155,12 @@ class AddressExchange {
   int rounds_ = 0;  // exchange() calls so far
   int ranksOnHost_ = 1;
   std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
+  // The watch of every wait of this creation and its connection to the Store, made at the first
+  // wait (watched), and made again where a watch was left behind in a Store call.
+  struct WatchStore;
+  CreationWatch& watch();
+  std::shared_ptr<WatchStore> watchStore_;
+  std::unique_ptr<CreationWatch> watch_;
 };
 
 }  // namespace ucxb

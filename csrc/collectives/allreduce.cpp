@@ -98,22 +98,47 @@ void foldOut(Comm& c, const Pow2Fold& f, uint8_t* data, size_t bytes, uint32_t s
   }
 }
 
+// Recursive doubling's schedule, the one source of which peer a rank meets at which tag step:
+// recursiveDoubling() runs it chunked, PostedRecursiveDoubling in one chunk, so that both send
+// the same messages. A non-power-of-two group folds first (Pow2Fold: the fold's first phase
+// takes steps from kFoldInStep), then each participant exchanges its whole vector with the
+// participant at distance 2^k (level k, log2(pof2) levels), then the fold's last phase hands the
+// result back, unchunked, at foldOutStep().
+struct DoublingSchedule {
+  DoublingSchedule(const Tuning& tuning, int rank, int size, size_t count, size_t elementSize)
+      : fold(rank, size),
+        foldPartner(fold.foldPartner(rank)),
+        chunk(chunkElems(tuning, count, elementSize,
+                         kStepSpace / static_cast<size_t>(fold.levels() + 2))),
+        perPhase(static_cast<uint32_t>(chunksOf(count, chunk))) {}
+
+  // foldIn() sends the fold's first phase from step 0.
+  static constexpr uint32_t kFoldInStep = 0;
+
+  int levelPeer(int level) const { return fold.oldRank(fold.participant ^ (1 << level)); }
+  // The first step of level `level` (the fold's first phase comes before level 0).
+  uint32_t levelStep(int level) const { return perPhase * static_cast<uint32_t>(level + 1); }
+  uint32_t foldOutStep() const { return levelStep(fold.levels()); }
+
+  Pow2Fold fold;
+  int foldPartner;    // the rank this one folds with; -1 outside the first 2*rem
+  size_t chunk;       // elements per chunk
+  uint32_t perPhase;  // tag steps of each phase: chunks of the vector
+};
+
 // log2(n) rounds; each exchanges the whole vector with the partner at distance 2^k. Both
 // partners fold in one order (lowerFirst), so that they end each round with the same bits.
 void recursiveDoubling(Comm& c, uint8_t* data, size_t count, const Reduction& red) {
-  const Pow2Fold f(c.rank(), c.size());
-  const size_t chunk =
-      chunkElems(c, count, red.elementSize, kStepSpace / static_cast<size_t>(f.levels() + 2));
-  const uint32_t perPhase = foldIn(c, f, data, count, chunk, red);
-  uint32_t step = perPhase;
-  if (!f.folded()) {
-    for (int mask = 1; mask < f.pof2; mask *= 2, step += perPhase) {
-      const int peer = f.oldRank(f.participant ^ mask);
-      exchangeReduce(c, peer, data, count, peer, data, count, chunk, step,
+  const DoublingSchedule s(c.tuning(), c.rank(), c.size(), count, red.elementSize);
+  foldIn(c, s.fold, data, count, s.chunk, red);
+  if (!s.fold.folded()) {
+    for (int level = 0; level < s.fold.levels(); ++level) {
+      const int peer = s.levelPeer(level);
+      exchangeReduce(c, peer, data, count, peer, data, count, s.chunk, s.levelStep(level),
                      lowerFirst(red, c.rank(), peer));
     }
   }
-  foldOut(c, f, data, count * red.elementSize, perPhase * static_cast<uint32_t>(f.levels() + 1));
+  foldOut(c, s.fold, data, count * red.elementSize, s.foldOutStep());
 }
 
 // Recursive-halving reduce-scatter then recursive-doubling all-gather: log steps like
@@ -151,13 +176,13 @@ Reduction foldOrder(const Comm& comm, Reduction red) {
   return lowerFirst(red, comm.rank(), 1 - comm.rank());
 }
 
-// Recursive doubling in one chunk (small messages), any group size: the messages of
-// recursiveDoubling() for a vector that fits one chunk, the same tag steps included, so that a
-// rank that drives it on the caller's thread and a rank that runs recursiveDoubling() on its
-// progress thread (or this op there) meet. Each wait is one part: the fold's first phase (a
-// folded rank sends its vector; its partner receives it into scratch and folds it in), one
-// exchange per level (received into scratch, folded in with lowerFirst), and the fold's last
-// phase (the partner sends the result back; the folded rank receives it in place).
+// Recursive doubling in one chunk (small messages), any group size: DoublingSchedule's messages
+// for a vector that fits one chunk, so that a rank that drives it on the caller's thread and a
+// rank that runs it (or recursiveDoubling()) on its progress thread meet. Each wait is one part:
+// the fold's first phase (a folded rank sends its vector; its partner receives it into scratch
+// and folds it in), one exchange per level (received into scratch, folded in with lowerFirst),
+// and the fold's last phase (the partner sends the result back; the folded rank receives it in
+// place).
 class PostedRecursiveDoubling : public PostedOp {
  public:
   static bool applies(const Tuning& tuning, size_t count, size_t elementSize, int worldSize) {
@@ -165,9 +190,7 @@ class PostedRecursiveDoubling : public PostedOp {
                              Algorithm::kRecursiveDoubling) {
       return false;
     }
-    const Pow2Fold f(0, worldSize);
-    return count <= chunkElems(tuning, count, elementSize,
-                               kStepSpace / static_cast<size_t>(f.levels() + 2));
+    return DoublingSchedule(tuning, 0, worldSize, count, elementSize).perPhase == 1;
   }
 
   PostedRecursiveDoubling(Comm& comm, void* data, size_t count, const Reduction& red)
@@ -175,15 +198,16 @@ class PostedRecursiveDoubling : public PostedOp {
         count_(count),
         bytes_(count * red.elementSize),
         red_(red),
-        fold_(comm.rank(), comm.size()),
-        partner_(fold_.foldPartner(comm.rank())) {
-    if (partner_ >= 0 && fold_.folded()) {
-      requests_.push_back(comm.send(partner_, chunkStep(0, 0, 1), data_, bytes_));
+        schedule_(comm.tuning(), comm.rank(), comm.size(), count, red.elementSize) {
+    const int partner = schedule_.foldPartner;
+    const uint32_t step = chunkStep(DoublingSchedule::kFoldInStep, 0, 1);
+    if (partner >= 0 && schedule_.fold.folded()) {
+      requests_.push_back(comm.send(partner, step, data_, bytes_));
       return;
     }
     peerData_ = comm.scratch(bytes_);
-    if (partner_ >= 0) {
-      requests_.push_back(comm.recv(partner_, chunkStep(0, 0, 1), peerData_, bytes_));
+    if (partner >= 0) {
+      requests_.push_back(comm.recv(partner, step, peerData_, bytes_));
       return;
     }
     postLevel(comm);
@@ -193,9 +217,10 @@ class PostedRecursiveDoubling : public PostedOp {
     requests_.clear();
     switch (stage_) {
       case Stage::kFoldIn:
-        if (fold_.folded()) {
-          // Sent: the result comes back in place (foldOut's step, unchunked).
-          requests_.push_back(comm.recv(partner_, lastStep(), data_, bytes_));
+        if (schedule_.fold.folded()) {
+          // Sent: the result comes back in place (unchunked).
+          requests_.push_back(
+              comm.recv(schedule_.foldPartner, schedule_.foldOutStep(), data_, bytes_));
           stage_ = Stage::kFoldOut;
           return false;
         }
@@ -203,14 +228,16 @@ class PostedRecursiveDoubling : public PostedOp {
         postLevel(comm);
         return false;
       case Stage::kLevels:
-        comm.reduce(lowerFirst(red_, comm.rank(), levelPeer()), data_, peerData_, count_);
+        comm.reduce(lowerFirst(red_, comm.rank(), schedule_.levelPeer(level_)), data_, peerData_,
+                    count_);
         ++level_;
-        if ((1 << level_) < fold_.pof2) {
+        if (level_ < schedule_.fold.levels()) {
           postLevel(comm);
           return false;
         }
-        if (partner_ < 0) return true;
-        requests_.push_back(comm.send(partner_, lastStep(), data_, bytes_));
+        if (schedule_.foldPartner < 0) return true;
+        requests_.push_back(
+            comm.send(schedule_.foldPartner, schedule_.foldOutStep(), data_, bytes_));
         stage_ = Stage::kFoldOut;
         return false;
       case Stage::kFoldOut:
@@ -222,15 +249,10 @@ class PostedRecursiveDoubling : public PostedOp {
  private:
   enum class Stage { kFoldIn, kLevels, kFoldOut };
 
-  int levelPeer() const { return fold_.oldRank(fold_.participant ^ (1 << level_)); }
-  // recursiveDoubling's steps with one chunk per phase: the fold's first phase takes step 0,
-  // level k step k+1, the fold's last phase levels()+1.
-  uint32_t lastStep() const { return static_cast<uint32_t>(fold_.levels() + 1); }
-
   void postLevel(Comm& comm) {
     stage_ = Stage::kLevels;
-    const int peer = levelPeer();
-    const uint32_t step = chunkStep(static_cast<uint32_t>(level_ + 1), 0, 1);
+    const int peer = schedule_.levelPeer(level_);
+    const uint32_t step = chunkStep(schedule_.levelStep(level_), 0, 1);
     requests_.push_back(comm.recv(peer, step, peerData_, bytes_));
     requests_.push_back(comm.send(peer, step, data_, bytes_));
   }
@@ -239,10 +261,9 @@ class PostedRecursiveDoubling : public PostedOp {
   size_t count_;
   size_t bytes_;
   Reduction red_;
-  Pow2Fold fold_;
-  int partner_;
+  DoublingSchedule schedule_;
   uint8_t* peerData_ = nullptr;
-  int level_ = 0;  // the exchange with the participant at distance 2^level_ is next
+  int level_ = 0;  // the exchange of this level is next
   Stage stage_ = Stage::kFoldIn;
 };
 

@@ -7,10 +7,10 @@
 // printed). Built twice by tests/test_reduce_kernels.py:
 // as shipped (the AVX2 clone where the CPU has it) and with -DUCXB_NO_NARROW_CLONES. Also:
 // findReduceTiesToIn's kernels give findReduce's bits with the operands swapped.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,31 +19,21 @@
 
 namespace {
 
-float bitsToFloat(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-uint32_t floatToBits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
 
 float refHalfToFloat(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t exp = (h >> 10) & 0x1f;
   const uint32_t man = h & 0x3ff;
-  if (exp == 0x1f) return bitsToFloat(sign | 0x7f800000u | (man << 13));
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
   if (exp == 0) {
     const float v = std::ldexp(static_cast<float>(man), -24);
     return sign ? -v : v;
   }
-  return bitsToFloat(sign | ((exp + 112) << 23) | (man << 13));
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
 }
 
 uint16_t refFloatToHalf(float f) {
-  uint32_t x = floatToBits(f);
+  uint32_t x = std::bit_cast<uint32_t>(f);
   const uint32_t sign = x & 0x80000000u;
   x ^= sign;
   uint32_t out;
@@ -53,7 +43,7 @@ uint16_t refFloatToHalf(float f) {
     out = 0x7c00;
   } else if (x < 0x38800000u) {
     // Round |f| to a multiple of 2^-24, ties to even (rint under the default rounding mode).
-    out = static_cast<uint32_t>(std::nearbyint(std::ldexp(bitsToFloat(x), 24)));
+    out = static_cast<uint32_t>(std::nearbyint(std::ldexp(std::bit_cast<float>(x), 24)));
   } else {
     const uint32_t mant = x & 0x7fffffu;
     const uint32_t exp = (x >> 23) - 112;
@@ -64,10 +54,10 @@ uint16_t refFloatToHalf(float f) {
   return static_cast<uint16_t>(out | (sign >> 16));
 }
 
-float refBf16ToFloat(uint16_t b) { return bitsToFloat(uint32_t{b} << 16); }
+float refBf16ToFloat(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
 
 uint16_t refFloatToBf16(float f) {
-  const uint32_t x = floatToBits(f);
+  const uint32_t x = std::bit_cast<uint32_t>(f);
   if (std::isnan(f)) return static_cast<uint16_t>((x >> 16) | 0x40);
   uint32_t out = x >> 16;
   const uint32_t rest = x & 0xffffu;

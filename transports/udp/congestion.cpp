@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
-#include "transports/config/key_values.h"
 #include "transports/udp/congestion_bdp.h"
 #include "transports/udp/congestion_coupled.h"
 #include "transports/udp/congestion_credit.h"
 #include "transports/udp/congestion_delay.h"
 #include "transports/udp/congestion_ecn.h"
 #include "transports/udp/faults.h"
+#include "transports/udp/policy_registry.h"
 
 namespace ucxb::udp {
 namespace {
@@ -113,20 +113,12 @@ void AimdCongestionControl::reduce(TimeUs now, uint64_t newWindow) {
 }
 
 const std::vector<std::string>& congestionControlNames() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const auto& r : kRegistry) n.emplace_back(r.name);
-    return n;
-  }();
+  static const std::vector<std::string> names = policyNames(kRegistry);
   return names;
 }
 
 std::unique_ptr<CongestionControl> makeCongestionControl(const UdpConfig& config) {
-  for (const auto& r : kRegistry) {
-    if (config.congestion == r.name) return r.make(config);
-  }
-  throw ConfigError("udp config: congestion='" + config.congestion + "' is invalid (allowed: " +
-                    joinNames(congestionControlNames()) + ")");
+  return policyNamed(kRegistry, "congestion", config.congestion).make(config);
 }
 
 }  // namespace ucxb::udp

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "transports/config/key_values.h"
 #include "transports/udp/loss_recovery_rack.h"
+#include "transports/udp/policy_registry.h"
 
 namespace ucxb::udp {
 namespace {
@@ -43,20 +43,12 @@ void GoBackN::chooseResends(std::span<const PacketNumber> lost,
 }
 
 const std::vector<std::string>& lossRecoveryNames() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const auto& r : kRegistry) n.emplace_back(r.name);
-    return n;
-  }();
+  static const std::vector<std::string> names = policyNames(kRegistry);
   return names;
 }
 
 std::unique_ptr<LossRecovery> makeLossRecovery(const UdpConfig& config) {
-  for (const auto& r : kRegistry) {
-    if (config.lossRecovery == r.name) return r.make();
-  }
-  throw ConfigError("udp config: loss_recovery='" + config.lossRecovery +
-                    "' is invalid (allowed: " + joinNames(lossRecoveryNames()) + ")");
+  return policyNamed(kRegistry, "loss_recovery", config.lossRecovery).make();
 }
 
 }  // namespace ucxb::udp

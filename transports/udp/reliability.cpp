@@ -535,6 +535,13 @@ size_t PeerConnection::recordAndCount(TimeUs now, PacketContent content, size_t 
   return bytes;
 }
 
+size_t PeerConnection::controlSent(size_t bytes) {
+  transmitPath_ = paths_.chooseControl();
+  ++stats_.datagramsSent;
+  stats_.bytesSent += bytes;
+  return bytes;
+}
+
 size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
   acks_.buildAck(now, maxAckRangesFor(config_.mtuPayload, acks_.timestampsPending()), ackFrame_);
   ackFrame_.creditLimit = receiver_.creditLimit();
@@ -542,20 +549,14 @@ size_t PeerConnection::sendAck(TimeUs now, std::span<uint8_t> out) {
   ackFrame_.ceCount = static_cast<uint16_t>(ceReceived_);
   const size_t n = encodeAck(out, header(), ackFrame_);
   ++stats_.ackPacketsSent;
-  transmitPath_ = paths_.chooseControl();
-  ++stats_.datagramsSent;
-  stats_.bytesSent += n;
-  return n;
+  return controlSent(n);
 }
 
 size_t PeerConnection::sendNack(std::span<uint8_t> out) {
   const size_t n = encodeNack(out, header(), pendingNacks_);
   pendingNacks_.clear();
   ++stats_.nacksSent;
-  transmitPath_ = paths_.chooseControl();
-  ++stats_.datagramsSent;
-  stats_.bytesSent += n;
-  return n;
+  return controlSent(n);
 }
 
 size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {

@@ -196,6 +196,9 @@ class PeerConnection {
   void spendCredit(size_t datagramBytes);
   size_t recordAndCount(TimeUs now, PacketContent content, size_t bytes, bool retransmission,
                         bool ackedAtOnce);
+  // An unreliable control datagram (ACK, NACK, CREDIT) of `bytes` written: the path it goes
+  // on and the datagram counts. Returns `bytes`.
+  size_t controlSent(size_t bytes);
 
   const UdpConfig config_;
   const PeerIdentity identity_;

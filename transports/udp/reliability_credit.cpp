@@ -125,10 +125,7 @@ size_t PeerConnection::pollCredit(TimeUs now, std::span<uint8_t> out) {
     if (timedOut) ++stats_.creditTimeouts;
   }
   ++stats_.creditPacketsSent;
-  transmitPath_ = paths_.chooseControl();
-  ++stats_.datagramsSent;
-  stats_.bytesSent += n;
-  return n;
+  return controlSent(n);
 }
 
 }  // namespace ucxb::udp

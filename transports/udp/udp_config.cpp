@@ -204,21 +204,19 @@ void validate(const UdpConfig& c) {
       c.initialRttUs == 0) {
     fail("ack_every, reorder_threshold, max_rto_expiries and initial_rtt_us must be >= 1");
   }
-  const auto& lr = lossRecoveryNames();
-  if (std::find(lr.begin(), lr.end(), c.lossRecovery) == lr.end()) {
-    fail("loss_recovery='" + c.lossRecovery + "' is invalid (allowed: " + joinNames(lr) + ")");
-  }
-  const auto& pp = pathPolicyNames();
-  if (std::find(pp.begin(), pp.end(), c.pathPolicy) == pp.end()) {
-    fail("path_policy='" + c.pathPolicy + "' is invalid (allowed: " + joinNames(pp) + ")");
-  }
+  // The policies' names (a config built in code has not been through parseChoice).
+  const auto oneOf = [](const char* key, const std::string& value,
+                        const std::vector<std::string>& allowed) {
+    if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+      config::throwBadValue(kWhat, {key, value}, joinNames(allowed));
+    }
+  };
+  oneOf("loss_recovery", c.lossRecovery, lossRecoveryNames());
+  oneOf("path_policy", c.pathPolicy, pathPolicyNames());
   if (c.paths == 0 || c.paths > kMaxPaths) {
     fail("paths=" + std::to_string(c.paths) + " is outside 1.." + std::to_string(kMaxPaths));
   }
-  const auto& cc = congestionControlNames();
-  if (std::find(cc.begin(), cc.end(), c.congestion) == cc.end()) {
-    fail("congestion='" + c.congestion + "' is invalid (allowed: " + joinNames(cc) + ")");
-  }
+  oneOf("congestion", c.congestion, congestionControlNames());
 }
 
 uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders,
