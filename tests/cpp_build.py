@@ -478,3 +478,13 @@ def _prebuild(
         # Without the precompiled headers when a unit fails with them (_compile says why).
         if not (with_pch and _install(run(*unit[s], *with_pch, "-c", s), obj, scratch)):
             _install(run(*unit[s], "-c", s), obj, scratch)
+
+
+def run_checks(exe: Path, timeout: float = 60.0, program: str | None = None) -> str:
+    """Runs a check program (tests/cpp/check.h) built by build(): asserts that it exited 0 and
+    that its last line, "<program>: N checks, 0 failed, ...", counts no failure (`program`:
+    the name it prints, the file's by default); returns its output."""
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"{program or exe.name}: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+    return run.stdout

@@ -106,6 +106,4 @@ def test_lost_time_budget_unit() -> None:
         flags=cpp_build.PLAIN,
         extra_sources=["csrc/engine/core_yield.cpp"],
     )
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "core_yield_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+    cpp_build.run_checks(exe)

@@ -7,7 +7,6 @@ on every rank with an error naming both sides; settings that may differ per rank
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import cpp_build
@@ -199,9 +198,7 @@ def test_handshake_unit() -> None:
         flags=cpp_build.PLAIN,
         extra_sources=["csrc/handshake.cpp"],
     )
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "handshake_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+    cpp_build.run_checks(exe)
 
 
 def test_must_agree_is_in_the_schema() -> None:

@@ -5,8 +5,6 @@ clones off (the x86-64 baseline loops)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import cpp_build
 import pytest
 
@@ -22,6 +20,4 @@ def test_narrow_float_kernels_match_reference(variant: str) -> None:
         flags=["-O3", "-Werror"],
         unit_flags=lambda source: define if source == "csrc/collectives/reduce_kernels.cpp" else [],
     )
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "reduce_kernels_test: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+    cpp_build.run_checks(exe, timeout=120.0, program="reduce_kernels_test")

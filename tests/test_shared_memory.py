@@ -313,9 +313,7 @@ def test_torch_free_unit(unit: str, sources: list[str]) -> None:
         unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=cpp_build.PLAIN,
         extra_sources=sources,
     )
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert f"{unit}: " in run.stdout and " 0 failed" in run.stdout, run.stdout
+    cpp_build.run_checks(exe)
 
 
 # ------------------------------------------------------------- the 64 KiB staging floor
