@@ -63,7 +63,7 @@ def _thread_sample(tid: int) -> list[int]:
     ]
 
 
-def _progress_tid() -> int:
+def progress_tid() -> int:
     for tid in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{tid}/comm") as f:
             if f.read().strip() == "ucxb-progress":
@@ -85,7 +85,7 @@ def _rank(
 
     dist.init_process_group("ucx", rank=rank, world_size=2)
     dist.all_reduce(torch.ones(8))
-    tids = {"caller": os.getpid(), "progress": _progress_tid()}
+    tids = {"caller": os.getpid(), "progress": progress_tid()}
     results: dict[str, list[dict[str, Any]]] = {}
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32)

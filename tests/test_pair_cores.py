@@ -18,12 +18,18 @@ the numpy sum of both ranks' inputs, bit for bit.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from stall_probe import progress_tid  # scripts/ is not a package
 
 OPS = 12
 ELEMENTS = (16 << 20) // 8  # 16 MB of int64: staged, on the progress thread
@@ -32,14 +38,6 @@ ELEMENTS = (16 << 20) // 8  # 16 MB of int64: staged, on the progress thread
 def _inputs(rank: int, op: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(7000 + 100 * op + rank)
     return torch.randint(-(1 << 40), 1 << 40, (ELEMENTS,), dtype=torch.int64, generator=gen)
-
-
-def _progress_tid() -> int:
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            if f.read().strip() == "ucxb-progress":
-                return int(tid)
-    raise RuntimeError("no ucxb-progress thread in this process")
 
 
 def _stacked_world(rank: int, ws: int) -> dict[str, Any]:
@@ -51,7 +49,7 @@ def _stacked_world(rank: int, ws: int) -> dict[str, Any]:
     if len(mask) < 2 or not ucxbackend.shared_memory():
         return {"skip": f"needs 2 cores and staging slots (cores {sorted(mask)})"}
     dist.all_reduce(torch.ones(ELEMENTS, dtype=torch.int64))  # slots and endpoints warm
-    core, progress = min(mask), _progress_tid()
+    core, progress = min(mask), progress_tid()
     before = ucxbackend.inline_stats()["core_moves"]
     bad: list[str] = []
     try:
