@@ -151,7 +151,10 @@ class _Worker:
             raise MpiError(f"mpi rank {self.rank}: reading the answer to {what}: {exc}") from exc
         if not line:
             raise MpiError(f"mpi rank {self.rank} closed its socket before answering {what}")
-        msg = json.loads(line)
+        try:
+            msg = json.loads(line)
+        except ValueError as exc:
+            raise MpiError(f"mpi rank {self.rank}: answer to {what} is not JSON: {line!r}") from exc
         if not isinstance(msg, dict):
             raise MpiError(f"mpi rank {self.rank}: answer to {what} is not an object: {line!r}")
         if msg.get("failed"):
