@@ -4,7 +4,8 @@ Starts two ranks on this host, runs ``--iters`` all_reduces of each size back to
 records, per iteration and per rank: the time, and for the caller's thread and the progress
 thread the change in the kernel's schedstat (CPU time, time runnable but waiting for a core),
 their voluntary and involuntary context switches, the core each ended on, and this process's
-``ucxbackend.wait_stats()`` (yields, yields that lost the core, sleeps, sleeps that timed out).
+``ucxbackend.wait_stats()`` (yields, yields that lost the core, sleeps, sleeps that timed out) and
+``core_moves`` (``ucxbackend.inline_stats()``: a thread that left a core the peer rank waited on).
 It prints, per size, the slow iterations (over ``--slow`` times the fastest) against the
 others, so that a stall reads as one of:
 
@@ -62,7 +63,7 @@ def _thread_sample(tid: int) -> list[int]:
     ]
 
 
-def _progress_tid() -> int:
+def progress_tid() -> int:
     for tid in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{tid}/comm") as f:
             if f.read().strip() == "ucxb-progress":
@@ -70,8 +71,13 @@ def _progress_tid() -> int:
     raise RuntimeError("no ucxb-progress thread in this process")
 
 
-def _rank(rank: int, port: int, sizes: list[int], iters: int, warmup: int, out: str) -> None:
+def _rank(
+    rank: int, port: int, sizes: list[int], iters: int, warmup: int, out: str, pin: bool
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if pin:  # every thread of this rank (the progress thread inherits it) on a core of its own
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     import torch
     import torch.distributed as dist
 
@@ -79,7 +85,7 @@ def _rank(rank: int, port: int, sizes: list[int], iters: int, warmup: int, out: 
 
     dist.init_process_group("ucx", rank=rank, world_size=2)
     dist.all_reduce(torch.ones(8))
-    tids = {"caller": os.getpid(), "progress": _progress_tid()}
+    tids = {"caller": os.getpid(), "progress": progress_tid()}
     results: dict[str, list[dict[str, Any]]] = {}
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
@@ -90,10 +96,13 @@ def _rank(rank: int, port: int, sizes: list[int], iters: int, warmup: int, out: 
         for _ in range(iters):
             before = {k: _thread_sample(v) for k, v in tids.items()}
             waits = ucxbackend.wait_stats()
+            moves = ucxbackend.inline_stats()["core_moves"]
             start = time.perf_counter_ns()
             dist.all_reduce(t)
             end = time.perf_counter_ns()
             waits_after = ucxbackend.wait_stats()
+            waits_after["core_moves"] = ucxbackend.inline_stats()["core_moves"]
+            waits["core_moves"] = moves
             after = {k: _thread_sample(v) for k, v in tids.items()}
             row: dict[str, Any] = {"us": (end - start) / 1e3}
             for k in THREADS:
@@ -167,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20, help="untimed iterations first (20)")
     p.add_argument("--slow", type=float, default=1.5, help="slow: over this times the fastest")
     p.add_argument("--json", default="stall_probe.json", help="per-iteration records")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin rank r to the r-th allowed core: its progress thread cannot share the peer's",
+    )
     args = p.parse_args(argv)
     sizes = [_size(s) for s in args.sizes.split(",")]
     with socket.socket() as s:
@@ -175,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.start_processes(
         _rank,
-        args=(port, sizes, args.iters, args.warmup, args.json),
+        args=(port, sizes, args.iters, args.warmup, args.json, args.pin),
         nprocs=2,
         start_method="spawn",
         join=True,

@@ -294,8 +294,7 @@ def test_sweep_on_cuda_labels_and_limit(monkeypatch: pytest.MonkeyPatch) -> None
     ctx = types.SimpleNamespace(
         opts=opts, rank=0, world=2, device=torch.device("cpu"), skipped={"nccl": "shared"}
     )
-    mpi = bench_mpi.MpiOutcome("not requested")
-    sweep = bench_runner._Sweep(ctx, out, io.StringIO(), mpi)  # type: ignore[arg-type]
+    sweep = bench_runner._Sweep(ctx, out, io.StringIO(), False, None)  # type: ignore[arg-type]
     sweep.run()
     tables = parse_tables(out.getvalue())
     assert tables["all_reduce"]["columns"] == ["ucx", "gloo", "nccl", "d2d-copy"]
@@ -306,7 +305,7 @@ def test_sweep_on_cuda_labels_and_limit(monkeypatch: pytest.MonkeyPatch) -> None
     assert "# n/a nccl: skipped: shared" in tables["all_reduce"]["footer"]
     cpu = dataclasses.replace(opts, device="cpu", backends=("ucx", "gloo"))
     cpu_ctx = types.SimpleNamespace(**{**vars(ctx), "opts": cpu})
-    sweep = bench_runner._Sweep(cpu_ctx, out, io.StringIO(), mpi)  # type: ignore[arg-type]
+    sweep = bench_runner._Sweep(cpu_ctx, out, io.StringIO(), False, None)  # type: ignore[arg-type]
     copies.clear()
     sweep.collective("all_gather")
     assert copies == []

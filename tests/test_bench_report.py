@@ -109,7 +109,9 @@ def test_json_report_schema() -> None:
         "transport",
         "waits",
         "host_staged",
+        "round_spans",
     }
+    assert rec["round_spans"] is None  # measured columns only: when each round ran
     assert rec["transport"] is None  # udp columns only
     assert rec["waits"] is None  # ucx and udp columns only
     assert rec["host_staged"] is False and doc["limits"] == []  # --device cuda only

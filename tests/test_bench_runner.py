@@ -19,7 +19,6 @@ from bench_harness import TINY, assert_clean, cell, needs_native, options, parse
 
 import ucxbackend
 from ucxbackend.bench import common as bench_common
-from ucxbackend.bench import mpi as bench_mpi
 from ucxbackend.bench import report as bench_report
 from ucxbackend.bench import runner as bench_runner
 from ucxbackend.bench import timing as bench_timing
@@ -216,8 +215,7 @@ def test_backends_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch) -> 
     opts = options("all_reduce", "-b", "1K", "-e", "1K", "-n", "7", "--rounds", "3")
     opts = dataclasses.replace(opts, backends=("ucx", "broken", "gloo"))
     ctx = types.SimpleNamespace(opts=opts, rank=1, world=2, device=torch.device("cpu"))
-    mpi = bench_mpi.MpiOutcome("not requested")
-    sweep = bench_runner._Sweep(ctx, io.StringIO(), io.StringIO(), mpi)  # type: ignore[arg-type]
+    sweep = bench_runner._Sweep(ctx, io.StringIO(), io.StringIO(), False, None)  # type: ignore[arg-type]
     row = sweep.size(sweep.layouts["all_reduce"][0])
     assert calls == [
         ("prepare", "ucx", 0, False),

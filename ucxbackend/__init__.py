@@ -361,7 +361,8 @@ def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     Returns ``{"inline": n, "handed_over": m, "core_moves": k}``: ``inline`` ops were posted
     and completed on the thread that issued them, ``handed_over`` ones were posted there but
     a peer was late, so the progress thread finished them; ``core_moves`` counts the times
-    such a thread moved itself off a core that a lower rank of the group was waiting on
+    such a thread, or the progress thread in a queued op, moved itself off a core that a
+    lower rank of the group was waiting on
     (docs/architecture.md#inline-ops, the ``inline_bytes`` knob).
     """
     backend = _native_backend(group, "inline_stats")

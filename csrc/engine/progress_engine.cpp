@@ -373,11 +373,12 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
                                Clock::time_point deadline, Clock::time_point giveUpAt,
                                bool borrowed) {
-  // Ranks sharing a host see where this caller waits (see the top of the header). Only a
-  // pair: in a larger group whose ranks outnumber the cores, every higher rank finds some
-  // lower rank on its core at nearly every yield, and moving would only migrate it, twice
-  // per yield, for nothing.
-  StagingArea* const cores = borrowed && transport_->size() == 2 ? staging_.get() : nullptr;
+  // Ranks sharing a host see where this rank's driver waits, the caller of an inline op or
+  // the progress thread of a queued one (see the top of the header). Only a pair: in a larger
+  // group whose ranks outnumber the cores, every higher rank finds some lower rank on its
+  // core at nearly every yield, and moving would only migrate it, twice per yield, for
+  // nothing.
+  StagingArea* const cores = transport_->size() == 2 ? staging_.get() : nullptr;
   if (cores) cores->publishCore(sched_getcpu());
   auto lastEvent = Clock::now();
   const auto barePollUntil = borrowed ? lastEvent + kBarePoll : lastEvent;
@@ -471,7 +472,7 @@ void ProgressEngine::leaveSharedCore(int core) {
   if (sched_setaffinity(0, sizeof(others), &others) != 0) return;  // the kernel moves us now
   // Restoring the mask leaves this thread where it now runs.
   if (sched_setaffinity(0, sizeof(allowed), &allowed) != 0) {
-    throw OpFailed(errnoMessage("restoring the caller's CPU affinity after leaving a core "
+    throw OpFailed(errnoMessage("restoring this thread's CPU affinity after leaving a core "
                                 "shared with a peer rank: sched_setaffinity"));
   }
   coreMoves_.fetch_add(1, std::memory_order_relaxed);

@@ -32,7 +32,12 @@
 //   sched_yield() lost the core for longer than kCrowdedYield and finds a lower rank waiting
 //   on the same core moves itself to another core it may run on (narrowing its affinity
 //   and restoring it at once: the scheduler may move it again as before). The lower rank
-//   never moves, so the two cannot chase each other.
+//   never moves, so the two cannot chase each other. The progress threads of a pair do the
+//   same in a queued op's waits: stacked on one core (a peer's wake-up places the woken thread
+//   on the waker's core when its own is busy for a moment), each yield next to the peer that
+//   copies costs up to a tick, and the lost yields start crowded spells (core_yield.h) in
+//   which every wait sleeps: a 64 MB all_reduce took 2-3x as long for as long as they stayed
+//   stacked (docs/performance.md#pair-progress-threads-on-one-core-2026-11-27-issue-23).
 // * A group that has failed (an op failed or timed out, a point-to-point request failed, an
 //   exception escaped the transport on this thread) refuses every later op: fail() records
 //   the first reason, and the backend fails each later Work with GroupFailed naming it. So a

@@ -156,8 +156,9 @@ class StagingArea {
   }
   const uint8_t* peerPairSlot(int peer, size_t s) const { return pairSlotIn(peers_.at(peer), s); }
 
-  // The core this rank's caller last waited on during an inline op, for a peer to see
-  // whether the two share a core (engine/progress_engine.h); -1 before the first. Stored as
+  // The core this rank's driver (the caller of an inline op, or the progress thread) last
+  // waited on, for a peer to see whether the two share a core (engine/progress_engine.h);
+  // -1 before the first. Stored as
   // core + 1: the segment starts zero-filled.
   void publishCore(int core) const {
     coreWord(mine_).store(core + 1, std::memory_order_relaxed);

@@ -1,14 +1,16 @@
 """The program behind the ``mpi`` column of ``python -m ucxbackend bench``: mpi4py ``Allreduce``.
 
-Started by rank 0 of the bench (:func:`.mpi.run_mpi_reference`, which builds the command) as
+Started by rank 0 of the bench (:func:`.mpi.start_mpi_session`, which builds the command) as
 ``mpirun --allow-run-as-root --oversubscribe -n N --mca btl self,vader python -m
-ucxbackend.bench.mpi_worker --sizes=... --out=FILE``; not meant to be run by hand. It times in-place
-``Allreduce`` (``MPI.IN_PLACE``, as torch's all_reduce is in place) exactly as the bench times
-a torch backend: one checked iteration, warm-up, barrier, ``iters`` timed iterations, the
-per-rank mean/median/min/max per iteration reduced across ranks with MAX. Rank 0 writes the
-results as JSON to ``--out``. Sizes are the bench's all_reduce sizes, in bytes.
+ucxbackend.bench.mpi_worker --control=SOCKET ...``; not meant to be run by hand. Every rank
+connects to the bench's Unix socket ``--control``, says hello and then does what the bench
+asks, one JSON line at a time (the protocol: :mod:`.mpi`), sleeping in ``recv`` in between, so
+that it takes no core from the torch columns timed in the same rounds. It times in-place
+``Allreduce`` (``MPI.IN_PLACE``, as torch's all_reduce is in place) as the bench times a torch
+backend: one checked call and warm-up at ``prepare``; per ``round`` an untimed call if asked, a
+barrier and the timed calls, whose seconds go back to the bench, which reduces them.
 
-half, bfloat16 and avg have no MPI equivalent here: those rows are reported unsupported.
+half, bfloat16 and avg have no MPI equivalent here: those sizes are reported unsupported.
 The bench's test hook ``UCXBACKEND_BENCH_CORRUPT=mpi`` corrupts one checked element here too.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -29,7 +32,6 @@ from .cases import count_wrong, make_case_data, poison_value
 from .common import CORRUPT_ENV, MPI, OPS, TORCH_DTYPES
 from .mpi import WORKER_MODULE
 from .sizes import layout_for
-from .timing import time_stats
 
 _NUMPY_DTYPES: dict[torch.dtype, Any] = {
     torch.int8: np.int8,
@@ -45,13 +47,11 @@ _NUMPY_DTYPES: dict[torch.dtype, Any] = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {WORKER_MODULE}", description=__doc__)
-    p.add_argument("--sizes", required=True, help="comma-separated byte counts")
-    p.add_argument("--iters", type=int, required=True)
+    p.add_argument("--control", required=True, help="the bench's Unix socket")
     p.add_argument("--warmup_iters", type=int, required=True)
     p.add_argument("--datatype", required=True)
     p.add_argument("--op", required=True, choices=OPS)
     p.add_argument("--check", type=int, choices=(0, 1), default=1)
-    p.add_argument("--out", required=True)
     return p
 
 
@@ -63,44 +63,81 @@ def _unsupported_reason(dtype: torch.dtype, op: str) -> str | None:
     return None
 
 
-def _measure(comm: Any, mpi: Any, args: argparse.Namespace, nbytes: int) -> dict[str, Any]:
-    dtype = TORCH_DTYPES[args.datatype]
-    rank, world = comm.Get_rank(), comm.Get_size()
-    elsize = torch.empty((), dtype=dtype).element_size()
-    layout = layout_for("all_reduce", nbytes, elsize, world)
-    record: dict[str, Any] = {"bytes": layout.nbytes, "count": layout.count}
-    reason = _unsupported_reason(dtype, args.op)
-    if reason is not None:
-        return {**record, "supported": False, "error": reason, "time_us": None, "wrong": None}
-    data = make_case_data(
-        "all_reduce", layout, dtype, args.op, rank, world, 0, with_expected=bool(args.check)
-    )
-    assert data.send is not None
-    buf = data.send.numpy().astype(_NUMPY_DTYPES[dtype], copy=True)
-    mpi_op = {"sum": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX}[args.op]
-    comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
-    wrong = None
-    if args.check:
-        if os.environ.get(CORRUPT_ENV) == MPI and rank == 0:
-            buf[0] = poison_value(dtype)
-        assert data.expected is not None
-        local = count_wrong(torch.from_numpy(buf), data.expected, args.op)
-        wrong = int(comm.allreduce(local, op=mpi.SUM))
-    buf[:] = 0
-    for _ in range(args.warmup_iters):
-        comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
-    comm.Barrier()
-    times = []
-    for _ in range(args.iters):
-        start = time.perf_counter()
-        comm.Allreduce(mpi.IN_PLACE, buf, op=mpi_op)
-        times.append(time.perf_counter() - start)
-    local_stats = np.array(time_stats(times), dtype=np.float64)
-    stats = np.empty_like(local_stats)
-    comm.Allreduce(local_stats, stats, op=mpi.MAX)
-    keys = ("mean", "median", "min", "max")
-    time_us = dict(zip(keys, (float(x) * 1e6 for x in stats), strict=True))
-    return {**record, "supported": True, "error": None, "time_us": time_us, "wrong": wrong}
+class _Rank:
+    """This MPI rank's state between commands: the current size's buffer and op."""
+
+    def __init__(self, comm: Any, mpi: Any, args: argparse.Namespace) -> None:
+        self.comm, self.mpi, self.args = comm, mpi, args
+        self.dtype = TORCH_DTYPES[args.datatype]
+        self.buf: Any = None
+        self.mpi_op = {"sum": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX}.get(
+            args.op
+        )
+
+    def allreduce(self) -> None:
+        self.comm.Allreduce(self.mpi.IN_PLACE, self.buf, op=self.mpi_op)
+
+    def prepare(self, nbytes: int) -> dict[str, Any]:
+        """Check one call at ``nbytes`` (this rank's wrong count) and warm up."""
+        comm, args = self.comm, self.args
+        rank, world = comm.Get_rank(), comm.Get_size()
+        elsize = torch.empty((), dtype=self.dtype).element_size()
+        layout = layout_for("all_reduce", nbytes, elsize, world)
+        self.buf = None
+        reason = _unsupported_reason(self.dtype, args.op)
+        if reason is not None:
+            return {"supported": False, "error": reason, "wrong": None}
+        expected = bool(args.check)
+        data = make_case_data(
+            "all_reduce", layout, self.dtype, args.op, rank, world, 0, with_expected=expected
+        )
+        assert data.send is not None
+        self.buf = data.send.numpy().astype(_NUMPY_DTYPES[self.dtype], copy=True)
+        self.allreduce()
+        wrong = None
+        if args.check:
+            if os.environ.get(CORRUPT_ENV) == MPI and rank == 0:
+                self.buf[0] = poison_value(self.dtype)
+            assert data.expected is not None
+            wrong = count_wrong(torch.from_numpy(self.buf), data.expected, args.op)
+        self.buf[:] = 0  # in place: keep repeated reductions from overflowing
+        for _ in range(args.warmup_iters):
+            self.allreduce()
+        return {"supported": True, "error": None, "wrong": wrong}
+
+    def round(self, iters: int, rewarm: bool) -> dict[str, Any]:
+        """``iters`` timed calls after a barrier (and an untimed one first if ``rewarm``)."""
+        if self.buf is None:
+            raise RuntimeError("round before a supported prepare")
+        if rewarm:
+            self.allreduce()
+        self.comm.Barrier()
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            self.allreduce()
+            times.append(time.perf_counter() - start)
+        return {"times": times}
+
+
+def _serve(rank: _Rank, f: Any) -> None:
+    """Answer the bench's commands until ``exit`` or the socket closes."""
+    for line in f:
+        msg = json.loads(line)
+        cmd = msg.get("cmd")
+        if cmd == "exit":
+            return
+        try:
+            if cmd == "prepare":
+                answer = rank.prepare(int(msg["bytes"]))
+            elif cmd == "round":
+                answer = rank.round(int(msg["iters"]), bool(msg["rewarm"]))
+            else:
+                answer = {"failed": f"unknown command {cmd!r}"}
+        except Exception as exc:  # the bench names the rank and the command
+            answer = {"failed": f"{type(exc).__name__}: {exc}"}
+        f.write(json.dumps(answer) + "\n")
+        f.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,17 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    rows = [_measure(comm, MPI, args, nbytes) for nbytes in sizes]
-    if comm.Get_rank() == 0:
-        doc = {
-            "library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
-            "mpi4py": mpi4py.__version__,
-            "world_size": comm.Get_size(),
-            "rows": rows,
-        }
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(args.control)
+        with sock.makefile("rw", encoding="utf-8", newline="\n") as f:
+            hello = {
+                "rank": comm.Get_rank(),
+                "pid": os.getpid(),
+                "library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
+                "mpi4py": mpi4py.__version__,
+            }
+            f.write(json.dumps(hello) + "\n")
+            f.flush()
+            _serve(_Rank(comm, MPI, args), f)
     return 0
 
 

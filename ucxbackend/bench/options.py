@@ -276,7 +276,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         help="cut each size's -n timed iterations into this many rounds, taken by the "
-        "backends in turn (ucx, gloo, ucx, gloo, ...), each after one untimed iteration, so "
+        "backends in turn, mpi included (ucx, gloo, mpi, ucx, gloo, mpi, ...), each after one "
+        "untimed iteration, so "
         "that a machine whose speed drifts skews no ratio; 1 (default) times each backend "
         "in one block, as nccl-tests",
     )

@@ -373,6 +373,7 @@ def row_records(rows: Sequence[Row], stat: str, world: int) -> list[dict[str, An
                     "transport": m.transport,
                     "waits": m.waits,
                     "host_staged": m.host_staged,
+                    "round_spans": m.spans,
                 }
             )
     return records
@@ -457,7 +458,7 @@ def header_lines(
     if mpi.status == "ok":
         lines.append(
             f"# mpi: {mpi.library} via mpi4py {mpi.mpi4py} (all_reduce only, {world} ranks "
-            "on rank 0's host, measured before the torch sweep)"
+            "on rank 0's host, timed in the rounds of the torch columns)"
         )
     elif mpi.status != "not requested":
         lines.append(f"# mpi column {mpi.status}: {mpi.reason}")

@@ -4,9 +4,11 @@ Call order (:func:`run_rank`): rank, world and local rank from the environment; 
 environment checked (:func:`.options.validate_environment`); the ``--timeout`` watchdog
 started; a Gloo default group (the control group); the ranks' hosts and devices gathered
 (which also decides whether nccl can run: :func:`nccl_skip_reason`) and one ``new_group`` per
-column that can (the udp variants, then ``--backends``); rank 0 runs the mpi reference
-(:mod:`.mpi`) while the others wait; then for every collective and size, each column is
-prepared, timed round by round in turn with the others and finished (:mod:`.timing`), and
+column that can (the udp variants, then ``--backends``); rank 0 starts the mpi job
+(:mod:`.mpi`), whose column, like the others, is then prepared, timed round by round in turn
+with them and finished at every all_reduce size, the other ranks waiting on the control group
+during its turns; then for every collective and size, each column is prepared, timed round
+by round in turn with the others and finished (:mod:`.timing`), and
 with ``--device cuda`` the d2d copy limit timed; rank 0 prints the table as it goes
 (:mod:`.report`) and writes ``--json`` / ``--plot`` at the end. :func:`run_rank_reporting`
 turns failures into the bench's exit statuses.
@@ -47,7 +49,7 @@ from .common import (
     UsageError,
 )
 from .launcher import recorded_command, start_watchdog
-from .mpi import MpiOutcome, run_mpi_reference
+from .mpi import MpiOutcome, MpiSession, MpiTimed, start_mpi_session
 from .ops import column_label
 from .options import BenchOptions, validate_environment
 from .plot import write_plot
@@ -177,12 +179,19 @@ def nccl_skip_reason(nccl_available: bool, ranks: Sequence[Mapping[str, Any]]) -
 class _Sweep:
     """The measurement loop of one rank; rank 0 prints."""
 
-    def __init__(self, ctx: RankContext, out: TextIO, err: TextIO, mpi: MpiOutcome) -> None:
+    def __init__(
+        self,
+        ctx: RankContext,
+        out: TextIO,
+        err: TextIO,
+        mpi_on: bool,
+        session: MpiSession | None,
+    ) -> None:
         self.ctx = ctx
         self.out = out
-        self.mpi = mpi
+        self.session = session  # rank 0's, while the mpi column is on
         self.lead = ctx.rank == 0
-        self.columns = ctx.opts.columns(mpi.status == "ok")
+        self.columns = ctx.opts.columns(mpi_on)
         self.cuda = ctx.opts.device == "cuda"
         self.progress = Progress(err, enabled=self.lead, verbose=ctx.opts.verbose)
         elsize, sizes = ctx.opts.elsize, ctx.opts.sizes()
@@ -227,10 +236,14 @@ class _Sweep:
         )
         row = row_for(layout, opts)
         size = format_size(layout.nbytes) if layout.collective != "barrier" else "-"
-        timed: list[Timed] = []
+        timed: list[Timed | MpiTimed] = []
         for backend in self.columns:
             if backend == MPI:
-                row.results[MPI] = self.mpi_result(layout)
+                mpi = self.mpi_prepare(layout)
+                if isinstance(mpi, Measurement):
+                    row.results[MPI] = mpi
+                else:
+                    timed.append(mpi)
                 continue
             self.step += 1
             self.progress.update(f"{layout.collective} {backend} {size} ({self.step}/{self.steps})")
@@ -239,23 +252,50 @@ class _Sweep:
                 row.results[backend] = ready
             else:
                 timed.append(ready)
-        # Backends take turns round by round, so that a machine that slows down for a while
-        # (a busy host; docs/performance.md) slows every column alike and the ratios hold.
+        # Backends take turns round by round, mpi among them, so that a machine that slows
+        # down for a while (a busy host; docs/performance.md) slows every column alike and
+        # the ratios hold.
         for n in round_lengths(opts.iters, opts.rounds):
             for t in timed:
-                time_round(ctx, t, n, rewarm=opts.rounds > 1)
+                if isinstance(t, MpiTimed):
+                    self.mpi_round(t, n, rewarm=opts.rounds > 1)
+                else:
+                    time_round(ctx, t, n, rewarm=opts.rounds > 1)
         for t in timed:
-            row.results[t.backend] = finish(ctx, t)
+            if isinstance(t, MpiTimed):
+                row.results[MPI] = self.mpi_finish(t)
+            else:
+                row.results[t.backend] = finish(ctx, t)
         if limit:
             row.limit = measure_d2d_copy(ctx, layout.nbytes)
         line = format_row(row, self.columns, opts.check, opts.stat, ctx.world, labels, limit)
         self.emit([line])
         return row
 
-    def mpi_result(self, layout: Layout) -> Measurement:
+    def mpi_prepare(self, layout: Layout) -> Measurement | MpiTimed:
+        """The mpi column's check and warm-up at this size (rank 0; the others wait on the
+        control group): an MpiTimed on every rank, or a Measurement on every rank where MPI
+        cannot run it, so that all ranks agree on which rounds mpi takes part in."""
         if layout.collective != "all_reduce":
             return Measurement(False, None)
-        return self.mpi.rows.get(layout.nbytes, Measurement(False, "not measured by mpi"))
+        ready: Measurement | MpiTimed = MpiTimed(layout.nbytes, None, [])  # a rank's stand-in
+        if self.session is not None:
+            self.progress.update(f"all_reduce mpi {format_size(layout.nbytes)}")
+            ready = self.session.prepare(layout)
+        if not self.ctx.all_ok(isinstance(ready, MpiTimed)):
+            return ready if isinstance(ready, Measurement) else Measurement(False, "on rank 0")
+        return ready
+
+    def mpi_round(self, timed: MpiTimed, iters: int, rewarm: bool) -> None:
+        """The mpi column's turn in a round: rank 0 runs it while the others wait (asleep)."""
+        if self.session is not None:
+            self.session.round(timed, iters, rewarm)
+        dist.barrier(group=self.ctx.ctrl)
+
+    def mpi_finish(self, timed: MpiTimed) -> Measurement:
+        if self.session is None:
+            return Measurement(False, "measured on rank 0")
+        return self.session.finish(timed)
 
 
 def _gather_rank_info(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
@@ -267,21 +307,23 @@ def _gather_rank_info(rank: int, world: int, device: torch.device) -> list[dict[
     return [dict(i) for i in infos]
 
 
-def _mpi_phase(ctx: RankContext, err: TextIO) -> MpiOutcome:
-    """Rank 0 runs the mpi reference while the others wait on the control group."""
+def _mpi_phase(ctx: RankContext, err: TextIO) -> tuple[MpiOutcome, MpiSession | None, bool]:
+    """Rank 0 starts the mpi job while the others wait on the control group: its outcome,
+    rank 0's session, and (every rank) whether the mpi column is on."""
     opts = ctx.opts
-    outcome = MpiOutcome("not requested")
+    outcome, session = MpiOutcome("not requested"), None
+    if not opts.mpi:
+        return outcome, None, False
     if opts.mpi and ctx.rank == 0:
         if "all_reduce" not in opts.collectives:
             outcome = MpiOutcome("skipped", "the mpi reference measures all_reduce only")
         else:
             Progress(err, enabled=True, verbose=opts.verbose).update(
-                f"mpi all_reduce reference (mpirun -n {ctx.world})"
+                f"mpi all_reduce reference: starting mpirun -n {ctx.world}"
             )
-            layouts = layouts_for("all_reduce", opts.sizes(), opts.elsize, ctx.world)
-            outcome = run_mpi_reference(opts, ctx.world, layouts, opts.timeout)
-    dist.barrier(group=ctx.ctrl)
-    return outcome
+            outcome, session = start_mpi_session(opts, ctx.world, opts.timeout)
+    on = ctx.all_ok(outcome.status == "ok" or ctx.rank != 0)  # rank 0's answer, everywhere
+    return outcome, session, on
 
 
 def _finish(ctx: RankContext, report: dict[str, Any]) -> None:
@@ -340,11 +382,15 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
             opts, rank, world, device, world_group, groups, sync, opts.udp_columns(), skipped,
             TraceWriter(opts.trace, rank) if opts.trace else None,
         )
-        mpi = _mpi_phase(ctx, err)
-        sweep = _Sweep(ctx, out, err, mpi)
-        versions = _versions(mpi)
-        sweep.emit(header_lines(opts, world, versions, ranks, mpi, skipped))
-        rows = sweep.run()
+        mpi, session, mpi_on = _mpi_phase(ctx, err)
+        try:
+            sweep = _Sweep(ctx, out, err, mpi_on, session)
+            versions = _versions(mpi)
+            sweep.emit(header_lines(opts, world, versions, ranks, mpi, skipped))
+            rows = sweep.run()
+        finally:
+            if session is not None:
+                session.close()
         report = build_report(
             opts=opts,
             world=world,

@@ -50,6 +50,9 @@ class Measurement:
     transport: dict[str, Any] | None = None  # udp columns: see udp_transport_stats()
     waits: dict[str, Any] | None = None  # ucx and udp columns: see waits.wait_stats()
     host_staged: bool = False  # the bench copied the tensors to the host and back (ops)
+    # When each round's timed calls ran, on rank 0's monotonic clock (seconds): that the
+    # columns took turns shows in the JSON (round_spans).
+    spans: list[tuple[float, float]] | None = None
 
     def time(self, stat: str) -> float | None:
         return None if self.time_us is None else self.time_us[stat]
@@ -214,6 +217,7 @@ class Timed:
     counted: dict[str, int] = field(default_factory=dict)  # udp counters' change in rounds
     gauges: dict[str, int] = field(default_factory=dict)  # udp gauges after the last round
     waited: dict[str, int] = field(default_factory=dict)  # wait counters' change in rounds
+    spans: list[tuple[float, float]] = field(default_factory=list)  # see Measurement.spans
 
 
 def prepare(ctx: RankContext, backend: str, layout: Layout, data: CaseData) -> Measurement | Timed:
@@ -265,7 +269,9 @@ def time_round(ctx: RankContext, timed: Timed, iters: int, rewarm: bool) -> None
     dist.barrier(group=timed.group)
     before = settled_udp_counters(timed.group) if timed.udp else None
     waits_before = wait_counters(timed.group) if timed.native else None
+    start = time.monotonic()
     timed.times += _time_iterations(timed.fn, ctx.sync, iters)
+    timed.spans.append((start, time.monotonic()))
     if waits_before is not None:
         for c, v in counted(waits_before, wait_counters(timed.group)).items():
             timed.waited[c] = timed.waited.get(c, 0) + v
@@ -293,7 +299,8 @@ def finish(ctx: RankContext, timed: Timed) -> Measurement:
         sums = ctx.sum_stats([timed.waited.get(c, 0) for c in WAIT_COUNTERS])
         waits = wait_stats(dict(zip(WAIT_COUNTERS, sums, strict=True)), len(timed.times))
     return Measurement(
-        True, None, time_us, timed.wrong, transport, waits=waits, host_staged=timed.host_staged
+        True, None, time_us, timed.wrong, transport, waits=waits, host_staged=timed.host_staged,
+        spans=list(timed.spans),
     )
 
 
