@@ -117,7 +117,7 @@ FILE_SECONDS = {
     "test_multinode_interfaces.py": 45,
     "test_shared_memory.py": 40,
     # Its three programs' units (about 30 s of CPU, 60-75 s of this file in a clean clone)
-    # come from the prebuild, which compiles them first: listed after the five multi-rank
+    # come from the prebuild, which compiles them first: listed after the six multi-rank
     # files above so that the prebuild has had their idle CPU (docs/testing.md).
     "test_udp_core.py": 40,
     "test_udp_fuzz.py": 35,

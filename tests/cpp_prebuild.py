@@ -27,11 +27,11 @@ from test_udp_core import PLAIN_PROGRAMS
 from test_udp_core_sanitizers import SANITIZED
 from test_udp_fuzz import FUZZER
 
-# In the order make test needs them (tests/conftest.py's FILE_SECONDS): the fuzzer's file
-# comes first and compiles the core's units that SANITIZED shares; the plain programs of
-# test_udp_core.py and test_algorithms_inproc.py, which make test hands out after several
-# multi-rank files for this reason, before the ThreadSanitizer and AddressSanitizer ones.
-PROGRAMS = [FUZZER, SANITIZED, *PLAIN_PROGRAMS, TSAN, ALGORITHMS, ASAN]
+# In the order make test hands out their files (tests/conftest.py's FILE_SECONDS, which puts
+# test_udp_core.py and test_algorithms_inproc.py after the longest multi-rank files for this
+# reason): the udp core's plain programs, the fuzzer (whose core units SANITIZED shares), the
+# udp sanitizer program, the algorithms' ThreadSanitizer, plain and AddressSanitizer programs.
+PROGRAMS = [*PLAIN_PROGRAMS, FUZZER, SANITIZED, TSAN, ALGORITHMS, ASAN]
 
 
 def _remove_dead_scratch() -> None:
