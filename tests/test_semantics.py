@@ -241,19 +241,27 @@ def test_timeout_peer_never_joins(mode: str, tmp_path: Path) -> None:
         assert names_peer(msg, 1), f"message must name the silent peer (1): {msg}"
 
 
-def _late_peer(rank: int, ws: int) -> Any:
+def _late_peer(rank: int, ws: int, gave_up: str) -> Any:
     if rank == 1:
-        time.sleep(2.5)
+        # Joins once rank 0's wait has returned (it creates `gave_up`), or after 2.5 s: a wait
+        # that ignores its timeout then gets the op's result, not an error, and fails the test.
+        deadline = time.monotonic() + 2.5
+        while not os.path.exists(gave_up) and time.monotonic() < deadline:
+            time.sleep(0.02)
         t = torch.ones(4)
         timed(lambda: dist.all_reduce(t))  # may complete or fail: rank 0 gave up on it
         return None
     t = torch.ones(4)
     work = dist.all_reduce(t, async_op=True)
-    return timed(lambda: work.wait(timeout=timedelta(seconds=1)))
+    try:
+        return timed(lambda: work.wait(timeout=timedelta(seconds=1)))
+    finally:
+        open(gave_up, "w").close()
 
 
-def test_work_wait_timeout() -> None:
-    res = run_world(_late_peer, 2, pg_timeout=5, timeout=60)
+def test_work_wait_timeout(tmp_path: Path) -> None:
+    gave_up = str(tmp_path / "rank0_gave_up")
+    res = run_world(_late_peer, 2, args=(gave_up,), pg_timeout=5, timeout=60)
     elapsed, exc, msg = res[0]
     assert exc is not None, f"wait(timeout=1s) returned after {elapsed:.1f}s with the peer late"
     assert 0.8 <= elapsed < 6, (elapsed, msg)
