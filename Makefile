@@ -17,7 +17,7 @@
 # libucx-cu12 wheel, e.g. UCX_HOME=/usr for Debian's libucx-dev), MAX_JOBS (2: parallel
 # compile jobs; gpu-check: every core), BUILD_EXT_FLAGS (extra flags for build_ext, e.g. --force), TEST_JOBS (2: pytest
 # worker processes, each taking whole test files; 0 runs the suite in this process), CPP_PREBUILD
-# (--cpp-prebuild: make test compiles the sanitized C++ programs in the background; empty: not),
+# (--cpp-prebuild: make test compiles the C++ test programs in the background; empty: not),
 # PYTEST_ARGS,
 # GPU_TEST_JOBS (4: gpu-check's pytest workers), GPU_TESTS (tests/gpu: the files gpu-tests runs,
 # whole files per worker, handed out in this order), GPU_CXX, GPU_CC (g++, gcc: gpu-check's compilers).
@@ -106,7 +106,7 @@ demo: deps build
 
 PYTEST := OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
-# --cpp-prebuild: the sanitized C++ test programs compile at the lowest priority while the
+# --cpp-prebuild: the C++ test programs compile at the lowest priority while the
 # tests run, on the CPU the multi-rank tests leave idle (tests/cpp_prebuild.py). CPP_PREBUILD=
 # (empty) leaves them to their tests, to compare the two (docs/testing.md).
 CPP_PREBUILD ?= --cpp-prebuild

@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cpp-prebuild",
         action="store_true",
-        help="compile the sanitized C++ test programs in the background at the lowest "
+        help="compile the C++ test programs in the background at the lowest "
         "priority while the tests run (tests/cpp_prebuild.py; make test passes it)",
     )
 
@@ -103,59 +103,64 @@ def pytest_configure(config: pytest.Config) -> None:
 # next file in collection order when it runs low (--no-loadscope-reorder: else xdist orders
 # files by their number of tests, which put long files of few tests, the namespace-rig jobs
 # and the fuzzer among them, last, leaving one worker alone with them at the end). The longest
-# files go first, so that the last files handed out are short. Seconds each file took in a
-# clean clone's `make test PYTEST_ARGS=--durations=0` on a quiet host (2026-11-26 22:16 UTC;
-# setup + call + teardown summed per file, rounded to 5 s): only their order matters. The
-# tests summed to 941 s against 482 s of wall on two workers, so little time went idle.
-# Files not listed (a few seconds or less) follow in their usual order. Paths are relative
-# to tests/.
+# files go first, so that the last files handed out are short. Seconds each file took in the
+# clean clone's `make test PYTEST_ARGS=--durations=0` of 2026-11-27 07:07 UTC (main at
+# 3f8b6f2, quiet host; setup + call + teardown summed per file, rounded to 5 s), less what
+# tests/cpp_prebuild.py now compiles ahead of them, plus the tests added since: only their
+# order matters. Files not listed (a few seconds or less) follow in their usual order. Paths
+# are relative to tests/.
 FILE_SECONDS = {
-    "test_udp_core.py": 60,
-    "test_algorithms_inproc.py": 30,
-    "test_udp_backend.py": 60,
-    "test_collectives.py": 55,
-    "test_multinode_collectives.py": 55,
-    "test_torch_suite.py": 40,
+    "test_udp_backend.py": 110,
+    "test_collectives.py": 85,
+    "test_multinode_collectives.py": 80,
+    "test_torch_suite.py": 50,
+    "test_multinode_interfaces.py": 45,
     "test_shared_memory.py": 40,
+    # Its three programs' units (about 30 s of CPU, 60-75 s of this file in a clean clone)
+    # come from the prebuild, which compiles them first: listed after the six multi-rank
+    # files above so that the prebuild has had their idle CPU (docs/testing.md).
+    "test_udp_core.py": 40,
     "test_udp_fuzz.py": 35,
+    "test_udp_core_sanitizers.py": 30,
     "test_split_shrink.py": 30,
-    "test_multinode_interfaces.py": 30,
-    "test_docker_files.py": 25,
-    "test_semantics.py": 25,
+    "test_docker_files.py": 30,
+    "test_creation_kill.py": 25,
+    "test_multinode_chunks.py": 25,
+    "test_algorithms_tsan.py": 25,
     "test_tutorials.py": 25,
-    # Split from test_udp_core.py and test_algorithms_inproc.py on 2026-11-26 (their compiling
-    # runs in tests/cpp_prebuild.py): 26 and 18 s in the quiet clean clone of 2026-11-27
-    # 00:50 UTC, where test_udp_core.py took 86 s and test_algorithms_inproc.py 22 s.
-    "test_udp_core_sanitizers.py": 25,
-    "test_algorithms_tsan.py": 20,
-    # Its build, not prebuilt (2026-11-27 03:42 UTC, shared host): 44 s, the group 2 s; 30 %
-    # less CPU since it compiles only its group's sources (2026-11-27 04:40-05:10 UTC).
-    "test_algorithms_asan.py": 30,
-    "test_fold_receive.py": 15,
+    "test_fold_receive.py": 25,
+    # Its program comes from the prebuild too (was 45 s with the build in its first setup).
+    "test_algorithms_inproc.py": 20,
     "test_soak.py": 20,
-    "test_multinode_chunks.py": 20,
-    "test_failure_model.py": 15,
-    "test_typing.py": 15,
-    "test_bench_runner.py": 15,
-    "test_lifecycle.py": 15,
+    "test_bench_runner.py": 20,
+    "test_semantics.py": 15,
+    # 2 s when prebuilt; not last, in case the prebuild has not reached it (44 s then).
+    "test_algorithms_asan.py": 15,
     "test_cli.py": 15,
+    "test_typing.py": 15,
+    "test_failure_model.py": 15,
+    "test_lifecycle.py": 15,
     "test_send_lane.py": 10,
     "test_progress.py": 10,
     "test_bench_launcher.py": 10,
     "test_one_host_reach.py": 10,
-    "test_rig_plain_udp.py": 10,
-    "test_rig_real_loss.py": 10,
-    "test_udp_auth.py": 10,
     "test_reduce_kernels.py": 10,
-    "test_chunking.py": 10,
-    "test_bench_cases.py": 10,
-    "test_algorithms.py": 10,
+    "test_udp_auth.py": 10,
+    "test_inline.py": 10,
+    "test_rig_plain_udp.py": 10,
+    "test_ucx_unused_parts.py": 10,
+    "test_rig_real_loss.py": 10,
+    "test_algorithms.py": 5,
     "test_bench_mpi.py": 5,
+    "test_bench_cases.py": 5,
+    "test_chunking.py": 5,
     "test_abort.py": 5,
-    "test_consumers.py": 5,
     "test_gpu_session.py": 5,
-    "test_bench_startup.py": 5,
     "test_bench_trace.py": 5,
+    "test_bench_options.py": 5,
+    "test_cpp_build.py": 5,
+    "test_consumers.py": 5,
+    "test_bench_startup.py": 5,
 }
 
 

@@ -1,10 +1,11 @@
-"""Compiles the sanitized C++ test programs ahead of their tests, on idle CPU.
+"""Compiles the C++ test programs ahead of their tests, on idle CPU.
 
 make test starts this with the session (``pytest --cpp-prebuild``, tests/conftest.py) under
 SCHED_IDLE, the lowest priority. Much of a multi-rank test is one rank waiting for another or a
 timeout running out, and the ThreadSanitizer and AddressSanitizer builds are about 90 s of
-compiling that their tests would otherwise do at full priority; here they fill the gaps
-instead, and their tests (handed out later than the plain ones) find the units compiled.
+compiling, the plain programs of test_udp_core.py and test_algorithms_inproc.py about 55 s,
+that their tests would otherwise do at full priority; here they fill the gaps instead, and
+their tests (handed out after the first multi-rank files) find the units compiled.
 Nothing here decides whether a test passes: a unit that fails to compile is left for its test
 to compile and report, and a unit a test wants while this compiles it, the test compiles itself
 (cpp_build.prebuild).
@@ -20,13 +21,17 @@ import sys
 
 import cpp_build  # tests/ is sys.path[0]: this script's folder
 from test_algorithms_asan import ASAN
+from test_algorithms_inproc import ALGORITHMS
 from test_algorithms_tsan import TSAN
+from test_udp_core import PLAIN_PROGRAMS
 from test_udp_core_sanitizers import SANITIZED
 from test_udp_fuzz import FUZZER
 
-# In the order make test needs them: the fuzzer's file comes before the sanitizer files
-# (tests/conftest.py's FILE_SECONDS), and compiles the core's units that SANITIZED shares.
-PROGRAMS = [FUZZER, SANITIZED, TSAN, ASAN]
+# In the order make test hands out their files (tests/conftest.py's FILE_SECONDS, which puts
+# test_udp_core.py and test_algorithms_inproc.py after the longest multi-rank files for this
+# reason): the udp core's plain programs, the fuzzer (whose core units SANITIZED shares), the
+# udp sanitizer program, the algorithms' ThreadSanitizer, plain and AddressSanitizer programs.
+PROGRAMS = [*PLAIN_PROGRAMS, FUZZER, SANITIZED, TSAN, ALGORITHMS, ASAN]
 
 
 def _remove_dead_scratch() -> None:

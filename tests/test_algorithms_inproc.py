@@ -44,14 +44,13 @@ GROUPS = [
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 
 
+# Also compiled ahead of this file by tests/cpp_prebuild.py.
+ALGORITHMS = cpp_build.Program("algorithms_test", PROGRAM, SOURCE_GROUPS, cpp_build.PLAIN)
+
+
 @pytest.fixture(scope="module")
 def algorithms_test() -> Path:
-    return cpp_build.build(
-        "algorithms_test",
-        PROGRAM,
-        groups=SOURCE_GROUPS,
-        flags=cpp_build.PLAIN,
-    )
+    return ALGORITHMS.build()
 
 
 def _run(binary: Path, args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
 FAST = 8.0  # found in well under a second (kWatchAfter + kLivenessSlice): a bound, not a speed
 VICTIM_ENV = "UCXBACKEND_TEST_KILL_AT"
 # The Store's timeout for a creation that a rank never joins: the survivors wait for it.
-NEVER_JOINED_TIMEOUT = 4.0
+NEVER_JOINED_TIMEOUT = 2.0
 # What the survivors may take beyond it on this loaded 2-core machine: a bound, not a speed.
 SLACK = 8.0
 

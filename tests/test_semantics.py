@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,21 +206,30 @@ def test_group_isolation() -> None:
 # --------------------------------------------------------------------------
 
 
-def _peer_never_joins(rank: int, ws: int, pg_timeout: float, mode: str) -> Any:
+def _peer_never_joins(rank: int, ws: int, pg_timeout: float, mode: str, gave_up: str) -> Any:
     if rank == 1:
-        time.sleep(pg_timeout + 5)  # never joins; leaves after rank 0 has given up
+        # Never joins, and stays until rank 0 has given up (it then creates `gave_up`), so that
+        # rank 0 meets a silent peer rather than one that left; the cap only bounds a rank 0
+        # that never returns (the parent's deadline fails that world anyway).
+        deadline = time.monotonic() + pg_timeout + 10
+        while not os.path.exists(gave_up) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return None
     t = torch.ones(4)
-    if mode == "sync":
-        return timed(lambda: dist.all_reduce(t))
-    return timed(lambda: dist.all_reduce(t, async_op=True).wait())
+    try:
+        if mode == "sync":
+            return timed(lambda: dist.all_reduce(t))
+        return timed(lambda: dist.all_reduce(t, async_op=True).wait())
+    finally:
+        open(gave_up, "w").close()
 
 
 @pytest.mark.parametrize("mode", ["async_wait", "sync"])
-def test_timeout_peer_never_joins(mode: str) -> None:
+def test_timeout_peer_never_joins(mode: str, tmp_path: Path) -> None:
     pg_timeout = 3.0
+    gave_up = str(tmp_path / "rank0_gave_up")
     res = run_world(
-        _peer_never_joins, 2, pg_timeout=pg_timeout, args=(pg_timeout, mode), timeout=60
+        _peer_never_joins, 2, pg_timeout=pg_timeout, args=(pg_timeout, mode, gave_up), timeout=60
     )
     elapsed, exc, msg = res[0]
     assert exc is not None, f"all_reduce with an absent peer returned after {elapsed:.1f}s"
@@ -231,19 +241,27 @@ def test_timeout_peer_never_joins(mode: str) -> None:
         assert names_peer(msg, 1), f"message must name the silent peer (1): {msg}"
 
 
-def _late_peer(rank: int, ws: int) -> Any:
+def _late_peer(rank: int, ws: int, gave_up: str) -> Any:
     if rank == 1:
-        time.sleep(2.5)
+        # Joins once rank 0's wait has returned (it creates `gave_up`), or after 2.5 s: a wait
+        # that ignores its timeout then gets the op's result, not an error, and fails the test.
+        deadline = time.monotonic() + 2.5
+        while not os.path.exists(gave_up) and time.monotonic() < deadline:
+            time.sleep(0.02)
         t = torch.ones(4)
         timed(lambda: dist.all_reduce(t))  # may complete or fail: rank 0 gave up on it
         return None
     t = torch.ones(4)
     work = dist.all_reduce(t, async_op=True)
-    return timed(lambda: work.wait(timeout=timedelta(seconds=1)))
+    try:
+        return timed(lambda: work.wait(timeout=timedelta(seconds=1)))
+    finally:
+        open(gave_up, "w").close()
 
 
-def test_work_wait_timeout() -> None:
-    res = run_world(_late_peer, 2, pg_timeout=5, timeout=60)
+def test_work_wait_timeout(tmp_path: Path) -> None:
+    gave_up = str(tmp_path / "rank0_gave_up")
+    res = run_world(_late_peer, 2, args=(gave_up,), pg_timeout=5, timeout=60)
     elapsed, exc, msg = res[0]
     assert exc is not None, f"wait(timeout=1s) returned after {elapsed:.1f}s with the peer late"
     assert 0.8 <= elapsed < 6, (elapsed, msg)

@@ -182,19 +182,35 @@ def test_staged_sizes_that_differ_fail_with_both_sizes(unit: int) -> None:
         assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
 
 
-def _late_receiver(rank: int, ws: int) -> dict[str, Any]:
+LATE_PG_TIMEOUT = 2.0
+LATE_BY = LATE_PG_TIMEOUT + 10.0  # the longest either rank waits for the other's marker
+
+
+def _wait_for(marker: Path) -> None:
+    """Until the other rank creates `marker`, at most LATE_BY (then the test's asserts say what
+    the other rank had done)."""
+    deadline = time.monotonic() + LATE_BY
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _late_receiver(rank: int, ws: int, markers: Path) -> dict[str, Any]:
     # 1 MiB: four staged pieces, so rank 0 puts every piece in a slot and sends every notice
-    # before it waits for a credit; rank 1 only arrives after rank 0's op timed out.
+    # before it waits for a credit; rank 1 only arrives after rank 0's op timed out and the
+    # next one was refused (rank 0 then creates `failed`), and rank 0 keeps its segment mapped
+    # until rank 1 has read it (rank 1 then creates `read`).
     first = np.arange(1 << 17, dtype=np.int64)
     second = -first - 1
     if rank == 0:
         _, timed_out = timed_failure(lambda: dist.broadcast(torch.from_numpy(first.copy()), 0))
         elapsed, refused = timed_failure(lambda: dist.broadcast(torch.from_numpy(second), 0))
-        time.sleep(LATE_BY)  # keep this rank's segment mapped while rank 1 reads it
+        (markers / "failed").touch()
+        _wait_for(markers / "read")
         return {"timed_out": timed_out, "refused": refused, "refused_after": elapsed}
-    time.sleep(LATE_BY)
+    _wait_for(markers / "failed")
     got = torch.zeros(first.size, dtype=torch.int64)
     _, error = timed_failure(lambda: dist.broadcast(got, 0))
+    (markers / "read").touch()
     return {
         "error": error,
         "first": bool(np.array_equal(got.numpy(), first)),
@@ -202,15 +218,13 @@ def _late_receiver(rank: int, ws: int) -> dict[str, Any]:
     }
 
 
-LATE_PG_TIMEOUT = 2.0
-LATE_BY = 4.0
-
-
-def test_slots_a_late_peer_may_read_are_never_rewritten() -> None:
+def test_slots_a_late_peer_may_read_are_never_rewritten(tmp_path: Path) -> None:
     """A sender whose op failed before every piece was read must not refill its slots: a peer
     that enters that op late would take the next op's bytes for it."""
     skip_unless_ucx("shared-memory staging is part of the ucx backend")
-    res = run_world(_late_receiver, 2, pg_timeout=LATE_PG_TIMEOUT, timeout=120)
+    res = run_world(
+        _late_receiver, 2, args=(tmp_path,), pg_timeout=LATE_PG_TIMEOUT, timeout=120
+    )
     sender, receiver = res
     assert sender["timed_out"] is not None, res
     # A group whose op failed refuses every later op (docs/failure-model.md), before staging
