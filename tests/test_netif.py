@@ -198,7 +198,7 @@ def test_ucx_env_leaves_single_host_jobs_alone(tmp_path: Path) -> None:
 def test_ucx_env_lists_no_interface_for_a_loopback_host(monkeypatch: pytest.MonkeyPatch) -> None:
     # Listing the interfaces (getifaddrs, an MTU ioctl each) was about 1.3 ms of CPU of each
     # rank's first ucx group on one host, for an answer the loopback host alone gives.
-    def no_listing() -> list[netif.Interface]:
+    def no_listing(*, mtu: bool = True) -> list[netif.Interface]:
         raise AssertionError("list_interfaces called for a loopback rendezvous host")
 
     monkeypatch.setattr(netif, "list_interfaces", no_listing)
@@ -297,3 +297,25 @@ def test_ucx_group_creation_with_a_spec_matching_nothing_fails_listing_interface
     line = next((s for s in out.splitlines() if "matches no usable interface" in s), "")
     assert line.startswith("ValueError: UCXBACKEND_IFNAME='nosuchif'"), out[-3000:]
     assert "interfaces here: " in line and "lo (127.0.0.1; loopback; mtu" in line, line
+
+
+def test_selection_asks_the_mtu_of_the_chosen_interface_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A udp group needs the MTU of the interface it binds to; asking every interface's cost a
+    socket and an ioctl each at every creation (docs/performance.md#start-up)."""
+    asked: list[str] = []
+    real_mtu = netif._mtu
+
+    def counting_mtu(name: str) -> int:
+        asked.append(name)
+        return real_mtu(name)
+
+    monkeypatch.setattr(netif, "_mtu", counting_mtu)
+    sel = netif.select_interface(None, "127.0.0.1")
+    assert asked == [sel.name]
+    assert sel.loopback and sel.mtu == real_mtu(sel.name) > 0
+    # listing for a person (doctor, errors) still asks every interface
+    asked.clear()
+    ifaces = netif.list_interfaces()
+    assert asked == [i.name for i in ifaces] and all(i.mtu > 0 for i in ifaces if i.up)
