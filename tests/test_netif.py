@@ -312,10 +312,36 @@ def test_selection_asks_the_mtu_of_the_chosen_interface_only(
         return real_mtu(name)
 
     monkeypatch.setattr(netif, "_mtu", counting_mtu)
-    sel = netif.select_interface(None, "127.0.0.1")
+    sel = netif.select_interface("lo", "127.0.0.1")  # a spec: every interface is listed
     assert asked == [sel.name]
     assert sel.loopback and sel.mtu == real_mtu(sel.name) > 0
     # listing for a person (doctor, errors) still asks every interface
     asked.clear()
     ifaces = netif.list_interfaces()
     assert asked == [i.name for i in ifaces] and all(i.mtu > 0 for i in ifaces if i.up)
+
+
+def test_a_loopback_host_asks_the_loopback_device_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A udp group on one host binds to the loopback device: it is asked by name, not found
+    by listing every interface (ctypes' getifaddrs, about 1 ms of a forked rank's CPU)."""
+    listed = netif.select_interface(None, "127.0.0.1", interfaces=netif.list_interfaces())
+
+    def no_listing(*, mtu: bool = True) -> list[netif.Interface]:
+        raise AssertionError("list_interfaces called for a loopback rendezvous host")
+
+    monkeypatch.setattr(netif, "list_interfaces", no_listing)
+    assert netif.select_interface(None, "127.0.0.1") == listed
+    assert netif.select_interface("", "localhost", resolve=lambda _h: "127.0.0.1").address == (
+        listed.address
+    )
+    # a spec, or a name that only resolves to loopback (its warning), still lists them
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface("lo", "127.0.0.1")
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface(None, "myhost", resolve=lambda _h: "127.0.1.1")
+    # a loopback device that is not there by that name: the listing decides
+    monkeypatch.setattr(netif, "_LOOPBACK_NAME", "nosuchlo")
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface(None, "127.0.0.1")

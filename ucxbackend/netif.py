@@ -65,6 +65,11 @@ ENV_VAR: Final = "UCXBACKEND_IFNAME"
 _IFF_UP: Final = 0x1
 _IFF_LOOPBACK: Final = 0x8
 _SIOCGIFMTU: Final = 0x8921
+_SIOCGIFFLAGS: Final = 0x8913
+_SIOCGIFADDR: Final = 0x8915
+_IFREQ_SIZE: Final = 40  # struct ifreq: the name (16 bytes), then a 24-byte union
+# The name Linux gives the loopback device of every network namespace.
+_LOOPBACK_NAME: Final = "lo"
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,24 @@ def _libc() -> ctypes.CDLL:
     # The C library this process has loaded already: ctypes.util.find_library would run
     # `ldconfig -p` in a child process, milliseconds of every group's creation.
     return ctypes.CDLL(None, use_errno=True)
+
+
+def _loopback_device() -> Interface | None:
+    """The loopback device, asked by its name (three ioctls on one socket), where it is up,
+    is the loopback and has an IPv4 address; else None (renamed, down: list them instead)."""
+    name = _LOOPBACK_NAME.encode()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, name.ljust(_IFREQ_SIZE, b"\0"))
+            flags = struct.unpack_from("H", raw, 16)[0]
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, name.ljust(_IFREQ_SIZE, b"\0"))
+        except OSError:  # no such device, or no IPv4 address
+            return None
+    up, loopback = bool(flags & _IFF_UP), bool(flags & _IFF_LOOPBACK)
+    if not (up and loopback):
+        return None
+    address = socket.inet_ntoa(raw[20:24])  # sockaddr_in at 16: family, port, address
+    return Interface(_LOOPBACK_NAME, (address,), _mtu(_LOOPBACK_NAME), up, loopback)
 
 
 def list_interfaces(*, mtu: bool = True) -> list[Interface]:
@@ -272,6 +295,21 @@ def select_interface(
     reach the rendezvous host; the loopback interface for a loopback host; with no host at
     all, the first usable non-loopback interface. The choice is logged at INFO.
     """
+    host_ip = resolve(rendezvous_host) if rendezvous_host else None
+    host_is_loopback = host_ip is not None and ipaddress.IPv4Address(host_ip).is_loopback
+    if (
+        interfaces is None
+        and not (spec and spec.strip())
+        and host_is_loopback
+        and rendezvous_host in {"localhost", host_ip}
+    ):
+        # One host (a udp group's usual case): the loopback device answers by name. Listing
+        # every interface through ctypes' getifaddrs cost a forked rank's first udp group
+        # about 1 ms of CPU (docs/performance.md#start-up).
+        lo = _loopback_device()
+        if lo is not None:
+            reason = f"rendezvous host {rendezvous_host} is loopback ({host_ip})"
+            return _logged(_selection(lo, reason, [lo.name]))
     # The MTU of the chosen interface only: one socket and ioctl instead of one per interface,
     # about 0.25 ms of a forked rank's first udp group on this host's four interfaces.
     ifaces = list(list_interfaces(mtu=False) if interfaces is None else interfaces)
@@ -279,8 +317,6 @@ def select_interface(
     def inventory() -> str:  # for an error: every interface with its MTU
         return _inventory(list_interfaces() if interfaces is None else ifaces)
 
-    host_ip = resolve(rendezvous_host) if rendezvous_host else None
-    host_is_loopback = host_ip is not None and ipaddress.IPv4Address(host_ip).is_loopback
     by_addr = {a: i for i in ifaces for a in i.addresses}
 
     routed: Interface | None = None
@@ -352,6 +388,10 @@ def select_interface(
         )
     if sel.mtu == 0 and interfaces is None:
         sel = replace(sel, mtu=_mtu(sel.name))
+    return _logged(sel)
+
+
+def _logged(sel: Selection) -> Selection:
     log.info(
         "network interface %s (address %s, mtu %d): %s",
         sel.name,
