@@ -74,7 +74,7 @@ _LOOPBACK_NAME: Final = "lo"
 
 @dataclass(frozen=True)
 class Interface:
-    """A network interface: its IPv4 addresses, MTU and flags."""
+    """A network interface: its IPv4 addresses, MTU (0: not asked) and flags."""
 
     name: str
     addresses: tuple[str, ...]
