@@ -243,6 +243,25 @@ def test_pg_options_override_env() -> None:
     }
 
 
+def test_resolve_parses_each_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every group's creation resolves its config: parsing the values that the environment
+    # or the Options gave again, and every default, was a native call per knob each time.
+    options = Options(progress_mode="poll")
+    parsed: list[str] = []
+    real_parse = cfg.Knob.parse
+
+    def counting_parse(self: cfg.Knob, raw: object) -> Any:
+        parsed.append(self.name)
+        return real_parse(self, raw)
+
+    monkeypatch.setattr(cfg.Knob, "parse", counting_parse)
+    c = options.resolve({"UCXBACKEND_SPIN_US": "7"})
+    assert parsed == ["spin_us"]
+    assert c == Config(progress_mode="poll", spin_us=7)
+    assert (c.sources["progress_mode"], c.sources["spin_us"]) == ("pg_options", "env")
+    assert c.sources["log_level"] == "default"
+
+
 def test_dict_pg_options() -> None:
     c = ucxbackend.get_config({"spin_us": "12", "log_level": "info"}, env={})
     assert (c.spin_us, c.log_level, c.progress_mode) == (12, "INFO", "sleep")

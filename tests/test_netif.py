@@ -198,7 +198,7 @@ def test_ucx_env_leaves_single_host_jobs_alone(tmp_path: Path) -> None:
 def test_ucx_env_lists_no_interface_for_a_loopback_host(monkeypatch: pytest.MonkeyPatch) -> None:
     # Listing the interfaces (getifaddrs, an MTU ioctl each) was about 1.3 ms of CPU of each
     # rank's first ucx group on one host, for an answer the loopback host alone gives.
-    def no_listing() -> list[netif.Interface]:
+    def no_listing(*, mtu: bool = True) -> list[netif.Interface]:
         raise AssertionError("list_interfaces called for a loopback rendezvous host")
 
     monkeypatch.setattr(netif, "list_interfaces", no_listing)
@@ -297,3 +297,51 @@ def test_ucx_group_creation_with_a_spec_matching_nothing_fails_listing_interface
     line = next((s for s in out.splitlines() if "matches no usable interface" in s), "")
     assert line.startswith("ValueError: UCXBACKEND_IFNAME='nosuchif'"), out[-3000:]
     assert "interfaces here: " in line and "lo (127.0.0.1; loopback; mtu" in line, line
+
+
+def test_selection_asks_the_mtu_of_the_chosen_interface_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A udp group needs the MTU of the interface it binds to; asking every interface's cost a
+    socket and an ioctl each at every creation (docs/performance.md#start-up)."""
+    asked: list[str] = []
+    real_mtu = netif._mtu
+
+    def counting_mtu(name: str) -> int:
+        asked.append(name)
+        return real_mtu(name)
+
+    monkeypatch.setattr(netif, "_mtu", counting_mtu)
+    sel = netif.select_interface("lo", "127.0.0.1")  # a spec: every interface is listed
+    assert asked == [sel.name]
+    assert sel.loopback and sel.mtu == real_mtu(sel.name) > 0
+    # listing for a person (doctor, errors) still asks every interface
+    asked.clear()
+    ifaces = netif.list_interfaces()
+    assert asked == [i.name for i in ifaces] and all(i.mtu > 0 for i in ifaces if i.up)
+
+
+def test_a_loopback_host_asks_the_loopback_device_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A udp group on one host binds to the loopback device: it is asked by name, not found
+    by listing every interface (ctypes' getifaddrs, about 1 ms of a forked rank's CPU)."""
+    listed = netif.select_interface(None, "127.0.0.1", interfaces=netif.list_interfaces())
+
+    def no_listing(*, mtu: bool = True) -> list[netif.Interface]:
+        raise AssertionError("list_interfaces called for a loopback rendezvous host")
+
+    monkeypatch.setattr(netif, "list_interfaces", no_listing)
+    assert netif.select_interface(None, "127.0.0.1") == listed
+    assert netif.select_interface("", "localhost", resolve=lambda _h: "127.0.0.1").address == (
+        listed.address
+    )
+    # a spec, or a name that only resolves to loopback (its warning), still lists them
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface("lo", "127.0.0.1")
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface(None, "myhost", resolve=lambda _h: "127.0.1.1")
+    # a loopback device that is not there by that name: the listing decides
+    monkeypatch.setattr(netif, "_LOOPBACK_NAME", "nosuchlo")
+    with pytest.raises(AssertionError, match="list_interfaces"):
+        netif.select_interface(None, "127.0.0.1")

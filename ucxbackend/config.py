@@ -270,6 +270,19 @@ class Config:
         object.__setattr__(self, "_values", MappingProxyType(parsed))
         object.__setattr__(self, "_sources", MappingProxyType(_validated_sources(sources or {})))
 
+    @classmethod
+    def _from_parsed(cls, values: Mapping[str, Any], sources: Mapping[str, Source]) -> Config:
+        """A Config of values a :class:`Knob` has parsed already (defaults for those left out).
+
+        Every group's creation resolves its config: parsing those values again would cost a
+        native call per knob, in a forked rank mostly copy-on-write faults
+        (docs/performance.md#start-up)."""
+        config = object.__new__(cls)
+        parsed = {name: values.get(name, knob.default) for name, knob in KNOBS.items()}
+        object.__setattr__(config, "_values", MappingProxyType(parsed))
+        object.__setattr__(config, "_sources", MappingProxyType(_validated_sources(sources)))
+        return config
+
     def __getattr__(self, name: str) -> Any:
         try:
             return self._values[name]
@@ -316,16 +329,16 @@ class Config:
                 continue
             values[knob.name] = knob.from_env(raw)
             sources[knob.name] = "env"
-        return cls(sources, **values)
+        return cls._from_parsed(values, sources)
 
     def with_options(self, options: Options) -> Config:
         """This config with every knob that ``options`` sets overridden."""
         values = dict(self._values)
         sources = dict(self._sources)
-        for name, value in options.items():
+        for name, value in options.items():  # parsed when the Options were made
             values[name] = value
             sources[name] = "pg_options"
-        return Config(sources, **values)
+        return Config._from_parsed(values, sources)
 
     def to_native(self) -> dict[str, str]:
         """The ``dict[str, str]`` handed to ``_C.create_backend`` (every knob, always)."""

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import ipaddress
 import logging
 import socket
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -64,11 +65,16 @@ ENV_VAR: Final = "UCXBACKEND_IFNAME"
 _IFF_UP: Final = 0x1
 _IFF_LOOPBACK: Final = 0x8
 _SIOCGIFMTU: Final = 0x8921
+_SIOCGIFFLAGS: Final = 0x8913
+_SIOCGIFADDR: Final = 0x8915
+_IFREQ_SIZE: Final = 40  # struct ifreq: the name (16 bytes), then a 24-byte union
+# The name Linux gives the loopback device of every network namespace.
+_LOOPBACK_NAME: Final = "lo"
 
 
 @dataclass(frozen=True)
 class Interface:
-    """A network interface: its IPv4 addresses, MTU and flags."""
+    """A network interface: its IPv4 addresses, MTU (0: not asked) and flags."""
 
     name: str
     addresses: tuple[str, ...]
@@ -81,7 +87,8 @@ class Interface:
         if self.loopback:
             flags.append("loopback")
         addrs = ", ".join(self.addresses) or "no IPv4"
-        return f"{self.name} ({addrs}{'; ' + ', '.join(flags) if flags else ''}; mtu {self.mtu})"
+        mtu = f"; mtu {self.mtu}" if self.mtu > 0 else ""  # 0: not asked (list_interfaces)
+        return f"{self.name} ({addrs}{'; ' + ', '.join(flags) if flags else ''}{mtu})"
 
 
 @dataclass(frozen=True)
@@ -157,11 +164,37 @@ def _mtu(name: str) -> int:
     return int(struct.unpack("16si", out)[1])
 
 
-def list_interfaces() -> list[Interface]:
-    """Every interface of this network namespace, in kernel order, with its IPv4 addresses."""
+@functools.cache
+def _libc() -> ctypes.CDLL:
     # The C library this process has loaded already: ctypes.util.find_library would run
     # `ldconfig -p` in a child process, milliseconds of every group's creation.
-    libc = ctypes.CDLL(None, use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _loopback_device() -> Interface | None:
+    """The loopback device, asked by its name (three ioctls on one socket), where it is up,
+    is the loopback and has an IPv4 address; else None (renamed, down: list them instead)."""
+    name = _LOOPBACK_NAME.encode()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, name.ljust(_IFREQ_SIZE, b"\0"))
+            flags = struct.unpack_from("H", raw, 16)[0]
+            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, name.ljust(_IFREQ_SIZE, b"\0"))
+        except OSError:  # no such device, or no IPv4 address
+            return None
+    up, loopback = bool(flags & _IFF_UP), bool(flags & _IFF_LOOPBACK)
+    if not (up and loopback):
+        return None
+    address = socket.inet_ntoa(raw[20:24])  # sockaddr_in at 16: family, port, address
+    return Interface(_LOOPBACK_NAME, (address,), _mtu(_LOOPBACK_NAME), up, loopback)
+
+
+def list_interfaces(*, mtu: bool = True) -> list[Interface]:
+    """Every interface of this network namespace, in kernel order, with its IPv4 addresses.
+
+    ``mtu=False`` leaves every ``mtu`` 0 instead of asking the kernel (a socket and an ioctl
+    per interface), for a caller that needs the MTU of the one it picks only."""
+    libc = _libc()
     head = ctypes.POINTER(_Ifaddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
         err = ctypes.get_errno()
@@ -188,7 +221,7 @@ def list_interfaces() -> list[Interface]:
         Interface(
             name=n,
             addresses=tuple(addrs[n]),
-            mtu=_mtu(n),
+            mtu=_mtu(n) if mtu else 0,
             up=bool(flags[n] & _IFF_UP),
             loopback=bool(flags[n] & _IFF_LOOPBACK),
         )
@@ -262,9 +295,28 @@ def select_interface(
     reach the rendezvous host; the loopback interface for a loopback host; with no host at
     all, the first usable non-loopback interface. The choice is logged at INFO.
     """
-    ifaces = list(list_interfaces() if interfaces is None else interfaces)
     host_ip = resolve(rendezvous_host) if rendezvous_host else None
     host_is_loopback = host_ip is not None and ipaddress.IPv4Address(host_ip).is_loopback
+    if (
+        interfaces is None
+        and not (spec and spec.strip())
+        and host_is_loopback
+        and rendezvous_host in {"localhost", host_ip}
+    ):
+        # One host (a udp group's usual case): the loopback device answers by name. Listing
+        # every interface through ctypes' getifaddrs cost a forked rank's first udp group
+        # about 1 ms of CPU (docs/performance.md#start-up).
+        lo = _loopback_device()
+        if lo is not None:
+            reason = f"rendezvous host {rendezvous_host} is loopback ({host_ip})"
+            return _logged(_selection(lo, reason, [lo.name]))
+    # The MTU of the chosen interface only: one socket and ioctl instead of one per interface,
+    # about 0.25 ms of a forked rank's first udp group on this host's four interfaces.
+    ifaces = list(list_interfaces(mtu=False) if interfaces is None else interfaces)
+
+    def inventory() -> str:  # for an error: every interface with its MTU
+        return _inventory(list_interfaces() if interfaces is None else ifaces)
+
     by_addr = {a: i for i in ifaces for a in i.addresses}
 
     routed: Interface | None = None
@@ -274,7 +326,7 @@ def select_interface(
         if routed is None:
             raise ValueError(
                 f"the route to rendezvous host {rendezvous_host} ({host_ip}) leaves from "
-                f"{source}, which no interface here owns; interfaces: {_inventory(ifaces)}"
+                f"{source}, which no interface here owns; interfaces: {inventory()}"
             )
 
     if spec is not None and spec.strip():
@@ -285,7 +337,7 @@ def select_interface(
         if not matched:
             raise ValueError(
                 f"{ENV_VAR}={spec!r} matches no usable interface (up, with an IPv4 address); "
-                f"interfaces here: {_inventory(ifaces)}"
+                f"interfaces here: {inventory()}"
             )
         if routed is not None and routed in matched:
             matched.remove(routed)
@@ -309,7 +361,7 @@ def select_interface(
         if lo is None:
             raise ValueError(
                 f"rendezvous host {rendezvous_host} ({host_ip}) is a loopback address but no "
-                f"loopback interface is up; interfaces: {_inventory(ifaces)}"
+                f"loopback interface is up; interfaces: {inventory()}"
             )
         if rendezvous_host not in {"localhost", host_ip}:
             log.warning(
@@ -327,13 +379,19 @@ def select_interface(
         if not candidates:
             raise ValueError(
                 f"no rendezvous host given and no usable non-loopback interface; "
-                f"interfaces: {_inventory(ifaces)}"
+                f"interfaces: {inventory()}"
             )
         sel = _selection(
             candidates[0],
             "first usable non-loopback interface (no rendezvous host given)",
             [candidates[0].name],
         )
+    if sel.mtu == 0 and interfaces is None:
+        sel = replace(sel, mtu=_mtu(sel.name))
+    return _logged(sel)
+
+
+def _logged(sel: Selection) -> Selection:
     log.info(
         "network interface %s (address %s, mtu %d): %s",
         sel.name,
