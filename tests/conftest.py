@@ -104,63 +104,62 @@ def pytest_configure(config: pytest.Config) -> None:
 # files by their number of tests, which put long files of few tests, the namespace-rig jobs
 # and the fuzzer among them, last, leaving one worker alone with them at the end). The longest
 # files go first, so that the last files handed out are short. Seconds each file took in the
-# clean clone's `make test PYTEST_ARGS=--durations=0` of 2026-11-27 07:07 UTC (main at
-# 3f8b6f2, quiet host; setup + call + teardown summed per file, rounded to 5 s), less what
-# tests/cpp_prebuild.py now compiles ahead of them, plus the tests added since: only their
-# order matters. Files not listed (a few seconds or less) follow in their usual order. Paths
-# are relative to tests/.
+# clean clone's `make test PYTEST_ARGS=--durations=0` of 2026-11-27 08:46 UTC (main at
+# e21eacb, quiet host, with tests/cpp_prebuild.py; setup + call + teardown summed per file,
+# rounded to 5 s): only their order matters. Files not listed (a few seconds or less, e.g.
+# test_pair_cores.py's 1 s) follow in their usual order. Paths are relative to tests/.
 FILE_SECONDS = {
     "test_udp_backend.py": 110,
-    "test_collectives.py": 85,
-    "test_multinode_collectives.py": 80,
-    "test_torch_suite.py": 50,
+    "test_multinode_collectives.py": 70,
+    "test_collectives.py": 65,
+    "test_torch_suite.py": 55,
     "test_multinode_interfaces.py": 45,
-    "test_shared_memory.py": 40,
+    "test_shared_memory.py": 45,
     # Its three programs' units (about 30 s of CPU, 60-75 s of this file in a clean clone)
     # come from the prebuild, which compiles them first: listed after the six multi-rank
     # files above so that the prebuild has had their idle CPU (docs/testing.md).
-    "test_udp_core.py": 40,
-    "test_udp_fuzz.py": 35,
+    "test_udp_core.py": 30,
+    "test_udp_fuzz.py": 40,
+    "test_docker_files.py": 35,
     "test_udp_core_sanitizers.py": 30,
     "test_split_shrink.py": 30,
-    "test_docker_files.py": 30,
+    "test_fold_receive.py": 30,
+    "test_algorithms_tsan.py": 30,
     "test_creation_kill.py": 25,
-    "test_multinode_chunks.py": 25,
-    "test_algorithms_tsan.py": 25,
-    "test_tutorials.py": 25,
-    "test_fold_receive.py": 25,
-    # Its program comes from the prebuild too (was 45 s with the build in its first setup).
-    "test_algorithms_inproc.py": 20,
+    "test_tutorials.py": 20,
     "test_soak.py": 20,
-    "test_bench_runner.py": 20,
+    "test_multinode_chunks.py": 15,
+    "test_bench_mpi.py": 15,
+    "test_bench_runner.py": 15,
+    # Its program comes from the prebuild too (was 45 s with the build in its first setup).
+    "test_algorithms_inproc.py": 15,
+    "test_failure_model.py": 15,
     "test_semantics.py": 15,
+    "test_cli.py": 15,
     # 2 s when prebuilt; not last, in case the prebuild has not reached it (44 s then).
     "test_algorithms_asan.py": 15,
-    "test_cli.py": 15,
-    "test_typing.py": 15,
-    "test_failure_model.py": 15,
-    "test_lifecycle.py": 15,
+    "test_lifecycle.py": 10,
+    "test_typing.py": 10,
     "test_send_lane.py": 10,
     "test_progress.py": 10,
     "test_bench_launcher.py": 10,
     "test_one_host_reach.py": 10,
-    "test_reduce_kernels.py": 10,
-    "test_udp_auth.py": 10,
-    "test_inline.py": 10,
-    "test_rig_plain_udp.py": 10,
     "test_ucx_unused_parts.py": 10,
+    "test_chunking.py": 10,
+    "test_inline.py": 10,
     "test_rig_real_loss.py": 10,
-    "test_algorithms.py": 5,
-    "test_bench_mpi.py": 5,
-    "test_bench_cases.py": 5,
-    "test_chunking.py": 5,
+    "test_bench_cases.py": 10,
+    "test_rig_plain_udp.py": 5,
+    "test_udp_auth.py": 5,
     "test_abort.py": 5,
+    "test_reduce_kernels.py": 5,
+    "test_algorithms.py": 5,
     "test_gpu_session.py": 5,
     "test_bench_trace.py": 5,
     "test_bench_options.py": 5,
+    "test_bench_startup.py": 5,
     "test_cpp_build.py": 5,
     "test_consumers.py": 5,
-    "test_bench_startup.py": 5,
 }
 
 

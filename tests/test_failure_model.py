@@ -19,6 +19,7 @@ several tests through a module-scoped fixture: starting ranks is what costs here
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -164,12 +165,14 @@ LATE_S = 1.6
 AFTER_OPS = 20  # more than the 16 of a 4-bit sequence field
 
 
-def _after_a_timeout(rank: int, backend: str) -> dict[str, Any]:
-    """Rank 0's op times out (rank 1 is late), then both run AFTER_OPS more."""
-    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
+def _after_a_timeout(rank: int) -> dict[str, dict[str, Any]]:
+    """On each of our backends, rank 0's op times out (rank 1 is late), then both run
+    AFTER_OPS more. The backends run at once, each on its own group in a thread of its own:
+    one after another, they waited out LATE_S and a timeout each."""
+    subs = {b: dist.new_group(backend=b, timeout=timedelta(seconds=OP_TIMEOUT_S)) for b in OURS}
     ops = 0
 
-    def all_reduce(op: int) -> tuple[str, Any, float]:
+    def all_reduce(sub: Any, op: int) -> tuple[str, Any, float]:
         t = torch.from_numpy(_data(op, rank))
         start = time.monotonic()
         try:
@@ -179,18 +182,32 @@ def _after_a_timeout(rank: int, backend: str) -> dict[str, Any]:
         return "ok", t.numpy().copy(), time.monotonic() - start
 
     for op in range(3):  # warm: every rank has connected and runs in step
-        status, value, _ = all_reduce(op)
-        assert status == "ok", value
-        np.testing.assert_array_equal(value, _data(op, 0) + _data(op, 1))
+        for sub in subs.values():
+            status, value, _ = all_reduce(sub, op)
+            assert status == "ok", value
+            np.testing.assert_array_equal(value, _data(op, 0) + _data(op, 1))
         ops += 1
+    out: dict[str, dict[str, Any]] = {}
+
+    def run(backend: str) -> None:
+        first = all_reduce(subs[backend], ops)
+        later = [all_reduce(subs[backend], ops + 1 + i) for i in range(AFTER_OPS)]
+        out[backend] = {"first_op": ops, "first": first, "later": later}
+
     dist.barrier()  # on the default group
     if rank == 1:
-        time.sleep(LATE_S)  # rank 0's next op times out waiting for this rank
-    first = all_reduce(ops)
-    later = [all_reduce(ops + 1 + i) for i in range(AFTER_OPS)]
+        time.sleep(LATE_S)  # rank 0's next ops time out waiting for this rank
+    threads = [threading.Thread(target=run, args=(b,), name=f"timeout-{b}") for b in subs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=OP_TIMEOUT_S * (AFTER_OPS + 1) + 60)
+    stuck = [th.name for th in threads if th.is_alive()]
+    assert not stuck, f"rank {rank}: ops after a timeout still running: {stuck}"
     dist.barrier()
-    dist.destroy_process_group(sub)
-    return {"first_op": ops, "first": first, "later": later}
+    for sub in subs.values():
+        dist.destroy_process_group(sub)
+    return out
 
 
 def _progress_thread_fault(rank: int, backend: str) -> dict[str, Any]:
@@ -253,33 +270,52 @@ MISMATCHES: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _mismatched_collective(rank: int, backend: str, case: str) -> tuple[str, str, float]:
-    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
-    dist.barrier(group=sub)  # connected: the op below is all that is left to fail
-    start = time.monotonic()
-    try:
-        MISMATCHES[case][rank](sub)
-        status, msg = "ok", ""
-    except RuntimeError as exc:
-        status, msg = "error", str(exc)
-    elapsed = time.monotonic() - start
-    # Both ranks past their own timeout before either closes `sub`: a udp rank that closed
+def _mismatched_collectives(rank: int) -> dict[str, tuple[str, str, float]]:
+    """Every case of MISMATCHES on both backends at once: each on a group of its own, in a
+    thread of its own. Each case waits out its group's timeout; one after another, the six
+    took six timeouts of the world's wall time, together they take one. Groups are created
+    and connected in the same order on both ranks, in this thread; a failed group fails only
+    itself, so the cases cannot disturb one another."""
+    subs: dict[tuple[str, str], Any] = {}
+    for backend in OURS:
+        for case in MISMATCHES:
+            sub = dist.new_group(backend=backend, timeout=timedelta(seconds=OP_TIMEOUT_S))
+            dist.barrier(group=sub)  # connected: the op below is all that is left to fail
+            subs[(backend, case)] = sub
+    out: dict[str, tuple[str, str, float]] = {}
+
+    def run(backend: str, case: str) -> None:
+        start = time.monotonic()
+        try:
+            MISMATCHES[case][rank](subs[(backend, case)])
+            status, msg = "ok", ""
+        except RuntimeError as exc:
+            status, msg = "error", str(exc)
+        out[f"mismatch/{backend}/{case}"] = (status, msg, time.monotonic() - start)
+
+    threads = [threading.Thread(target=run, args=key, name=f"mismatch-{key}") for key in subs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=OP_TIMEOUT_S + 60)
+    stuck = [th.name for th in threads if th.is_alive()]
+    assert not stuck, f"rank {rank}: mismatched collectives still running: {stuck}"
+    # Both ranks past their own timeouts before either closes a group: a udp rank that closed
     # early could fail its still-waiting peer with port-unreachable instead of the timeout.
     dist.barrier()
-    dist.destroy_process_group(sub)
-    return status, msg, elapsed
+    for sub in subs.values():
+        dist.destroy_process_group(sub)
+    return out
 
 
 def _failure_world(rank: int, ws: int) -> dict[str, Any]:
     assert os.environ["UCXBACKEND_TEST_SEQ_BITS"] == "4"
     out: dict[str, Any] = {}
-    for backend in OURS:
-        out[f"timeout/{backend}"] = _after_a_timeout(rank, backend)
+    for backend, result in _after_a_timeout(rank).items():
+        out[f"timeout/{backend}"] = result
     for backend in OURS:
         out[f"fault/{backend}"] = _progress_thread_fault(rank, backend)
-    for backend in OURS:
-        for case in MISMATCHES:
-            out[f"mismatch/{backend}/{case}"] = _mismatched_collective(rank, backend, case)
+    out.update(_mismatched_collectives(rank))
     return out
 
 
