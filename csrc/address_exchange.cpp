@@ -365,19 +365,12 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   const std::vector<uint8_t>& blob = values[1];
   std::vector<std::vector<std::vector<uint8_t>>> all(size_);
   std::vector<bool> found(size_, false);
-  const std::string myHost = RankCard::mine().host;  // empty where hosts look alike
-  int cardsOnHost = 0;
   size_t at = 0;
   while (blob.size() - at >= 8) {
     const uint32_t p = readU32(blob, at);
     const uint32_t n = readU32(blob, at + 4);
     at += 8;
     if ((p & kCardEntry) != 0 && blob.size() - at >= n) {  // a card (parseCards)
-      if (!myHost.empty()) {
-        const auto card = RankCard::decode({blob.begin() + static_cast<std::ptrdiff_t>(at),
-                                            blob.begin() + static_cast<std::ptrdiff_t>(at + n)});
-        if (card && card->host == myHost) ++cardsOnHost;
-      }
       at += n;
       continue;
     }
@@ -408,7 +401,13 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
                      "ucxbackend releases?");
   }
   all[rank_] = parts;
-  ranksOnHost_ = std::max(ranksOnHost_, cardsOnHost);  // the cards come in the first round
+  // The cards come in the first round's key; where hosts look alike none has a host.
+  if (const std::string host = RankCard::mine().host; !host.empty() && rounds_ == 1) {
+    const Cards cards = parseCards(blob, size_);
+    ranksOnHost_ = static_cast<int>(std::count_if(cards.begin(), cards.end(), [&](const auto& c) {
+      return c && c->host == host;
+    }));
+  }
   return all;
 }
 
