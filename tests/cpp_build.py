@@ -488,3 +488,10 @@ def run_checks(exe: Path, timeout: float = 60.0, program: str | None = None) -> 
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{program or exe.name}: " in run.stdout and " 0 failed" in run.stdout, run.stdout
     return run.stdout
+
+
+def check_unit(name: str, extra_sources: Sequence[str] = (), groups: Sequence[str] = ()) -> str:
+    """Builds tests/cpp/<name>.cpp with the plain flags (PLAIN), linked with `extra_sources`
+    and `groups`, and runs it as run_checks does: a torch-free unit's test in one call."""
+    exe = build(name, f"tests/cpp/{name}.cpp", groups, flags=PLAIN, extra_sources=extra_sources)
+    return run_checks(exe)

@@ -100,10 +100,4 @@ def test_waits_sleep_once_a_yield_lost_the_core(crowded_world: list[dict[str, An
 def test_lost_time_budget_unit() -> None:
     """When lost yields begin a spell, on recorded patterns (tests/cpp/core_yield_test.cpp):
     next to a spinning thread at the second lost yield, among busy ranks' turns never."""
-    exe = cpp_build.build(
-        "core_yield_test",
-        "tests/cpp/core_yield_test.cpp",
-        flags=cpp_build.PLAIN,
-        extra_sources=["csrc/engine/core_yield.cpp"],
-    )
-    cpp_build.run_checks(exe)
+    cpp_build.check_unit("core_yield_test", extra_sources=["csrc/engine/core_yield.cpp"])

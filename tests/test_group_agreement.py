@@ -192,13 +192,7 @@ def test_disagreeing_settings_fail_on_every_rank_naming_them(world: list[dict[st
 
 def test_handshake_unit() -> None:
     """The record's encoding and every check on it, without torch (tests/cpp/handshake_test.cpp)."""
-    exe = cpp_build.build(
-        "handshake_test",
-        "tests/cpp/handshake_test.cpp",
-        flags=cpp_build.PLAIN,
-        extra_sources=["csrc/handshake.cpp"],
-    )
-    cpp_build.run_checks(exe)
+    cpp_build.check_unit("handshake_test", extra_sources=["csrc/handshake.cpp"])
 
 
 def test_must_agree_is_in_the_schema() -> None:

@@ -323,11 +323,7 @@ def test_one_host_context_without_sysv_takes_posix() -> None:
 def test_torch_free_unit(unit: str, sources: list[str]) -> None:
     """The segment class, the slot layout and the slots' streaming stores, and the per-message
     staging decision, on their own (tests/cpp/<unit>.cpp)."""
-    exe = cpp_build.build(
-        unit, f"tests/cpp/{unit}.cpp", groups=["shm"], flags=cpp_build.PLAIN,
-        extra_sources=sources,
-    )
-    cpp_build.run_checks(exe)
+    cpp_build.check_unit(unit, extra_sources=sources, groups=["shm"])
 
 
 # ------------------------------------------------------------- the 64 KiB staging floor
