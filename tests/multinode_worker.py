@@ -32,6 +32,7 @@ import os
 import re
 import socket
 import sys
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -354,6 +355,32 @@ def check_host_group(rank: int, sizes: list[int]) -> bool | None:
     return ucxbackend.shared_memory(group)
 
 
+FAILED_KEY = "multinode_worker/creation_failed"
+FAILED_WAIT_S = 45.0
+
+
+def _wait_for_every_rank_to_fail() -> None:
+    """Group creation failed here: count this rank as failed in the launcher's Store and wait,
+    up to FAILED_WAIT_S, until every rank has. The Store lives as long as host a's launcher,
+    which exits when its ranks do: without this wait, a rank of host b that is still connecting
+    (a slow reverse lookup of its address can take seconds) would retry a Store that is gone
+    until its own timeout, instead of reaching the error the test expects from it."""
+    world = int(os.environ["WORLD_SIZE"])
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=FAILED_WAIT_S),
+        )
+        store.add(FAILED_KEY, 1)
+        deadline = time.monotonic() + FAILED_WAIT_S
+        while store.add(FAILED_KEY, 0) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception as exc:  # the Store is gone too: nothing more to wait for
+        print(f"multinode_worker: could not report the failure to the Store: {exc}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", required=True)
@@ -364,7 +391,11 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
         os.environ.pop("LOCAL_WORLD_SIZE", None)
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
+    try:
+        dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
+    except Exception:
+        _wait_for_every_rank_to_fail()
+        raise
     profile = ucxbackend.startup_profile()
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
