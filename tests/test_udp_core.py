@@ -163,6 +163,7 @@ ENDPOINT_GROUPS = [
     "credit_downlink",
     "credit_receiver_stall",
     "trace_samples",
+    "trace_at_op_end",
     "trace_credit",
     "multipath_fault_matrix",
     "multipath_adaptive",

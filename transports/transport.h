@@ -196,6 +196,9 @@ class Transport {
   // The time-series samples taken since the last call (each kind's oldest first); empty when
   // the transport records none. Owner thread only.
   virtual std::vector<TraceSeries> drainTraceSeries() { return {}; }
+  // An op just ended: sample every connection now, whatever the sampling interval, so that
+  // even an op shorter than the interval has its samples. Owner thread only.
+  virtual void sampleTraceAtOpEnd() {}
 
   // Folds `elements` elements of `in` into `acc` (acc[i] = acc[i] op in[i]): a receive that
   // reduces as it arrives (recvFolded).

@@ -44,6 +44,7 @@ void TrafficStats::beforeOp(Transport& transport) {
 
 void TrafficStats::afterOp(Transport& transport, const std::string& op, uint64_t seq) {
   if (!enabled_) return;
+  transport.sampleTraceAtOpEnd();
   takeTraceSeries(transport, op, seq);
   lastOp_ = op;
   lastSeq_ = seq;

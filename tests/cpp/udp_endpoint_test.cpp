@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
+#include <utility>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -801,6 +803,39 @@ Traced tracedTransfer(const std::string& config, uint32_t paths = 1) {
   return t;
 }
 
+// An op's end samples every connection whatever the interval: an op shorter than
+// trace_interval_us still has samples of its own (TrafficStats::afterOp drains them).
+void testTraceSampleAtOpEnd() {
+  EndpointOptions options = smallOptions();
+  options.config = parseUdpConfig("trace_samples=1000,trace_interval_us=600000000", options.config);
+  options.config.paths = 2;
+  EndpointNetwork net(3, options);
+  constexpr size_t kBytes = 4096;
+  const std::vector<uint8_t> out = message(0, 3, kBytes);
+  Inbox inbox(kBytes);
+  std::vector<RequestPtr> requests = {
+      net.endpoint(1)->recv(0, 3, ~Tag{0}, inbox.data.data(), kBytes),
+      net.endpoint(0)->send(1, 3, out.data(), kBytes)};
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 10 * kSecond), net.stuckReason());
+  CHECK(inbox.holds(0, 3, kBytes));
+  std::vector<ConnectionSample> before, atEnd;
+  std::vector<QueueSample> queues;
+  net.endpoint(0)->drainTrace(before, queues);  // the transfer's own: the first is always due
+  CHECK(!before.empty());
+  // Nothing is due for 600 s: without the op's end, no sample would come now.
+  net.endpoint(0)->sampleTraceNow(net.nowUs());
+  net.endpoint(0)->drainTrace(atEnd, queues);
+  // One per path of every connected peer, never its own loopback.
+  std::set<std::pair<uint32_t, uint32_t>> seen;
+  for (const auto& s : atEnd) {
+    CHECK_EQ(s.tUs, net.nowUs());
+    seen.insert({s.peer, s.path});
+  }
+  CHECK_EQ(atEnd.size(), seen.size());
+  CHECK(seen.count({1, 0}) == 1 && seen.count({1, 1}) == 1);
+  CHECK(seen.count({0, 0}) == 0);
+}
+
 void testTraceSamples() {
   // Off by default: no recorder, nothing sampled.
   const Traced off = tracedTransfer("congestion=aimd");
@@ -1552,6 +1587,7 @@ const check::Group kGroups[] = {
     {"credit_downlink", testCreditDownlink, true},
     {"credit_receiver_stall", testCreditReceiverStall, true},
     {"trace_samples", testTraceSamples, true},
+    {"trace_at_op_end", testTraceSampleAtOpEnd, true},
     {"trace_credit", testTraceCredit, true},
     {"multipath_fault_matrix", testMultipathFaultMatrix, true},
     {"multipath_adaptive", testMultipathAdaptive, true},

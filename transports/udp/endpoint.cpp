@@ -348,6 +348,15 @@ void Endpoint::deliver(int peer, uint32_t path, std::span<const uint8_t> bytes, 
   if (trace_) trace_->sampleConnection(now, peer, *p.connection);
 }
 
+void Endpoint::sampleTraceNow(TimeUs now) {
+  if (!trace_) return;
+  for (auto& peer : peers_) {
+    if (!peer.connected) continue;
+    trace_->sampleConnection(now, peer.connection->identity().peerRank, *peer.connection,
+                             TraceRecorder::kForced);
+  }
+}
+
 bool Endpoint::handleTimeout(TimeUs now) {
   bool delivered = false;
   while (!delayed_.empty() && delayed_.top().dueUs <= now) {

@@ -168,6 +168,8 @@ class Endpoint {
   void drainTrace(std::vector<ConnectionSample>& connections, std::vector<QueueSample>& queues) {
     if (trace_) trace_->drain(connections, queues);
   }
+  // Samples every connected peer now, due or not (the end of an op).
+  void sampleTraceNow(TimeUs now);
 
  private:
   // recv() with an optional sink.

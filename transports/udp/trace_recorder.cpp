@@ -15,12 +15,13 @@ TraceRecorder::TraceRecorder(size_t capacity, DurationUs intervalUs, int rank, i
       connections_(capacity),
       queues_(capacity) {}
 
-void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection& connection) {
+void TraceRecorder::sampleConnection(TimeUs now, int peer, const PeerConnection& connection,
+                                     bool forced) {
   if (peer == rank_) return;  // the loopback connection carries no network to look at
   LastSample& last = lastConnection_[static_cast<size_t>(peer)];
   const uint64_t cwnd = connection.congestionWindow();
   // A window cut is recorded whatever the interval: it is what the series is for.
-  if (!due(last, now) && cwnd >= last.cwnd) return;
+  if (!forced && !due(last, now) && cwnd >= last.cwnd) return;
   last = LastSample{true, now, cwnd, 0};
   const Stats s = connection.stats();
   ConnectionSample sample;

@@ -16,7 +16,8 @@
 // to a connection, a timer, a datagram sent, a datagram through the bottleneck) with the time
 // the caller passed in, at most one per trace_interval_us per peer (or path), plus one at every
 // event that shrank the window or found the queue full, so that each cut and each drop-tail
-// shows at its time. Off (no recorder at all) unless trace_samples > 0: the Endpoint then pays
+// shows at its time, and one of every connection at an op's end (Endpoint::sampleTraceNow),
+// so that an op shorter than the interval is sampled too. Off (no recorder at all) unless trace_samples > 0: the Endpoint then pays
 // one pointer test per event.
 #pragma once
 
@@ -116,8 +117,11 @@ class TraceRecorder {
   // connection is not sampled).
   TraceRecorder(size_t capacity, DurationUs intervalUs, int rank, int peers, uint32_t paths);
 
-  // After `connection` (to `peer`) took a datagram, a timer or sent one.
-  void sampleConnection(TimeUs now, int peer, const PeerConnection& connection);
+  // After `connection` (to `peer`) took a datagram, a timer or sent one: a sample when due
+  // (or the window shrank); kForced takes one whatever the interval (an op's end).
+  static constexpr bool kForced = true;
+  void sampleConnection(TimeUs now, int peer, const PeerConnection& connection,
+                        bool forced = false);
   // After a datagram from `peer` went through the bottleneck of `path` (faults->apply).
   void sampleQueue(TimeUs now, int peer, uint32_t path, const FaultInjector& faults);
 

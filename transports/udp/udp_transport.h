@@ -69,6 +69,7 @@ class UdpTransport final : public Transport {
   std::vector<Counters> peerCounters() const override;
   Counters transportCounters() const override;
   std::vector<TraceSeries> drainTraceSeries() override;
+  void sampleTraceAtOpEnd() override { endpoint_.sampleTraceNow(nowUs()); }
 
   const SocketAddress& boundAddress() const { return socket_.localAddress(); }
 
