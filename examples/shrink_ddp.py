@@ -13,7 +13,8 @@ run that had the survivors' world size from the start (up to rounding).
 With --kill-rank, that rank SIGKILLs itself before its backward at --kill-step. The
 survivors' backward fails (the peer is gone, or the op times out), they call
 ``ucxbackend.shrink_group([kill_rank])``, wrap the model in a new DDP over the shrunk (now
-default) group, and redo that step. The parent prints rank 0's
+default) group, and redo that step. The parent reaps each rank as it exits (the killed one
+expected to end by SIGKILL; any other early exit fails the run at once) and prints rank 0's
 ``RESULT backend=... world_size=... final_loss=...``.
 """
 
@@ -22,9 +23,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -121,11 +124,54 @@ def main() -> int:
         ]
         for proc in procs:
             proc.start()
-        world, final = results.get(timeout=args.timeout * 4 + 60)
-        for proc in procs:
-            proc.join(timeout=30)
+        try:
+            outcome = supervise(procs, results, args.kill_rank, args.timeout * 4 + 60)
+        finally:
+            end_all(procs)
+    if isinstance(outcome, str):
+        print(f"shrink_ddp: {outcome}", file=sys.stderr, flush=True)
+        return 1
+    world, final = outcome
     print(f"RESULT backend={args.backend} world_size={world} final_loss={final:.15e}", flush=True)
     return 0
+
+
+def supervise(
+    procs: list[Any], results: Any, kill_rank: int, deadline_s: float
+) -> tuple[int, float] | str:
+    """Waits for rank 0's result, reaping each rank as it exits, as torchrun's agent does: the
+    rank that killed itself is expected to end by SIGKILL; any other rank that ends before
+    the result without exit code 0 fails the run at once (its survivors would wait for it
+    until their timeout). Returns the result, or why there is none."""
+    deadline = time.monotonic() + deadline_s
+    reaped: set[int] = set()
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=0.2)  # type: ignore[no-any-return]
+        except queue.Empty:
+            pass
+        for rank, proc in enumerate(procs):
+            if rank in reaped or proc.exitcode is None:
+                continue
+            proc.join()
+            reaped.add(rank)
+            if rank == kill_rank and proc.exitcode == -signal.SIGKILL:
+                print(f"rank {rank} was killed, as asked; the others shrink", flush=True)
+            elif proc.exitcode != 0:
+                return f"rank {rank} exited with code {proc.exitcode} before rank 0's result"
+    return f"no result from rank 0 within {deadline_s:.0f} s"
+
+
+def end_all(procs: list[Any]) -> None:
+    """Lets every rank finish (rank 0 has sent its result; the others are tearing down), then
+    kills whichever has not within 30 s, and reaps them all."""
+    deadline = time.monotonic() + 30
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
 
 
 if __name__ == "__main__":

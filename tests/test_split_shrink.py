@@ -201,7 +201,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "shrink_ddp.py"
 STEPS = 20
 
 
-def _example_loss(backend: str, *extra: str) -> float:
+def _example_run(backend: str, *extra: str) -> tuple[float, str]:
+    """The example's final loss and its output."""
     repo = EXAMPLE.parent.parent
     path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
@@ -212,7 +213,7 @@ def _example_loss(backend: str, *extra: str) -> float:
     ).stdout
     m = re.search(r"RESULT backend=\S+ world_size=2 final_loss=(\S+)", out)
     assert m, out
-    return float(m.group(1))
+    return float(m.group(1)), out
 
 
 @pytest.fixture(scope="module")
@@ -246,5 +247,6 @@ def full_batch_loss() -> float:
 def test_ddp_example_that_loses_a_rank_ends_as_a_two_rank_run(
     backend: str, full_batch_loss: float
 ) -> None:
-    killed = _example_loss(backend, "--world-size", "3", "--kill-rank", "2")
+    killed, out = _example_run(backend, "--world-size", "3", "--kill-rank", "2")
+    assert "rank 2 was killed, as asked" in out, out  # the parent reaped it as it died
     assert killed == pytest.approx(full_batch_loss, rel=1e-9, abs=0.0)
