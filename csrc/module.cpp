@@ -186,14 +186,16 @@ PYBIND11_MODULE(_C, m) {
         out["yields_when_crowded"] = c.yieldsWhenCrowded;
         out["sleeps"] = c.sleeps;
         out["sleep_timeouts"] = c.sleepTimeouts;
+        out["group_threads_on_host"] = c.groupThreadsOnHost;
         return out;
       },
       "This process's polling waits since it started, every group together: sched_yield calls "
       "('yields'), those that lost the core to a thread that kept it for over a millisecond "
       "('lost_yields'), crowded spells begun when lost yields added up ('crowded_spells'; waits "
       "then sleep instead of polling for 100 ms), yields begun in such a spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
-      "and of idle progress threads ('sleeps'), and those that ended by their timeout, with no "
-      "event ('sleep_timeouts').");
+      "and of idle progress threads ('sleeps'), those that ended by their timeout, with no "
+      "event ('sleep_timeouts'), and the threads of the largest group's ranks on this host "
+      "that a lost yield counts as the group's own ('group_threads_on_host').");
 
   m.def(
       "inline_stats",

@@ -217,7 +217,6 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     const auto records =
         exchange.exchange({encodeHandshake(mine), {offer.text.begin(), offer.text.end()}});
     clock.mark("exchange");
-    noteRanksOnHost(exchange.ranksOnHost());  // whose threads a lost yield counts as ours
     if (unusableSecret) throw *unusableSecret;
     if (buildFailure) std::rethrow_exception(buildFailure);
     std::vector<std::vector<uint8_t>> handshakes;
@@ -253,6 +252,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       transport->connect(p, addresses[p]);
     }
     clock.mark("connect");
+    // Whose threads a lost yield counts as ours: this host's ranks, each with its transport's
+    // own (a send lane exists from connect on).
+    noteRanksOnHost(exchange.ranksOnHost(), kThreadsPerRank + transport->threadsOfItsOwn());
     staging = setUpStaging(options_, std::move(offer), offers, rank, exchange);
     clock.mark("shm_agree");
     testKillPoint("before_complete");

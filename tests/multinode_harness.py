@@ -141,6 +141,11 @@ def any_host_rounds(out: str) -> list[str]:
     return re.findall(r"MULTINODE_OK .* any_host=(\S+)", out)
 
 
+def group_threads(out: str) -> list[int]:
+    """The threads each rank of a host's output counts as its groups' own on that host."""
+    return [int(t) for t in re.findall(r"MULTINODE_OK .* group_threads=(\d+)", out)]
+
+
 def lane_messages(out: str) -> list[str]:
     """The send-lane message counts each rank of a host's output reported."""
     return re.findall(r"MULTINODE_OK .* send_lane_messages=(\S+)", out)

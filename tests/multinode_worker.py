@@ -13,16 +13,17 @@ and uneven splits, empty blocks), isend/irecv, batch_isend_irecv, recv from any 
 barrier.
 
 Prints ``MULTINODE_OK rank=<r> world=<n> host=<hostname> ... send_lane_messages=<k>
-transports=<names> any_host=<bool>`` (how many sends took ucx's send lane, ``none`` without
-one; the transports below the world group's, ucxbackend.startup_profile, comma-separated; and
-whether its creation needed the second round for a group that spans hosts) when everything
-matched, and exits
-non-zero (with the mismatch) otherwise. ``MULTINODE_CORRUPT=1`` (tests only) also compares a
-corrupted copy of every non-empty result with its reference, which must be reported as a
-mismatch, and then fails the rank with ``corrupted results caught: <k> of <n>`` and the kinds
-of check they came from, to show that every comparison can fail. ``MULTINODE_HIDE_LAUNCHER=1``
-(tests only) removes torchrun's LOCAL_WORLD_SIZE before the world is created, so that a ucx
-rank cannot tell from it that the job spans hosts (csrc/launcher_hosts.hpp).
+group_threads=<t> transports=<names> any_host=<bool>`` (how many sends took ucx's send lane,
+``none`` without one; the threads its host's ranks run that a lost yield counts as the group's
+own, ucxbackend.wait_stats; the transports below the world group's, ucxbackend.startup_profile,
+comma-separated; and whether its creation needed the second round for a group that spans hosts)
+when everything matched, and exits non-zero (with the mismatch) otherwise.
+``MULTINODE_CORRUPT=1`` (tests only) also compares a corrupted copy of every non-empty result
+with its reference, which must be reported as a mismatch, and then fails the rank with
+``corrupted results caught: <k> of <n>`` and the kinds of check they came from, to show that
+every comparison can fail. ``MULTINODE_HIDE_LAUNCHER=1`` (tests only) removes torchrun's
+LOCAL_WORLD_SIZE before the world is created, so that a ucx rank cannot tell from it that the
+job spans hosts (csrc/launcher_hosts.hpp).
 """
 
 from __future__ import annotations
@@ -423,6 +424,7 @@ def main() -> int:
         f"MULTINODE_OK rank={rank} world={world} host={socket.gethostname()} "
         f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')} staged={staged} "
         f"host_group_staged={host_staged} send_lane_messages={lane} "
+        f"group_threads={ucxbackend.wait_stats()['group_threads_on_host']} "
         f"transports={','.join(profile['transports']) or 'none'} "
         f"any_host={'any_host' in profile['phases']}",
         flush=True,

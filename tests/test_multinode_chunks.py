@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from multinode_harness import (
     SLOW_SIZES,
+    group_threads,
     lane_messages,
     needs_rig,
     rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
@@ -51,6 +52,8 @@ def test_ucx_send_lane_carries_every_collective_across_hosts(
     for host in ("a", "b"):
         counts = lane_messages(out[host])
         assert len(counts) == 1 and counts[0] != "none" and int(counts[0]) > 0, (host, counts)
+        # The lane's thread is the rank's own: a lost yield does not count it as an outsider.
+        assert group_threads(out[host]) == [3], (host, group_threads(out[host]))
 
 
 def test_ucx_send_lane_off_across_hosts(rig: NetnsRig) -> None:
@@ -58,3 +61,4 @@ def test_ucx_send_lane_off_across_hosts(rig: NetnsRig) -> None:
     out = run_job(rig, "ucx", 1, extra_env={"UCXBACKEND_SEND_LANE": "off"})
     for host in ("a", "b"):
         assert lane_messages(out[host]) == ["none"], (host, lane_messages(out[host]))
+        assert group_threads(out[host]) == [2], (host, group_threads(out[host]))

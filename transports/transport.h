@@ -188,6 +188,9 @@ class Transport {
   // The transports below this one that may carry its bytes (ucx: its UCP context's), for
   // startup_profile; empty where there is no such choice.
   virtual std::vector<std::string> lowerTransports() const { return {}; }
+  // Threads this transport runs beside its owner's (ucx: the send lane's, once a peer on
+  // another host made one); the owner counts them among its rank's own threads. After connect.
+  virtual int threadsOfItsOwn() const { return 0; }
 
   // Traffic counters per peer (index = peer rank) and for the transport as a whole; empty for
   // a transport that keeps none. Owner thread only, like everything else here.

@@ -25,13 +25,12 @@ constexpr auto kLostYield = std::chrono::microseconds(1000);
 // start the next one next to a spinning thread cost under a tenth of it.
 constexpr auto kCrowdedFor = std::chrono::milliseconds(100);
 
-// Threads of a rank that poll or run its ops' work: the caller and the progress thread. Plus
-// one for the kernel's own short-lived work that the group's traffic wakes (softirqs over
+// Plus one for the kernel's own short-lived work that the group's traffic wakes (softirqs over
 // loopback, kworkers).
-constexpr int kThreadsPerRank = 2;
 constexpr int kKernelThreads = 1;
 
-std::atomic<int> ranksOnHost{1};
+// The group's threads on this host that may run at once (ranks times each rank's threads).
+std::atomic<int> groupThreadsOnHost{kThreadsPerRank};
 std::atomic<int64_t> crowdedUntilNs{0};  // steady clock, ns since its epoch
 std::atomic<uint64_t> yields{0};
 std::atomic<uint64_t> lostYields{0};
@@ -63,7 +62,7 @@ bool outsiderRunnable() {
   text[n] = '\0';
   const long runnable = runnableInLoadavg(text);
   if (runnable < 0) return true;
-  return runnable > kThreadsPerRank * ranksOnHost.load(std::memory_order_relaxed) + kKernelThreads;
+  return runnable > groupThreadsOnHost.load(std::memory_order_relaxed) + kKernelThreads;
 }
 
 bool spellBegins(Clock::time_point before, Clock::time_point after) {
@@ -126,10 +125,11 @@ bool yieldCore() {
   return yieldCoreFrom(before) - before > kLostYield;
 }
 
-void noteRanksOnHost(int ranks) {
-  int seen = ranksOnHost.load(std::memory_order_relaxed);
-  while (seen < ranks &&
-         !ranksOnHost.compare_exchange_weak(seen, ranks, std::memory_order_relaxed)) {
+void noteRanksOnHost(int ranks, int threadsPerRank) {
+  const int threads = ranks * threadsPerRank;
+  int seen = groupThreadsOnHost.load(std::memory_order_relaxed);
+  while (seen < threads &&
+         !groupThreadsOnHost.compare_exchange_weak(seen, threads, std::memory_order_relaxed)) {
   }
 }
 
@@ -143,7 +143,8 @@ void countSleep(bool timedOut) {
 WaitCounts waitCounts() {
   return {yields.load(std::memory_order_relaxed), lostYields.load(std::memory_order_relaxed),
           spells.load(std::memory_order_relaxed), yieldsWhenCrowded.load(std::memory_order_relaxed),
-          sleeps.load(std::memory_order_relaxed), sleepTimeouts.load(std::memory_order_relaxed)};
+          sleeps.load(std::memory_order_relaxed), sleepTimeouts.load(std::memory_order_relaxed),
+          static_cast<uint64_t>(groupThreadsOnHost.load(std::memory_order_relaxed))};
 }
 
 }  // namespace ucxb

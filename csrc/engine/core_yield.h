@@ -64,10 +64,15 @@ bool yieldCore();
 // 8-byte op): returns the clock after the yield.
 std::chrono::steady_clock::time_point yieldCoreFrom(std::chrono::steady_clock::time_point before);
 
-// This process runs `ranks` ranks of a group on this host, itself included (the largest of its
-// groups counts): their threads are the group's own when a lost yield asks whether a thread
-// outside it took the core. 1 until a group says more.
-void noteRanksOnHost(int ranks);
+// Threads of a rank that poll or run its ops' work: the caller and the progress thread. A
+// transport may run more (Transport::threadsOfItsOwn: ucx's send lane).
+constexpr int kThreadsPerRank = 2;
+
+// This process runs `ranks` ranks of a group on this host, itself included, each with
+// `threadsPerRank` threads (the largest of its groups counts): their threads are the group's
+// own when a lost yield asks whether a thread outside it took the core. One rank of
+// kThreadsPerRank until a group says more.
+void noteRanksOnHost(int ranks, int threadsPerRank);
 
 // Whether the process is in a crowded spell: polling waits should sleep.
 bool crowded();
@@ -87,6 +92,7 @@ struct WaitCounts {
   uint64_t yieldsWhenCrowded = 0;
   uint64_t sleeps = 0;
   uint64_t sleepTimeouts = 0;
+  uint64_t groupThreadsOnHost = 0;  // noteRanksOnHost's largest: what the outsider check allows
 };
 WaitCounts waitCounts();
 

@@ -72,6 +72,7 @@ class UcxTransport final : public Transport {
   bool reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const override;
   // The transports of this group's UCP context, e.g. {"self", "sysv", "posix", "cma"}.
   std::vector<std::string> lowerTransports() const override;
+  int threadsOfItsOwn() const override { return lane_ ? 1 : 0; }
   // Only where a send lane may be used (send_lane "on", or "auto" with a peer on another
   // host): send_lane_peers (peers whose large sends take the lane), send_lane_messages and
   // send_lane_bytes. Empty otherwise, so that a group on one host keeps no statistics.
