@@ -15,6 +15,7 @@
 #include "csrc/device_memory.hpp"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/handshake.h"
+#include "csrc/p2p_withdraw.hpp"
 #include "csrc/staging_setup.hpp"
 #include "csrc/transport_factory.hpp"
 #include "csrc/udp_auth_setup.hpp"
@@ -729,12 +730,13 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   auto posted = std::make_shared<std::weak_ptr<Request>>();
   auto withdrawn = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<ProgressEngine> weakEngine = engine_;
-  work->setOnWaitTimeout([weakEngine, posted, withdrawn]() {
+  work->setOnWaitTimeout([weakEngine, posted, withdrawn, ctx = work->context()]() {
     withdrawn->store(true);
     if (auto engine = weakEngine.lock()) {
       Task cancel;
-      cancel.run = [posted]() {
-        if (auto r = posted->lock()) r->cancel();
+      // The task runs on the engine's thread, which holds the engine.
+      cancel.run = [engine = engine.get(), posted, ctx]() {
+        if (auto r = posted->lock()) withdrawRequest(*engine, *r, ctx);
       };
       engine->post(std::move(cancel));
     }

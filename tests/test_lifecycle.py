@@ -5,6 +5,7 @@ misdelivered data; the tests pin the fixed behaviour.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,8 @@ import torch
 import torch.distributed as dist
 from conftest import skip_unless_ucx
 from dist_harness import run_world
+
+import ucxbackend
 
 
 def _destroy_with_unmatched_irecv(rank: int, ws: int) -> Any:
@@ -95,6 +98,57 @@ def test_retried_recv_gets_the_message_after_a_wait_timeout() -> None:
     timed_out, fresh, stale = run_world(_retry_after_wait_timeout, 2, timeout=90)[0]
     assert timed_out
     assert fresh == [1.0, 2.0, 3.0], f"the abandoned irecv took the message: {stale}"
+
+
+def _retry_after_send_wait_timeout(rank: int, ws: int, backend: str, n: int, gave_up: str) -> Any:
+    if rank == 0:
+        withdrawn = torch.full((n,), 1.0)
+        work = dist.isend(withdrawn, dst=1, tag=5)
+        try:
+            work.wait(timeout=timedelta(seconds=1))
+            first = None
+        except RuntimeError as exc:
+            first = str(exc)
+        # Its wait gave up: the caller takes the buffer back and sends again.
+        withdrawn.fill_(-1.0)
+        open(gave_up, "w").close()
+        try:
+            dist.send(torch.full((n,), 2.0), dst=1, tag=5)
+            retry = None
+        except RuntimeError as exc:
+            retry = str(exc)
+        return first, retry, str(ucxbackend.get_error(dist.group.WORLD))
+    while not os.path.exists(gave_up):
+        time.sleep(0.02)
+    got = torch.zeros(n)
+    try:
+        dist.recv(got, src=0, tag=5)
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    return error, sorted(set(got.tolist()))
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_send_that_cannot_be_withdrawn_fails_the_group(backend: str, tmp_path: Any) -> None:
+    # A rendezvous send (1.2 MB) whose wait() gives up before the peer receives cannot be
+    # taken back on either transport: the peer holds its announcement. Left posted, the
+    # peer's receive took it, with the bytes the caller wrote into the buffer after giving it
+    # up ([-1.0]), and the retry stayed behind for a later receive: wrong data, no error.
+    # Now the group fails and the peer is cut off instead (docs/failure-model.md).
+    n = 300_000
+    res = run_world(
+        _retry_after_send_wait_timeout, 2, backend=backend, pg_timeout=10, timeout=90,
+        args=(backend, n, str(tmp_path / "gave_up")),
+    )
+    (first, retry, error_type), (recv_error, received) = res
+    assert -1.0 not in received, f"rank 1 received the withdrawn send's buffer: {received}"
+    assert first is not None and "timed out" in first, first
+    assert retry is not None and "could not be withdrawn" in retry, retry
+    assert f"{backend} send (op #1) on rank 0 of 2 [Float[{n}]]" in retry, retry
+    assert "send to rank 1" in retry, retry
+    assert error_type == "ErrorType.TIMEOUT", error_type
+    assert recv_error is not None or received == [2.0], (recv_error, received)
 
 
 def _edge_shapes(rank: int, ws: int) -> Any:

@@ -90,3 +90,18 @@ def test_capped_buffer_is_reported_with_its_fix(rig: NetnsRig) -> None:
         assert result["counters"]["socket_receive_buffer"] == 2 * 212992, result["counters"]
         for part in ("425984-byte receive buffer", "CAP_NET_ADMIN", "net.core.rmem_max"):
             assert part in out, out[-3000:]
+
+
+def test_datagrams_larger_than_the_path_mtu_stop_the_trains(rig: NetnsRig) -> None:
+    # mtu_payload above the rig's 1500-byte MTU: the stack refuses a train of such datagrams
+    # (EMSGSIZE) but fragments them one by one. Every train used to be lost and resent (99%
+    # of the datagrams, 3 s per 16 MB all_reduce); now the first refusal turns trains off.
+    env = {"OMP_NUM_THREADS": "1", "UCXBACKEND_UDP_CONFIG": "mtu_payload=8972"}
+    run = run_plain(rig, "udp", port=free_port(), mbytes=MBYTES, iters=2, warmup=1, extra_env=env)
+    assert len(run.results) == 2, run.outputs
+    for rank, result in enumerate(run.results):
+        assert result["correct"], f"rank {rank}: wrong all_reduce result"
+        c = result["counters"]
+        assert c["mtu_payload"] == 8972, c
+        assert c["retransmitted_packets"] <= 0.1 * c["data_packets_sent"], (rank, c)
+        assert c["segmentation_offload"] == 0, (rank, c)

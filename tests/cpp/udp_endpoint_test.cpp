@@ -216,6 +216,24 @@ void testRouting() {
   CHECK_THROWS(e0.connect(1, net.address(2)), TransportError, "ranks 2 and 1 both claim 10.0.0.3:7000");
   Endpoint unconnected(0, 2, smallOptions());
   CHECK_THROWS(unconnected.send(1, 1, nullptr, 0), TransportError, "before connecting to it");
+  // A message longer than max_message_bytes is refused naming the peer (the op's error adds
+  // the op, its tensors and this rank), and nothing of it is queued.
+  EndpointOptions capped = smallOptions();
+  capped.config.maxMessageBytes = 4096;
+  EndpointNetwork small(2, capped);
+  std::vector<uint8_t> big(4097);
+  CHECK_THROWS(small.endpoint(0)->send(1, 1, big.data(), big.size()), TransportError,
+               "send of 4097 bytes to rank 1 refused: udp send: 4097 bytes exceed "
+               "max_message_bytes=4096");
+  std::vector<uint8_t> fits(4096, 7);
+  Inbox arrived(4096);
+  auto received = small.endpoint(1)->recv(0, 2, ~Tag{0}, arrived.data.data(), arrived.capacity());
+  auto sent = small.endpoint(0)->send(1, 2, fits.data(), fits.size());
+  small.runUntil([&] { return !received->pending() && !sent->pending(); }, 1'000'000);
+  CHECK(received->state() == RequestState::kDone && sent->state() == RequestState::kDone);
+  CHECK(std::all_of(arrived.data.begin(), arrived.data.begin() + 4096,
+                    [](uint8_t b) { return b == 7; }) &&
+        arrived.canariesIntact());
 }
 
 // --------------------------------------------------------------------------- any source

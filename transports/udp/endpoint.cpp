@@ -1,6 +1,7 @@
 #include "transports/udp/endpoint.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "transports/udp/auth_keys.h"
 
@@ -194,7 +195,15 @@ RequestPtr Endpoint::send(int peer, Tag tag, const void* data, size_t bytes) {
     req->failNow(p.error);
     return req;
   }
-  const MessageId id = p.connection->send(tag, data, bytes);
+  MessageId id = 0;
+  try {
+    id = p.connection->send(tag, data, bytes);
+  } catch (const std::invalid_argument& e) {
+    // The connection knows the limit, not whose message it is: name the peer.
+    throw TransportError("udp: send of " + std::to_string(bytes) + " bytes to rank " +
+                             std::to_string(peer) + " refused: " + e.what(),
+                         peer);
+  }
   req->boundPeer_ = peer;
   req->coreId_ = id;
   p.sends.emplace(id, req);

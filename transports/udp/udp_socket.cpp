@@ -118,9 +118,13 @@ size_t UdpSocket::sendBatch(std::span<Datagram> batch) {
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) break;
-    // A device that cannot checksum a train rejects it (EIO): it is lost (the protocol
-    // resends it) and trains are not tried again.
-    if (err == EIO && batch[done].segmentSize != 0) {
+    // A device that cannot checksum a train rejects it (EIO), and so does the stack a train
+    // whose datagrams are larger than the path's MTU (EMSGSIZE: mtu_payload above the
+    // interface's, or above a smaller MTU the path reported), which it would fragment if they
+    // went one by one: the train is lost (the protocol resends it) and trains are not tried
+    // again. Left on, every train met the same error, and a 16 MB all_reduce with jumbo
+    // datagrams over a 1500-byte path resent 99% of its datagrams, taking 3 s, not 0.1 s.
+    if ((err == EIO || err == EMSGSIZE) && batch[done].segmentSize != 0) {
       gso_ = false;
       ++done;
       continue;

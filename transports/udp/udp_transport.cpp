@@ -274,8 +274,10 @@ void UdpTransport::buildTrains() {
   trainSlots_.clear();
   trainPath_.clear();
   const size_t mtu = endpoint_.options().config.mtuPayload;
-  const bool gso = socket_.segmentationOffload() && 2 * mtu <= UdpSocket::kMaxTrainBytes;
   for (size_t i = outgoingSent_; i < outgoingCount_;) {
+    // Per path: a socket that met a refused train sends no more (UdpSocket::sendBatch).
+    const bool gso = socketOf(outgoingPath_[i]).segmentationOffload() &&
+                     2 * mtu <= UdpSocket::kMaxTrainBytes;
     Datagram train = outgoing_[i];
     size_t slots = 1;
     const size_t segment = train.length;

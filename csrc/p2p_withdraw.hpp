@@ -1,0 +1,23 @@
+// What a point-to-point request whose caller's wait() gave up becomes: withdrawn, so that a
+// retried op is not robbed by it, or, where the transport cannot take it back, the end of the
+// group. Runs on the progress thread (a task the timed-out wait posts).
+#pragma once
+
+#include "csrc/engine/progress_engine.h"
+#include "csrc/errors.hpp"
+#include "transports/transport.h"
+
+namespace ucxb {
+
+// Progress rounds a cancellation gets to complete: both transports complete a cancelled
+// receive in the next one.
+constexpr int kWithdrawRounds = 16;
+
+// Cancels `request`; if it is still pending after kWithdrawRounds rounds of progress (a send:
+// neither transport can take one back once queued, as the peer may hold its announcement or
+// part of its data), fails the group and cuts its peer off. Left as it was, the peer's next
+// matching receive would take the withdrawn message, read from a buffer its caller believes
+// free, for the one it waits for: wrong data without an error. `ctx` names the op.
+void withdrawRequest(ProgressEngine& engine, Request& request, const OpContext& ctx);
+
+}  // namespace ucxb
