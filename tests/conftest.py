@@ -29,6 +29,7 @@ if _REPO_ROOT not in sys.path:
 
 import cpp_build  # noqa: E402
 from dist_harness import BACKEND  # noqa: E402
+from world_pool import pooled_result, world_pool  # noqa: E402, F401  (fixtures, for every file)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
