@@ -37,8 +37,10 @@ BACKEND: str = os.environ.get("UCXB_TEST_BACKEND", "ucx")
 
 # After the first failure, how long the other ranks get to report.
 FAIL_GRACE = 10.0
-# How long a dead child's report may still be in flight in the queue.
-_DEATH_GRACE = 2.0
+# A dead child's report is never in flight: _child exits only after its queue's feeder thread
+# has written the whole report into the pipe (join_thread), so a child seen dead whose report a
+# later poll of the queue still does not find died without reporting. (A fixed 2 s grace here
+# cost every test that kills a rank 2 s of wall.)
 
 # What ranks import; the fork server imports it once for all of them. Functional collectives
 # and FSDP pull in torch._dynamo (~2 s of CPU a rank, lazily, at the first such call). A rank
@@ -217,7 +219,7 @@ def run_world(
         ]
         reports: dict[int, tuple[str, Any]] = {}
         died: dict[int, int] = {}  # rank -> exit code, for ranks gone without a report
-        dead_since: dict[int, float] = {}
+        seen_dead: set[int] = set()  # exited, not yet confirmed by an empty poll since
         try:
             for p in procs:
                 p.start()
@@ -234,15 +236,18 @@ def run_world(
                     continue
                 except queue_mod.Empty:
                     pass
+                # Here the last poll found the queue empty: a rank already seen dead before
+                # it would have had its report there.
                 now = time.monotonic()
                 for r, p in enumerate(procs):
                     if r in reports or r in died or p.exitcode is None:
                         continue
-                    first_seen = dead_since.setdefault(r, now)
-                    if now - first_seen >= _DEATH_GRACE:
-                        died[r] = p.exitcode
-                        if r not in expect_fail:
-                            deadline = min(deadline, now + FAIL_GRACE)
+                    if r not in seen_dead:
+                        seen_dead.add(r)
+                        continue
+                    died[r] = p.exitcode
+                    if r not in expect_fail:
+                        deadline = min(deadline, now + FAIL_GRACE)
         finally:
             started = [p for p in procs if p.pid is not None]  # start() may have failed
             for p in started:

@@ -1,20 +1,25 @@
 """Group teardown and recovery: what happens to requests still posted when a group is
 destroyed or aborted, or when a caller stops waiting. Each case once crashed, hung or
 misdelivered data; the tests pin the fixed behaviour.
+
+The worlds that mostly wait out a timeout (a wait's, a Store's) run side by side
+(``@pooled``, tests/world_pool.py), each checked by its own test.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import skip_unless_ucx
+from conftest import is_ucx, skip_unless_ucx
 from dist_harness import run_world
+from world_pool import pooled
 
 import ucxbackend
 
@@ -93,9 +98,12 @@ def _retry_after_wait_timeout(rank: int, ws: int) -> Any:
     return None
 
 
-def test_retried_recv_gets_the_message_after_a_wait_timeout() -> None:
+@pooled(lambda: run_world(_retry_after_wait_timeout, 2, timeout=90) if is_ucx() else None)
+def test_retried_recv_gets_the_message_after_a_wait_timeout(
+    pooled_result: Callable[[], Any]
+) -> None:
     skip_unless_ucx("tests the ucx point-to-point path")
-    timed_out, fresh, stale = run_world(_retry_after_wait_timeout, 2, timeout=90)[0]
+    timed_out, fresh, stale = pooled_result()[0]
     assert timed_out
     assert fresh == [1.0, 2.0, 3.0], f"the abandoned irecv took the message: {stale}"
 
@@ -262,12 +270,21 @@ def _reuse_after_half_failed_creation(rank: int, ws: int, failing: int) -> dict[
     return {"first": first, "again": outcomes, "left": _leftover_keys(store, "g", ws)}
 
 
+def _reuse_world(failing: int) -> list[dict[str, Any]] | None:
+    if not is_ucx():
+        return None
+    return run_world(_reuse_after_half_failed_creation, 2, args=(failing,), timeout=90)
+
+
 @pytest.mark.parametrize("failing", [1, 0])
-def test_group_id_reused_after_a_rank_failed_before_the_store(failing: int) -> None:
+@pooled(_reuse_world)
+def test_group_id_reused_after_a_rank_failed_before_the_store(
+    failing: int, pooled_result: Callable[[], Any]
+) -> None:
     """The instance of a group id stays in step when a creation failed half-way (one rank never
     reached the Store), and a created group leaves none of its creation's keys."""
     skip_unless_ucx("creates ucx backends directly")
-    res = run_world(_reuse_after_half_failed_creation, 2, args=(failing,), timeout=90)
+    res = pooled_result()
     assert res[failing]["first"].startswith("ValueError"), res
     assert res[1 - failing]["first"] is not None, res
     if failing == 0:  # rank 1 waited for rank 0 to open the creation, and says so

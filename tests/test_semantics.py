@@ -5,6 +5,10 @@ Checks run inside the ranks and raise AssertionError there (the failing rank's t
 comes back through the harness), except where the parent has to compare ranks or timings.
 Error-message contents are checked for the ucx backend only (Gloo's messages do not
 name the op, rank or peer).
+
+The worlds of the timeout and killed-peer tests mostly wait out their timeouts: they run side by
+side (``@pooled``, tests/world_pool.py), each checked by its own test, whose bounds on the
+elapsed time are loose enough for it (at least 0.8 of the timeout, at most 10 s more).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -23,6 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
+from world_pool import pooled
 
 UCX = "ucx" in BACKEND
 WORLD_TIMEOUT = 120.0
@@ -224,13 +230,24 @@ def _peer_never_joins(rank: int, ws: int, pg_timeout: float, mode: str, gave_up:
         open(gave_up, "w").close()
 
 
+NEVER_JOINS_PG_TIMEOUT = 3.0
+
+
+def _peer_never_joins_world(mode: str) -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="ucxb_test_") as tmp:
+        gave_up = str(Path(tmp) / "rank0_gave_up")
+        pg_timeout = NEVER_JOINS_PG_TIMEOUT
+        return run_world(
+            _peer_never_joins, 2, pg_timeout=pg_timeout, args=(pg_timeout, mode, gave_up),
+            timeout=60,
+        )
+
+
 @pytest.mark.parametrize("mode", ["async_wait", "sync"])
-def test_timeout_peer_never_joins(mode: str, tmp_path: Path) -> None:
-    pg_timeout = 3.0
-    gave_up = str(tmp_path / "rank0_gave_up")
-    res = run_world(
-        _peer_never_joins, 2, pg_timeout=pg_timeout, args=(pg_timeout, mode, gave_up), timeout=60
-    )
+@pooled(_peer_never_joins_world)
+def test_timeout_peer_never_joins(mode: str, pooled_result: Callable[[], list[Any]]) -> None:
+    pg_timeout = NEVER_JOINS_PG_TIMEOUT
+    res = pooled_result()
     elapsed, exc, msg = res[0]
     assert exc is not None, f"all_reduce with an absent peer returned after {elapsed:.1f}s"
     assert exc in ("RuntimeError", "DistBackendError", "DistError", "TimeoutError"), (exc, msg)
@@ -259,9 +276,15 @@ def _late_peer(rank: int, ws: int, gave_up: str) -> Any:
         open(gave_up, "w").close()
 
 
-def test_work_wait_timeout(tmp_path: Path) -> None:
-    gave_up = str(tmp_path / "rank0_gave_up")
-    res = run_world(_late_peer, 2, args=(gave_up,), pg_timeout=5, timeout=60)
+def _late_peer_world() -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="ucxb_test_") as tmp:
+        gave_up = str(Path(tmp) / "rank0_gave_up")
+        return run_world(_late_peer, 2, args=(gave_up,), pg_timeout=5, timeout=60)
+
+
+@pooled(_late_peer_world)
+def test_work_wait_timeout(pooled_result: Callable[[], list[Any]]) -> None:
+    res = pooled_result()
     elapsed, exc, msg = res[0]
     assert exc is not None, f"wait(timeout=1s) returned after {elapsed:.1f}s with the peer late"
     assert 0.8 <= elapsed < 6, (elapsed, msg)
@@ -293,14 +316,24 @@ def _odd_waits(rank: int, ws: int) -> Any:
     return out
 
 
-def test_odd_wait_timeouts() -> None:
-    if not UCX and BACKEND != "udp":
+# A negative wait on a pending op makes Gloo close the group's connections.
+ODD_WAITS_RUN = UCX or BACKEND == "udp"
+
+
+def _odd_waits_world() -> list[Any] | None:
+    return run_world(_odd_waits, 2, pg_timeout=30, timeout=90) if ODD_WAITS_RUN else None
+
+
+@pooled(_odd_waits_world)
+def test_odd_wait_timeouts(pooled_result: Callable[[], list[Any] | None]) -> None:
+    if not ODD_WAITS_RUN:
         pytest.skip(
             f"ucx/udp only ({BACKEND} under test): a negative wait on a pending op "
             "makes Gloo close the group's connections (\"Application timeout caused "
             'pair closure")'
         )
-    res = run_world(_odd_waits, 2, pg_timeout=30, timeout=90)
+    res = pooled_result()
+    assert res is not None
     total = [3] * 4  # 1 + 2, bit-exact
     for rank, out in enumerate(res):
         elapsed, exc, msg, data = out["zero"]
@@ -329,9 +362,14 @@ def _killed_peer(rank: int, ws: int) -> Any:
     return timed(lambda: dist.all_reduce(t))
 
 
-def test_killed_peer() -> None:
-    pg_timeout = 10.0
-    res = run_world(_killed_peer, 3, pg_timeout=pg_timeout, expect_fail_ranks={2}, timeout=90)
+KILLED_PEER_PG_TIMEOUT = 10.0
+
+
+@pooled(lambda: run_world(_killed_peer, 3, pg_timeout=KILLED_PEER_PG_TIMEOUT,
+                          expect_fail_ranks={2}, timeout=90))
+def test_killed_peer(pooled_result: Callable[[], list[Any]]) -> None:
+    pg_timeout = KILLED_PEER_PG_TIMEOUT
+    res = pooled_result()
     assert res[2] is None
     for rank in (0, 1):
         elapsed, exc, msg = res[rank]

@@ -10,8 +10,10 @@ for the backend's own name, ``gloo_gated`` with them evaluated as for gloo, and 
 three tests under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's ``ProcessGroupWrapper`` around
 every group), ``test_all_gather_object_subgroup`` among them.
 
-Needs ``expecttest`` (imported by torch's test utilities). Each test spawns its own
-ranks, importing torch's test suite: several minutes, hence ``slow``.
+Needs ``expecttest`` (imported by torch's test utilities). Each tier is a runner of its own
+that imports torch's test suite and forks the ranks of each of its tests, mostly waiting on
+them: the three run side by side (``@pooled``, tests/world_pool.py), each checked by its own
+test. Hence ``slow``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from dist_harness import BACKEND
+from world_pool import pooled
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -123,24 +128,34 @@ def _require_expecttest() -> None:
         pytest.fail("torch's distributed test suite needs expecttest: pip install expecttest")
 
 
+def _tier(tier: str) -> dict:
+    """One tier's summary (its runner in a folder of its own): a pooled test's world."""
+    _require_expecttest()
+    with tempfile.TemporaryDirectory(prefix="ucxb_torch_suite_") as tmp:
+        return _run_suite(Path(tmp), tier)
+
+
+Summary = Callable[[], dict]
+
+
 @pytest.mark.slow
-def test_torch_suite_native(tmp_path):
+@pooled(lambda: _tier("native"))
+def test_torch_suite_native(pooled_result: Summary) -> None:
     """Collectives, p2p and DDP tests, decorators evaluated for the backend's own name."""
-    _require_expecttest()
-    _check(_run_suite(tmp_path, "native"), "native")
+    _check(pooled_result(), "native")
 
 
 @pytest.mark.slow
-def test_torch_suite_gloo_gated(tmp_path):
+@pooled(lambda: _tier("gloo_gated"))
+def test_torch_suite_gloo_gated(pooled_result: Summary) -> None:
     """Backend-agnostic tests whose decorators only admit gloo: run with gloo's gating."""
-    _require_expecttest()
-    _check(_run_suite(tmp_path, "gloo_gated"), "gloo_gated")
+    _check(pooled_result(), "gloo_gated")
 
 
 @pytest.mark.slow
-def test_torch_suite_detail(tmp_path):
+@pooled(lambda: _tier("detail"))
+def test_torch_suite_detail(pooled_result: Summary) -> None:
     """A few tests with every group wrapped by TORCH_DISTRIBUTED_DEBUG=DETAIL."""
-    _require_expecttest()
-    summary = _run_suite(tmp_path, "detail")
+    summary = pooled_result()
     _check(summary, "detail")
     assert summary["debug_level"] == "DETAIL", summary["debug_level"]

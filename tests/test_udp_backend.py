@@ -6,6 +6,10 @@ relative tolerance, since the two may sum in another order). Faults are injected
 transport itself on every received datagram (``UCXBACKEND_UDP_FAULTS``), seeded, so a failure
 reproduces. The transport's statistics must show the faults were really there (drops counted,
 retransmissions made), so a test that silently ran lossless cannot pass.
+
+The worlds of the tests up to test_small_mtu_fragments_into_many_datagrams mostly wait out
+timers and emulated queues: they run side by side (``@pooled``, tests/world_pool.py), each
+checked by its own test; the tests after them, which time failures, run alone.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
+from world_pool import pooled
 
 import ucxbackend
 
@@ -150,8 +156,12 @@ def _run(ws: int, faults: str, udp_config: str = "", sizes: tuple[int, ...] = SI
     return res
 
 
-def test_lossless_two_ranks_match_gloo_and_count_traffic() -> None:
-    res = _run(2, "")
+Result = Callable[[], list[dict[str, Any]]]
+
+
+@pooled(lambda: _run(2, ""))
+def test_lossless_two_ranks_match_gloo_and_count_traffic(pooled_result: Result) -> None:
+    res = pooled_result()
     for r in res:
         t = r["total"]
         assert t["datagrams_sent"] > 0 and t["messages_received"] > 0
@@ -162,8 +172,9 @@ def test_lossless_two_ranks_match_gloo_and_count_traffic() -> None:
         assert r["ops"][:2] == ["allreduce", "allreduce"]
 
 
-def test_ten_percent_drop_with_dup_and_reorder_matches_gloo() -> None:
-    res = _run(2, _faults(0.10, "dup=0.02,reorder=0.05"))
+@pooled(lambda: _run(2, _faults(0.10, "dup=0.02,reorder=0.05")))
+def test_ten_percent_drop_with_dup_and_reorder_matches_gloo(pooled_result: Result) -> None:
+    res = pooled_result()
     for r in res:
         assert r["transport"]["faults_dropped"] > 0
         assert r["transport"]["faults_duplicated"] > 0
@@ -173,22 +184,28 @@ def test_ten_percent_drop_with_dup_and_reorder_matches_gloo() -> None:
         assert r["total"]["dropped_after_gap"] == 0
 
 
-def test_three_ranks_one_percent_drop_go_back_n() -> None:
-    res = _run(3, _faults(0.01), "loss_recovery=go_back_n", sizes=(1, 20_000, 300_000))
+@pooled(lambda: _run(3, _faults(0.01), "loss_recovery=go_back_n", sizes=(1, 20_000, 300_000)))
+def test_three_ranks_one_percent_drop_go_back_n(pooled_result: Result) -> None:
+    res = pooled_result()
     assert sum(r["transport"]["faults_dropped"] for r in res) > 0
     # go-back-N's receivers discard what arrives after a gap: the textbook window of one
     assert sum(r["total"]["dropped_after_gap"] for r in res) > 0
+
+
+def _matrix_world(ws: int, drop: float, policy: str) -> list[dict[str, Any]]:
+    sizes = (1, 20_000, 100_000) if drop >= 0.3 else SIZES
+    extra = "dup=0.01,reorder=0.02" if drop else ""
+    return _run(ws, _faults(drop, extra, seed=ws * 100 + int(drop * 100)),
+                f"loss_recovery={policy}", sizes=sizes, timeout=600)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["selective_repeat", "go_back_n"])
 @pytest.mark.parametrize("drop", [0.0, 0.01, 0.10, 0.30])
 @pytest.mark.parametrize("ws", [2, 4])
-def test_matrix(ws: int, drop: float, policy: str) -> None:
-    sizes = (1, 20_000, 100_000) if drop >= 0.3 else SIZES
-    extra = "dup=0.01,reorder=0.02" if drop else ""
-    res = _run(ws, _faults(drop, extra, seed=ws * 100 + int(drop * 100)),
-               f"loss_recovery={policy}", sizes=sizes, timeout=600)
+@pooled(_matrix_world)
+def test_matrix(ws: int, drop: float, policy: str, pooled_result: Result) -> None:
+    res = pooled_result()
     if drop:
         assert sum(r["total"]["retransmitted_packets"] for r in res) > 0
 
@@ -198,10 +215,11 @@ def test_matrix(ws: int, drop: float, policy: str) -> None:
 BOTTLENECK = "rate_mbps=500,queue=32,mark_above=4,trim_above=16"
 
 
-def test_bottleneck_marks_trims_and_nacks_over_sockets() -> None:
+@pooled(lambda: _run(2, _faults(0.0, BOTTLENECK), "mtu_payload=8972", sizes=(1, 20_000, 300_000)))
+def test_bottleneck_marks_trims_and_nacks_over_sockets(pooled_result: Result) -> None:
     # congestion=none fills the queue: marks and trims happen, the receivers echo the marks
     # and NACK the trimmed packets, the senders resend them, and every byte still matches Gloo.
-    res = _run(2, _faults(0.0, BOTTLENECK), "mtu_payload=8972", sizes=(1, 20_000, 300_000))
+    res = pooled_result()
     tr = {k: sum(r["transport"][k] for r in res) for k in ("faults_marked", "faults_trimmed")}
     tot = {k: sum(r["total"][k] for r in res)
            for k in ("ce_received", "ce_echoed", "trimmed_received", "packets_nacked")}
@@ -217,14 +235,21 @@ def test_bottleneck_marks_trims_and_nacks_over_sockets() -> None:
         assert r["transport"]["faults_queue_high_water"] <= 32
 
 
+def _lossy_bottleneck_world(congestion: str) -> list[dict[str, Any]]:
+    return _run(3, _faults(0.05, f"{BOTTLENECK},dup=0.02,reorder=0.05", seed=23),
+                f"congestion={congestion},loss_recovery=rack,cc_link_mbps=500",
+                sizes=(1, 20_000, 300_000), timeout=600)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("congestion", ["aimd", "delay", "ecn", "bdp", "credit"])
-def test_congestion_policies_behind_a_lossy_bottleneck(congestion: str) -> None:
-    # Every byte delivered once (matches Gloo) with each policy and RACK, behind the
-    # bottleneck with loss, duplication and reordering on top, 3 ranks.
-    _run(3, _faults(0.05, f"{BOTTLENECK},dup=0.02,reorder=0.05", seed=23),
-         f"congestion={congestion},loss_recovery=rack,cc_link_mbps=500",
-         sizes=(1, 20_000, 300_000), timeout=600)
+@pooled(_lossy_bottleneck_world)
+def test_congestion_policies_behind_a_lossy_bottleneck(
+    congestion: str, pooled_result: Result
+) -> None:
+    # Every byte delivered once (matches Gloo: _run checks it) with each policy and RACK,
+    # behind the bottleneck with loss, duplication and reordering on top, 3 ranks.
+    pooled_result()
 
 
 # Issue #22's fault matrix on real sockets: each fault at 30%, as the simulator's
@@ -234,28 +259,37 @@ FAULT_COUNTER = {"drop": "faults_dropped", "dup": "faults_duplicated",
                  "reorder": "faults_reordered", "corrupt": "faults_corrupted"}
 
 
+def _fault_matrix_world(congestion: str, fault: str) -> list[dict[str, Any]]:
+    return _run(2, _faults(0.0, f"{BOTTLENECK},{fault}", seed=29),
+                f"congestion={congestion},loss_recovery=rack,cc_link_mbps=500",
+                sizes=(1, 20_000), timeout=300)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS_AT_30)
 @pytest.mark.parametrize("congestion", ["none", "aimd", "delay", "ecn", "bdp", "credit"])
-def test_every_policy_through_the_fault_matrix_over_sockets(congestion: str, fault: str) -> None:
+@pooled(_fault_matrix_world)
+def test_every_policy_through_the_fault_matrix_over_sockets(
+    congestion: str, fault: str, pooled_result: Result
+) -> None:
     # Every byte delivered once (matches Gloo), with the fault made at the rate asked.
-    res = _run(2, _faults(0.0, f"{BOTTLENECK},{fault}", seed=29),
-               f"congestion={congestion},loss_recovery=rack,cc_link_mbps=500",
-               sizes=(1, 20_000), timeout=300)
+    res = pooled_result()
     made = sum(r["transport"][FAULT_COUNTER[fault.split("=")[0]]] for r in res)
     assert made > 20, (fault, made)
 
 
 @pytest.mark.slow
-def test_corruption_and_delay_become_loss() -> None:
-    res = _run(2, _faults(0.0, "corrupt=0.02,delay=0.01"), sizes=(1, 20_000, 300_000))
+@pooled(lambda: _run(2, _faults(0.0, "corrupt=0.02,delay=0.01"), sizes=(1, 20_000, 300_000)))
+def test_corruption_and_delay_become_loss(pooled_result: Result) -> None:
+    res = pooled_result()
     for r in res:
         assert r["transport"]["faults_corrupted"] > 0
         assert r["total"]["dropped_bad_checksum"] > 0
 
 
-def test_small_mtu_fragments_into_many_datagrams() -> None:
-    res = _run(2, "", "mtu_payload=1472", sizes=(1, 20_000, 300_000))
+@pooled(lambda: _run(2, "", "mtu_payload=1472", sizes=(1, 20_000, 300_000)))
+def test_small_mtu_fragments_into_many_datagrams(pooled_result: Result) -> None:
+    res = pooled_result()
     for r in res:
         assert r["transport"]["mtu_payload"] == 1472
         # 300k int64 = 2.4 MB per message: well over 1000 datagrams at this size.
