@@ -763,14 +763,16 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
         // completes; the Future records its event there.
         std::optional<DeviceScope> scope;
         // A failed request (peer gone, transport error) fails the group, unless the caller
-        // withdrew it or the group is shutting down; a size mismatch does not (the message
-        // was delivered whole, and nothing of it is left behind).
+        // withdrew it or the group is shutting down; a size mismatch does not, a longer
+        // message (truncated) as a shorter one (the message was taken whole, and nothing of
+        // it is left behind).
         bool groupFailure = false;
         try {
           if (r.failed()) {
             if (engine->failed()) {
               throw GroupFailed(engine->failure());  // it failed with its group
             }
+            if (r.truncated()) throw OpFailed(r.error());
             groupFailure = !withdrawn->load() && !engine->stopping();
             throw PeerFailed(r.error());
           }
