@@ -497,6 +497,7 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   if (device) devices.push_back(*device);
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
+  work->pinStorages(inputs.tensors);  // and its outputs, until the Work settles
   work->setFlightEntry(std::move(flight));
   work->setSpin(engineConfig_.spin);
   // cuda_wait=stream (docs/cuda.md): wait() holds the caller's stream through the gate.
@@ -604,6 +605,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
       }
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
                 tuning, memory ? &*memory : nullptr);
+      work->checkTensorsFit();
       body(comm);
       scope->drain();
     } catch (...) {
@@ -745,6 +747,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     at::NoGradGuard noGrad;
     try {
       DeviceScope scope(deviceOp, Clock::now() + timeout);
+      work->checkTensorsFit();
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       if (hostStaged) {
         const auto pinned = at::TensorOptions().dtype(tensor.scalar_type()).pinned_memory(true);
