@@ -500,6 +500,7 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   if (device) devices.push_back(*device);
   auto work = c10::make_intrusive<TransportWork>(std::move(ctx), type, std::move(outputs), timeout,
                                                  std::move(devices));
+  work->pinStorages(inputs.tensors);  // and its outputs, until the Work settles
   work->setFlightEntry(std::move(flight));
   work->setSpin(engineConfig_.spin);
   // cuda_wait=stream (docs/cuda.md): wait() holds the caller's stream through the gate.
@@ -607,6 +608,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
       }
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
                 tuning, memory ? &*memory : nullptr);
+      work->checkTensorsFit();
       body(comm);
       scope->drain();
     } catch (...) {
@@ -749,6 +751,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     at::NoGradGuard noGrad;
     try {
       DeviceScope scope(deviceOp, Clock::now() + timeout);
+      work->checkTensorsFit();
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       if (hostStaged) {
         const auto pinned = at::TensorOptions().dtype(tensor.scalar_type()).pinned_memory(true);
@@ -767,14 +770,16 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
         // completes; the Future records its event there.
         std::optional<DeviceScope> scope;
         // A failed request (peer gone, transport error) fails the group, unless the caller
-        // withdrew it or the group is shutting down; a size mismatch does not (the message
-        // was delivered whole, and nothing of it is left behind).
+        // withdrew it or the group is shutting down; a size mismatch does not, a longer
+        // message (truncated) as a shorter one (the message was taken whole, and nothing of
+        // it is left behind).
         bool groupFailure = false;
         try {
           if (r.failed()) {
             if (engine->failed()) {
               throw GroupFailed(engine->failure());  // it failed with its group
             }
+            if (r.truncated()) throw OpFailed(r.error());
             groupFailure = !withdrawn->load() && !engine->stopping();
             throw PeerFailed(r.error());
           }

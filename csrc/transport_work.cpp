@@ -1,9 +1,12 @@
 #include "csrc/transport_work.hpp"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "csrc/collectives/op_driver.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/core_yield.h"
+#include "csrc/tensor_checks.hpp"
 
 namespace ucxb {
 
@@ -92,6 +95,53 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+void TransportWork::pinStorages(c10::ArrayRef<at::Tensor> inputs) {
+  inputs_.assign(inputs.begin(), inputs.end());
+  for (const c10::ArrayRef<at::Tensor> tensors : {c10::ArrayRef<at::Tensor>(outputs_), inputs}) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || !t.has_storage()) continue;
+      const c10::Storage& storage = t.storage();
+      c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+      if (impl == nullptr) continue;
+      // Host memory only. A device tensor's old block goes back to torch's caching allocator,
+      // which keeps it from reuse until the internal stream the op runs on is past it (the
+      // tensors are recorded there), as with NCCL; and FSDP frees and regrows its all-gather
+      // storages with resize_() while a stream-ordered op may still be queued.
+      if (impl->resizable() && t.is_cpu()) {
+        impl->set_resizable(false);
+        pinned_.push_back(storage);
+      } else {
+        held_.push_back(storage);  // pinned already (in place: an output), or never resizable
+      }
+    }
+  }
+}
+
+void TransportWork::unpinStorages() {
+  for (const c10::Storage& storage : pinned_) storage.unsafeGetStorageImpl()->set_resizable(true);
+  pinned_.clear();
+  held_.clear();
+  inputs_.clear();
+}
+
+void TransportWork::checkTensorsFit() const {
+  for (const c10::ArrayRef<at::Tensor> tensors :
+       {c10::ArrayRef<at::Tensor>(outputs_), c10::ArrayRef<at::Tensor>(inputs_)}) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || !t.has_storage() || t.numel() == 0) continue;
+      const size_t need = at::detail::computeStorageNbytes(
+          t.sizes(), t.strides(), t.itemsize(), static_cast<size_t>(t.storage_offset()));
+      const size_t have = t.storage().nbytes();
+      if (need > have) {
+        throw OpFailed("its tensor " + describe(t) + " needs " + std::to_string(need) +
+                       " bytes but its memory holds " + std::to_string(have) +
+                       ": it was resized while the op was pending (resize_() raised, but set "
+                       "the new sizes); leave an async op's tensors alone until wait() returns");
+      }
+    }
+  }
+}
+
 void TransportWork::release_resources() {
   outputs_.clear();
   future_.reset();
@@ -106,6 +156,7 @@ void TransportWork::release_resources() {
 // op's own outcome is already recorded by then.
 void TransportWork::finishOk() {
   if (settled_.exchange(true)) return;
+  unpinStorages();
   if (flight_) flight_->completed();  // before any waiter wakes and may dump
   try {
     future_->markCompleted(c10::IValue(outputs_));
@@ -118,6 +169,7 @@ void TransportWork::finishOk() {
 
 void TransportWork::finishError(std::exception_ptr error) {
   if (settled_.exchange(true)) return;
+  unpinStorages();
   if (flight_) flight_->retired();
   try {
     future_->setError(error);

@@ -3,6 +3,7 @@
 // on its Future (DDP comm hooks), whose callbacks run on the progress thread, as with Gloo.
 #pragma once
 
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -58,6 +59,21 @@ class TransportWork : public c10d::Work {
   int sourceRank() const override { return sourceRank_.load(); }
   uint64_t getSequencenumber() const override { return ctx_.seq; }
 
+  // Holds the storages of the op's tensors (its outputs and `inputs`) until the Work settles,
+  // and makes those in host memory that are resizable not so meanwhile. A tensor that the
+  // caller grew with resize_() while the op ran had its memory freed under the transport,
+  // which went on writing into it: a segmentation fault, or glibc aborting on a corrupted
+  // heap. Now resize_() raises in the caller ("Trying to resize storage that is not
+  // resizable"); set_() or .data = leave the op its old memory. A storage that is not
+  // resizable already (numpy's, or pinned by another op still running) is only held: the
+  // op that pinned it gives it back, possibly before this one ends.
+  void pinStorages(c10::ArrayRef<at::Tensor> inputs);
+  // Throws OpFailed when a tensor of the op no longer fits its storage: a resize_() that
+  // pinStorages() made raise still set the new sizes (torch does so for any storage that is
+  // not resizable), and an op that starts after it would read or write past the memory.
+  // Called where a queued op starts, before it touches a tensor.
+  void checkTensorsFit() const;
+
   const OpContext& context() const { return ctx_; }
   void setSourceRank(int r) { sourceRank_.store(r); }
 
@@ -73,7 +89,12 @@ class TransportWork : public c10d::Work {
   // by ~1 MiB a step and fell every ~60 steps).
   void release_resources() override;
 
+  ~TransportWork() override { unpinStorages(); }
+
  private:
+  // Gives back what pinStorages() took; on the thread that settles the Work, before any
+  // waiter or Future callback can run (and may resize the tensors).
+  void unpinStorages();
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.
   bool holdCallerStream() const;
@@ -90,6 +111,10 @@ class TransportWork : public c10d::Work {
   std::shared_ptr<StreamGate> gate_;
   std::shared_ptr<FlightEntry> flight_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Inline room for the usual one or two tensors: no allocation per op.
+  c10::SmallVector<c10::Storage, 2> pinned_;  // made non-resizable by pinStorages()
+  c10::SmallVector<c10::Storage, 2> held_;    // only held (not resizable before)
+  c10::SmallVector<at::Tensor, 2> inputs_;    // for checkTensorsFit(), until the Work settles
 };
 
 }  // namespace ucxb

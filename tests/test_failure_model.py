@@ -394,3 +394,95 @@ def test_ranks_that_disagree_on_dtype_or_reduce_op_fail_instead_of_mixing_data(
         assert "timed out" in msg and f"on rank {rank} of 2" in msg, msg
         assert f"from rank {1 - rank}" in msg, msg
         assert elapsed < OP_TIMEOUT_S + 5, (rank, elapsed, msg)
+
+
+# --------------------------------------------------------------------------
+# a point-to-point message of another size than its receive does not fail the group
+# --------------------------------------------------------------------------
+
+# Rank 1's sends, in order, each to one receive of P2P_POSTED float32 elements on rank 0 (the
+# last is the right size): an eager message and a rendezvous one (16 MiB) that are too long,
+# the same to an any-source receive (whose error must still name the sender), then one too
+# short.
+P2P_POSTED = 4
+P2P_SENDS = [1000, 4 << 20, 1000, 4 << 20, 2, P2P_POSTED]
+
+
+def _p2p_size_mismatch(rank: int, backend: str) -> dict[str, Any]:
+    import ucxbackend
+
+    # A timeout that ends a rank stuck on the other's failure soon (it was: a failed group
+    # refused rank 0's receives, and rank 1 waited for its rendezvous sends).
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=10))
+    dist.barrier(group=sub)
+    out: dict[str, Any] = {"recvs": []}
+    sends = []
+    if rank == 1:
+        # Sent before rank 0 posts its receives: an eager message is then matched from UCX's
+        # unexpected queue as the receive is posted, where an any-source receive's failure
+        # named no rank (the rendezvous ones are matched later, through the callback).
+        for i, n in enumerate(P2P_SENDS):
+            data = torch.arange(n, dtype=torch.float32) + 100 * i
+            sends.append(dist.isend(data, dst=0, tag=i, group=sub))
+    dist.barrier(group=sub)
+    if rank == 0:
+        time.sleep(0.2)  # the eager messages are here
+        for i in range(len(P2P_SENDS)):
+            got = torch.zeros(P2P_POSTED)
+            any_source = i in (2, 3)
+            start = time.monotonic()
+            try:
+                if any_source:
+                    dist.irecv(got, tag=i, group=sub).wait()
+                else:
+                    dist.recv(got, src=1, tag=i, group=sub)
+                out["recvs"].append(("ok", got.tolist(), time.monotonic() - start))
+            except RuntimeError as exc:
+                out["recvs"].append(("error", str(exc), time.monotonic() - start))
+    for work in sends:
+        work.wait()
+    t = torch.full((3,), rank + 1, dtype=torch.int64)
+    out["error"] = ucxbackend.get_error(sub).name
+    try:
+        dist.all_reduce(t, group=sub)
+        out["all_reduce"] = t.tolist()
+    except RuntimeError as exc:
+        out["all_reduce"] = str(exc)
+    dist.destroy_process_group(sub)
+    return out
+
+
+def _p2p_size_mismatch_world(rank: int, ws: int) -> dict[str, Any]:
+    return {backend: _p2p_size_mismatch(rank, backend) for backend in OURS}
+
+
+@pytest.fixture(scope="module")
+def p2p_size_world() -> list[dict[str, Any]]:
+    _skip_unless_ours()
+    return run_world(_p2p_size_mismatch_world, 2, timeout=WORLD_TIMEOUT)
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_p2p_message_of_another_size_fails_the_receive_not_the_group(
+    p2p_size_world: list[dict[str, Any]], backend: str
+) -> None:
+    # Before, a message longer than its receive failed the group (getError REMOTE_ERROR, and
+    # every later op refused), though the transport had taken it whole and nothing of it was
+    # left: only a shorter one did not. An any-source receive's error named "any rank".
+    recvs = p2p_size_world[0][backend]["recvs"]
+    assert len(recvs) == len(P2P_SENDS), recvs
+    for i, (n, (status, msg, elapsed)) in enumerate(zip(P2P_SENDS, recvs, strict=True)):
+        if n == P2P_POSTED:
+            assert status == "ok", f"receive {i} of the right size failed: {msg}"
+            assert msg == [100.0 * i + k for k in range(n)], (i, msg)
+            continue
+        assert status == "error", f"receive {i} of {P2P_POSTED} elements got {n}: {msg}"
+        assert "earlier failure" not in msg, f"receive {i} was refused: {msg}"
+        op = "recvAnysource" if i in (2, 3) else "recv"
+        assert f"{backend} {op} (op #{i + 1}) on rank 0 of 2 [Float[{P2P_POSTED}]]" in msg, msg
+        assert "from rank 1" in msg, msg
+        assert ("longer than" if n > P2P_POSTED else "but received") in msg, msg
+        assert elapsed < 10, (i, elapsed, msg)
+    for rank, out in enumerate(p2p_size_world):
+        assert out[backend]["all_reduce"] == [3, 3, 3], (rank, out[backend])
+        assert out[backend]["error"] == "SUCCESS", (rank, out[backend])

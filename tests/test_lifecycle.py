@@ -351,6 +351,86 @@ def test_a_finished_op_keeps_no_reference_to_its_output() -> None:
         assert rank_counts == {"ucx": [0, 0, 0], "udp": [0, 0, 0]}
 
 
+def _resize_while_pending(rank: int, ws: int) -> dict[str, Any]:
+    """Rank 0 grows the tensors of pending ops with resize_() while rank 1 is a second late:
+    of a running all_reduce (handed over by the caller's thread: 256 elements; on the
+    progress thread: 1 Mi), of an irecv, and of an all_reduce queued behind a running one.
+    Once an op is done, resize_ works again."""
+    out: dict[str, Any] = {}
+
+    def resize(key: str, t: torch.Tensor) -> None:
+        try:
+            t.resize_(4 * t.numel())
+            out[key] = "resize_ of a pending op's tensor did not raise"
+        except RuntimeError as exc:
+            out[key] = str(exc)
+
+    for backend in ("ucx", "udp"):
+        group = dist.new_group(backend=backend, timeout=timedelta(seconds=5))
+        dist.barrier(group=group)
+        for n in (256, 1 << 20):
+            if rank == 1:
+                time.sleep(1.0)
+            t = torch.full((n,), float(rank + 1))
+            # A view of its own: a resize_ that raised leaves t's sizes at the new ones over
+            # the old storage (torch's behaviour for any storage that is not resizable).
+            view = t.view(-1)
+            work = dist.all_reduce(t, group=group, async_op=True)
+            if rank == 0:
+                time.sleep(0.3)  # the op runs, waiting for rank 1
+                resize(f"{backend}/{n}", t)
+            work.wait()
+            out[f"{backend}/{n}/result"] = (view.numel(), view[0].item(), view[-1].item())
+            t.resize_(4 * n)  # the op is done: the storage is the caller's again
+        if rank == 0:
+            got = torch.zeros(1 << 20)
+            view = got.view(-1)
+            work = dist.irecv(got, src=1, group=group)
+            time.sleep(0.3)
+            resize(f"{backend}/irecv", got)
+            work.wait()
+            out[f"{backend}/irecv/result"] = (view.numel(), view[0].item(), view[-1].item())
+            got.resize_(1 << 22)
+        else:
+            time.sleep(1.0)
+            dist.send(torch.full((1 << 20,), 5.0), dst=0, group=group)
+        # Queued behind a running op: it must not start on sizes its memory does not hold.
+        if rank == 1:
+            time.sleep(1.0)
+        running = dist.all_reduce(torch.ones(1 << 20), group=group, async_op=True)
+        queued = torch.ones(1 << 20)
+        work = dist.all_reduce(queued, group=group, async_op=True)
+        if rank == 0:
+            time.sleep(0.3)
+            resize(f"{backend}/queued", queued)
+        running.wait()
+        try:
+            work.wait()
+            out[f"{backend}/queued/wait"] = "ok"
+        except RuntimeError as exc:
+            out[f"{backend}/queued/wait"] = str(exc)
+        dist.destroy_process_group(group)
+    return out
+
+
+def test_resizing_a_pending_ops_tensor_raises_instead_of_crashing() -> None:
+    """Before, resize_() freed the memory the transport was still writing into: rank 0 died
+    of SIGSEGV (1 Mi elements, and the irecv) or SIGABRT (glibc's heap check, 256)."""
+    skip_unless_ucx("tests the ucx/udp Work")
+    res = run_world(_resize_while_pending, 2, timeout=120)
+    for backend in ("ucx", "udp"):
+        for n in (256, 1 << 20):
+            assert "not resizable" in res[0][f"{backend}/{n}"], res[0]
+            for rank in (0, 1):
+                assert res[rank][f"{backend}/{n}/result"] == (n, 3.0, 3.0), (rank, res[rank])
+        assert "not resizable" in res[0][f"{backend}/irecv"], res[0]
+        assert res[0][f"{backend}/irecv/result"] == (1 << 20, 5.0, 5.0), res[0]
+        assert "not resizable" in res[0][f"{backend}/queued"], res[0]
+        msg = res[0][f"{backend}/queued/wait"]
+        assert f"{backend} allreduce (op #" in msg and "on rank 0 of 2" in msg, msg
+        assert "resized while the op was pending" in msg, msg
+
+
 # Exits without destroy_process_group. Its own atexit handler is registered before ucxbackend
 # is imported, so it runs after ucxbackend's (LIFO) and sees what finalization will find.
 _EXIT_WITHOUT_DESTROY = """

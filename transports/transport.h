@@ -55,6 +55,11 @@ class Request {
   size_t receivedBytes() const { return receivedBytes_; }
   Tag senderTag() const { return senderTag_; }
   const std::string& error() const { return error_; }
+  // A receive that failed only because the message was longer than its buffer. The transport
+  // took the whole message (what did not fit was dropped), so nothing of it is left to match
+  // a later receive: as with a shorter message, the ranks disagree on a size, and no peer or
+  // connection failed.
+  bool truncated() const { return truncated_; }
 
   // Asks the transport to abandon the request. It completes (failed or done) in a later
   // progress() call; until then the buffer must stay alive.
@@ -85,6 +90,10 @@ class Request {
     error_ = std::move(why);
     settle(RequestState::kFailed);
   }
+  void failTruncated(std::string why) {
+    truncated_ = true;
+    fail(std::move(why));
+  }
 
  private:
   void settle(RequestState s) {
@@ -103,6 +112,7 @@ class Request {
   size_t receivedBytes_ = 0;
   Tag senderTag_ = 0;
   std::string error_;
+  bool truncated_ = false;
   std::function<void(Request&)> callback_;
   std::vector<std::shared_ptr<void>> keepAlive_;
 };

@@ -161,6 +161,8 @@ void testTruncation() {
     CHECK_MSG(waitAll(ts, {r, s}, 30), "truncation timeout");
     CHECK_MSG(r->failed() && check::contains(r->error(), "longer than"),
               "truncation not reported: " + r->error());
+    // Told apart from a failed peer: the backend fails the receive, not the group.
+    CHECK_MSG(r->truncated(), "truncation not marked as such: " + r->error());
     bool intact = true;
     for (size_t i = 100; i < small.size(); ++i) intact = intact && small[i] == 0xEE;
     CHECK_MSG(intact, "truncated receive overran");

@@ -391,7 +391,7 @@ void UcxTransport::settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr
       req->complete(req->info_.length, req->info_.sender_tag);
     }
   } else {
-    req->fail(failure(*req, status));
+    failRequest(*req, status);
   }
 }
 
@@ -447,10 +447,12 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   if (peer >= 0) endpoint(*peers_.at(peer), false);
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};
+  // An any-source receive completes through the callback: UCX's record of the message there
+  // names the sender also when the message was too long (an immediate failure's does not).
+  const bool immediate = immediateRecvInfo_ && peer != kAnySource;
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                        UCP_OP_ATTR_FIELD_MEMORY_TYPE |
-                       (immediateRecvInfo_ ? UCP_OP_ATTR_FIELD_RECV_INFO
-                                           : UCP_OP_ATTR_FLAG_NO_IMM_CMPL);
+                       (immediate ? UCP_OP_ATTR_FIELD_RECV_INFO : UCP_OP_ATTR_FLAG_NO_IMM_CMPL);
   param.cb.recv = &UcxTransport::onRecvDone;
   param.user_data = req.get();
   param.memory_type = mem;
@@ -474,7 +476,7 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   return req;
 }
 
-std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status) const {
+std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status, int sender) const {
   // A request cancelled because its peer failed or was aborted reports the peer's error.
   if (status == UCS_ERR_CANCELED && req.peer() >= 0 && !peers_[req.peer()]->error.empty()) {
     return peers_[req.peer()]->error;
@@ -485,13 +487,29 @@ std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status) co
   if (status == UCS_ERR_MESSAGE_TRUNCATED && !req.isSend()) {
     // The peer sent more than this rank expects: the ranks passed tensors (or split sizes)
     // that disagree. Said as udp says it, not as UCX's bare "Message truncated".
-    return describe(status, "the message from " + peerLabel(req.peer()) + " is longer than the " +
+    return describe(status, "the message from " +
+                                peerLabel(sender != kAnySource ? sender : req.peer()) +
+                                " is longer than the " +
                                 std::to_string(req.postedBytes()) +
                                 " bytes posted to receive it");
   }
   return describe(status, std::string(req.isSend() ? "send to " : "receive from ") +
                               peerLabel(req.peer()) + " (" + std::to_string(req.postedBytes()) +
                               " bytes)");
+}
+
+void UcxTransport::failRequest(UcxRequest& req, ucs_status_t status,
+                               const ucp_tag_recv_info_t* info) const {
+  if (status == UCS_ERR_MESSAGE_TRUNCATED && !req.isSend()) {
+    // UCX fills in the sender's tag when it matches the message, before it finds the buffer
+    // too short: it names the sender of a message to an any-source receive.
+    const bool known = info != nullptr && tag::isP2P(info->sender_tag);
+    req.failTruncated(failure(req, status,
+                              known ? static_cast<int>(tag::source(info->sender_tag))
+                                    : kAnySource));
+  } else {
+    req.fail(failure(req, status));
+  }
 }
 
 void UcxTransport::onSendDone(void* handle, ucs_status_t status, void* user) {
@@ -515,7 +533,7 @@ void UcxTransport::onRecvDone(void* handle, ucs_status_t status, const ucp_tag_r
   if (status == UCS_OK) {
     req->complete(info->length, info->sender_tag);
   } else {
-    req->fail(req->owner_->failure(*req, status));
+    req->owner_->failRequest(*req, status, info);
   }
 }
 

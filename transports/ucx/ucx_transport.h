@@ -110,7 +110,13 @@ class UcxTransport final : public Transport {
   std::shared_ptr<UcxRequest> track(bool isSend, int peer, size_t bytes);
   void settle(const std::shared_ptr<UcxRequest>& req, ucs_status_ptr_t result);
   std::shared_ptr<UcxRequest> untrack(UcxRequest* req);
-  std::string failure(const UcxRequest& req, ucs_status_t status) const;
+  // `sender`: the rank a too long message came from, where UCX said (kAnySource: not known).
+  std::string failure(const UcxRequest& req, ucs_status_t status, int sender = kAnySource) const;
+  // Fails `req` with `status`: a receive of a longer message only as truncated (UCX took the
+  // whole message off the wire; Request::truncated), anything else as failed. `info`: UCX's
+  // record of the message, where it gave one.
+  void failRequest(UcxRequest& req, ucs_status_t status,
+                   const ucp_tag_recv_info_t* info = nullptr) const;
   void closeEndpoints();
   void cancelReceivesFromFailedPeers();
   // Whether this send goes through the send lane (decides the peer's choice on first use).

@@ -71,6 +71,7 @@ class Endpoint::EndpointRequest final : public Request {
   friend class Endpoint;
   void completeNow(size_t bytes, Tag tag) { complete(bytes, tag); }
   void failNow(std::string why) { fail(std::move(why)); }
+  void failTruncatedNow(std::string why) { failTruncated(std::move(why)); }
 
   Endpoint* owner_;
   // Receives: what was posted, kept for any-source matching and for cancellation.
@@ -474,9 +475,10 @@ bool Endpoint::handleEvents() {
           auto r = std::move(it->second);
           peer.receives.erase(it);
           if (e->kind == EventKind::kMessageReceived && e->truncated) {
-            r->failNow("udp: message of " + std::to_string(e->bytes) + " bytes from rank " +
-                       std::to_string(p) + " is longer than the " +
-                       std::to_string(r->postedBytes()) + " bytes posted to receive it");
+            r->failTruncatedNow("udp: message of " + std::to_string(e->bytes) +
+                                    " bytes from rank " + std::to_string(p) +
+                                    " is longer than the " + std::to_string(r->postedBytes()) +
+                                    " bytes posted to receive it");
           } else if (e->kind == EventKind::kMessageReceived) {
             r->completeNow(e->bytes, e->tag);
           } else if (e->kind == EventKind::kReceiveCancelled) {
