@@ -263,6 +263,9 @@ def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
     # A ucx group that carries nothing before the kill: rank 0 makes its endpoint to rank 1
     # (lazily, on first use) only after rank 1 is dead, for a receive.
     cold = dist.new_group(backend="ucx", timeout=timedelta(seconds=COLD_TIMEOUT_S))
+    # A udp group whose only op after the kill is an any-source receive: nothing else of
+    # rank 0's is pending with rank 1.
+    anysrc = dist.new_group(backend="udp", timeout=timedelta(seconds=COLD_TIMEOUT_S))
     out: dict[str, Any] = {b: {"healthy": _error_name(s)} for b, s in subs.items()}
     dist.barrier()
     if rank == 1:
@@ -273,6 +276,8 @@ def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
         out[backend]["after"] = _error_name(sub)
     out["cold"] = {"recv": timed_failure(lambda: dist.recv(_ones(), src=1, group=cold))}
     out["cold"]["after"] = _error_name(cold)
+    out["anysrc"] = {"recv": timed_failure(lambda: dist.recv(_ones(), group=anysrc))}
+    out["anysrc"]["after"] = _error_name(anysrc)
     return out
 
 
@@ -302,3 +307,16 @@ def test_a_killed_peer_never_connected_to_fails_a_receive_naming_it(
     assert msg is not None and "ucx recv" in msg and "rank 1" in msg, msg
     assert seconds < COLD_TIMEOUT_S / 2, (seconds, msg)
     assert peer_killed_world[0]["cold"]["after"] == "REMOTE_ERROR", peer_killed_world[0]["cold"]
+
+
+def test_a_killed_peer_fails_an_any_source_receive_naming_it(
+    peer_killed_world: list[Any],
+) -> None:
+    # udp sends no keepalive for an unmatched any-source receive unless it watches every peer
+    # then: without it the receive waited out the group's timeout for a peer long dead.
+    seconds, msg = peer_killed_world[0]["anysrc"]["recv"]
+    assert msg is not None, "an any-source receive from a killed peer returned"
+    for part in ("udp recvAnysource", "rank 0 of 2", "Long[4]", "connection to rank 1 failed"):
+        assert part in msg, (part, msg)
+    assert seconds < COLD_TIMEOUT_S / 2, (seconds, msg)
+    assert peer_killed_world[0]["anysrc"]["after"] == "REMOTE_ERROR", peer_killed_world[0]

@@ -157,6 +157,7 @@ ENDPOINT_GROUPS = [
     "peer_failure",
     "silent_peer",
     "killed_peer",
+    "killed_peer_any_source",
     "linger",
     "transmit_turns",
     "faults",

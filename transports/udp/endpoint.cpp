@@ -255,6 +255,7 @@ void Endpoint::cancelRequest(EndpointRequest& r) {
         r.cancelling_ = true;
         cancelled_.push_back(*it);
         anySource_.erase(it);
+        watchAnySource();
         return;
       }
     }
@@ -305,7 +306,8 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   const int peer = it->second.peer;
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
-  if (p.sends.empty() && p.receives.empty()) return false;
+  // An any-source receive pending could come from this peer: it waits on it too.
+  if (p.sends.empty() && p.receives.empty() && anySource_.empty()) return false;
   if (p.opener) {
     // Pinged once per suspicion: a dead peer's port answers every PING with another ICMP.
     if (!p.unreachableSince) {
@@ -333,7 +335,7 @@ bool Endpoint::failUnreachable(TimeUs now) {
     if (!p.unreachableSince || now - *p.unreachableSince < unreachableGraceUs()) continue;
     p.unreachableSince.reset();
     if (!p.error.empty() || p.connection->failed()) continue;
-    if (p.sends.empty() && p.receives.empty()) continue;
+    if (p.sends.empty() && p.receives.empty() && anySource_.empty()) continue;
     p.connection->fail("its port " + p.addresses.front().toString() +
                        " is closed (ICMP port unreachable) and nothing authenticated came from "
                        "it for " + std::to_string(unreachableGraceUs() / 1000) +
@@ -502,9 +504,14 @@ bool Endpoint::matchAnySource() {
     EndpointRequest& r = **it;
     bool bound = false;
     bool anyAlive = false;
+    const Peer* dead = nullptr;  // the first failed peer: the receive could have come from it
     for (int p = 0; p < size_ && !bound; ++p) {
       Peer& peer = peers_[static_cast<size_t>(p)];
-      if (!peer.connected || !peer.error.empty()) continue;
+      if (!peer.connected) continue;
+      if (!peer.error.empty()) {
+        if (dead == nullptr) dead = &peer;
+        continue;
+      }
       anyAlive = true;
       if (!peer.connection->hasMatchable(r.tag_, r.mask_)) continue;
       const ReceiveId id =
@@ -517,15 +524,31 @@ bool Endpoint::matchAnySource() {
     if (bound) {
       it = anySource_.erase(it);
       active = true;
+    } else if (dead != nullptr) {
+      // A message already here from a live peer was taken above; otherwise the one this
+      // receive waits for may be the dead peer's, which will never come. Waiting on the
+      // others would only end at the group's timeout for an op the group then fails anyway
+      // (as a receive from the dead peer itself fails now): fail it, naming the peer.
+      (*it)->failNow("udp: receive from any rank failed: " + dead->error);
+      it = anySource_.erase(it);
+      active = true;
     } else if (!anyAlive) {
-      (*it)->failNow("udp: receive from any rank failed: every connection has failed");
+      (*it)->failNow("udp: receive from any rank failed: no rank is connected");
       it = anySource_.erase(it);
       active = true;
     } else {
       ++it;
     }
   }
+  watchAnySource();
   return active;
+}
+
+void Endpoint::watchAnySource() {
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p != rank_ && peer.connected) peer.connection->setAnySourcePending(!anySource_.empty());
+  }
 }
 
 void Endpoint::failPeer(int peer, const std::string& why) {

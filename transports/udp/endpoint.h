@@ -228,7 +228,13 @@ class Endpoint {
   bool failUnreachable(TimeUs now);
   DurationUs unreachableGraceUs() const;
   bool handleEvents();
+  // Binds any-source receives to the first peer holding a matching message; fails them once
+  // a peer they could come from has failed (docs/failure-model.md: a dead peer fails the op).
   bool matchAnySource();
+  // Keeps the keepalive running towards every peer while an any-source receive is pending
+  // (PeerConnection::setAnySourcePending): otherwise nothing goes to a peer that died quietly
+  // and its closed port is never found, and the receive waits out the group's timeout.
+  void watchAnySource();
   bool completeCancelled();
   Heard heard() const;
   bool allIdle() const;

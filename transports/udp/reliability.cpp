@@ -424,7 +424,7 @@ std::optional<TimeUs> PeerConnection::tailProbeDeadline() const {
 std::optional<TimeUs> PeerConnection::keepaliveDeadline() const {
   // Anything in flight is already watched by the RTO; with nothing expected, silence is fine.
   if (config_.keepaliveUs == 0 || keepaliveDue_ || sent_.inFlightCount() > 0 ||
-      !receiver_.expecting()) {
+      !(receiver_.expecting() || anySourcePending_)) {
     return std::nullopt;
   }
   return std::max(lastHeard_, lastActivity_) + config_.keepaliveUs;

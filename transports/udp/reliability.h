@@ -100,6 +100,10 @@ class PeerConnection {
   void pingSoon() {
     if (!failed_) keepaliveDue_ = true;
   }
+  // Whether an any-source receive that this peer could satisfy is pending at the Endpoint:
+  // the keepalive then runs as if a receive were posted here, so that a peer that died
+  // quietly is found as soon as for a receive from it (Endpoint::watchAnySource).
+  void setAnySourcePending(bool pending) { anySourcePending_ = pending; }
 
   // One datagram from the peer, which came over `path` (its receive time goes into our ACKs'
   // timestamps). Anything malformed, forged or stale is counted and dropped.
@@ -240,6 +244,7 @@ class PeerConnection {
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;
+  bool anySourcePending_ = false;  // setAnySourcePending
   bool timeoutProbeDue_ = false;   // a PING to go out (timeout or tail-loss probe)
   uint32_t tailProbesSent_ = 0;    // since anything was last acknowledged
   TimeUs lastReliableSent_ = 0;
