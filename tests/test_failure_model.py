@@ -486,3 +486,56 @@ def test_p2p_message_of_another_size_fails_the_receive_not_the_group(
     for rank, out in enumerate(p2p_size_world):
         assert out[backend]["all_reduce"] == [3, 3, 3], (rank, out[backend])
         assert out[backend]["error"] == "SUCCESS", (rank, out[backend])
+
+
+# --------------------------------------------------------------------------
+# a broadcast whose ranks disagree on the size fails at once on the receiving rank
+# --------------------------------------------------------------------------
+
+BCAST_PG_TIMEOUT_S = 5.0
+STAGED = 1 << 16  # float32 elements: 256 KiB, through ucx's shared-memory slots (on one host)
+# (backend, root's elements, rank 1's elements): the transport path, small and large, and on
+# ucx a parent that stages what its child expects whole through the transport and back. A
+# staged and an unstaged message travel with different tags, so each rank waited out the
+# timeout for a message that never came (until 2026-11-27).
+BCAST_SIZE_CASES = [
+    ("ucx", 1000, 10),
+    ("ucx", STAGED, 10),
+    ("ucx", 10, STAGED),
+    ("udp", 1000, 10),
+    ("udp", STAGED, 10),
+    ("udp", 10, STAGED),
+]
+
+
+def _broadcast_sizes(rank: int, ws: int) -> list[tuple[float, str | None]]:
+    out = []
+    for backend, at_root, at_one in BCAST_SIZE_CASES:
+        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=BCAST_PG_TIMEOUT_S))
+        t = torch.ones(at_root if rank == 0 else at_one)
+        start = time.monotonic()
+        try:
+            dist.broadcast(t, src=0, group=sub)
+            out.append((time.monotonic() - start, None))
+        except RuntimeError as exc:
+            out.append((time.monotonic() - start, str(exc)))
+        dist.barrier()  # on the default group: the next case starts on both ranks alike
+        dist.destroy_process_group(sub)
+    return out
+
+
+def test_broadcast_of_another_size_fails_fast_naming_both_sizes() -> None:
+    _skip_unless_ours()
+    res = run_world(_broadcast_sizes, 2, timeout=WORLD_TIMEOUT)
+    for (backend, at_root, at_one), (elapsed, msg) in zip(BCAST_SIZE_CASES, res[1], strict=True):
+        case = (backend, at_root, at_one, elapsed, msg)
+        assert msg is not None, f"rank 1's broadcast of another size returned: {case}"
+        assert elapsed < BCAST_PG_TIMEOUT_S / 2, case
+        assert f"{backend} broadcast" in msg and f"Float[{at_one}]" in msg, case
+        assert "rank 1 of 2" in msg and "rank 0" in msg, case
+        # rank 1's own size always; the root's wherever the message says it
+        assert str(4 * at_one) in msg, case
+        assert "different sizes" in msg or "longer than" in msg, case
+    # The root hears of it at the latest at its timeout: an error, never wrong data or a hang.
+    for (backend, at_root, at_one), (elapsed, msg) in zip(BCAST_SIZE_CASES, res[0], strict=True):
+        assert elapsed < BCAST_PG_TIMEOUT_S + 5, (backend, at_root, at_one, elapsed, msg)

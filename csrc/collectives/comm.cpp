@@ -103,8 +103,32 @@ RequestPtr Comm::recvStreamed(int peer, uint32_t step, void* dst, size_t bytes) 
 }
 
 void Comm::wait(const std::vector<RequestPtr>& requests) {
-  driver_.waitAll(requests, deadline_);
+  try {
+    driver_.waitAll(requests, deadline_);
+  } catch (const OpFailed&) {
+    // A request the tripwire cancelled: say why, not "cancelled".
+    if (!tripped_.empty()) throw OpFailed(tripped_);
+    throw;
+  }
+  if (!tripped_.empty()) throw OpFailed(tripped_);
   completed(requests);
+}
+
+RequestPtr Comm::tripwire(int peer, uint32_t step, void* data, size_t bytes,
+                          std::function<std::string(const Request&)> why) {
+  RequestPtr wire = recv(peer, step, data, bytes);
+  Request* self = wire.get();
+  // Runs on the owner thread during progress(); the Comm outlives the request's wait
+  // (its destructor abandons what is pending, and a cancelled wire trips nothing).
+  wire->onComplete([this, self, why = std::move(why)](Request& r) {
+    const bool arrived = !r.failed() || r.truncated();
+    if (!arrived || !tripped_.empty()) return;
+    tripped_ = why(r);
+    for (const auto& other : posted_) {
+      if (other.get() != self && other->pending()) other->cancel();
+    }
+  });
+  return wire;
 }
 
 void Comm::completed(const std::vector<RequestPtr>& requests) {

@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -65,6 +67,15 @@ class Comm {
   // copied into the op's memory.
   void completed(const std::vector<RequestPtr>& requests);
   void abandon(const std::vector<RequestPtr>& requests);
+  // A receive of the first message `peer` would send if it took another path than this rank
+  // for a message between them (transport or shared-memory slots: the length picks the
+  // path, so ranks that disagree on the length take different ones, with different tags,
+  // and would each wait out the timeout for a message that never comes). It never completes
+  // while the ranks agree; when a message does arrive (whole or truncated), every other
+  // request of this Comm still pending is cancelled and wait() throws OpFailed with
+  // `why(request)` instead. Abandon it once the receive it guards has completed.
+  RequestPtr tripwire(int peer, uint32_t step, void* data, size_t bytes,
+                      std::function<std::string(const Request&)> why);
   // Local work on the op's buffers, done where they live (op_memory.h).
   void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
   void reduce(const Reduction& red, void* acc, const void* in, size_t count) {
@@ -104,6 +115,8 @@ class Comm {
   std::vector<Bounced> bounced_;
   // Requests posted and not yet seen complete by wait(); pruned as they complete.
   std::vector<RequestPtr> posted_;
+  // Set by a tripwire that caught a message of the other path: what wait() throws.
+  std::string tripped_;
   void track(const RequestPtr& request);
 };
 

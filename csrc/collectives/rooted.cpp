@@ -2,6 +2,8 @@
 // pipelined chain (each rank forwards chunk k while chunk k+1 arrives; large messages, where
 // every rank then moves the message about once). gather and scatter: linear at the root.
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "csrc/collectives/building_blocks.h"
 #include "csrc/collectives/staged_exchange.h"
@@ -12,10 +14,48 @@ using namespace detail;
 
 namespace {
 
+// binomialBroadcast's receive of the `bytes` from `parent` at `level`: staged (from step
+// `stagedStep`) when `plan` says so, else whole through the transport. Where the group has
+// shared-memory slots, a tripwire waits meanwhile for the first message of the other path.
+void receiveFromParent(Comm& c, int parent, uint8_t* data, size_t bytes,
+                       const std::optional<StagedPlan>& plan, uint32_t level,
+                       uint32_t stagedStep) {
+  const std::string mine = std::to_string(bytes) + " bytes from rank " + std::to_string(parent);
+  RequestPtr wire;
+  StagedNotice notice{};  // the parent's first notice, if it staged its message
+  if (c.staging() != nullptr && plan) {
+    wire = c.tripwire(parent, kWholeMessage + level, nullptr, 0, [mine](const Request&) {
+      return "expected " + mine + " through shared memory but it sent its message whole " +
+             "through the transport: the ranks passed tensors of different sizes";
+    });
+  } else if (c.staging() != nullptr) {
+    auto why = [mine, &notice](const Request&) {
+      return "expected " + mine + " but it sent " + std::to_string(notice.total) +
+             " through shared memory: the ranks passed tensors of different sizes";
+    };
+    wire = c.tripwire(parent, stagedStep, &notice, sizeof(notice), why);
+  }
+  try {
+    if (plan) {
+      stagedExchange(c, -1, nullptr, 0, parent, data, bytes, stagedStep, nullptr, plan->pieces);
+    } else {
+      c.wait({c.recv(parent, kWholeMessage + level, data, bytes)});
+    }
+  } catch (...) {
+    if (wire) c.abandon({wire});
+    throw;
+  }
+  if (wire) c.abandon({wire});
+}
+
 // Receive from the parent, then send to the children, over ranks relative to the root.
 // Through the group's shared-memory slots when it has them and the message is large enough
 // for one copy less to outweigh a notice and a credit per piece (children are then served
-// one after the other).
+// one after the other). Each level's staged exchange starts at a step fixed by the level
+// alone (not by the message's length), so that a rank whose parent took the other path
+// (the ranks passed tensors of different sizes) knows the tag of its first message: its
+// tripwire (Comm::tripwire) catches it and the op fails at once, naming both lengths where
+// it can, instead of waiting out the timeout for a message that never comes.
 void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   const int n = c.size();
   const int vr = mod(c.rank() - root, n);
@@ -23,17 +63,14 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
   while ((size_t{1} << levels) < static_cast<size_t>(n)) ++levels;
   const auto plan =
       c.staged(StagedTraffic::kOneWay, bytes, 1, {.exchanges = levels, .steps = kStepSpace});
+  // The plan fits levels * its steps into kStepSpace, so each level's fit into this stride.
+  const auto stride = static_cast<uint32_t>(kStepSpace / levels);
   int mask = 1;
   uint32_t level = 0;
   while (mask < n) {
     if (vr & mask) {
       const int parent = mod(vr - mask + root, n);
-      if (plan) {
-        stagedExchange(c, -1, nullptr, 0, parent, data, bytes, level * plan->stepsPerExchange,
-                       nullptr, plan->pieces);
-      } else {
-        c.wait({c.recv(parent, kWholeMessage + level, data, bytes)});
-      }
+      receiveFromParent(c, parent, data, bytes, plan, level, level * stride);
       break;
     }
     mask <<= 1;
@@ -45,8 +82,8 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     if (vr + mask >= n) continue;
     const int child = mod(vr + mask + root, n);
     if (plan) {
-      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * plan->stepsPerExchange,
-                     nullptr, plan->pieces);
+      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * stride, nullptr,
+                     plan->pieces);
     } else {
       sends.push_back(c.send(child, kWholeMessage + level, data, bytes));
     }
