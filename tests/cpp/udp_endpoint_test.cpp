@@ -83,6 +83,19 @@ bool allDone(const std::vector<RequestPtr>& requests) {
   return true;
 }
 
+// One message of `bytes` (tag `tag`) from node 0 to node 1 within `limit`: both requests done
+// and every byte as sent.
+void sendOneMessage(EndpointNetwork& net, Tag tag, size_t bytes, DurationUs limit) {
+  const std::vector<uint8_t> out = message(0, tag, bytes);
+  Inbox inbox(bytes);
+  std::vector<RequestPtr> requests = {
+      net.endpoint(1)->recv(0, tag, ~Tag{0}, inbox.data.data(), bytes),
+      net.endpoint(0)->send(1, tag, out.data(), bytes)};
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, limit), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+  CHECK(inbox.holds(0, tag, bytes));
+}
+
 // ------------------------------------------------------------------------------ trains
 
 // GRO trains (Endpoint::handleDatagram with a segment size): the socket loop hands a
@@ -848,15 +861,7 @@ Traced tracedTransfer(const std::string& config, uint32_t paths = 1) {
   options.config.paths = paths;
   options.faults = parseFaultConfig("rate_mbps=1000,queue=32,seed=5");
   EndpointNetwork net(2, options);
-  constexpr size_t kBytes = 2 << 20;
-  const std::vector<uint8_t> out = message(0, 9, kBytes);
-  Inbox inbox(kBytes);
-  std::vector<RequestPtr> requests = {
-      net.endpoint(1)->recv(0, 9, ~Tag{0}, inbox.data.data(), kBytes),
-      net.endpoint(0)->send(1, 9, out.data(), kBytes)};
-  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
-  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
-  CHECK(inbox.holds(0, 9, kBytes));
+  sendOneMessage(net, 9, 2 << 20, 60 * kSecond);
   Traced t;
   t.recording = net.endpoint(0)->trace() != nullptr;
   std::vector<QueueSample> senderQueue;  // the ACKs' queue at node 0
@@ -870,17 +875,11 @@ Traced tracedTransfer(const std::string& config, uint32_t paths = 1) {
 // trace_interval_us still has samples of its own (TrafficStats::afterOp drains them).
 void testTraceSampleAtOpEnd() {
   EndpointOptions options = smallOptions();
-  options.config = parseUdpConfig("trace_samples=1000,trace_interval_us=600000000", options.config);
+  options.config =
+      parseUdpConfig("trace_samples=1000,trace_interval_us=600000000", options.config);
   options.config.paths = 2;
   EndpointNetwork net(3, options);
-  constexpr size_t kBytes = 4096;
-  const std::vector<uint8_t> out = message(0, 3, kBytes);
-  Inbox inbox(kBytes);
-  std::vector<RequestPtr> requests = {
-      net.endpoint(1)->recv(0, 3, ~Tag{0}, inbox.data.data(), kBytes),
-      net.endpoint(0)->send(1, 3, out.data(), kBytes)};
-  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 10 * kSecond), net.stuckReason());
-  CHECK(inbox.holds(0, 3, kBytes));
+  sendOneMessage(net, 3, 4096, 10 * kSecond);
   std::vector<ConnectionSample> before, atEnd;
   std::vector<QueueSample> queues;
   net.endpoint(0)->drainTrace(before, queues);  // the transfer's own: the first is always due
@@ -1097,15 +1096,7 @@ double pathShare(const Stats& s, size_t path) {
 // rank 0's statistics of the connection to rank 1.
 Stats lossyPathTransfer(const std::string& policy, const std::string& faults = "seed=3;drop=0.05") {
   EndpointNetwork net(2, fourPathOptions(policy, faults));
-  constexpr size_t kBytes = 4 << 20;
-  const std::vector<uint8_t> out = message(0, 7, kBytes);
-  Inbox inbox(kBytes);
-  std::vector<RequestPtr> requests = {
-      net.endpoint(1)->recv(0, 7, ~Tag{0}, inbox.data.data(), kBytes),
-      net.endpoint(0)->send(1, 7, out.data(), kBytes)};
-  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 60 * kSecond), net.stuckReason());
-  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
-  CHECK(inbox.holds(0, 7, kBytes));
+  sendOneMessage(net, 7, 4 << 20, 60 * kSecond);
   return net.endpoint(0)->peerStats(1);
 }
 

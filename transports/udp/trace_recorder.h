@@ -17,8 +17,8 @@
 // the caller passed in, at most one per trace_interval_us per peer (or path), plus one at every
 // event that shrank the window or found the queue full, so that each cut and each drop-tail
 // shows at its time, and one of every connection at an op's end (Endpoint::sampleTraceNow),
-// so that an op shorter than the interval is sampled too. Off (no recorder at all) unless trace_samples > 0: the Endpoint then pays
-// one pointer test per event.
+// so that an op shorter than the interval is sampled too. Off (no recorder at all) unless
+// trace_samples > 0: the Endpoint then pays one pointer test per event.
 #pragma once
 
 #include <cstddef>

@@ -92,7 +92,8 @@ const config::Schema<UdpConfig>& udpConfigSchema() {
                  &UdpConfig::traceSamples),
           member(integer("trace_interval_us", 0, kMaxUs,
                          "least time between two trace samples of one peer or path; window "
-                         "cuts, drop-tails and op ends are sampled whatever it says (0: every event)"),
+                         "cuts, drop-tails and op ends are sampled whatever it says (0: every "
+                         "event)"),
                  &UdpConfig::traceIntervalUs),
           member(choice("loss_recovery", lossRecoveryNames(), "selective_repeat (resend what was lost; the receiver keeps "
                         "out-of-order data) or go_back_n (the receiver drops what follows a "

@@ -69,7 +69,10 @@ class UdpTransport final : public Transport {
   std::vector<Counters> peerCounters() const override;
   Counters transportCounters() const override;
   std::vector<TraceSeries> drainTraceSeries() override;
-  void sampleTraceAtOpEnd() override { endpoint_.sampleTraceNow(nowUs()); }
+  // Every udp op ends here while traffic counters are kept: no clock read unless recording.
+  void sampleTraceAtOpEnd() override {
+    if (endpoint_.trace() != nullptr) endpoint_.sampleTraceNow(nowUs());
+  }
 
   const SocketAddress& boundAddress() const { return socket_.localAddress(); }
 
