@@ -217,10 +217,15 @@ PYBIND11_MODULE(_C, m) {
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
         const auto& profile = asGroup(backend, "startup_profile")->startupProfile();
         py::dict phases;  // insertion-ordered: the order the phases ran in
-        for (const auto& [name, seconds] : profile.phases) phases[py::str(name)] = seconds;
+        py::dict phaseCalls;
+        for (size_t i = 0; i < profile.phases.size(); ++i) {
+          phases[py::str(profile.phases[i].first)] = profile.phases[i].second;
+          phaseCalls[py::str(profile.phases[i].first)] = profile.phaseStoreCalls[i];
+        }
         py::dict out;
         out["phases"] = phases;
         out["store_calls"] = profile.store.calls;
+        out["store_calls_by_phase"] = phaseCalls;
         out["store_bytes"] = profile.store.bytes;
         out["store_watch_calls"] = profile.store.watchCalls;
         out["transports"] = profile.transports;
@@ -228,9 +233,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("backend"),
       "Where this rank's creation of a ucx/udp group spent its time: its phases in seconds, "
-      "in order, the Store calls and bytes it made (and the calls of its liveness watch, on a "
-      "connection of its own), and the transports below the group's "
-      "(ucxbackend.startup_profile).");
+      "in order, the Store calls and bytes it made, its Store calls by phase (and the calls "
+      "of its liveness watch, on a connection of its own), and the transports below the "
+      "group's (ucxbackend.startup_profile).");
 
   m.def(
       "get_error",

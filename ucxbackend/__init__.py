@@ -406,16 +406,18 @@ def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Where this rank's creation of a ``ucx`` or ``udp`` group spent its time.
 
     Returns ``{"phases": {name: seconds}, "store_calls": n, "store_bytes": n,
-    "store_watch_calls": n, "transports": [name, ...]}``: the phases of the backend's
-    constructor in order (they sum to its time;
-    torch's own part of ``init_process_group`` is not in them, nor is the first op, where ucx
-    connects each peer on first use; ``any_host`` appears where a ucx group that guessed it
-    shares one host turned out to span hosts), the c10d Store calls it made (a multi-key read
-    is one call), the bytes of keys and values they carried, the Store calls of its liveness
-    watch (on a connection of its own, only in a wait longer than a normal creation's:
-    docs/failure-model.md), and the transports below the
-    group's (ucx: those its UCP context may use, e.g. ``posix``, ``tcp``; empty for udp). See
-    docs/bench.md (``bench startup``, which prints it per phase) and
+    "store_calls_by_phase": {name: n}, "store_watch_calls": n, "transports": [name, ...]}``:
+    the phases of the backend's constructor in order (they sum to its time; torch's own part
+    of ``init_process_group`` is not in them, nor is the first op, where ucx connects each
+    peer on first use; ``any_host`` appears where a ucx group that guessed it shares one host
+    turned out to span hosts), the c10d Store calls it made (a multi-key read is one call),
+    the bytes of keys and values they carried, those calls by phase (a rank's role changes
+    two: ``join`` for a rank that came before rank 0 opened the creation, ``cleanup`` for
+    the last rank, which deletes the creation's keys), the Store calls of its liveness watch
+    (on a connection of its own, only in a wait longer than a normal creation's:
+    docs/failure-model.md), and the transports below the group's (ucx: those its UCP context
+    may use, e.g. ``posix``, ``tcp``; empty for udp). See docs/bench.md (``bench startup``,
+    which prints it per phase) and
     docs/performance.md#start-up.
     """
     backend = _native_backend(group, "startup_profile")
