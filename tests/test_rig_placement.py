@@ -32,19 +32,29 @@ def test_placement_sees_a_busy_thread_on_its_core() -> None:
     core = sorted(os.sched_getaffinity(0))[0]
     stop = threading.Event()
     pinned = threading.Event()
+    counting = threading.Event()
+    enough = threading.Event()
 
     def spin() -> None:
         os.sched_setaffinity(0, {core})  # this thread only (Linux: a tid is a pid here)
         pinned.set()
+        counting.wait()
+        since = time.thread_time()
         while not stop.is_set():
             sum(range(1000))
+            if time.thread_time() - since >= 0.06:
+                enough.set()
 
     worker = threading.Thread(target=spin, name="rig-test-spin")
     worker.start()
     pinned.wait()
     placement = Placement()  # counts the threads alive at start(): the spinner is
     placement.start()
+    counting.set()
+    # At least 60 ms of the spinner's own CPU inside the window, however loaded the host (a
+    # fixed 0.2 s gave it 17 ms beside a full test run): CPU, not time, is what is checked.
     time.sleep(0.2)
+    assert enough.wait(30), "the spinner got under 60 ms of CPU in 30 s"
     out = placement.stop()  # while the spinner lives: an ended thread has no /proc entry
     stop.set()
     worker.join()
