@@ -18,6 +18,11 @@ const c10::TypePtr& tensorListType() {
   return type;
 }
 
+// How long past an op's own deadline a wait() as long as the op's timeout waits for the
+// thread running the op to fail it (the thread wakes at the deadline, records the group's
+// failure, then fails the Work: milliseconds). Past this the wait gives up by itself.
+constexpr std::chrono::milliseconds kOwnDeadlineGrace{1000};
+
 }  // namespace
 
 TransportWork::TransportWork(OpContext ctx, c10d::OpType type, std::vector<at::Tensor> outputs,
@@ -83,7 +88,19 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   }
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
+    const auto done = [this] { return completed_; };
+    bool ended = cv_.wait_for(lock, limit, done);
+    const auto own = ownDeadline_.load(std::memory_order_acquire);
+    if (!ended && own != 0 && limit >= timeout_) {
+      // This wait began before the op started (it was queued, or its thread woke late), so
+      // it ends before the op's own deadline. The op's outcome is that thread's to report:
+      // at the deadline it fails the group, then the Work. Raising here instead left the
+      // group healthy (getError() SUCCESS) for a moment after this wait had timed out.
+      const std::chrono::steady_clock::time_point deadline{
+          std::chrono::steady_clock::duration(own)};
+      ended = cv_.wait_until(lock, deadline + kOwnDeadlineGrace, done);
+    }
+    if (!ended) {
       lock.unlock();
       if (onWaitTimeout_) onWaitTimeout_();
       throwWaitTimeout(ctx_, limit.count(), probe_ ? (*probe_)(*this) : std::string());

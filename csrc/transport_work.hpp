@@ -31,7 +31,8 @@ class TransportWork : public c10d::Work {
   // by its Works: a closure made for each op cost a small op an allocation.
   using Probe = std::function<std::string(const TransportWork&)>;
   void setProbe(std::shared_ptr<const Probe> probe) { probe_ = std::move(probe); }
-  // Runs when a wait() gives up (point-to-point ops withdraw their request).
+  // Runs when a wait() gives up, before it raises (point-to-point ops withdraw their request,
+  // and return once the group has recorded a failure that withdrawing makes).
   void setOnWaitTimeout(std::function<void()> fn) { onWaitTimeout_ = std::move(fn); }
   // How long wait() polls for completion, yielding the core, before it blocks: a small op
   // ends within microseconds, sooner than a blocked thread could be woken.
@@ -42,6 +43,13 @@ class TransportWork : public c10d::Work {
   void setFlightEntry(std::shared_ptr<FlightEntry> entry) { flight_ = std::move(entry); }
   void markStarted() {
     if (flight_) flight_->started();
+  }
+  // The op's own deadline, set where it starts on the thread that runs it (a collective: that
+  // thread fails the op, and the group, once it passes). A wait() as long as the op's timeout
+  // that ends before it waits on for the op's own outcome (wait()). Point-to-point ops have
+  // none: only their caller's wait() times them out.
+  void setOwnDeadline(std::chrono::steady_clock::time_point deadline) {
+    ownDeadline_.store(deadline.time_since_epoch().count(), std::memory_order_release);
   }
 
   // A collective on CUDA tensors: the device its tensors are on and the group's gate there
@@ -104,6 +112,8 @@ class TransportWork : public c10d::Work {
   std::shared_ptr<const Probe> probe_;
   std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
+  // setOwnDeadline's time point (steady_clock ticks); 0 while the op has not started.
+  std::atomic<std::chrono::steady_clock::rep> ownDeadline_{0};
   std::chrono::microseconds spin_{0};
   std::atomic<bool> settled_{false};  // finishOk or finishError has been called
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
