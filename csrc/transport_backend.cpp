@@ -332,8 +332,9 @@ void TransportBackend::abort() {
                    : "the process group was aborted while the op was pending; it had failed "
                      "before: " + first;
   for (auto& work : unsettled) {
-    // Settles it unless the thread did first; Future callbacks run here.
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
+    // Settles it unless the thread did first; Future callbacks run here. Its tensors stay
+    // pinned until the Work is destroyed: the thread may still write into them.
+    work->finishAborted(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
   }
   engine_->abort(why);
 }

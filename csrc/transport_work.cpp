@@ -6,6 +6,7 @@
 #include "csrc/collectives/op_driver.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/core_yield.h"
+#include "csrc/storage_pins.hpp"
 #include "csrc/tensor_checks.hpp"
 
 namespace ucxb {
@@ -123,19 +124,19 @@ void TransportWork::pinStorages(c10::ArrayRef<at::Tensor> inputs) {
       // Host memory only. A device tensor's old block goes back to torch's caching allocator,
       // which keeps it from reuse until the internal stream the op runs on is past it (the
       // tensors are recorded there), as with NCCL; and FSDP frees and regrows its all-gather
-      // storages with resize_() while a stream-ordered op may still be queued.
-      if (impl->resizable() && t.is_cpu()) {
-        impl->set_resizable(false);
+      // storages with resize_() while a stream-ordered op may still be queued. Counted per
+      // storage (storage_pins.hpp): another op, or this one (in place), may pin it too.
+      if (t.is_cpu() && pinStorage(storage)) {
         pinned_.push_back(storage);
       } else {
-        held_.push_back(storage);  // pinned already (in place: an output), or never resizable
+        held_.push_back(storage);  // never resizable, or device memory
       }
     }
   }
 }
 
 void TransportWork::unpinStorages() {
-  for (const c10::Storage& storage : pinned_) storage.unsafeGetStorageImpl()->set_resizable(true);
+  for (const c10::Storage& storage : pinned_) unpinStorage(storage);
   pinned_.clear();
   held_.clear();
   inputs_.clear();
@@ -184,9 +185,13 @@ void TransportWork::finishOk() {
   if (gate_) gate_->release(ctx_.seq);
 }
 
-void TransportWork::finishError(std::exception_ptr error) {
+void TransportWork::finishError(std::exception_ptr error) { settleFailed(error, true); }
+
+void TransportWork::finishAborted(std::exception_ptr error) { settleFailed(error, false); }
+
+void TransportWork::settleFailed(std::exception_ptr error, bool unpin) {
   if (settled_.exchange(true)) return;
-  unpinStorages();
+  if (unpin) unpinStorages();
   if (flight_) flight_->retired();
   try {
     future_->setError(error);

@@ -72,9 +72,9 @@ class TransportWork : public c10d::Work {
   // caller grew with resize_() while the op ran had its memory freed under the transport,
   // which went on writing into it: a segmentation fault, or glibc aborting on a corrupted
   // heap. Now resize_() raises in the caller ("Trying to resize storage that is not
-  // resizable"); set_() or .data = leave the op its old memory. A storage that is not
-  // resizable already (numpy's, or pinned by another op still running) is only held: the
-  // op that pinned it gives it back, possibly before this one ends.
+  // resizable"); set_() or .data = leave the op its old memory. A storage that other pending
+  // ops pinned too becomes resizable once the last of them has settled (storage_pins.hpp);
+  // one that is not resizable otherwise (numpy's) is only held.
   void pinStorages(c10::ArrayRef<at::Tensor> inputs);
   // Throws OpFailed when a tensor of the op no longer fits its storage: a resize_() that
   // pinStorages() made raise still set the new sizes (torch does so for any storage that is
@@ -89,6 +89,11 @@ class TransportWork : public c10d::Work {
   // are ignored (an op abandoned after a failure of its thread may have finished already).
   void finishOk();
   void finishError(std::exception_ptr error);
+  // finishError from a thread that does not drive the transport (abort()): the thread that
+  // does may still write into the op's tensors until it notices, so they stay pinned until
+  // the Work is destroyed. Whatever of the op still runs, or is still posted, holds the Work
+  // (its task, the requests' keepAlive and callbacks), so that is after the transport let go.
+  void finishAborted(std::exception_ptr error);
 
   // Runs when the last strong reference goes while weak ones remain (the group's list of
   // Works for abort() holds each Work weakly until it is next pruned, up to twice its length
@@ -101,8 +106,9 @@ class TransportWork : public c10d::Work {
 
  private:
   // Gives back what pinStorages() took; on the thread that settles the Work, before any
-  // waiter or Future callback can run (and may resize the tensors).
+  // waiter or Future callback can run (and may resize the tensors), or at destruction.
   void unpinStorages();
+  void settleFailed(std::exception_ptr error, bool unpin);
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.
   bool holdCallerStream() const;
