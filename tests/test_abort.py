@@ -407,3 +407,52 @@ def test_a_killed_peer_fails_an_any_source_receive_naming_it(
         assert "connection to rank 1 failed" in msg, msg
     assert seconds < COLD_TIMEOUT_S / 2, (seconds, msg)
     assert result["after"] == "REMOTE_ERROR", result
+
+
+def _live_peer_sent_first(rank: int, ws: int, done: str) -> dict[str, Any]:
+    """In a world of 3, rank 2 sends to rank 0 and rank 1 is killed; then rank 0 receives
+    from any rank, knowing rank 1 dead (on ucx its endpoint to rank 1, made for the receive,
+    cannot be made)."""
+    subs = {b: dist.new_group(backend=b, timeout=timedelta(seconds=COLD_TIMEOUT_S)) for b in OURS}
+    if rank == 2:
+        for sub in subs.values():
+            dist.send(torch.full((4,), 7, dtype=torch.int64), dst=0, group=sub, tag=4)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        time.sleep(0.5)
+        for backend, sub in subs.items():
+            got = torch.zeros(4, dtype=torch.int64)
+            try:
+                work = dist.irecv(got, group=sub, tag=4)
+                work.wait()
+                out[backend] = (work._source_rank(), got.tolist(), None)
+            except RuntimeError as exc:
+                out[backend] = (None, got.tolist(), str(exc))
+        open(done, "w").close()
+    else:
+        # Alive until rank 0 has received: its endpoint to this rank stays healthy.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return out
+
+
+@pytest.fixture(scope="module")
+def live_peer_world(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    _skip_unless_ours()
+    done = str(tmp_path_factory.mktemp("live_peer") / "done")
+    return run_world(
+        _live_peer_sent_first, 3, expect_fail_ranks={1}, pg_timeout=30, timeout=90, args=(done,)
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_an_any_source_receive_takes_a_live_peers_message_though_another_peer_died(
+    live_peer_world: list[Any], backend: str
+) -> None:
+    # A dead peer fails an any-source receive only where nothing that already came matches
+    # it: the message rank 2 sent before rank 1 died is this receive's.
+    assert live_peer_world[0][backend] == (2, [7, 7, 7, 7], None), live_peer_world[0]
