@@ -1,6 +1,8 @@
 #include "csrc/p2p_withdraw.hpp"
 
+#include <condition_variable>
 #include <exception>
+#include <mutex>
 #include <string>
 
 namespace ucxb {
@@ -32,6 +34,36 @@ void withdrawRequest(ProgressEngine& engine, Request& request, const OpContext& 
                                          "failed: ") + e.what())))),
                 FailureKind::kLocal);
   }
+}
+
+void withdrawAndWait(const std::shared_ptr<ProgressEngine>& engine,
+                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx,
+                     std::chrono::milliseconds cap) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    void set() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+    }
+  };
+  auto done = std::make_shared<Done>();
+  Task withdraw;
+  // The task runs on the engine's thread, which holds the engine.
+  withdraw.run = [engine = engine.get(), posted, ctx, done]() {
+    if (auto r = posted->lock()) withdrawRequest(*engine, *r, ctx);
+    done->set();
+  };
+  // Not run (the engine stopped): nothing is left to withdraw.
+  withdraw.abandon = [done](const std::string&) { done->set(); };
+  engine->post(std::move(withdraw));
+  if (engine->onThread()) return;
+  std::unique_lock<std::mutex> lock(done->mu);
+  done->cv.wait_for(lock, cap, [&] { return done->done; });
 }
 
 }  // namespace ucxb

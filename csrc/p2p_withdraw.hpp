@@ -3,6 +3,9 @@
 // group. Runs on the progress thread (a task the timed-out wait posts).
 #pragma once
 
+#include <chrono>
+#include <memory>
+
 #include "csrc/engine/progress_engine.h"
 #include "csrc/errors.hpp"
 #include "transports/transport.h"
@@ -19,5 +22,15 @@ constexpr int kWithdrawRounds = 16;
 // matching receive would take the withdrawn message, read from a buffer its caller believes
 // free, for the one it waits for: wrong data without an error. `ctx` names the op.
 void withdrawRequest(ProgressEngine& engine, Request& request, const OpContext& ctx);
+
+// What a timed-out wait() of a point-to-point op calls: queues withdrawRequest for the request
+// `posted` names (not yet posted: nothing to withdraw) on the engine's thread and returns once
+// it has run, so that a group it failed has recorded that when the wait raises (getError() is
+// TIMEOUT at once, not SUCCESS for a moment). The thread gets to it when it is idle, or once
+// the op it runs has ended (within that op's timeout), so the wait is bounded by `cap`; never
+// waited for on the progress thread itself (a Future callback), which runs the task later.
+void withdrawAndWait(const std::shared_ptr<ProgressEngine>& engine,
+                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx,
+                     std::chrono::milliseconds cap);
 
 }  // namespace ucxb

@@ -332,8 +332,9 @@ void TransportBackend::abort() {
                    : "the process group was aborted while the op was pending; it had failed "
                      "before: " + first;
   for (auto& work : unsettled) {
-    // Settles it unless the thread did first; Future callbacks run here.
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
+    // Settles it unless the thread did first; Future callbacks run here. Its tensors stay
+    // pinned until the Work is destroyed: the thread may still write into them.
+    work->finishAborted(toDistError(work->context(), std::make_exception_ptr(OpFailed(reason))));
   }
   engine_->abort(why);
 }
@@ -601,6 +602,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
     std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
     try {
       const auto deadline = Clock::now() + timeout;
+      work->setOwnDeadline(deadline);
       scope.emplace(deviceOp, deadline);
       std::optional<DeviceMemory> memory;
       if (deviceOp) {
@@ -647,6 +649,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
   std::exception_ptr failure;
   {
     const auto deadline = Clock::now() + timeout;
+    work->setOwnDeadline(deadline);
     // Declared before the Comm, so destroyed after it: the Comm gives up the requests still
     // posted when the op fails, and until then they may write into the op's notice buffers.
     Posted posted;
@@ -732,17 +735,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   auto posted = std::make_shared<std::weak_ptr<Request>>();
   auto withdrawn = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<ProgressEngine> weakEngine = engine_;
-  work->setOnWaitTimeout([weakEngine, posted, withdrawn, ctx = work->context()]() {
-    withdrawn->store(true);
-    if (auto engine = weakEngine.lock()) {
-      Task cancel;
-      // The task runs on the engine's thread, which holds the engine.
-      cancel.run = [engine = engine.get(), posted, ctx]() {
-        if (auto r = posted->lock()) withdrawRequest(*engine, *r, ctx);
-      };
-      engine->post(std::move(cancel));
-    }
-  });
+  work->setOnWaitTimeout(
+      [weakEngine, posted, withdrawn, ctx = work->context(), timeout = timeout_.load()]() {
+        withdrawn->store(true);
+        if (auto engine = weakEngine.lock()) withdrawAndWait(engine, posted, ctx, timeout);
+      });
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
   task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,

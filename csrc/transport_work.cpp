@@ -6,6 +6,7 @@
 #include "csrc/collectives/op_driver.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/core_yield.h"
+#include "csrc/storage_pins.hpp"
 #include "csrc/tensor_checks.hpp"
 
 namespace ucxb {
@@ -17,6 +18,11 @@ const c10::TypePtr& tensorListType() {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   return type;
 }
+
+// How long past an op's own deadline a wait() as long as the op's timeout waits for the
+// thread running the op to fail it (the thread wakes at the deadline, records the group's
+// failure, then fails the Work: milliseconds). Past this the wait gives up by itself.
+constexpr std::chrono::milliseconds kOwnDeadlineGrace{1000};
 
 }  // namespace
 
@@ -83,7 +89,19 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
   }
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, limit, [this] { return completed_; })) {
+    const auto done = [this] { return completed_; };
+    bool ended = cv_.wait_for(lock, limit, done);
+    const auto own = ownDeadline_.load(std::memory_order_acquire);
+    if (!ended && own != 0 && limit >= timeout_) {
+      // This wait began before the op started (it was queued, or its thread woke late), so
+      // it ends before the op's own deadline. The op's outcome is that thread's to report:
+      // at the deadline it fails the group, then the Work. Raising here instead left the
+      // group healthy (getError() SUCCESS) for a moment after this wait had timed out.
+      const std::chrono::steady_clock::time_point deadline{
+          std::chrono::steady_clock::duration(own)};
+      ended = cv_.wait_until(lock, deadline + kOwnDeadlineGrace, done);
+    }
+    if (!ended) {
       lock.unlock();
       if (onWaitTimeout_) onWaitTimeout_();
       throwWaitTimeout(ctx_, limit.count(), probe_ ? (*probe_)(*this) : std::string());
@@ -106,19 +124,19 @@ void TransportWork::pinStorages(c10::ArrayRef<at::Tensor> inputs) {
       // Host memory only. A device tensor's old block goes back to torch's caching allocator,
       // which keeps it from reuse until the internal stream the op runs on is past it (the
       // tensors are recorded there), as with NCCL; and FSDP frees and regrows its all-gather
-      // storages with resize_() while a stream-ordered op may still be queued.
-      if (impl->resizable() && t.is_cpu()) {
-        impl->set_resizable(false);
+      // storages with resize_() while a stream-ordered op may still be queued. Counted per
+      // storage (storage_pins.hpp): another op, or this one (in place), may pin it too.
+      if (t.is_cpu() && pinStorage(storage)) {
         pinned_.push_back(storage);
       } else {
-        held_.push_back(storage);  // pinned already (in place: an output), or never resizable
+        held_.push_back(storage);  // never resizable, or device memory
       }
     }
   }
 }
 
 void TransportWork::unpinStorages() {
-  for (const c10::Storage& storage : pinned_) storage.unsafeGetStorageImpl()->set_resizable(true);
+  for (const c10::Storage& storage : pinned_) unpinStorage(storage);
   pinned_.clear();
   held_.clear();
   inputs_.clear();
@@ -167,9 +185,13 @@ void TransportWork::finishOk() {
   if (gate_) gate_->release(ctx_.seq);
 }
 
-void TransportWork::finishError(std::exception_ptr error) {
+void TransportWork::finishError(std::exception_ptr error) { settleFailed(error, true); }
+
+void TransportWork::finishAborted(std::exception_ptr error) { settleFailed(error, false); }
+
+void TransportWork::settleFailed(std::exception_ptr error, bool unpin) {
   if (settled_.exchange(true)) return;
-  unpinStorages();
+  if (unpin) unpinStorages();
   if (flight_) flight_->retired();
   try {
     future_->setError(error);

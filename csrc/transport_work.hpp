@@ -31,7 +31,8 @@ class TransportWork : public c10d::Work {
   // by its Works: a closure made for each op cost a small op an allocation.
   using Probe = std::function<std::string(const TransportWork&)>;
   void setProbe(std::shared_ptr<const Probe> probe) { probe_ = std::move(probe); }
-  // Runs when a wait() gives up (point-to-point ops withdraw their request).
+  // Runs when a wait() gives up, before it raises (point-to-point ops withdraw their request,
+  // and return once the group has recorded a failure that withdrawing makes).
   void setOnWaitTimeout(std::function<void()> fn) { onWaitTimeout_ = std::move(fn); }
   // How long wait() polls for completion, yielding the core, before it blocks: a small op
   // ends within microseconds, sooner than a blocked thread could be woken.
@@ -42,6 +43,13 @@ class TransportWork : public c10d::Work {
   void setFlightEntry(std::shared_ptr<FlightEntry> entry) { flight_ = std::move(entry); }
   void markStarted() {
     if (flight_) flight_->started();
+  }
+  // The op's own deadline, set where it starts on the thread that runs it (a collective: that
+  // thread fails the op, and the group, once it passes). A wait() as long as the op's timeout
+  // that ends before it waits on for the op's own outcome (wait()). Point-to-point ops have
+  // none: only their caller's wait() times them out.
+  void setOwnDeadline(std::chrono::steady_clock::time_point deadline) {
+    ownDeadline_.store(deadline.time_since_epoch().count(), std::memory_order_release);
   }
 
   // A collective on CUDA tensors: the device its tensors are on and the group's gate there
@@ -64,9 +72,9 @@ class TransportWork : public c10d::Work {
   // caller grew with resize_() while the op ran had its memory freed under the transport,
   // which went on writing into it: a segmentation fault, or glibc aborting on a corrupted
   // heap. Now resize_() raises in the caller ("Trying to resize storage that is not
-  // resizable"); set_() or .data = leave the op its old memory. A storage that is not
-  // resizable already (numpy's, or pinned by another op still running) is only held: the
-  // op that pinned it gives it back, possibly before this one ends.
+  // resizable"); set_() or .data = leave the op its old memory. A storage that other pending
+  // ops pinned too becomes resizable once the last of them has settled (storage_pins.hpp);
+  // one that is not resizable otherwise (numpy's) is only held.
   void pinStorages(c10::ArrayRef<at::Tensor> inputs);
   // Throws OpFailed when a tensor of the op no longer fits its storage: a resize_() that
   // pinStorages() made raise still set the new sizes (torch does so for any storage that is
@@ -81,6 +89,11 @@ class TransportWork : public c10d::Work {
   // are ignored (an op abandoned after a failure of its thread may have finished already).
   void finishOk();
   void finishError(std::exception_ptr error);
+  // finishError from a thread that does not drive the transport (abort()): the thread that
+  // does may still write into the op's tensors until it notices, so they stay pinned until
+  // the Work is destroyed. Whatever of the op still runs, or is still posted, holds the Work
+  // (its task, the requests' keepAlive and callbacks), so that is after the transport let go.
+  void finishAborted(std::exception_ptr error);
 
   // Runs when the last strong reference goes while weak ones remain (the group's list of
   // Works for abort() holds each Work weakly until it is next pruned, up to twice its length
@@ -93,8 +106,9 @@ class TransportWork : public c10d::Work {
 
  private:
   // Gives back what pinStorages() took; on the thread that settles the Work, before any
-  // waiter or Future callback can run (and may resize the tensors).
+  // waiter or Future callback can run (and may resize the tensors), or at destruction.
   void unpinStorages();
+  void settleFailed(std::exception_ptr error, bool unpin);
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.
   bool holdCallerStream() const;
@@ -104,6 +118,8 @@ class TransportWork : public c10d::Work {
   std::shared_ptr<const Probe> probe_;
   std::function<void()> onWaitTimeout_;
   std::atomic<int> sourceRank_{-1};
+  // setOwnDeadline's time point (steady_clock ticks); 0 while the op has not started.
+  std::atomic<std::chrono::steady_clock::rep> ownDeadline_{0};
   std::chrono::microseconds spin_{0};
   std::atomic<bool> settled_{false};  // finishOk or finishError has been called
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls

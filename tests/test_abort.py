@@ -174,6 +174,74 @@ def _get_error_timeout(rank: int, backend: str) -> dict[str, Any]:
     return out
 
 
+FAILING_TIMEOUT_S = 0.5  # the op timeout of the groups that _error_at_once fails
+LATE_START_S = 0.25  # how long rank 1 holds up the op ahead of the one that times out
+SEND_TRIES = 3  # sends whose wait() gives up, each failing a group of its own
+BIG = 300_000  # float32: 1.2 MB, a rendezvous send on both transports
+
+
+def _error_at_once(rank: int, backend: str) -> dict[str, Any]:
+    """Rank 0's wait() gives up where that fails the group, and rank 0 reads getError() right
+    after it raised: a collective whose wait began LATE_START_S before the op did (queued
+    behind one that rank 1 joins late), and SEND_TRIES large sends that rank 1 never receives
+    (a wait(timeout) of 0.1 s; they cannot be withdrawn)."""
+    out: dict[str, Any] = {"collective": None, "sends": []}
+
+    def close(sub: Any) -> None:
+        dist.barrier()
+        # udp would linger over rank 0's unacknowledged send, and over its messages left
+        # unmatched on rank 1 (above); an aborted group closes at once.
+        sub.abort()
+        dist.destroy_process_group(sub)
+
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=FAILING_TIMEOUT_S))
+    if rank == 0:
+        dist.all_reduce(_ones(), group=sub, async_op=True)
+        second = dist.all_reduce(_ones(), group=sub, async_op=True)
+        _, msg = timed_failure(second.wait)
+        out["collective"] = (msg, _error_name(sub))
+    else:
+        time.sleep(LATE_START_S)
+        dist.all_reduce(_ones(), group=sub)
+    close(sub)
+    for _ in range(SEND_TRIES):
+        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=30))
+        if rank == 0:
+            work = dist.isend(torch.ones(BIG), dst=1, group=sub, tag=3)
+            _, msg = timed_failure(lambda work=work: work.wait(timeout=timedelta(seconds=0.1)))
+            out["sends"].append((msg, _error_name(sub)))
+        close(sub)
+    return out
+
+
+@pytest.fixture(scope="module")
+def error_at_once_world() -> list[Any]:
+    _skip_unless_ours()
+    return run_world(_error_at_once_both, 2, timeout=90)
+
+
+def _error_at_once_both(rank: int, ws: int) -> dict[str, Any]:
+    return {backend: _error_at_once(rank, backend) for backend in OURS}
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_get_error_is_timeout_as_soon_as_a_wait_that_failed_the_group_raised(
+    error_at_once_world: list[Any], backend: str
+) -> None:
+    # The group recorded its failure after the Work's waiter had been told: getError() read
+    # SUCCESS for a moment after wait() raised (a collective's wait ending before the op's
+    # own deadline: for the LATE_START_S it was queued; a send withdrawn on the progress
+    # thread after the wait raised). Now the failure is recorded first.
+    out = error_at_once_world[0][backend]
+    msg, error = out["collective"]
+    assert msg is not None and "timed out" in msg, msg
+    assert error == "TIMEOUT", out["collective"]
+    assert len(out["sends"]) == SEND_TRIES, out
+    for msg, error in out["sends"]:
+        assert msg is not None and "timed out" in msg, msg
+        assert error == "TIMEOUT", out["sends"]
+
+
 def _abort_world(rank: int, ws: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for backend in OURS:
@@ -263,21 +331,32 @@ def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
     # A ucx group that carries nothing before the kill: rank 0 makes its endpoint to rank 1
     # (lazily, on first use) only after rank 1 is dead, for a receive.
     cold = dist.new_group(backend="ucx", timeout=timedelta(seconds=COLD_TIMEOUT_S))
-    # A udp group whose only op after the kill is an any-source receive: nothing else of
-    # rank 0's is pending with rank 1.
-    anysrc = dist.new_group(backend="udp", timeout=timedelta(seconds=COLD_TIMEOUT_S))
+    # Groups whose only op after the kill is an any-source receive: nothing else of rank 0's
+    # is pending with rank 1. They carry nothing before it (ucx makes its endpoint to rank 1
+    # for the receive, after rank 1 died), but for "ucx-posted", whose receive rank 0 posts
+    # before the kill, after an all_reduce: UCX's keepalive finds rank 1 gone while it waits.
+    anysrc = {b: dist.new_group(backend=b, timeout=timedelta(seconds=COLD_TIMEOUT_S)) for b in OURS}
+    posted_group = dist.new_group(backend="ucx", timeout=timedelta(seconds=COLD_TIMEOUT_S))
+    dist.all_reduce(_ones(), group=posted_group)
     out: dict[str, Any] = {b: {"healthy": _error_name(s)} for b, s in subs.items()}
+    posted = dist.irecv(_ones(), group=posted_group) if rank == 0 else None  # from any rank
     dist.barrier()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
+    assert posted is not None
+    out["anysrc/ucx-posted"] = {"recv": timed_failure(posted.wait)}
+    out["anysrc/ucx-posted"]["after"] = _error_name(posted_group)
     for backend, sub in subs.items():
         out[backend]["op"] = timed_failure(lambda sub=sub: dist.all_reduce(_ones(), group=sub))
         out[backend]["after"] = _error_name(sub)
     out["cold"] = {"recv": timed_failure(lambda: dist.recv(_ones(), src=1, group=cold))}
     out["cold"]["after"] = _error_name(cold)
-    out["anysrc"] = {"recv": timed_failure(lambda: dist.recv(_ones(), group=anysrc))}
-    out["anysrc"]["after"] = _error_name(anysrc)
+    for backend, sub in anysrc.items():
+        out[f"anysrc/{backend}"] = {
+            "recv": timed_failure(lambda sub=sub: dist.recv(_ones(), group=sub))
+        }
+        out[f"anysrc/{backend}"]["after"] = _error_name(sub)
     return out
 
 
@@ -309,14 +388,71 @@ def test_a_killed_peer_never_connected_to_fails_a_receive_naming_it(
     assert peer_killed_world[0]["cold"]["after"] == "REMOTE_ERROR", peer_killed_world[0]["cold"]
 
 
+@pytest.mark.parametrize("case", ["udp", "ucx", "ucx-posted"])
 def test_a_killed_peer_fails_an_any_source_receive_naming_it(
-    peer_killed_world: list[Any],
+    peer_killed_world: list[Any], case: str
 ) -> None:
     # udp sends no keepalive for an unmatched any-source receive unless it watches every peer
-    # then: without it the receive waited out the group's timeout for a peer long dead.
-    seconds, msg = peer_killed_world[0]["anysrc"]["recv"]
+    # then, and ucx cancelled only the receives directed at a failed peer: either way the
+    # receive waited out the group's timeout for a peer long dead. ucx: a receive posted after
+    # rank 1 died ("ucx": its endpoint to rank 1 cannot be made, or UCX's keepalive fails it)
+    # and one posted before ("ucx-posted": the keepalive fails the endpoint while it waits).
+    backend = case.split("-")[0]
+    result = peer_killed_world[0][f"anysrc/{case}"]
+    seconds, msg = result["recv"]
     assert msg is not None, "an any-source receive from a killed peer returned"
-    for part in ("udp recvAnysource", "rank 0 of 2", "Long[4]", "connection to rank 1 failed"):
+    for part in (f"{backend} recvAnysource", "rank 0 of 2", "Long[4]", "any rank", "rank 1"):
         assert part in msg, (part, msg)
+    if backend == "udp":
+        assert "connection to rank 1 failed" in msg, msg
     assert seconds < COLD_TIMEOUT_S / 2, (seconds, msg)
-    assert peer_killed_world[0]["anysrc"]["after"] == "REMOTE_ERROR", peer_killed_world[0]
+    assert result["after"] == "REMOTE_ERROR", result
+
+
+def _live_peer_sent_first(rank: int, ws: int, done: str) -> dict[str, Any]:
+    """In a world of 3, rank 2 sends to rank 0 and rank 1 is killed; then rank 0 receives
+    from any rank, knowing rank 1 dead (on ucx its endpoint to rank 1, made for the receive,
+    cannot be made)."""
+    subs = {b: dist.new_group(backend=b, timeout=timedelta(seconds=COLD_TIMEOUT_S)) for b in OURS}
+    if rank == 2:
+        for sub in subs.values():
+            dist.send(torch.full((4,), 7, dtype=torch.int64), dst=0, group=sub, tag=4)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        time.sleep(0.5)
+        for backend, sub in subs.items():
+            got = torch.zeros(4, dtype=torch.int64)
+            try:
+                work = dist.irecv(got, group=sub, tag=4)
+                work.wait()
+                out[backend] = (work._source_rank(), got.tolist(), None)
+            except RuntimeError as exc:
+                out[backend] = (None, got.tolist(), str(exc))
+        open(done, "w").close()
+    else:
+        # Alive until rank 0 has received: its endpoint to this rank stays healthy.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return out
+
+
+@pytest.fixture(scope="module")
+def live_peer_world(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    _skip_unless_ours()
+    done = str(tmp_path_factory.mktemp("live_peer") / "done")
+    return run_world(
+        _live_peer_sent_first, 3, expect_fail_ranks={1}, pg_timeout=30, timeout=90, args=(done,)
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_an_any_source_receive_takes_a_live_peers_message_though_another_peer_died(
+    live_peer_world: list[Any], backend: str
+) -> None:
+    # A dead peer fails an any-source receive only where nothing that already came matches
+    # it: the message rank 2 sent before rank 1 died is this receive's.
+    assert live_peer_world[0][backend] == (2, [7, 7, 7, 7], None), live_peer_world[0]

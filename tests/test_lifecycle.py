@@ -431,6 +431,61 @@ def test_resizing_a_pending_ops_tensor_raises_instead_of_crashing() -> None:
         assert "resized while the op was pending" in msg, msg
 
 
+def _pins_shared_and_aborted(rank: int, ws: int) -> dict[str, Any]:
+    """Rank 0's storage pinned by two pending irecvs (the two halves of one tensor), and by
+    an irecv its group aborts: whether it is resizable after each step."""
+    out: dict[str, Any] = {}
+    for backend in ("ucx", "udp"):
+        group = dist.new_group(backend=backend, timeout=timedelta(seconds=30))
+        if rank == 0:
+            buf = torch.zeros(8)
+            first = dist.irecv(buf[:4], src=1, group=group, tag=1)
+            second = dist.irecv(buf[4:], src=1, group=group, tag=2)
+            dist.barrier()  # rank 1 sends the first half
+            first.wait()
+            out[f"{backend}/one_pending"] = buf.untyped_storage().resizable()
+            dist.barrier()  # and the second
+            second.wait()
+            out[f"{backend}/none_pending"] = buf.untyped_storage().resizable()
+            got = torch.zeros(4)
+            work = dist.irecv(got, src=1, group=group, tag=3)  # never sent
+            # Posted by now: an irecv still queued is refused by the progress thread once the
+            # group has failed, and lets go of its tensor at once (nothing of it was posted).
+            time.sleep(0.3)
+            group.abort()
+            try:
+                work.wait()
+            except RuntimeError:
+                pass
+            out[f"{backend}/aborted"] = got.untyped_storage().resizable()
+            del work  # the last reference once the progress thread has let go of the irecv
+            deadline = time.monotonic() + 3
+            while not got.untyped_storage().resizable() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out[f"{backend}/dropped"] = got.untyped_storage().resizable()
+        else:
+            dist.barrier()
+            dist.send(torch.ones(4), dst=0, group=group, tag=1)
+            dist.barrier()
+            dist.send(torch.ones(4), dst=0, group=group, tag=2)
+        dist.barrier()
+        dist.destroy_process_group(group)
+    return out
+
+
+def test_a_storage_stays_pinned_while_any_op_on_it_may_write() -> None:
+    """Two pending ops sharing a storage: the first to end made it resizable under the other;
+    abort() made an aborted op's storage resizable while the progress thread could still
+    write into it. Now the last op to let go of it does, and an aborted one once its Work is
+    gone (docs/failure-model.md#a-pending-ops-tensors)."""
+    skip_unless_ucx("tests the ucx/udp Work")
+    res = run_world(_pins_shared_and_aborted, 2, timeout=60)
+    for backend in ("ucx", "udp"):
+        expected = {"one_pending": False, "none_pending": True, "aborted": False, "dropped": True}
+        got = {k: res[0][f"{backend}/{k}"] for k in expected}
+        assert got == expected, (backend, got)
+
+
 # Exits without destroy_process_group. Its own atexit handler is registered before ucxbackend
 # is imported, so it runs after ucxbackend's (LIFO) and sees what finalization will find.
 _EXIT_WITHOUT_DESTROY = """

@@ -196,6 +196,8 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   FailureKind failureKind() const;
   // stop() was called, or the thread ended on an exception. Any thread.
   bool stopping() const { return stopping_.load(); }
+  // Whether the caller is the progress thread (a Future callback, a task). Any thread.
+  bool onThread() const { return std::this_thread::get_id() == threadId_.load(); }
 
   // Progress thread only (the thread destroys the transport when it exits).
   Transport& transport() { return *transport_; }

@@ -33,6 +33,9 @@ class UcxTransport::UcxRequest final : public Request {
   friend class UcxTransport;
   UcxTransport* owner_;
   void* handle_ = nullptr;        // UCX's request, while UCX holds it
+  // Why an any-source receive was cancelled (a peer it could come from failed): what it
+  // reports instead of UCX's bare "canceled" (failure()).
+  std::string cancelledFor_;
   ucp_tag_recv_info_t info_{};    // filled by UCX on immediate receive completion
 };
 
@@ -335,16 +338,58 @@ void UcxTransport::onPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
 
 // UCX fails the sends queued on a failed endpoint by itself, but a tag receive belongs to the
 // worker, not to an endpoint: cancel the ones directed at a failed peer so they do not wait
-// for the group timeout. (Deferred from the error callback to keep UCX's call stack simple.)
+// for the group timeout, and the any-source ones too (cancelAnySource). (Deferred from the
+// error callback to keep UCX's call stack simple.)
 void UcxTransport::cancelReceivesFromFailedPeers() {
   peerFailed_ = false;
   std::vector<std::shared_ptr<UcxRequest>> victims;
+  bool anySource = false;
   for (auto& [ptr, req] : inflight_) {
-    if (!req->isSend() && req->peer() >= 0 && !peers_[req->peer()]->error.empty()) {
+    if (req->isSend()) continue;
+    if (req->peer() == kAnySource) {
+      anySource = true;
+    } else if (!peers_[req->peer()]->error.empty()) {
       victims.push_back(req);
     }
   }
   for (auto& req : victims) {
+    req->cancel();
+  }
+  if (anySource) cancelAnySource();
+}
+
+const UcxTransport::PeerSlot* UcxTransport::firstFailedPeer() const {
+  for (const auto& slot : peers_) {
+    if (slot->peer != rank_ && !slot->error.empty()) return slot.get();
+  }
+  return nullptr;
+}
+
+void UcxTransport::cancelAnySource() {
+  const PeerSlot* dead = firstFailedPeer();
+  if (dead == nullptr) return;
+  // A message a live peer sent before this may still sit in a lower transport's queue (a
+  // shared-memory FIFO, a socket): progress takes it in, and it matches the posted receive,
+  // which UCX then completes as usual (cancel leaves a matched receive alone). No probe of
+  // UCX's unexpected queue is needed: a message that matches a posted receive never waits
+  // there, UCX hands it to the receive on arrival (and at posting, from the queue).
+  auto pending = [this] {
+    for (const auto& [ptr, req] : inflight_) {
+      if (!req->isSend() && req->peer() == kAnySource && req->handle_ != nullptr) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < kFailedPeerProgressRounds && pending(); ++i) ucp_worker_progress(worker());
+  std::vector<std::shared_ptr<UcxRequest>> victims;
+  for (auto& [ptr, req] : inflight_) {
+    if (!req->isSend() && req->peer() == kAnySource) victims.push_back(req);
+  }
+  // The message this receive waits for may be the dead peer's, which will never come; waiting
+  // on the others would only end at the group's timeout, for an op the group then fails
+  // anyway (as a receive from the dead peer itself fails now). As udp does
+  // (Endpoint::matchAnySource), it fails naming the peer.
+  for (auto& req : victims) {
+    req->cancelledFor_ = "receive from any rank failed: " + dead->error;
     req->cancel();
   }
 }
@@ -443,8 +488,15 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
                                   ucs_memory_type_t mem,
                                   const std::shared_ptr<FoldTarget>& fold) {
   // The endpoint is not needed to receive, but its keepalive tells a dead peer from a slow
-  // one, and one that cannot be created says the peer is gone: the peer's error, below.
-  if (peer >= 0) endpoint(*peers_.at(peer), false);
+  // one, and one that cannot be created says the peer is gone: the peer's error, below. An
+  // any-source receive may come from every other rank, so it watches them all.
+  if (peer >= 0) {
+    endpoint(*peers_.at(peer), false);
+  } else {
+    for (auto& slot : peers_) {
+      if (slot->peer != rank_) endpoint(*slot, false);
+    }
+  }
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};
   // An any-source receive completes through the callback: UCX's record of the message there
@@ -470,17 +522,23 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   // have sent this message before it left; UCX then matches it from the unexpected queue.
   // Only a receive that nothing matches fails, with the peer's error.
   if (peer >= 0 && !peers_.at(peer)->error.empty() && req->pending()) {
-    for (int i = 0; i < 16 && req->pending(); ++i) ucp_worker_progress(worker());
+    for (int i = 0; i < kFailedPeerProgressRounds && req->pending(); ++i) {
+      ucp_worker_progress(worker());
+    }
     if (req->pending()) req->cancel();
   }
+  // An any-source receive likewise once any rank it could come from is known failed.
+  if (peer == kAnySource && req->pending()) cancelAnySource();
   return req;
 }
 
 std::string UcxTransport::failure(const UcxRequest& req, ucs_status_t status, int sender) const {
-  // A request cancelled because its peer failed or was aborted reports the peer's error.
+  // A request cancelled because its peer failed or was aborted reports the peer's error; an
+  // any-source receive, the error of the failed peer it could have come from.
   if (status == UCS_ERR_CANCELED && req.peer() >= 0 && !peers_[req.peer()]->error.empty()) {
     return peers_[req.peer()]->error;
   }
+  if (status == UCS_ERR_CANCELED && !req.cancelledFor_.empty()) return req.cancelledFor_;
   if (status == UCS_ERR_CANCELED && !closing_.empty()) {
     return closing_;
   }

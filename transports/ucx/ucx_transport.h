@@ -30,6 +30,11 @@
 
 namespace ucxb::ucx {
 
+// Progress rounds a receive gets, once its peer (any peer, for an any-source one) is known
+// failed, to take in a message that peer or a live one sent before: a message already in a
+// lower transport's queue is matched within them.
+constexpr int kFailedPeerProgressRounds = 16;
+
 class UcxTransport final : public Transport {
  public:
   // netDevices: UCX_NET_DEVICES for this group's context ("" keeps UCX's choice). reach:
@@ -119,6 +124,10 @@ class UcxTransport final : public Transport {
                    const ucp_tag_recv_info_t* info = nullptr) const;
   void closeEndpoints();
   void cancelReceivesFromFailedPeers();
+  // Fails every pending any-source receive, naming the failed peer, once some other rank has
+  // failed (firstFailedPeer), unless a message already here matches it.
+  void cancelAnySource();
+  const PeerSlot* firstFailedPeer() const;
   // Whether this send goes through the send lane (decides the peer's choice on first use).
   bool viaLane(PeerSlot& slot, Tag tag, size_t bytes, MemoryType mem);
   bool chooseLane(PeerSlot& slot);
