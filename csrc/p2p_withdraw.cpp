@@ -37,8 +37,7 @@ void withdrawRequest(ProgressEngine& engine, Request& request, const OpContext& 
 }
 
 void withdrawAndWait(const std::shared_ptr<ProgressEngine>& engine,
-                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx,
-                     std::chrono::milliseconds cap) {
+                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx) {
   struct Done {
     std::mutex mu;
     std::condition_variable cv;
@@ -63,7 +62,7 @@ void withdrawAndWait(const std::shared_ptr<ProgressEngine>& engine,
   engine->post(std::move(withdraw));
   if (engine->onThread()) return;
   std::unique_lock<std::mutex> lock(done->mu);
-  done->cv.wait_for(lock, cap, [&] { return done->done; });
+  done->cv.wait_for(lock, kWithdrawWaitCap, [&] { return done->done; });
 }
 
 }  // namespace ucxb

@@ -23,14 +23,19 @@ constexpr int kWithdrawRounds = 16;
 // free, for the one it waits for: wrong data without an error. `ctx` names the op.
 void withdrawRequest(ProgressEngine& engine, Request& request, const OpContext& ctx);
 
+// How long a timed-out wait() of a point-to-point op waits, at most, for its withdrawal to
+// run. The thread gets to it at once when idle, but only after the op it runs when busy (a
+// long collective, up to that op's timeout): a caller's wait(timeout) must not turn into
+// that. Past the cap the wait raises anyway, and getError() may read SUCCESS until the
+// withdrawal has run.
+constexpr std::chrono::milliseconds kWithdrawWaitCap{1000};
+
 // What a timed-out wait() of a point-to-point op calls: queues withdrawRequest for the request
 // `posted` names (not yet posted: nothing to withdraw) on the engine's thread and returns once
-// it has run, so that a group it failed has recorded that when the wait raises (getError() is
-// TIMEOUT at once, not SUCCESS for a moment). The thread gets to it when it is idle, or once
-// the op it runs has ended (within that op's timeout), so the wait is bounded by `cap`; never
-// waited for on the progress thread itself (a Future callback), which runs the task later.
+// it has run, or after kWithdrawWaitCap, so that a group it failed has recorded that when the
+// wait raises (getError() is TIMEOUT at once, not SUCCESS for a moment). Never waits on the
+// progress thread itself (a Future callback), which runs the task later.
 void withdrawAndWait(const std::shared_ptr<ProgressEngine>& engine,
-                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx,
-                     std::chrono::milliseconds cap);
+                     const std::shared_ptr<std::weak_ptr<Request>>& posted, const OpContext& ctx);
 
 }  // namespace ucxb

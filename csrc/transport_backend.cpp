@@ -735,11 +735,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   auto posted = std::make_shared<std::weak_ptr<Request>>();
   auto withdrawn = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<ProgressEngine> weakEngine = engine_;
-  work->setOnWaitTimeout(
-      [weakEngine, posted, withdrawn, ctx = work->context(), timeout = timeout_.load()]() {
-        withdrawn->store(true);
-        if (auto engine = weakEngine.lock()) withdrawAndWait(engine, posted, ctx, timeout);
-      });
+  work->setOnWaitTimeout([weakEngine, posted, withdrawn, ctx = work->context()]() {
+    withdrawn->store(true);
+    if (auto engine = weakEngine.lock()) withdrawAndWait(engine, posted, ctx);
+  });
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
   task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,

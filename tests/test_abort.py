@@ -178,6 +178,7 @@ FAILING_TIMEOUT_S = 0.5  # the op timeout of the groups that _error_at_once fail
 LATE_START_S = 0.25  # how long rank 1 holds up the op ahead of the one that times out
 SEND_TRIES = 3  # sends whose wait() gives up, each failing a group of its own
 BIG = 300_000  # float32: 1.2 MB, a rendezvous send on both transports
+BUSY_S = 3.0  # how long rank 1 keeps rank 0's progress thread in an all_reduce (_busy_send)
 
 
 def _error_at_once(rank: int, backend: str) -> dict[str, Any]:
@@ -211,7 +212,29 @@ def _error_at_once(rank: int, backend: str) -> dict[str, Any]:
             _, msg = timed_failure(lambda work=work: work.wait(timeout=timedelta(seconds=0.1)))
             out["sends"].append((msg, _error_name(sub)))
         close(sub)
+    if backend == "ucx":  # the cap is the backend's, not the transport's: one is enough
+        out["busy_send"] = _busy_send(rank, backend, close)
     return out
+
+
+def _busy_send(rank: int, backend: str, close: Any) -> float | None:
+    """How long rank 0's send wait(timeout=0.1 s) takes while its progress thread is held
+    BUSY_S in an all_reduce that rank 1 joins late: the send's withdrawal waits behind it."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=30))
+    took = None
+    if rank == 0:
+        held = dist.all_reduce(_ones(), group=sub, async_op=True)
+        work = dist.isend(torch.ones(BIG), dst=1, group=sub, tag=4)
+        start = time.monotonic()
+        _, msg = timed_failure(lambda: work.wait(timeout=timedelta(seconds=0.1)))
+        took = time.monotonic() - start
+        assert msg is not None and "timed out" in msg, msg
+        held.wait()
+    else:
+        time.sleep(BUSY_S)
+        dist.all_reduce(_ones(), group=sub)
+    close(sub)
+    return took
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +263,16 @@ def test_get_error_is_timeout_as_soon_as_a_wait_that_failed_the_group_raised(
     for msg, error in out["sends"]:
         assert msg is not None and "timed out" in msg, msg
         assert error == "TIMEOUT", out["sends"]
+
+
+def test_a_send_wait_behind_a_busy_thread_raises_within_its_cap(
+    error_at_once_world: list[Any],
+) -> None:
+    # A send's timed-out wait() waits for its withdrawal on the progress thread, which comes
+    # only after the op that thread runs; at most kWithdrawWaitCap (1 s,
+    # csrc/p2p_withdraw.hpp), not that op's BUSY_S.
+    took = error_at_once_world[0]["ucx"]["busy_send"]
+    assert took is not None and took < BUSY_S - 0.6, took
 
 
 def _abort_world(rank: int, ws: int) -> dict[str, Any]:
