@@ -493,15 +493,20 @@ def test_p2p_message_of_another_size_fails_the_receive_not_the_group(
 # --------------------------------------------------------------------------
 
 BCAST_PG_TIMEOUT_S = 5.0
+STAGED_MIN_BYTES = 1 << 16  # kStagedMessageMin: a broadcast from this size stages (ucx, one host)
 STAGED = 1 << 16  # float32 elements: 256 KiB, through ucx's shared-memory slots (on one host)
 # (backend, root's elements, rank 1's elements): the transport path, small and large, and on
 # ucx a parent that stages what its child expects whole through the transport and back. A
 # staged and an unstaged message travel with different tags, so each rank waited out the
-# timeout for a message that never came (until 2026-11-27).
+# timeout for a message that never came (until 2026-11-27). Both staged, or the root's
+# message staged and rank 1's whole: the root waited for credits until its timeout (until
+# 2026-11-27), now rank 1 refuses the message and the root fails at once too.
 BCAST_SIZE_CASES = [
     ("ucx", 1000, 10),
     ("ucx", STAGED, 10),
     ("ucx", 10, STAGED),
+    ("ucx", STAGED, 2 * STAGED),
+    ("ucx", 2 * STAGED, STAGED),
     ("udp", 1000, 10),
     ("udp", STAGED, 10),
     ("udp", 10, STAGED),
@@ -536,6 +541,14 @@ def test_broadcast_of_another_size_fails_fast_naming_both_sizes() -> None:
         # rank 1's own size always; the root's wherever the message says it
         assert str(4 * at_one) in msg, case
         assert "different sizes" in msg or "longer than" in msg, case
-    # The root hears of it at the latest at its timeout: an error, never wrong data or a hang.
+    # The root returns once its message is out, or, where it staged it (ucx, 64 KiB or more)
+    # and waits for rank 1 to free its slots, hears of the refusal at once: never a hang.
     for (backend, at_root, at_one), (elapsed, msg) in zip(BCAST_SIZE_CASES, res[0], strict=True):
-        assert elapsed < BCAST_PG_TIMEOUT_S + 5, (backend, at_root, at_one, elapsed, msg)
+        case = (backend, at_root, at_one, elapsed, msg)
+        assert elapsed < BCAST_PG_TIMEOUT_S / 2, case
+        if backend == "ucx" and 4 * at_root >= STAGED_MIN_BYTES:
+            assert msg is not None, f"the root's staged broadcast of another size returned: {case}"
+            assert f"{backend} broadcast" in msg and f"Float[{at_root}]" in msg, case
+            assert "rank 0 of 2" in msg and "rank 1" in msg, case
+            assert str(4 * at_root) in msg and str(4 * at_one) in msg, case
+            assert "different sizes" in msg, case

@@ -76,6 +76,8 @@ class Comm {
   // `why(request)` instead. Abandon it once the receive it guards has completed.
   RequestPtr tripwire(int peer, uint32_t step, void* data, size_t bytes,
                       std::function<std::string(const Request&)> why);
+  // Whether a tripwire of this Comm has caught a message of the other path.
+  bool tripped() const { return !tripped_.empty(); }
   // Local work on the op's buffers, done where they live (op_memory.h).
   void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
   void reduce(const Reduction& red, void* acc, const void* in, size_t count) {

@@ -43,9 +43,29 @@ void receiveFromParent(Comm& c, int parent, uint8_t* data, size_t bytes,
     }
   } catch (...) {
     if (wire) c.abandon({wire});
+    // The parent staged its message (its notice tripped the wire) and waits for our
+    // credits: tell it now, or it waits out the timeout. (A staged receive refuses in
+    // stagedExchange; a parent that sent whole waits for nothing.)
+    if (!plan && c.tripped()) refuseStaged(c, parent, bytes);
     throw;
   }
   if (wire) c.abandon({wire});
+}
+
+// binomialBroadcast's staged send of the `bytes` to `child` at steps from `firstStep`. A
+// child that expected another length refuses it (refuseStaged) instead of sending credits:
+// a wire for that refusal fails this rank at once too, naming both lengths.
+void stageToChild(Comm& c, int child, const uint8_t* data, size_t bytes, const StagedPlan& plan,
+                  uint32_t firstStep) {
+  StagedRefusal refusal{};
+  RequestPtr wire = refusalWire(c, child, bytes, refusal);
+  try {
+    stagedExchange(c, child, data, bytes, -1, nullptr, 0, firstStep, nullptr, plan.pieces);
+  } catch (...) {
+    c.abandon({wire});
+    throw;
+  }
+  c.abandon({wire});
 }
 
 // Receive from the parent, then send to the children, over ranks relative to the root.
@@ -82,8 +102,7 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     if (vr + mask >= n) continue;
     const int child = mod(vr + mask + root, n);
     if (plan) {
-      stagedExchange(c, child, data, bytes, -1, nullptr, 0, level * stride, nullptr,
-                     plan->pieces);
+      stageToChild(c, child, data, bytes, *plan, level * stride);
     } else {
       sends.push_back(c.send(child, kWholeMessage + level, data, bytes));
     }
