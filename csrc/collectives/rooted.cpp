@@ -98,18 +98,25 @@ void receiveFromParent(Comm& c, int parent, uint8_t* data, size_t bytes,
 
 // binomialBroadcast's staged send of the `bytes` to `child` at steps from `firstStep`. A
 // child that expected another length refuses it (refuseStaged) instead of sending credits:
-// a wire for that refusal fails this rank at once too, naming both lengths.
-void stageToChild(Comm& c, int child, const uint8_t* data, size_t bytes, const StagedPlan& plan,
-                  uint32_t firstStep) {
+// a wire for that refusal ends the exchange at once. Returns that refusal's error (naming
+// both lengths), or nothing when the child took the message; the caller serves its other
+// children before it throws it, so that they need not wait out the timeout for it.
+std::optional<std::string> stageToChild(Comm& c, int child, const uint8_t* data, size_t bytes,
+                                        const StagedPlan& plan, uint32_t firstStep) {
   StagedRefusal refusal{};
   RequestPtr wire = refusalWire(c, child, bytes, refusal);
   try {
     stagedExchange(c, child, data, bytes, -1, nullptr, 0, firstStep, nullptr, plan.pieces);
+  } catch (const OpFailed&) {
+    c.abandon({wire});
+    if (c.trippedBy() != child) throw;
+    return c.untrip();
   } catch (...) {
     c.abandon({wire});
     throw;
   }
   c.abandon({wire});
+  return std::nullopt;
 }
 
 // Receive from the parent, then send to the children, over ranks relative to the root.
@@ -142,17 +149,20 @@ void binomialBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     ++level;
   }
   std::vector<RequestPtr> sends;
+  std::optional<std::string> refused;  // by the first child that refused the message
   for (mask >>= 1; mask > 0; mask >>= 1) {
     --level;
     if (vr + mask >= n) continue;
     const int child = mod(vr + mask + root, n);
     if (plan) {
-      stageToChild(c, child, data, bytes, *plan, level * stride);
+      auto why = stageToChild(c, child, data, bytes, *plan, level * stride);
+      if (why && !refused) refused = std::move(why);
     } else {
       sends.push_back(c.send(child, kWholeMessage + level, data, bytes));
     }
   }
   c.wait(sends);
+  if (refused) throw OpFailed(*refused);
 }
 
 // root -> root+1 -> ... : every chunk is received in place, then forwarded.

@@ -136,8 +136,11 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
   } catch (...) {
     c.abandon(pending());
     // A credit that never arrived (still pending, or failed: a timeout cancels it) means `to`
-    // may yet read that slot, even after this op is gone.
-    if (outstanding(credits)) st.retire(slotsInUse(c.rank(), to));
+    // may yet read that slot, even after this op is gone; unless a tripwire for `to` caught
+    // its refusal (refusalWire): it refused at our first notice, and reads none.
+    if (outstanding(credits) && c.trippedBy() != to) {
+      st.retire(slotsInUse(c.rank(), to));
+    }
     throw;
   }
 }
