@@ -92,6 +92,9 @@ class Comm {
   }
   // A reusable scratch buffer in the op's memory (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return memory_.scratch(bytes); }
+  // Whether the op's buffers are host memory (takesHostPaths): the transport then receives
+  // straight into them, with no host staging to pay for a receive that may never match.
+  bool onHost() const { return takesHostPaths(memory_.type()); }
   // The group's shared-memory slots for this op: null unless every rank runs on this host
   // and the op's memory takes host paths (takesHostPaths). Every staged path of the
   // algorithms finds the slots here, so device memory never reaches one.

@@ -37,9 +37,10 @@ bool arrived(const RequestPtr& wire) {
 }
 
 // Whether a rank of `op` whose message is `bytes` long listens for the other algorithm's
-// first message (selection.h, kOtherAlgorithmWireMin).
+// first message (selection.h, kOtherAlgorithmWireMin). Not for device memory: a transport
+// that does not carry it would stage each wire's receive through a pinned host buffer.
 bool wiresForOtherAlgorithm(const Comm& c, Op op, size_t bytes) {
-  return bytes >= kOtherAlgorithmWireMin && sizeDecides(c.tuning(), op, c.size());
+  return bytes >= kOtherAlgorithmWireMin && c.onHost() && sizeDecides(c.tuning(), op, c.size());
 }
 
 // binomialBroadcast's receive of the `bytes` from `parent` at `level`: staged (from step
