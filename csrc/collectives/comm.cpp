@@ -124,6 +124,7 @@ RequestPtr Comm::tripwire(int peer, uint32_t step, void* data, size_t bytes,
     const bool arrived = !r.failed() || r.truncated();
     if (!arrived || !tripped_.empty()) return;
     tripped_ = why(r);
+    trippedBy_ = r.peer();
     for (const auto& other : posted_) {
       if (other.get() != self && other->pending()) other->cancel();
     }

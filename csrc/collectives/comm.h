@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/collectives/op_driver.h"
@@ -76,6 +77,14 @@ class Comm {
   // `why(request)` instead. Abandon it once the receive it guards has completed.
   RequestPtr tripwire(int peer, uint32_t step, void* data, size_t bytes,
                       std::function<std::string(const Request&)> why);
+  // The peer of the tripwire of this Comm that caught a message, or -1.
+  int trippedBy() const { return trippedBy_; }
+  // Clears that failure, so that the op can go on with its other peers (an algorithm whose
+  // peer refused its message serves the rest before it fails), and returns it.
+  std::string untrip() {
+    trippedBy_ = -1;
+    return std::exchange(tripped_, {});
+  }
   // Local work on the op's buffers, done where they live (op_memory.h).
   void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
   void reduce(const Reduction& red, void* acc, const void* in, size_t count) {
@@ -83,6 +92,9 @@ class Comm {
   }
   // A reusable scratch buffer in the op's memory (at least `bytes`); one user at a time.
   uint8_t* scratch(size_t bytes) { return memory_.scratch(bytes); }
+  // Whether the op's buffers are host memory (takesHostPaths): the transport then receives
+  // straight into them, with no host staging to pay for a receive that may never match.
+  bool onHost() const { return takesHostPaths(memory_.type()); }
   // The group's shared-memory slots for this op: null unless every rank runs on this host
   // and the op's memory takes host paths (takesHostPaths). Every staged path of the
   // algorithms finds the slots here, so device memory never reaches one.
@@ -117,6 +129,7 @@ class Comm {
   std::vector<RequestPtr> posted_;
   // Set by a tripwire that caught a message of the other path: what wait() throws.
   std::string tripped_;
+  int trippedBy_ = -1;
   void track(const RequestPtr& request);
 };
 

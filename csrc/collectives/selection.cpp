@@ -97,4 +97,9 @@ Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize) {
   return Algorithm::kRing;
 }
 
+bool sizeDecides(const Tuning& tuning, Op op, int worldSize) {
+  if (tuning.forced[static_cast<size_t>(op)] != Algorithm::kAuto) return false;
+  return choose(tuning, op, 0, worldSize) != choose(tuning, op, ~size_t{0} >> 1, worldSize);
+}
+
 }  // namespace ucxb::algo

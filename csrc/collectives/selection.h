@@ -53,6 +53,13 @@ constexpr size_t kAlltoallLinearMax = size_t{32} << 10;  // bytes per peer
 // shared-memory slots (when it has them) from this size: below it one UCX message beats a
 // notice and a credit per piece. (The rings stage whatever the size.)
 constexpr size_t kStagedMessageMin = size_t{64} << 10;
+// From this size a rank of a broadcast or reduce whose ranks may choose different
+// algorithms (sizeDecides) also listens, with tripwires (Comm::tripwire), for the first
+// message of the algorithm it did not choose, so that ranks passing tensors of different
+// sizes either side of kBroadcastBinomialMax/kReduceBinomialMax fail at once instead of
+// waiting out the timeout. A receive posted and cancelled costs too little to see next to a
+// message this long; below it, where it would show in the op's latency, nothing listens.
+constexpr size_t kOtherAlgorithmWireMin = size_t{64} << 10;
 // A ring takes n-1 tag steps per phase and the step space is 2^15: above this many ranks the
 // automatic choice uses the log-step algorithms instead (a forced ring fails with an error).
 constexpr int kRingMaxRanks = 16384;
@@ -66,5 +73,9 @@ Algorithm parseAlgorithm(Op op, const std::string& name);
 // `bytes`: all_reduce/reduce/broadcast: the tensor; all_gather: the whole output;
 // reduce_scatter: the whole input; all_to_all: the largest per-peer block.
 Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize);
+// Whether choose() may answer differently for two sizes of `op` in this group (the choice is
+// automatic and not the same for every size: broadcast and reduce beyond 2 ranks). Only then
+// can ranks that disagree on the size run different algorithms.
+bool sizeDecides(const Tuning& tuning, Op op, int worldSize);
 
 }  // namespace ucxb::algo

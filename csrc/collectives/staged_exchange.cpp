@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,13 @@ void checkNotice(const Notice& got, size_t total, size_t n, int from) {
                    std::to_string(from) + " but it sent " + std::to_string(got.total) +
                    ": the ranks passed tensors of different sizes");
   }
+}
+
+// checkNotice for a stagedExchange, whose sender may wait for nothing but our credits: it
+// hears of the mismatch from us (refuseStaged) before we throw.
+void acceptNotice(Comm& c, const Notice& got, size_t total, size_t n, int from) {
+  if (got.total != total || got.bytes != n) refuseStaged(c, from, total);
+  checkNotice(got, total, n, from);
 }
 
 // Length of piece k of a `total`-byte message cut into `piece`-byte pieces.
@@ -53,6 +61,27 @@ bool outstanding(const std::vector<RequestPtr>& credits) {
 }
 
 }  // namespace
+
+void refuseStaged(Comm& c, int from, size_t expected) noexcept {
+  static_assert(sizeof(StagedRefusal) == sizeof(uint64_t));
+  // The request reads it until it has left, which the wait below sees (or abandons).
+  auto refusal = std::make_shared<StagedRefusal>(StagedRefusal{expected});
+  try {
+    RequestPtr sent = c.send(from, kRefusedStep, refusal.get(), sizeof(StagedRefusal));
+    sent->keepAlive(refusal);
+    c.wait({sent});
+  } catch (...) {
+    // Best effort: `from` then learns of it at its timeout, as before; our error stands.
+  }
+}
+
+RequestPtr refusalWire(Comm& c, int to, size_t sendBytes, StagedRefusal& into) {
+  const std::string mine = std::to_string(sendBytes) + " bytes to rank " + std::to_string(to);
+  return c.tripwire(to, kRefusedStep, &into, sizeof(into), [mine, &into](const Request&) {
+    return "sent " + mine + " through shared memory but it expected " +
+           std::to_string(into.expected) + ": the ranks passed tensors of different sizes";
+  });
+}
 
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces) {
@@ -97,7 +126,7 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
         c.wait({notices[k]});
         const Notice got = arrived[k % slots];
         const size_t n = pieceLength(recvBytes, recvPiece, k);
-        checkNotice(got, recvBytes, n, from);
+        acceptNotice(c, got, recvBytes, n, from);
         if (k + slots < recvPieces) postNotice(k + slots);  // after `got` was read
         takePiece(dst + k * recvPiece, st.peerSlot(from, k), n, red);
         small.push_back(c.send(from, creditStep(firstStep, k), nullptr, 0));
@@ -107,8 +136,11 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
   } catch (...) {
     c.abandon(pending());
     // A credit that never arrived (still pending, or failed: a timeout cancels it) means `to`
-    // may yet read that slot, even after this op is gone.
-    if (outstanding(credits)) st.retire(slotsInUse(c.rank(), to));
+    // may yet read that slot, even after this op is gone; unless a tripwire for `to` caught
+    // its refusal (refusalWire): it refused at our first notice, and reads none.
+    if (outstanding(credits) && c.trippedBy() != to) {
+      st.retire(slotsInUse(c.rank(), to));
+    }
     throw;
   }
 }

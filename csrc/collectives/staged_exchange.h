@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "csrc/collectives/algorithms.h"
+#include "csrc/collectives/building_blocks.h"
 
 namespace ucxb::algo::detail {
 
@@ -26,11 +27,35 @@ struct StagedNotice {
   uint64_t total;  // of the whole message: ranks that disagree on it fail, not corrupt
 };
 
+// A receiver whose sender's notice announces a message of another length than it expects
+// fails at once, and tells the sender so with this message (step kRefusedStep, from the
+// receiver): the sender waits for credits that now never come, and in a one-way exchange (a
+// broadcast's parent) it has nothing else to learn the mismatch from before the op's
+// timeout. A sender that has nothing else to wait on listens for it with refusalWire.
+struct StagedRefusal {
+  uint64_t expected;  // bytes the receiver expected
+};
+// Above every step of a staged exchange's notices and credits (below kStepSpace) and of a
+// whole message (kWholeMessage + a few): a refusal is never taken for either.
+constexpr uint32_t kRefusedStep = kWholeMessage + kStepSpace - 1;
+
+// Sends `from` the refusal of its staged message (we expected `expected` bytes) and waits for
+// it to leave, until the op's deadline at most. Never throws: the caller is failing already,
+// with its own error.
+void refuseStaged(Comm& c, int from, size_t expected) noexcept;
+
+// A tripwire (Comm::tripwire) for `to`'s refusal of this rank's `sendBytes`-byte staged
+// message, read into `into`: once it arrives, every pending request of the op is cancelled
+// and its wait() throws an error naming both lengths. Post it before the exchange, abandon it
+// (Comm::abandon) once the exchange has returned or thrown; `into` outlives it.
+RequestPtr refusalWire(Comm& c, int to, size_t sendBytes, StagedRefusal& into);
+
 // Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
 // folded into it with `red`, or copied when `red` is null. Either direction may be absent
 // (peer -1). `pieces` and the steps it uses from firstStep are those of planStaged's plan
 // for the longer direction (staged_path.h). A sender and receiver that disagree on the
-// length fail with OpFailed naming both lengths. An exchange that fails while `to` may still
+// length fail with OpFailed naming both lengths; the receiver refuses the message
+// (refuseStaged) before it throws. An exchange that fails while `to` may still
 // read this rank's slots retires them (StagingArea::retire): every later staged exchange of
 // the group fails with that reason.
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
