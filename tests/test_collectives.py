@@ -1000,16 +1000,19 @@ def fam_p2p(rec: Recorder, large: bool) -> None:
         return checks
 
     def barrier() -> list[Check]:
+        # Rank 0 enters BARRIER_DELAY late (the sleep is each small world's wall, and this
+        # matrix has four); a barrier that does not wait lets the others out at once, far
+        # below half of it. test_barrier_waits_for_every_late_rank checks it rank by rank.
         dist.barrier()
         t0 = time.monotonic()
         if rank == 0:
-            time.sleep(1.0)
+            time.sleep(BARRIER_DELAY)
         dist.barrier()
         waited = time.monotonic() - t0
         return [
             (
                 "barrier waits for the slowest rank",
-                torch.tensor(waited > 0.5),
+                torch.tensor(waited > BARRIER_DELAY / 2),
                 torch.tensor(True),
                 False,
             )

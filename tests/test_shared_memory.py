@@ -144,16 +144,28 @@ def test_staged_results_match_numpy(ws: int) -> None:
         assert res["left_in_dev_shm"] == [], (rank, res["left_in_dev_shm"])
 
 
-def _staged_and_sum(rank: int, ws: int) -> tuple[bool, list[str]]:
-    return ucxbackend.shared_memory(), _check_group(rank, ws, None, COUNT, "world")
+def _staged_and_sum(
+    rank: int,
+    ws: int,
+    broadcast_counts: tuple[int, ...] = (BROADCAST_COUNT, *LARGE_BROADCAST_COUNTS),
+) -> tuple[bool, list[str]]:
+    staged = ucxbackend.shared_memory()
+    return staged, _check_group(rank, ws, None, COUNT, "world", broadcast_counts)
 
 
 @pytest.mark.parametrize("tls", ["tcp,self", "^sm"])
 def test_ucx_tls_without_shared_memory_turns_staging_off(tls: str) -> None:
     """Answered by the ucx transport itself (Transport::permitsSharedMemory), from the UCX_TLS
-    its UCX context was created with; the Python layer passes UCX_TLS on untouched."""
+    its UCX context was created with; the Python layer passes UCX_TLS on untouched.
+
+    Broadcasts of BROADCAST_COUNT only: LARGE_BROADCAST_COUNTS are there to fill and reuse
+    every staging slot, and this group has none (it is checked not to stage); through UCX's
+    TCP they cost each run about 2 s (test_staged_results_match_numpy's "off" group sends
+    them unstaged, through UCX with shared memory)."""
     skip_unless_ucx("UCX_TLS steers the ucx backend")
-    results = run_world(_staged_and_sum, 2, env={"UCX_TLS": tls}, timeout=180)
+    results = run_world(
+        _staged_and_sum, 2, env={"UCX_TLS": tls}, args=((BROADCAST_COUNT,),), timeout=180
+    )
     assert results == [(False, [])] * 2, results
 
 
