@@ -1,8 +1,10 @@
 #include "csrc/storage_pins.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <mutex>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace ucxb {
 
@@ -11,8 +13,14 @@ namespace {
 struct Pins {
   std::mutex mu;
   // Ops pinning each storage; every pinner holds the storage, so its address is not reused
-  // while it is counted here.
-  std::unordered_map<const c10::StorageImpl*, size_t> count;
+  // while it is counted here. A flat list: it holds the storages of the ops pending at once
+  // (a handful), and a small op must not pay a hash node's allocation and free.
+  std::vector<std::pair<const c10::StorageImpl*, size_t>> count;
+  std::vector<std::pair<const c10::StorageImpl*, size_t>>::iterator find(
+      const c10::StorageImpl* impl) {
+    return std::find_if(count.begin(), count.end(),
+                        [impl](const auto& entry) { return entry.first == impl; });
+  }
 };
 
 Pins& pins() {
@@ -26,14 +34,14 @@ bool pinStorage(const c10::Storage& storage) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   Pins& p = pins();
   std::lock_guard<std::mutex> lock(p.mu);
-  auto it = p.count.find(impl);
+  auto it = p.find(impl);
   if (it != p.count.end()) {
     ++it->second;
     return true;
   }
   if (!impl->resizable()) return false;
   impl->set_resizable(false);
-  p.count.emplace(impl, 1);
+  p.count.emplace_back(impl, 1);
   return true;
 }
 
@@ -41,11 +49,12 @@ void unpinStorage(const c10::Storage& storage) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   Pins& p = pins();
   std::lock_guard<std::mutex> lock(p.mu);
-  auto it = p.count.find(impl);
+  auto it = p.find(impl);
   if (it == p.count.end()) return;
   if (--it->second == 0) {
     impl->set_resizable(true);
-    p.count.erase(it);
+    *it = p.count.back();  // order does not matter
+    p.count.pop_back();
   }
 }
 
