@@ -80,15 +80,28 @@ def socket_buffer_warning(
     need = send_window * peers
     if peers < 1 or receive_buffer >= need:
         return None
-    return (
+    said = (
         f"udp: the kernel gave this rank's socket a {receive_buffer}-byte receive buffer, less "
         f"than the {need} bytes its {peers} peer(s) may have in flight "
         f"(send_window_bytes={send_window}): bursts will be dropped and resent, and large "
-        f"messages will move at about half speed. Give the ranks CAP_NET_ADMIN (run as root: "
-        f"the backend then forces socket_buffer_bytes={requested}), raise the cap in the "
-        f"host's initial network namespace (sysctl -w net.core.rmem_max={requested}; it is "
-        "read-only inside other network namespaces and containers) or lower "
-        "send_window_bytes in udp_config"
+        "messages will move at about half speed. "
+    )
+    if receive_buffer >= requested:
+        # The kernel granted what the group asked for (Linux reports twice the request): the
+        # request itself is short of the peers' windows, so no privilege or sysctl helps.
+        return said + (
+            f"This rank got the socket_buffer_bytes={requested} it asked for: raise "
+            f"socket_buffer_bytes in udp_config to {need} or more, or lower send_window_bytes"
+        )
+    short = (
+        f", and socket_buffer_bytes in udp_config to {need} or more" if requested < need else ""
+    )
+    return said + (
+        f"Give the ranks CAP_NET_ADMIN (run as root: the backend then forces "
+        f"socket_buffer_bytes={requested}), raise the cap in the host's initial network "
+        f"namespace (sysctl -w net.core.rmem_max={max(requested, need)}; it is read-only inside "
+        f"other network namespaces and containers){short}, or lower send_window_bytes in "
+        "udp_config"
     )
 
 
