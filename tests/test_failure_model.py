@@ -511,13 +511,21 @@ BCAST_SIZE_CASES = [
     ("udp", STAGED, 10),
     ("udp", 10, STAGED),
 ]
+# Rank 1 enters LATE_S after the root in these cases: the root's notice is already there when
+# rank 1 posts its tripwire, which then fires as it is posted, before the receive it guards
+# (that receive waited out the timeout on both ranks until 2026-11-27).
+LATE_S = 0.5
+BCAST_LATE = {("ucx", STAGED, 10), ("ucx", 10, STAGED), ("udp", STAGED, 10)}
 
 
 def _broadcast_sizes(rank: int, ws: int) -> list[tuple[float, str | None]]:
     out = []
-    for backend, at_root, at_one in BCAST_SIZE_CASES:
+    cases = [(case, False) for case in BCAST_SIZE_CASES] + [(c, True) for c in sorted(BCAST_LATE)]
+    for (backend, at_root, at_one), late in cases:
         sub = dist.new_group(backend=backend, timeout=timedelta(seconds=BCAST_PG_TIMEOUT_S))
         t = torch.ones(at_root if rank == 0 else at_one)
+        if late and rank == 1:
+            time.sleep(LATE_S)
         start = time.monotonic()
         try:
             dist.broadcast(t, src=0, group=sub)
@@ -532,7 +540,8 @@ def _broadcast_sizes(rank: int, ws: int) -> list[tuple[float, str | None]]:
 def test_broadcast_of_another_size_fails_fast_naming_both_sizes() -> None:
     _skip_unless_ours()
     res = run_world(_broadcast_sizes, 2, timeout=WORLD_TIMEOUT)
-    for (backend, at_root, at_one), (elapsed, msg) in zip(BCAST_SIZE_CASES, res[1], strict=True):
+    cases = BCAST_SIZE_CASES + sorted(BCAST_LATE)
+    for (backend, at_root, at_one), (elapsed, msg) in zip(cases, res[1], strict=True):
         case = (backend, at_root, at_one, elapsed, msg)
         assert msg is not None, f"rank 1's broadcast of another size returned: {case}"
         assert elapsed < BCAST_PG_TIMEOUT_S / 2, case
@@ -543,7 +552,7 @@ def test_broadcast_of_another_size_fails_fast_naming_both_sizes() -> None:
         assert "different sizes" in msg or "longer than" in msg, case
     # The root returns once its message is out, or, where it staged it (ucx, 64 KiB or more)
     # and waits for rank 1 to free its slots, hears of the refusal at once: never a hang.
-    for (backend, at_root, at_one), (elapsed, msg) in zip(BCAST_SIZE_CASES, res[0], strict=True):
+    for (backend, at_root, at_one), (elapsed, msg) in zip(cases, res[0], strict=True):
         case = (backend, at_root, at_one, elapsed, msg)
         assert elapsed < BCAST_PG_TIMEOUT_S / 2, case
         if backend == "ucx" and 4 * at_root >= STAGED_MIN_BYTES:
@@ -585,13 +594,22 @@ STRADDLE_CASES = [
     ("udp", "broadcast", (CHAIN, CHAIN, TREE), {2}),
     ("udp", "reduce", (CHAIN, TREE, TREE), {0}),
 ]
+# Cases run again with one rank entering LATE_S late (case, that rank): the chain's message
+# from rank 1 is already at rank 2 when rank 2 posts the wire for it.
+STRADDLE_LATE = [(("ucx", "broadcast", (CHAIN, CHAIN, TREE), {2}), 2)]
+
+
+def _straddle_cases() -> list[tuple[tuple[str, str, tuple[int, ...], set[int]], int | None]]:
+    return [(case, None) for case in STRADDLE_CASES] + list(STRADDLE_LATE)
 
 
 def _straddle(rank: int, ws: int) -> list[tuple[float, str | None]]:
     out = []
-    for backend, op, sizes, _ in STRADDLE_CASES:
+    for (backend, op, sizes, _), late in _straddle_cases():
         sub = dist.new_group(backend=backend, timeout=timedelta(seconds=STRADDLE_PG_TIMEOUT_S))
         t = torch.ones(sizes[rank])
+        if rank == late:
+            time.sleep(LATE_S)
         start = time.monotonic()
         try:
             if op == "broadcast":
@@ -609,7 +627,7 @@ def _straddle(rank: int, ws: int) -> list[tuple[float, str | None]]:
 def test_sizes_either_side_of_the_tree_chain_switch_fail_fast() -> None:
     _skip_unless_ours()
     res = run_world(_straddle, 3, timeout=WORLD_TIMEOUT)
-    for i, (backend, op, sizes, failing) in enumerate(STRADDLE_CASES):
+    for i, ((backend, op, sizes, failing), _) in enumerate(_straddle_cases()):
         for rank in range(3):
             elapsed, msg = res[rank][i]
             case = (backend, op, sizes, rank, elapsed, msg)

@@ -39,6 +39,10 @@ void Comm::track(const RequestPtr& request) {
                   posted_.end());
   }
   posted_.push_back(request);
+  // A tripwire that fired before this post (the other path's message was already here when
+  // the wire was posted, or arrived while earlier requests were waited for) cancelled what
+  // was pending then; a request posted after it would wait out the deadline unmatched.
+  if (!tripped_.empty() && request->pending()) request->cancel();
 }
 
 RequestPtr Comm::send(int peer, uint32_t step, const void* data, size_t bytes) {
@@ -107,6 +111,10 @@ void Comm::wait(const std::vector<RequestPtr>& requests) {
     driver_.waitAll(requests, deadline_);
   } catch (const OpFailed&) {
     // A request the tripwire cancelled: say why, not "cancelled".
+    if (!tripped_.empty()) throw OpFailed(tripped_);
+    throw;
+  } catch (const OpTimeout&) {
+    // A wire that tripped names the cause; the timeout is its consequence.
     if (!tripped_.empty()) throw OpFailed(tripped_);
     throw;
   }

@@ -36,7 +36,10 @@ struct StagedRefusal {
   uint64_t expected;  // bytes the receiver expected
 };
 // Above every step of a staged exchange's notices and credits (below kStepSpace) and of a
-// whole message (kWholeMessage + a few): a refusal is never taken for either.
+// whole message (kWholeMessage + a few): a refusal is never taken for either. It is also the
+// step of a last chunk 32767 (chunkStep: a message of 32768 chunks), but the one rank that
+// listens for a refusal, a staged broadcast's parent, gets no chunk from the child it listens
+// to.
 constexpr uint32_t kRefusedStep = kWholeMessage + kStepSpace - 1;
 
 // Sends `from` the refusal of its staged message (we expected `expected` bytes) and waits for
