@@ -511,10 +511,10 @@ BCAST_SIZE_CASES = [
     ("udp", STAGED, 10),
     ("udp", 10, STAGED),
 ]
-# Rank 1 enters LATE_S after the root in these cases: the root's notice is already there when
+# Rank 1 enters ENTER_LATE_S after the root in these cases: the root's notice is already there when
 # rank 1 posts its tripwire, which then fires as it is posted, before the receive it guards
 # (that receive waited out the timeout on both ranks until 2026-11-27).
-LATE_S = 0.5
+ENTER_LATE_S = 0.5
 BCAST_LATE = {("ucx", STAGED, 10), ("ucx", 10, STAGED), ("udp", STAGED, 10)}
 
 
@@ -525,7 +525,7 @@ def _broadcast_sizes(rank: int, ws: int) -> list[tuple[float, str | None]]:
         sub = dist.new_group(backend=backend, timeout=timedelta(seconds=BCAST_PG_TIMEOUT_S))
         t = torch.ones(at_root if rank == 0 else at_one)
         if late and rank == 1:
-            time.sleep(LATE_S)
+            time.sleep(ENTER_LATE_S)
         start = time.monotonic()
         try:
             dist.broadcast(t, src=0, group=sub)
@@ -594,7 +594,7 @@ STRADDLE_CASES = [
     ("udp", "broadcast", (CHAIN, CHAIN, TREE), {2}),
     ("udp", "reduce", (CHAIN, TREE, TREE), {0}),
 ]
-# Cases run again with one rank entering LATE_S late (case, that rank): the chain's message
+# Cases run again with one rank entering ENTER_LATE_S late (case, that rank): the chain's message
 # from rank 1 is already at rank 2 when rank 2 posts the wire for it.
 STRADDLE_LATE = [(("ucx", "broadcast", (CHAIN, CHAIN, TREE), {2}), 2)]
 
@@ -609,7 +609,7 @@ def _straddle(rank: int, ws: int) -> list[tuple[float, str | None]]:
         sub = dist.new_group(backend=backend, timeout=timedelta(seconds=STRADDLE_PG_TIMEOUT_S))
         t = torch.ones(sizes[rank])
         if rank == late:
-            time.sleep(LATE_S)
+            time.sleep(ENTER_LATE_S)
         start = time.monotonic()
         try:
             if op == "broadcast":
