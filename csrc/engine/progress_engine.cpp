@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <pthread.h>
@@ -336,8 +337,15 @@ void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
     fail(transport_->name() + " rank " + std::to_string(transport_->rank()) + ": " + during +
          " failed while giving up on a failed op's requests: " + e.what());
   };
+  // A cancel that settled its request at once (an unmatched receive: the tripwires of every
+  // large broadcast and reduce end so) needs no progress: the rounds are for those still
+  // settling.
+  const auto anyPending = [&requests] {
+    return std::any_of(requests.begin(), requests.end(),
+                       [](const RequestPtr& r) { return r->pending(); });
+  };
   try {
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 16 && anyPending(); ++i) {
       transport_->progress();
     }
   } catch (const std::exception& e) {
