@@ -123,17 +123,16 @@ def start_jobs(
 
 
 def _phase(output: str, backend: str) -> tuple[str, int | None]:
-    """``backend``'s part of a host's output, from its ranks' first BEGIN line to their last
-    END line (the whole output where a phase never began or ended), and its status: the
-    worst rank's, None when some rank did not end the phase."""
+    """``backend``'s part of a host's output: from its ranks' first BEGIN line to their last
+    END line, or to the end where some rank did not end the phase (the whole output where it
+    never began); and its status: the worst rank's, None when some rank did not end it."""
     begin = output.find(f"{PHASE_BEGIN}{backend}\n")
-    ends = list(re.finditer(re.escape(PHASE_END + backend) + r" rc=(\d+)\n", output))
-    if begin < 0 or not ends:
+    if begin < 0:
         return output, None
-    statuses = [int(m[1]) for m in ends]
-    if len(ends) != output.count(f"{PHASE_BEGIN}{backend}\n"):
+    ends = list(re.finditer(re.escape(PHASE_END + backend) + r" rc=(\d+)\n", output))
+    if not ends or len(ends) != output.count(f"{PHASE_BEGIN}{backend}\n"):
         return output[begin:], None
-    return output[begin : ends[-1].end()], max(statuses)
+    return output[begin : ends[-1].end()], max(int(m[1]) for m in ends)
 
 
 def run_job(rig: NetnsRig, backend: str, nproc: int, **job: Any) -> dict[str, str]:
