@@ -7,6 +7,12 @@ a's veth address and a port picked at run time; each rank runs every collective 
 under test and on Gloo with the same inputs (tests/multinode_worker.py) and checks both against
 a local reference. Traffic stays on the rig's veth pair.
 
+``start_jobs`` runs one job for several backends: each rank runs every backend's checks in
+turn (the worker's phases), so torch, most of a job's cost, is imported once; each backend's
+test judges its own part. Jobs that differ per backend in a setting read at import or group
+creation (an environment variable such as ``UCX_*``), or that fail on purpose, stay one per
+backend.
+
 A test file takes ``needs_rig`` as its ``pytestmark`` (skipped, with the reason, where
 namespaces cannot be created: not root, no iproute2/unshare) and imports ``rig_fixture``, the
 fixture ``rig``: one rig per file, created after removing rigs left by killed earlier runs
