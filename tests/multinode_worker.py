@@ -29,7 +29,9 @@ job spans hosts (csrc/launcher_hosts.hpp).
 imported once: most of a job's cost), each phase between ``MULTINODE_BEGIN backend=<b>`` and
 ``MULTINODE_END backend=<b> rc=<status>`` with every rank past the END line before any starts
 the next phase; the exit status is non-zero when any phase failed
-(``multinode_harness.start_jobs`` splits the output per backend).
+(``multinode_harness.start_jobs`` splits the output per phase). A phase named
+``<backend>+hide_launcher`` runs with LOCAL_WORLD_SIZE removed for its world's creation, as
+``MULTINODE_HIDE_LAUNCHER=1`` does for a whole job.
 """
 
 from __future__ import annotations
@@ -389,19 +391,26 @@ def _wait_for_every_rank_to_fail() -> None:
         print(f"multinode_worker: could not report the failure to the Store: {exc}", flush=True)
 
 
-def run_phase(backend: str, timeout: float, sizes: list[int], store: dist.Store | None) -> int:
-    """Create the world on ``backend`` (through ``store`` when given: a later phase of the same
-    job needs keys of its own), run every check, report, destroy the world; return the exit
-    status this phase alone would have had."""
+HIDE_LAUNCHER = "+hide_launcher"
+
+
+def run_phase(phase: str, timeout: float, sizes: list[int], store: dist.Store | None) -> int:
+    """Create the world on the phase's backend (through ``store`` when given: a later phase of
+    the same job needs keys of its own), run every check, report, destroy the world; return
+    the exit status this phase alone would have had."""
+    backend = phase.removesuffix(HIDE_LAUNCHER)
     _corrupt_caught.clear()
     _corrupt_missed.clear()
+    launcher_hint = os.environ.get("LOCAL_WORLD_SIZE")
+    if phase.endswith(HIDE_LAUNCHER):
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
     try:
         if store is None:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         else:
             dist.init_process_group(
                 backend,
-                store=dist.PrefixStore(f"multinode/{backend}", store),
+                store=dist.PrefixStore(f"multinode/{phase}", store),
                 rank=int(os.environ["RANK"]),
                 world_size=int(os.environ["WORLD_SIZE"]),
                 timeout=timedelta(seconds=timeout),
@@ -409,6 +418,9 @@ def run_phase(backend: str, timeout: float, sizes: list[int], store: dist.Store 
     except Exception:
         _wait_for_every_rank_to_fail()
         raise
+    finally:
+        if launcher_hint is not None:  # back for a later phase
+            os.environ["LOCAL_WORLD_SIZE"] = launcher_hint
     profile = ucxbackend.startup_profile()
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -448,11 +460,11 @@ def run_phase(backend: str, timeout: float, sizes: list[int], store: dist.Store 
     return 0
 
 
-def _phase_barrier(store: dist.Store, backend: str, timeout: float) -> None:
-    """Wait until every rank has ended ``backend``'s phase (its world destroyed, its END line
-    written), so that no line of a later phase lands inside this one's part of the output."""
+def _phase_barrier(store: dist.Store, phase: str, timeout: float) -> None:
+    """Wait until every rank has ended ``phase`` (its world destroyed, its END line written),
+    so that no line of a later phase lands inside this one's part of the output."""
     world = int(os.environ["WORLD_SIZE"])
-    key = f"multinode/phase_done/{backend}"
+    key = f"multinode/phase_done/{phase}"
     store.add(key, 1)
     deadline = time.monotonic() + timeout
     while store.add(key, 0) < world:
@@ -466,29 +478,30 @@ def main() -> int:
     parser.add_argument(
         "--backend",
         required=True,
-        help="backends, comma-separated: one phase each, in this order, in this process",
+        help="phases, comma-separated (a backend, +hide_launcher after it to hide"
+        " LOCAL_WORLD_SIZE): one after the other, in this order, in this process",
     )
     parser.add_argument("--sizes", default="1,1000,300000", help="element counts, comma-separated")
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
-    backends = args.backend.split(",")
+    phases = args.backend.split(",")
     if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
         os.environ.pop("LOCAL_WORLD_SIZE", None)
-    # One backend: the world made the plain way (env://). Several: one torch import for all
+    # One phase: the world made the plain way (env://). Several: one torch import for all
     # (the job's cost), each phase's world on keys of its own in torchrun's Store.
     store = None
-    if len(backends) > 1:
+    if len(phases) > 1:
         store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=args.timeout)))
     code = 0
-    for backend in backends:
-        print(f"{PHASE_BEGIN}{backend}", flush=True)
-        rc = run_phase(backend, args.timeout, sizes, store)
-        print(f"{PHASE_END}{backend} rc={rc}", flush=True)
+    for phase in phases:
+        print(f"{PHASE_BEGIN}{phase}", flush=True)
+        rc = run_phase(phase, args.timeout, sizes, store)
+        print(f"{PHASE_END}{phase} rc={rc}", flush=True)
         code = code or rc
         if store is not None:
-            _phase_barrier(store, backend, args.timeout)
+            _phase_barrier(store, phase, args.timeout)
     return code
 
 
