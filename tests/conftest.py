@@ -122,13 +122,15 @@ def pytest_configure(config: pytest.Config) -> None:
 # only by the sleep.
 # The three test_multinode_*.py files have since run one rig job per host layout for ucx and
 # udp where there were two (branch testtime10): alone, old and new in turn (2026-11-27
-# 15:04-15:15 UTC, load 0.5-2.8), test_multinode_collectives.py 36-45 s became 28-32,
-# test_multinode_interfaces.py 29-36 became 23-25 and test_multinode_chunks.py 16-21 became
-# 11-21; their figures here are the old ones scaled by the means (0.72, 0.77, 0.81).
+# 15:04-15:15 UTC, load 0.5-2.8), test_multinode_interfaces.py 29-36 s became 23-25 and
+# test_multinode_chunks.py 16-21 became 11-21; test_multinode_collectives.py, which also runs
+# its hidden-launcher world in the one-rank job, 53-58 s (76-80 s of CPU) became 27-33 (44-47)
+# at 15:17-15:20 UTC, load 2.5-3.8. Their figures here are the old ones scaled by the means
+# (0.58 of CPU, 0.77, 0.81).
 FILE_SECONDS = {
     "test_collectives.py": 60,
-    "test_multinode_collectives.py": 50,
     "test_udp_backend.py": 50,
+    "test_multinode_collectives.py": 40,
     "test_torch_suite.py": 40,
     "test_multinode_interfaces.py": 35,
     "test_shared_memory.py": 35,
