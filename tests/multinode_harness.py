@@ -7,6 +7,12 @@ a's veth address and a port picked at run time; each rank runs every collective 
 under test and on Gloo with the same inputs (tests/multinode_worker.py) and checks both against
 a local reference. Traffic stays on the rig's veth pair.
 
+``start_jobs`` runs one job for several backends: each rank runs every backend's checks in
+turn (the worker's phases), so torch, most of a job's cost, is imported once; each backend's
+test judges its own part. Jobs that differ per backend in a setting read at import or group
+creation (an environment variable such as ``UCX_*``), or that fail on purpose, stay one per
+backend.
+
 A test file takes ``needs_rig`` as its ``pytestmark`` (skipped, with the reason, where
 namespaces cannot be created: not root, no iproute2/unshare) and imports ``rig_fixture``, the
 fixture ``rig``: one rig per file, created after removing rigs left by killed earlier runs
@@ -22,6 +28,7 @@ from typing import Any
 
 import pytest
 from dist_harness import free_port
+from multinode_phases import PHASE_BEGIN, PHASE_END
 from rig_harness import HostResult, NetnsRig, available, fresh_rig, run_on_hosts
 
 _OK, _WHY = available()
@@ -93,6 +100,45 @@ def start_job(
         env=env,
         timeout=timeout,
     )
+
+
+BACKENDS = ("ucx", "udp")
+
+
+def start_jobs(
+    rig: NetnsRig, backends: tuple[str, ...], nproc: int, **job: Any
+) -> dict[str, dict[str, HostResult]]:
+    """One job (start_job's keywords) whose ranks run every backend's checks in turn, in one
+    process each (the worker's phases: torch imported once, not once per backend); return
+    each backend's part of it as start_job would have for that backend alone.
+
+    A backend's part is its phase's output on each host, with the phase's own exit status;
+    where the job's status is not explained by the phases' (killed at the deadline, a crash,
+    an exception outside a phase's checks) every backend gets the job's status instead."""
+    results = start_job(rig, ",".join(backends), nproc, **job)
+    split: dict[str, dict[str, HostResult]] = {b: {} for b in backends}
+    for host, res in results.items():
+        phases = {b: _phase(res.output, b) for b in backends}
+        failed = [rc for _, rc in phases.values() if rc not in (None, 0)]
+        ended = all(rc is not None for _, rc in phases.values())
+        explained = ended and ((res.rc == 0 and not failed) or (res.rc == 1 and bool(failed)))
+        for b, (text, rc) in phases.items():
+            job_rc = 1 if res.rc == 0 else res.rc  # rc 0 with a phase that never ended: failed
+            split[b][host] = HostResult(rc if explained else job_rc, text)
+    return split
+
+
+def _phase(output: str, backend: str) -> tuple[str, int | None]:
+    """``backend``'s part of a host's output: from its ranks' first BEGIN line to their last
+    END line, or to the end where some rank did not end the phase (the whole output where it
+    never began); and its status: the worst rank's, None when some rank did not end it."""
+    begin = output.find(f"{PHASE_BEGIN}{backend}\n")
+    if begin < 0:
+        return output, None
+    ends = list(re.finditer(re.escape(PHASE_END + backend) + r" rc=(\d+)\n", output))
+    if not ends or len(ends) != output.count(f"{PHASE_BEGIN}{backend}\n"):
+        return output[begin:], None
+    return output[begin : ends[-1].end()], max(int(m[1]) for m in ends)
 
 
 def run_job(rig: NetnsRig, backend: str, nproc: int, **job: Any) -> dict[str, str]:

@@ -24,6 +24,14 @@ with its reference, which must be reported as a mismatch, and then fails the ran
 every comparison can fail. ``MULTINODE_HIDE_LAUNCHER=1`` (tests only) removes torchrun's
 LOCAL_WORLD_SIZE before the world is created, so that a ucx rank cannot tell from it that the
 job spans hosts (csrc/launcher_hosts.hpp).
+
+``--backend ucx,udp`` runs all of that once per backend, in that order, in one process (torch
+imported once: most of a job's cost), each phase between ``MULTINODE_BEGIN backend=<b>`` and
+``MULTINODE_END backend=<b> rc=<status>`` with every rank past the END line before any starts
+the next phase; the exit status is non-zero when any phase failed
+(``multinode_harness.start_jobs`` splits the output per phase). A phase named
+``<backend>+hide_launcher`` runs with LOCAL_WORLD_SIZE removed for its world's creation, as
+``MULTINODE_HIDE_LAUNCHER=1`` does for a whole job.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from multinode_phases import PHASE_BEGIN, PHASE_END
 
 import ucxbackend  # registers the ucx backend, and udp when built
 
@@ -382,21 +391,36 @@ def _wait_for_every_rank_to_fail() -> None:
         print(f"multinode_worker: could not report the failure to the Store: {exc}", flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--sizes", default="1,1000,300000", help="element counts, comma-separated")
-    parser.add_argument("--timeout", type=float, default=60.0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
+HIDE_LAUNCHER = "+hide_launcher"
+
+
+def run_phase(phase: str, timeout: float, sizes: list[int], store: dist.Store | None) -> int:
+    """Create the world on the phase's backend (through ``store`` when given: a later phase of
+    the same job needs keys of its own), run every check, report, destroy the world; return
+    the exit status this phase alone would have had."""
+    backend = phase.removesuffix(HIDE_LAUNCHER)
+    _corrupt_caught.clear()
+    _corrupt_missed.clear()
+    launcher_hint = os.environ.get("LOCAL_WORLD_SIZE")
+    if phase.endswith(HIDE_LAUNCHER):
         os.environ.pop("LOCAL_WORLD_SIZE", None)
     try:
-        dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout))
+        if store is None:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        else:
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore(f"multinode/{phase}", store),
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timedelta(seconds=timeout),
+            )
     except Exception:
         _wait_for_every_rank_to_fail()
         raise
+    finally:
+        if launcher_hint is not None:  # back for a later phase
+            os.environ["LOCAL_WORLD_SIZE"] = launcher_hint
     profile = ucxbackend.startup_profile()
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -405,6 +429,7 @@ def main() -> int:
         host_staged = check_host_group(rank, sizes)
     except Mismatch as exc:
         print(f"MULTINODE_FAIL rank={rank}: {exc}", flush=True)
+        dist.destroy_process_group()  # a later phase makes a world of its own
         return 1
     if CORRUPT:  # the results were right; what matters is whether the corruption was seen
         total = len(_corrupt_caught) + len(_corrupt_missed)
@@ -414,22 +439,70 @@ def main() -> int:
             f"missed: {_corrupt_missed[:5]}",
             flush=True,
         )
+        dist.destroy_process_group()
         return 1
     staged = ucxbackend.shared_memory()
     # How many sends took the ucx send lane ("none": the group has no lane, as on one host).
     dist.barrier()  # published after each op by the progress thread: the last one's now too
     lane = ucxbackend.stats()["transport"].get("send_lane_messages", "none")
+    # Read before the world goes: the threads of this phase's groups, not of a later one's.
+    group_threads = ucxbackend.wait_stats()["group_threads_on_host"]
     dist.destroy_process_group()
     print(
         f"MULTINODE_OK rank={rank} world={world} host={socket.gethostname()} "
         f"checks={checks} local_rank={os.environ.get('LOCAL_RANK')} staged={staged} "
         f"host_group_staged={host_staged} send_lane_messages={lane} "
-        f"group_threads={ucxbackend.wait_stats()['group_threads_on_host']} "
+        f"group_threads={group_threads} "
         f"transports={','.join(profile['transports']) or 'none'} "
         f"any_host={'any_host' in profile['phases']}",
         flush=True,
     )
     return 0
+
+
+def _phase_barrier(store: dist.Store, phase: str, timeout: float) -> None:
+    """Wait until every rank has ended ``phase`` (its world destroyed, its END line written),
+    so that no line of a later phase lands inside this one's part of the output."""
+    world = int(os.environ["WORLD_SIZE"])
+    key = f"multinode/phase_done/{phase}"
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while store.add(key, 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key}: not every rank of {world} ended the phase in {timeout} s")
+        time.sleep(0.02)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--backend",
+        required=True,
+        help="phases, comma-separated (a backend, +hide_launcher after it to hide"
+        " LOCAL_WORLD_SIZE): one after the other, in this order, in this process",
+    )
+    parser.add_argument("--sizes", default="1,1000,300000", help="element counts, comma-separated")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    phases = args.backend.split(",")
+    if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+    # One phase: the world made the plain way (env://). Several: one torch import for all
+    # (the job's cost), each phase's world on keys of its own in torchrun's Store.
+    store = None
+    if len(phases) > 1:
+        store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=args.timeout)))
+    code = 0
+    for phase in phases:
+        print(f"{PHASE_BEGIN}{phase}", flush=True)
+        rc = run_phase(phase, args.timeout, sizes, store)
+        print(f"{PHASE_END}{phase} rc={rc}", flush=True)
+        code = code or rc
+        if store is not None:
+            _phase_barrier(store, phase, args.timeout)
+    return code
 
 
 if __name__ == "__main__":

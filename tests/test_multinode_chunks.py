@@ -6,49 +6,46 @@ from __future__ import annotations
 
 import pytest
 from multinode_harness import (
+    BACKENDS,
     SLOW_SIZES,
+    check_job,
     group_threads,
     lane_messages,
     needs_rig,
     rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
     run_job,
+    start_jobs,
 )
-from rig_harness import NetnsRig
+from rig_harness import HostResult, NetnsRig
 
 pytestmark = needs_rig
 
 
 @pytest.fixture(scope="module")
-def multi_chunk_jobs() -> dict[str, dict[str, str]]:
-    """Each backend's multi-chunk job's outputs, once run: the ucx one is also the job whose
-    send-lane counters test_ucx_send_lane_carries_every_collective_across_hosts reads (the
-    same job, default settings: run once for both)."""
-    return {}
-
-
-def _multi_chunk_job(
-    rig: NetnsRig, jobs: dict[str, dict[str, str]], backend: str
-) -> dict[str, str]:
-    if backend not in jobs:  # run_job raises on a failed job: a later test runs it again
-        jobs[backend] = run_job(rig, backend, 1, sizes=SLOW_SIZES, timeout=150)
-    return jobs[backend]
+def multi_chunk_jobs(rig: NetnsRig) -> dict[str, dict[str, HostResult]]:
+    """The multi-chunk job, once run, both backends' checks in the same ranks one after the
+    other (multinode_harness.start_jobs: one torch import, not one per backend), each
+    backend's part judged by its own test; the ucx part is also the one whose send-lane
+    counters test_ucx_send_lane_carries_every_collective_across_hosts reads (default
+    settings: the same run serves both)."""
+    return start_jobs(rig, BACKENDS, 1, sizes=SLOW_SIZES, timeout=240)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_one_rank_per_host_multi_chunk(
-    rig: NetnsRig, multi_chunk_jobs: dict[str, dict[str, str]], backend: str
+    rig: NetnsRig, multi_chunk_jobs: dict[str, dict[str, HostResult]], backend: str
 ) -> None:
-    _multi_chunk_job(rig, multi_chunk_jobs, backend)
+    check_job(rig, backend, 1, multi_chunk_jobs[backend])
 
 
 @pytest.mark.slow
 def test_ucx_send_lane_carries_every_collective_across_hosts(
-    rig: NetnsRig, multi_chunk_jobs: dict[str, dict[str, str]]
+    rig: NetnsRig, multi_chunk_jobs: dict[str, dict[str, HostResult]]
 ) -> None:
     """send_lane=auto (the default) between hosts over TCP: large sends take the lane (the
     counters say so on both hosts) and every collective still matches numpy and Gloo."""
-    out = _multi_chunk_job(rig, multi_chunk_jobs, "ucx")
+    out = check_job(rig, "ucx", 1, multi_chunk_jobs["ucx"])
     for host in ("a", "b"):
         counts = lane_messages(out[host])
         assert len(counts) == 1 and counts[0] != "none" and int(counts[0]) > 0, (host, counts)

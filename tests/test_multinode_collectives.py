@@ -8,47 +8,71 @@ import re
 
 import pytest
 from multinode_harness import (
+    BACKENDS,
     SLOW_SIZES,
     any_host_rounds,
     check_job,
     needs_rig,
     rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
-    run_job,
     start_job,
+    start_jobs,
 )
-from rig_harness import NetnsRig
+from rig_harness import HostResult, NetnsRig
 
 pytestmark = needs_rig
 
+# Each host layout's job runs both backends' checks, one after the other in the same ranks
+# (multinode_harness.start_jobs): torch is imported once per layout, not once per backend,
+# and each backend's test still judges its own part of the job.
 
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
-def test_one_rank_per_host(rig: NetnsRig, backend: str) -> None:
-    out = run_job(rig, backend, 1)
+
+# The ucx world of test_spanning_group_without_launcher_hint: LOCAL_WORLD_SIZE hidden.
+HIDDEN = "ucx+hide_launcher"
+
+
+@pytest.fixture(scope="module")
+def one_rank_jobs(rig: NetnsRig) -> dict[str, dict[str, HostResult]]:
+    # The hidden phase last: the phases before it run with torchrun's environment intact.
+    return start_jobs(rig, (*BACKENDS, HIDDEN), 1, timeout=200)
+
+
+@pytest.fixture(scope="module")
+def two_rank_jobs(rig: NetnsRig) -> dict[str, dict[str, HostResult]]:
+    # UCX_PROTO_INFO: read by UCX alone, so the udp phase runs as it would without it.
+    return start_jobs(
+        rig, BACKENDS, 2, sizes=SLOW_SIZES, timeout=240, extra_env={"UCX_PROTO_INFO": "y"}
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_rank_per_host(
+    rig: NetnsRig, one_rank_jobs: dict[str, dict[str, HostResult]], backend: str
+) -> None:
+    out = check_job(rig, backend, 1, one_rank_jobs[backend])
     if backend == "ucx":
         # torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE: no one-host guess, no second round
         assert [any_host_rounds(out[h]) for h in ("a", "b")] == [["False"], ["False"]], out
 
 
-def test_spanning_group_without_launcher_hint(rig: NetnsRig) -> None:
+def test_spanning_group_without_launcher_hint(
+    rig: NetnsRig, one_rank_jobs: dict[str, dict[str, HostResult]]
+) -> None:
     """Without torchrun's LOCAL_WORLD_SIZE each ucx rank guesses that the world shares its
     host and leaves TCP out; the addresses name two hosts, so every rank makes a worker with
     TCP and exchanges again (the any_host phase), and every collective still matches Gloo and
-    the reference (check_job also asserts that TCP is in the world's transports)."""
-    out = run_job(rig, "ucx", 1, extra_env={"MULTINODE_HIDE_LAUNCHER": "1"})
+    the reference (check_job also asserts that TCP is in the world's transports). The last
+    phase of the one-rank-per-host job: a world created after the others were destroyed, so
+    the any_host round asserted here is its own."""
+    out = check_job(rig, "ucx", 1, one_rank_jobs[HIDDEN])
     assert [any_host_rounds(out[h]) for h in ("a", "b")] == [["True"], ["True"]], out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
-def test_two_ranks_per_host(rig: NetnsRig, backend: str) -> None:
-    out = run_job(
-        rig,
-        backend,
-        2,
-        sizes=SLOW_SIZES,
-        timeout=150,
-        extra_env={"UCX_PROTO_INFO": "y"} if backend == "ucx" else None,
-    )
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_per_host(
+    rig: NetnsRig, two_rank_jobs: dict[str, dict[str, HostResult]], backend: str
+) -> None:
+    out = check_job(rig, backend, 2, two_rank_jobs[backend])
     if backend == "ucx":
         # shared memory within a host, TCP on the veth across hosts
         for host in ("a", "b"):

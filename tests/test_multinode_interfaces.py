@@ -9,12 +9,15 @@ import re
 
 import pytest
 from multinode_harness import (
+    BACKENDS,
+    check_job,
     needs_rig,
     rig_fixture,  # noqa: F401  (the fixture rig: this file's rig)
     run_job,
     start_job,
+    start_jobs,
 )
-from rig_harness import NetnsRig
+from rig_harness import HostResult, NetnsRig
 
 pytestmark = needs_rig
 
@@ -29,17 +32,25 @@ def test_ucx_without_net_devices_uses_tcp_on_the_veth(rig: NetnsRig) -> None:
         assert lanes == {f"tcp/{rig.ifname(host)}"}, f"host {host}: tcp lanes {lanes}"  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", ["ucx", "udp"])
-def test_ifname_selects_the_veth(rig: NetnsRig, backend: str) -> None:
-    """UCXBACKEND_IFNAME alone (a prefix both veth ends share; no UCX_NET_DEVICES) puts the
-    traffic between hosts on the veth: UCX gets UCX_NET_DEVICES from it, udp binds its address."""
+@pytest.fixture(scope="module")
+def ifname_prefix_jobs(rig: NetnsRig) -> dict[str, dict[str, HostResult]]:
+    """The job of test_ifname_selects_the_veth, both backends' checks in the same ranks one
+    after the other (multinode_harness.start_jobs: one torch import, not one per backend).
+    UCX_PROTO_INFO is read by UCX alone, so the udp phase runs as it would without it."""
     a, b = rig.ifname("a"), rig.ifname("b")  # type: ignore[arg-type]
     prefix = a[:-1]  # ucxb<pid>a / ucxb<pid>b
     assert b.startswith(prefix), (a, b)
-    extra = {"UCXBACKEND_IFNAME": prefix, "UCXBACKEND_LOG_LEVEL": "INFO"}
-    if backend == "ucx":
-        extra["UCX_PROTO_INFO"] = "y"
-    out = run_job(rig, backend, 1, net_devices=False, extra_env=extra)
+    extra = {"UCXBACKEND_IFNAME": prefix, "UCXBACKEND_LOG_LEVEL": "INFO", "UCX_PROTO_INFO": "y"}
+    return start_jobs(rig, BACKENDS, 1, net_devices=False, extra_env=extra, timeout=150)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ifname_selects_the_veth(
+    rig: NetnsRig, ifname_prefix_jobs: dict[str, dict[str, HostResult]], backend: str
+) -> None:
+    """UCXBACKEND_IFNAME alone (a prefix both veth ends share; no UCX_NET_DEVICES) puts the
+    traffic between hosts on the veth: UCX gets UCX_NET_DEVICES from it, udp binds its address."""
+    out = check_job(rig, backend, 1, ifname_prefix_jobs[backend])
     for host in ("a", "b"):
         name = rig.ifname(host)  # type: ignore[arg-type]
         assert f"network interface {name}" in out[host], out[host][-2000:]
