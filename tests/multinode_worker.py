@@ -21,17 +21,16 @@ when everything matched, and exits non-zero (with the mismatch) otherwise.
 ``MULTINODE_CORRUPT=1`` (tests only) also compares a corrupted copy of every non-empty result
 with its reference, which must be reported as a mismatch, and then fails the rank with
 ``corrupted results caught: <k> of <n>`` and the kinds of check they came from, to show that
-every comparison can fail. ``MULTINODE_HIDE_LAUNCHER=1`` (tests only) removes torchrun's
-LOCAL_WORLD_SIZE before the world is created, so that a ucx rank cannot tell from it that the
-job spans hosts (csrc/launcher_hosts.hpp).
+every comparison can fail.
 
 ``--backend ucx,udp`` runs all of that once per backend, in that order, in one process (torch
 imported once: most of a job's cost), each phase between ``MULTINODE_BEGIN backend=<b>`` and
 ``MULTINODE_END backend=<b> rc=<status>`` with every rank past the END line before any starts
 the next phase; the exit status is non-zero when any phase failed
 (``multinode_harness.start_jobs`` splits the output per phase). A phase named
-``<backend>+hide_launcher`` runs with LOCAL_WORLD_SIZE removed for its world's creation, as
-``MULTINODE_HIDE_LAUNCHER=1`` does for a whole job.
+``<backend>+hide_launcher`` runs with torchrun's LOCAL_WORLD_SIZE removed for its world's
+creation, so that a ucx rank cannot tell from it that the job spans hosts
+(csrc/launcher_hosts.hpp).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ import ucxbackend  # registers the ucx backend, and udp when built
 
 # Test-only: every comparison must also reject a corrupted copy of the result.
 CORRUPT = os.environ.get("MULTINODE_CORRUPT") == "1"
-# Read before MULTINODE_HIDE_LAUNCHER can remove it.
+# Read before a +hide_launcher phase removes it.
 LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 _corrupt_caught: list[str] = []  # the kind of check of each corrupted copy that was rejected
 _corrupt_missed: list[str] = []  # the names of those that were not
@@ -487,8 +486,6 @@ def main() -> int:
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     phases = args.backend.split(",")
-    if os.environ.get("MULTINODE_HIDE_LAUNCHER") == "1":
-        os.environ.pop("LOCAL_WORLD_SIZE", None)
     # One phase: the world made the plain way (env://). Several: one torch import for all
     # (the job's cost), each phase's world on keys of its own in torchrun's Store.
     store = None
