@@ -518,22 +518,38 @@ ENTER_LATE_S = 0.5
 BCAST_LATE = {("ucx", STAGED, 10), ("ucx", 10, STAGED), ("udp", STAGED, 10)}
 
 
+def _timed_case(
+    backend: str, timeout_s: float, late: bool, call: Any
+) -> tuple[float, str | None]:
+    """Runs `call(group)` on a new group of `backend`, this rank entering ENTER_LATE_S late if
+    `late`: (seconds the call took, its error or None). Every rank leaves together."""
+    sub = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    if late:
+        time.sleep(ENTER_LATE_S)
+    start = time.monotonic()
+    try:
+        call(sub)
+        result: tuple[float, str | None] = (time.monotonic() - start, None)
+    except RuntimeError as exc:
+        result = (time.monotonic() - start, str(exc))
+    dist.barrier()  # on the default group: the next case starts on every rank alike
+    dist.destroy_process_group(sub)
+    return result
+
+
 def _broadcast_sizes(rank: int, ws: int) -> list[tuple[float, str | None]]:
     out = []
     cases = [(case, False) for case in BCAST_SIZE_CASES] + [(c, True) for c in sorted(BCAST_LATE)]
     for (backend, at_root, at_one), late in cases:
-        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=BCAST_PG_TIMEOUT_S))
         t = torch.ones(at_root if rank == 0 else at_one)
-        if late and rank == 1:
-            time.sleep(ENTER_LATE_S)
-        start = time.monotonic()
-        try:
-            dist.broadcast(t, src=0, group=sub)
-            out.append((time.monotonic() - start, None))
-        except RuntimeError as exc:
-            out.append((time.monotonic() - start, str(exc)))
-        dist.barrier()  # on the default group: the next case starts on both ranks alike
-        dist.destroy_process_group(sub)
+        out.append(
+            _timed_case(
+                backend,
+                BCAST_PG_TIMEOUT_S,
+                late and rank == 1,
+                lambda sub, t=t: dist.broadcast(t, src=0, group=sub),
+            )
+        )
     return out
 
 
@@ -606,21 +622,15 @@ def _straddle_cases() -> list[tuple[tuple[str, str, tuple[int, ...], set[int]], 
 def _straddle(rank: int, ws: int) -> list[tuple[float, str | None]]:
     out = []
     for (backend, op, sizes, _), late in _straddle_cases():
-        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=STRADDLE_PG_TIMEOUT_S))
         t = torch.ones(sizes[rank])
-        if rank == late:
-            time.sleep(ENTER_LATE_S)
-        start = time.monotonic()
-        try:
+
+        def call(sub: Any, t: torch.Tensor = t, op: str = op) -> None:
             if op == "broadcast":
                 dist.broadcast(t, src=0, group=sub)
             else:
                 dist.reduce(t, dst=0, group=sub)
-            out.append((time.monotonic() - start, None))
-        except RuntimeError as exc:
-            out.append((time.monotonic() - start, str(exc)))
-        dist.barrier()  # on the default group: the next case starts on every rank alike
-        dist.destroy_process_group(sub)
+
+        out.append(_timed_case(backend, STRADDLE_PG_TIMEOUT_S, rank == late, call))
     return out
 
 
