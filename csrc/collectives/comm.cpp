@@ -129,8 +129,7 @@ RequestPtr Comm::tripwire(int peer, uint32_t step, void* data, size_t bytes,
   // Runs on the owner thread during progress(); the Comm outlives the request's wait
   // (its destructor abandons what is pending, and a cancelled wire trips nothing).
   wire->onComplete([this, self, why = std::move(why)](Request& r) {
-    const bool arrived = !r.failed() || r.truncated();
-    if (!arrived || !tripped_.empty()) return;
+    if (!caught(r) || !tripped_.empty()) return;
     tripped_ = why(r);
     trippedBy_ = r.peer();
     for (const auto& other : posted_) {

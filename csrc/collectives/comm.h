@@ -77,6 +77,11 @@ class Comm {
   // `why(request)` instead. Abandon it once the receive it guards has completed.
   RequestPtr tripwire(int peer, uint32_t step, void* data, size_t bytes,
                       std::function<std::string(const Request&)> why);
+  // Whether `wire` (a tripwire) caught a message, whole or truncated, rather than ending
+  // cancelled or still pending.
+  static bool caught(const Request& wire) {
+    return !wire.pending() && (!wire.failed() || wire.truncated());
+  }
   // The peer of the tripwire of this Comm that caught a message, or -1.
   int trippedBy() const { return trippedBy_; }
   // Clears that failure, so that the op can go on with its other peers (an algorithm whose

@@ -31,11 +31,6 @@ uint32_t parentLevel(int vr) {
   return static_cast<uint32_t>(std::countr_zero(static_cast<unsigned>(vr)));
 }
 
-// Whether a tripwire caught a message (whole or truncated), not merely ended cancelled.
-bool arrived(const RequestPtr& wire) {
-  return wire && !wire->pending() && (!wire->failed() || wire->truncated());
-}
-
 // Whether a rank of `op` whose message is `bytes` long listens for the other algorithm's
 // first message (selection.h, kOtherAlgorithmWireMin). Not for device memory: a transport
 // that does not carry it would stage each wire's receive through a pinned host buffer.
@@ -91,7 +86,7 @@ void receiveFromParent(Comm& c, int parent, uint8_t* data, size_t bytes,
     // The parent staged its message (its notice tripped the wire) and waits for our
     // credits: tell it now, or it waits out the timeout. (A staged receive refuses in
     // stagedExchange; a parent that sent whole waits for nothing.)
-    if (arrived(noticeWire)) refuseStaged(c, parent, bytes);
+    if (noticeWire && Comm::caught(*noticeWire)) refuseStaged(c, parent, bytes);
     throw;
   }
   if (!wires.empty()) c.abandon(wires);  // (abandon() progresses the transport)
@@ -231,7 +226,7 @@ void chainBroadcast(Comm& c, uint8_t* data, size_t bytes, int root) {
     recvs.insert(recvs.end(), wires.begin(), wires.end());
     c.abandon(recvs);
     // The tree parent staged its message and waits for our credits (receiveFromParent).
-    if (arrived(noticeWire)) refuseStaged(c, parent, bytes);
+    if (noticeWire && Comm::caught(*noticeWire)) refuseStaged(c, parent, bytes);
     throw;
   }
   if (!wires.empty()) c.abandon(wires);  // (abandon() progresses the transport)

@@ -492,10 +492,11 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   // any-source receive may come from every other rank, so it watches them all.
   if (peer >= 0) {
     endpoint(*peers_.at(peer), false);
-  } else {
+  } else if (!everyPeerWatched_) {  // once: an endpoint, once made, stays (or fails)
     for (auto& slot : peers_) {
       if (slot->peer != rank_) endpoint(*slot, false);
     }
+    everyPeerWatched_ = true;
   }
   auto req = track(false, peer, bytes);
   ucp_request_param_t param{};

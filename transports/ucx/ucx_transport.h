@@ -143,6 +143,8 @@ class UcxTransport final : public Transport {
   int eventFd_ = -1;
   std::vector<std::unique_ptr<PeerSlot>> peers_;
   bool peerFailed_ = false;  // set in UCX's error callback, handled in progress()
+  // An any-source receive has made an endpoint to every peer (postRecv): later ones need not.
+  bool everyPeerWatched_ = false;
   // Set while the transport is being destroyed: what cancelled requests report.
   std::string closing_;
   // Whether this UCX reports the length of an immediately completed tagged receive.
