@@ -352,11 +352,18 @@ def test_a_finished_op_keeps_no_reference_to_its_output() -> None:
 
 
 def _resize_while_pending(rank: int, ws: int) -> dict[str, Any]:
-    """Rank 0 grows the tensors of pending ops with resize_() while rank 1 is a second late:
-    of a running all_reduce (handed over by the caller's thread: 256 elements; on the
-    progress thread: 1 Mi), of an irecv, and of an all_reduce queued behind a running one.
-    Once an op is done, resize_ works again."""
+    """Rank 0 grows the tensors of pending ops with resize_() while rank 1 holds back until
+    rank 0 says it has tried (a Store key, not a sleep): of a running all_reduce (handed over
+    by the caller's thread: 256 elements; on the progress thread: 1 Mi), of an irecv, and of
+    an all_reduce queued behind a running one. Once an op is done, resize_ works again."""
     out: dict[str, Any] = {}
+    store = dist.PrefixStore("resize/", dist.distributed_c10d._get_default_store())
+
+    def resized(key: str) -> None:  # rank 0: the resize_ was tried; rank 1 may go on
+        store.set(key, "1")
+
+    def after_resize(key: str) -> None:  # rank 1
+        store.wait([key], timedelta(seconds=30))
 
     def resize(key: str, t: torch.Tensor) -> None:
         try:
@@ -366,11 +373,13 @@ def _resize_while_pending(rank: int, ws: int) -> dict[str, Any]:
             out[key] = str(exc)
 
     for backend in ("ucx", "udp"):
-        group = dist.new_group(backend=backend, timeout=timedelta(seconds=5))
+        # Rank 1's op matching the queued one waits out this timeout: rank 0's fails at its
+        # start and sends nothing. No op here waits on a peer for more than rank 0's 0.3 s.
+        group = dist.new_group(backend=backend, timeout=timedelta(seconds=2))
         dist.barrier(group=group)
         for n in (256, 1 << 20):
             if rank == 1:
-                time.sleep(1.0)
+                after_resize(f"{backend}/{n}")
             t = torch.full((n,), float(rank + 1))
             # A view of its own: a resize_ that raised leaves t's sizes at the new ones over
             # the old storage (torch's behaviour for any storage that is not resizable).
@@ -379,6 +388,7 @@ def _resize_while_pending(rank: int, ws: int) -> dict[str, Any]:
             if rank == 0:
                 time.sleep(0.3)  # the op runs, waiting for rank 1
                 resize(f"{backend}/{n}", t)
+                resized(f"{backend}/{n}")
             work.wait()
             out[f"{backend}/{n}/result"] = (view.numel(), view[0].item(), view[-1].item())
             t.resize_(4 * n)  # the op is done: the storage is the caller's again
@@ -388,21 +398,23 @@ def _resize_while_pending(rank: int, ws: int) -> dict[str, Any]:
             work = dist.irecv(got, src=1, group=group)
             time.sleep(0.3)
             resize(f"{backend}/irecv", got)
+            resized(f"{backend}/irecv")
             work.wait()
             out[f"{backend}/irecv/result"] = (view.numel(), view[0].item(), view[-1].item())
             got.resize_(1 << 22)
         else:
-            time.sleep(1.0)
+            after_resize(f"{backend}/irecv")
             dist.send(torch.full((1 << 20,), 5.0), dst=0, group=group)
         # Queued behind a running op: it must not start on sizes its memory does not hold.
         if rank == 1:
-            time.sleep(1.0)
+            after_resize(f"{backend}/queued")
         running = dist.all_reduce(torch.ones(1 << 20), group=group, async_op=True)
         queued = torch.ones(1 << 20)
         work = dist.all_reduce(queued, group=group, async_op=True)
         if rank == 0:
             time.sleep(0.3)
             resize(f"{backend}/queued", queued)
+            resized(f"{backend}/queued")
         running.wait()
         try:
             work.wait()
