@@ -83,9 +83,9 @@ def _short_group(**env: str) -> Any:
 
 
 def _fold_world(rank: int, ws: int) -> dict[str, Any]:
-    """Every check of this file in one world: its ranks set UCX_TLS before UCX is loaded, so
-    they are spawned, and each spawned rank imports torch (seconds of CPU); a world per check
-    spawned sixteen. Each check has a group or an op of its own, one after another."""
+    """Every check of this file in one world, each in a group or an op of its own, one after
+    another: starting a world costs more than these checks (a world per check, spawned while
+    UCX_TLS was taken for an import-time variable, cost sixteen torch imports)."""
     out: dict[str, Any] = {}
     for dtype, op in EXACT_CASES:
         out[f"exact-{dtype}-{op}"] = _reduced(rank, dtype, op)
