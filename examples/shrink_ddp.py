@@ -4,11 +4,14 @@
     OMP_NUM_THREADS=1 python examples/shrink_ddp.py --backend ucx --world-size 2
 
 The script starts its own ranks (torchrun would end the whole job when one dies) over a
-FileStore, which outlives any rank. Training is full-batch gradient descent in float64: each
-rank holds an equal share of the whole data set and DDP sums the gradients of the per-rank
-losses, each weighted by its share. The update is then the same whatever the world size, so a
-run that loses a rank and re-shares the data among the survivors must end with the loss of a
-run that had the survivors' world size from the start (up to rounding).
+FileStore, which outlives any rank. They are forked from a fork server that imports torch,
+torch._dynamo (DDP's constructor imports it) and ucxbackend once, before any of them exists:
+each would otherwise spend 3-4 s of CPU importing them itself. Training is full-batch
+gradient descent in float64: each rank holds an equal share of the whole data set and DDP
+sums the gradients of the per-rank losses, each weighted by its share. The update is then
+the same whatever the world size, so a run that loses a rank and re-shares the data among
+the survivors must end with the loss of a run that had the survivors' world size from the
+start (up to rounding).
 
 With --kill-rank, that rank SIGKILLs itself before its backward at --kill-step. The
 survivors' backward fails (the peer is gone, or the op times out), they call
@@ -36,6 +39,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 SAMPLES = 240
+# What every rank imports before its first step, imported once in the fork server.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ucxbackend"]
 LR = 0.1  # plain SGD step size; tests/test_split_shrink.py replays the run with it
 
 
@@ -58,8 +63,7 @@ def share(x: torch.Tensor, rank: int, size: int) -> torch.Tensor:
 
 
 def rank_main(rank: int, args: Any, store_path: str, results: Any) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import ucxbackend  # registers ucx and udp
+    import ucxbackend  # registers ucx and udp (imported already, in the fork server)
 
     store = dist.FileStore(store_path, args.world_size)
     dist.init_process_group(
@@ -115,7 +119,10 @@ def main() -> int:
     args = p.parse_args()
     if args.kill_rank == 0:
         p.error("--kill-rank 0 would take the reporting rank; pick another")
-    ctx = mp.get_context("spawn")
+    # Before the fork server starts, so that it and the ranks forked from it see it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [

@@ -62,8 +62,12 @@ IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "UCX_", "UCXBACKEND_LOG_LEVEL", "OMP_",
 # Variables under those prefixes that are read on first use, not at import: a forked rank that
 # has them before its first group sees them as a real job does. TORCH_FR_BUFFER_SIZE sizes
 # torch's Flight Recorder and ours (csrc/flight_recorder.cpp), each built at its first use;
-# tests/test_flight_recorder.py fails if either was built without it.
-FIRST_USE_ENV = ("TORCH_FR_BUFFER_SIZE",)
+# tests/test_flight_recorder.py fails if either was built without it. UCX_TLS is read when a
+# group makes its UCX context (transports/ucx/ucx_context.cpp, and UCX's ucp_config_read
+# there), not when libucs loads; tests/test_fold_receive.py (no folded receive without
+# tcp,self) and tests/test_shared_memory.py (staging on without ^sm) fail if a rank's context
+# was made without it.
+FIRST_USE_ENV = ("TORCH_FR_BUFFER_SIZE", "UCX_TLS")
 
 _forkserver_env: dict[str, str] | None = None  # the import-time variables the server started with
 

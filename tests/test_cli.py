@@ -6,6 +6,7 @@ the real extension and skip with a reason when ``ucxbackend._C`` is not built.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -45,6 +46,13 @@ def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         text=True,
         timeout=180,
     )
+
+
+@functools.cache
+def default_info_json() -> subprocess.CompletedProcess[str]:
+    """``python -m ucxbackend info --json`` in the plain environment, run once for the tests
+    that read it (each such run costs a torch import)."""
+    return run_module("info", "--json")
 
 
 def run_main(*args: str) -> tuple[int, str, str]:
@@ -317,7 +325,7 @@ def test_info_subprocess() -> None:
 
 @needs_native
 def test_info_json_subprocess() -> None:
-    proc = run_module("info", "--json")
+    proc = default_info_json()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads(proc.stdout)
     facts = _native_facts()
@@ -363,7 +371,7 @@ def test_info_shows_the_ucx_settings_the_backend_chooses() -> None:
     UCX before 1.22 cannot take the segment sizes from the backend."""
 
     def defaults(**env: str) -> dict[str, bool]:
-        proc = run_module("info", "--json", env=_env(**env))
+        proc = run_module("info", "--json", env=_env(**env)) if env else default_info_json()
         assert proc.returncode == 0, proc.stdout + proc.stderr
         rows = json.loads(proc.stdout)["ucx"]["defaults"]
         return {row["variable"]: row["applied"] for row in rows}

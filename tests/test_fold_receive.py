@@ -16,8 +16,11 @@ an address not aligned to the element, and no kernel may be handed such an eleme
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from datetime import timedelta
+from typing import Any
 
 import cpp_build
 import numpy as np
@@ -50,26 +53,58 @@ def _rank_values(rank: int, dtype: torch.dtype, count: int = COUNT) -> torch.Ten
 
 
 def _reduced(
-    rank: int, ws: int, dtype: torch.dtype, op: str, count: int = COUNT
-) -> dict[str, object]:
+    rank: int, dtype: torch.dtype, op: str, count: int = COUNT, group: Any = None
+) -> bytes:
     t = _rank_values(rank, dtype, count)
-    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
-    return {"bytes": t.numpy().tobytes()}
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+    return t.numpy().tobytes()
 
 
-@pytest.mark.parametrize(
-    ("dtype", "op"),
-    [
-        (torch.int64, "SUM"),
-        (torch.int64, "MAX"),
-        (torch.int16, "PRODUCT"),
-        (torch.float64, "SUM"),
-        (torch.float32, "MIN"),
-    ],
-)
-def test_folded_all_reduce_matches_numpy(dtype: torch.dtype, op: str) -> None:
+EXACT_CASES = [
+    (torch.int64, "SUM"),
+    (torch.int64, "MAX"),
+    (torch.int16, "PRODUCT"),
+    (torch.float64, "SUM"),
+    (torch.float32, "MIN"),
+]
+# The timeout of the groups whose ops are meant to fail: a hang shows as a timeout this soon.
+FAILING_PG_TIMEOUT = 5.0
+
+
+def _short_group(**env: str) -> Any:
+    """A new group on every rank with FAILING_PG_TIMEOUT, created with ``env`` set (test hooks
+    are read once per group, at its creation)."""
+    os.environ.update(env)
+    try:
+        return dist.new_group(timeout=timedelta(seconds=FAILING_PG_TIMEOUT))
+    finally:
+        for name in env:
+            del os.environ[name]
+
+
+def _fold_world(rank: int, ws: int) -> dict[str, Any]:
+    """Every check of this file in one world, each in a group or an op of its own, one after
+    another: starting a world costs more than these checks (a world per check, spawned while
+    UCX_TLS was taken for an import-time variable, cost sixteen torch imports)."""
+    out: dict[str, Any] = {}
+    for dtype, op in EXACT_CASES:
+        out[f"exact-{dtype}-{op}"] = _reduced(rank, dtype, op)
+    out["streamed"] = _reduced(rank, torch.int64, "SUM", STREAMED_COUNT)
+    out["mismatched"] = _mismatched(rank, _short_group())
+    out["fault"] = _fault_injected(rank, _short_group(UCXBACKEND_TEST_FAULT_INJECTION="1"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fold_world() -> list[dict[str, Any]]:
     skip_unless_ucx("folding receives are the ucx transport's")
-    results = run_world(_reduced, 2, args=(dtype, op), env=ENV, timeout=180)
+    return run_world(_fold_world, 2, env=ENV, timeout=240)
+
+
+@pytest.mark.parametrize(("dtype", "op"), EXACT_CASES)
+def test_folded_all_reduce_matches_numpy(
+    dtype: torch.dtype, op: str, fold_world: list[dict[str, Any]]
+) -> None:
     a, b = (_rank_values(r, dtype).numpy() for r in range(2))
     if op == "SUM" and dtype.is_floating_point:
         want = a + b  # one addition per element: the same bits whatever the order
@@ -77,43 +112,38 @@ def test_folded_all_reduce_matches_numpy(dtype: torch.dtype, op: str) -> None:
         want = {"SUM": np.add, "MAX": np.maximum, "MIN": np.minimum, "PRODUCT": np.multiply}[op](
             a, b
         )
-    for rank, got in enumerate(results):
-        assert got["bytes"] == want.astype(a.dtype).tobytes(), (rank, dtype, op)
+    for rank, out in enumerate(fold_world):
+        assert out[f"exact-{dtype}-{op}"] == want.astype(a.dtype).tobytes(), (rank, dtype, op)
 
 
-def test_streamed_all_gather_matches_numpy() -> None:
+def test_streamed_all_gather_matches_numpy(fold_world: list[dict[str, Any]]) -> None:
     """The all-gather half of a 2-rank all_reduce, received into place piece by piece with
     non-temporal stores: every byte of both blocks, ragged ends included."""
-    skip_unless_ucx("streamed receives ride on the ucx transport's folding receives")
-    results = run_world(
-        _reduced, 2, args=(torch.int64, "SUM", STREAMED_COUNT), env=ENV, timeout=180
-    )
     want = sum(_rank_values(r, torch.int64, STREAMED_COUNT).numpy() for r in range(2))
-    for rank, got in enumerate(results):
-        assert got["bytes"] == want.tobytes(), rank
+    for rank, out in enumerate(fold_world):
+        assert out["streamed"] == want.tobytes(), rank
 
 
-def _mismatched(rank: int, ws: int) -> tuple[float, str | None]:
+def _mismatched(rank: int, group: Any) -> tuple[float, str | None]:
     t = torch.ones(COUNT + (0 if rank == 0 else 4096), dtype=torch.int64)
-    return timed_failure(lambda: dist.all_reduce(t))
+    return timed_failure(lambda: dist.all_reduce(t, group=group))
 
 
-def test_folded_sizes_that_differ_fail() -> None:
-    skip_unless_ucx("folding receives are the ucx transport's")
-    pg_timeout = 5.0
-    res = run_world(_mismatched, 2, env=ENV, pg_timeout=pg_timeout, timeout=120)
+def test_folded_sizes_that_differ_fail(fold_world: list[dict[str, Any]]) -> None:
+    res = [out["mismatched"] for out in fold_world]
     messages = [msg for _, msg in res]
     assert all(msg is not None for msg in messages), messages
     for rank, (elapsed, msg) in enumerate(res):
-        assert elapsed < pg_timeout + 10, (rank, elapsed, msg)
+        assert elapsed < FAILING_PG_TIMEOUT + 10, (rank, elapsed, msg)
 
 
-def _fault_injected(rank: int, ws: int) -> dict[str, object]:
+def _fault_injected(rank: int, group: Any) -> dict[str, object]:
     from ucxbackend import _C
 
-    native = dist.group.WORLD._get_backend(torch.device("cpu"))
+    native = group._get_backend(torch.device("cpu"))
+    store = dist.distributed_c10d._get_default_store()
     t = _rank_values(rank, torch.int64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     out: dict[str, object] = {
         "bytes": t.numpy().tobytes(),
         "folds": _C._transport_fault_counts(native)["folded_receives"],
@@ -121,21 +151,23 @@ def _fault_injected(rank: int, ws: int) -> dict[str, object]:
     pending = _rank_values(rank, torch.int64)
     if rank == 0:
         # Posted (folding receives included) while rank 1 is away; then progress() throws.
-        work = dist.all_reduce(pending, async_op=True)
+        work = dist.all_reduce(pending, group=group, async_op=True)
         time.sleep(0.5)
         _C._inject_transport_fault(native, "progress")
         out["fault"] = timed_failure(work.wait)
+        # Rank 1's op then finds this end of the group gone.
+        dist.destroy_process_group(group)
+        store.set("fold_fault_group_gone", "1")
     else:
-        time.sleep(2.0)
-        out["fault"] = timed_failure(lambda: dist.all_reduce(pending))
+        store.wait(["fold_fault_group_gone"])
+        out["fault"] = timed_failure(lambda: dist.all_reduce(pending, group=group))
     return out
 
 
-def test_fault_injected_group_folds_and_reports_faults() -> None:
-    skip_unless_ucx("folding receives are the ucx transport's")
-    env = {**ENV, "UCXBACKEND_TEST_FAULT_INJECTION": "1"}
-    pg_timeout = 5.0
-    res = run_world(_fault_injected, 2, env=env, pg_timeout=pg_timeout, timeout=180)
+def test_fault_injected_group_folds_and_reports_faults(
+    fold_world: list[dict[str, Any]],
+) -> None:
+    res = [out["fault"] for out in fold_world]
     want = (_rank_values(0, torch.int64) + _rank_values(1, torch.int64)).numpy().tobytes()
     for rank, out in enumerate(res):
         assert out["bytes"] == want, rank
@@ -143,8 +175,8 @@ def test_fault_injected_group_folds_and_reports_faults() -> None:
     elapsed, msg = res[0]["fault"]
     assert msg is not None, "the op survived an injected transport fault"
     assert "injected transport fault" in msg and "allreduce" in msg and "rank 0 of 2" in msg, msg
-    assert elapsed < pg_timeout, (elapsed, msg)
-    assert res[1]["fault"][0] < pg_timeout + 10, res[1]["fault"]
+    assert elapsed < FAILING_PG_TIMEOUT, (elapsed, msg)
+    assert res[1]["fault"][0] < FAILING_PG_TIMEOUT + 10, res[1]["fault"]
 
 
 # The shipped kernels and FoldTarget under UBSan (and ASan): -fsanitize=undefined checks the

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
+from world_pool import pooled
 
 OURS = ["ucx", "udp"]
 WORLD_TIMEOUT = 120.0
@@ -199,6 +201,7 @@ def test_ddp_runs_on_a_group_shrunk_through_ucxbackend(backend: str) -> None:
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "shrink_ddp.py"
 STEPS = 20
+EXAMPLE_DEADLINE_S = 100
 
 
 def _example_run(backend: str, *extra: str) -> tuple[float, str]:
@@ -208,9 +211,23 @@ def _example_run(backend: str, *extra: str) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(EXAMPLE), "--backend", backend, "--timeout", "5"]
     cmd += ["--steps", str(STEPS), *extra]
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=100, check=True, env=env
-    ).stdout
+    # A session of its own: past the deadline its ranks (the fork server's children, not the
+    # example's) die with it.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=EXAMPLE_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{backend}: the example ran past {EXAMPLE_DEADLINE_S} s:\n{out}{err}")
+    assert proc.returncode == 0, f"{backend}: the example exited {proc.returncode}:\n{out}{err}"
     m = re.search(r"RESULT backend=\S+ world_size=2 final_loss=(\S+)", out)
     assert m, out
     return float(m.group(1)), out
@@ -243,10 +260,18 @@ def full_batch_loss() -> float:
         return float(torch.nn.functional.mse_loss(net(x), y).item())
 
 
+def _example_that_loses_a_rank(backend: str) -> tuple[float, str]:
+    return _example_run(backend, "--world-size", "3", "--kill-rank", "2")
+
+
+# The two runs side by side (tests/world_pool.py): ucx's rank 0 spends most of the --timeout
+# waiting for the dead rank's data (its ring neighbour's send fails at once; its own receive
+# cannot), a wait the other run fills.
 @pytest.mark.parametrize("backend", OURS)
+@pooled(_example_that_loses_a_rank)
 def test_ddp_example_that_loses_a_rank_ends_as_a_two_rank_run(
-    backend: str, full_batch_loss: float
+    backend: str, full_batch_loss: float, pooled_result: Callable[[], tuple[float, str]]
 ) -> None:
-    killed, out = _example_run(backend, "--world-size", "3", "--kill-rank", "2")
+    killed, out = pooled_result()
     assert "rank 2 was killed, as asked" in out, out  # the parent reaped it as it died
     assert killed == pytest.approx(full_batch_loss, rel=1e-9, abs=0.0)
