@@ -135,10 +135,6 @@ def pytest_configure(config: pytest.Config) -> None:
 # scaled likewise. The ranks of worlds that set UCX_TLS are forked since, not spawned
 # (tests/dist_harness.py's FIRST_USE_ENV): test_shared_memory.py's two such tests took 6.4 and
 # 6.2 s and take 0.3 (17:45 UTC, load 4.4-5.0); its figure is lowered by their 12 s.
-# test_tutorials.py runs its three example files in one torchrun job (tests/tutorial_torchrun.py)
-# where it ran three: its torchrun tests alone, old and new in turn (17:52-17:54 UTC, load
-# 3.2-3.6), 28.3 and 30.4 s (28.7 and 29.8 s of CPU) became 15.1 and 21.8 (16.1 and 18.6);
-# its figure is lowered by a third.
 FILE_SECONDS = {
     "test_collectives.py": 60,
     "test_udp_backend.py": 50,
@@ -156,7 +152,7 @@ FILE_SECONDS = {
     "test_split_shrink.py": 20,
     "test_algorithms_tsan.py": 30,
     "test_creation_kill.py": 15,
-    "test_tutorials.py": 15,
+    "test_tutorials.py": 20,
     "test_soak.py": 20,
     "test_multinode_chunks.py": 10,
     "test_fold_receive.py": 10,

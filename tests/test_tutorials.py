@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import tutorial_torchrun
 from dist_harness import BACKEND, run_world
 from torch.testing import assert_close
 
@@ -157,16 +155,8 @@ def test_synchronous_sgd(world_size):
 # --------------------------------------------------------------------------------------
 
 
-# The three example files, in one torchrun job (tests/tutorial_torchrun.py runs each in turn as
-# torchrun would): a job costs its launcher and each worker a torch import, seconds of CPU, more
-# than an example's own work.
-TORCHRUN_SCRIPTS = ("tutorial_p2p.py", "tutorial_ring_allreduce.py", "tutorial_sgd.py")
-DRIVER = Path(__file__).resolve().parent / "tutorial_torchrun.py"
-
-
-def _run_torchrun(scripts: tuple[str, ...], tmp_path: Path, nproc: int = 2) -> str:
-    """Run ``torchrun --standalone`` on the examples, one after another in one job; return its
-    output."""
+def _run_torchrun(script: str, tmp_path: Path, nproc: int = 2) -> list[dict]:
+    """Run ``torchrun --standalone`` on an example; return the ranks' RESULT records."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
@@ -179,11 +169,11 @@ def _run_torchrun(scripts: tuple[str, ...], tmp_path: Path, nproc: int = 2) -> s
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
-        str(DRIVER),
-        str(EXAMPLES),
+        str(EXAMPLES / script),
+        "--backend",
         BACKEND,
+        "--result-dir",
         str(tmp_path),
-        *scripts,
     ]
     proc = subprocess.Popen(
         cmd,
@@ -199,36 +189,19 @@ def _run_torchrun(scripts: tuple[str, ...], tmp_path: Path, nproc: int = 2) -> s
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        return f"{out}\ntorchrun timed out after {TORCHRUN_TIMEOUT}s"
-    return f"{out}\ntorchrun exited {proc.returncode}"
-
-
-@pytest.fixture(scope="module")
-def torchrun_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Where the job's examples wrote their results, and its output."""
-    tmp_path = tmp_path_factory.mktemp("torchrun")
-    return tmp_path, _run_torchrun(TORCHRUN_SCRIPTS, tmp_path)
-
-
-def _records(job: tuple[Path, str], script: str, nproc: int = 2) -> list[dict]:
-    """The RESULT records ``script`` wrote in the job, once every worker ended it with status 0."""
-    tmp_path, out = job
-    ends = re.findall(rf"^{tutorial_torchrun.END}{re.escape(script)} rc=(\S+)$", out, re.M)
-    # No END line: an earlier script failed, and the job stopped there.
-    assert ends == ["0"] * nproc, f"torchrun {script}: ends {ends}:\n{out[-4000:]}"
-    if script == TORCHRUN_SCRIPTS[-1]:  # and the workers' exit after it
-        assert out.endswith("torchrun exited 0"), out[-4000:]
+        pytest.fail(f"torchrun {script} timed out after {TORCHRUN_TIMEOUT}s:\n{out[-4000:]}")
+    assert proc.returncode == 0, f"torchrun {script} exited {proc.returncode}:\n{out[-4000:]}"
     records = []
     for rank in range(nproc):
-        path = tmp_path / script / f"result_rank{rank}.json"
+        path = tmp_path / f"result_rank{rank}.json"
         assert path.exists(), f"rank {rank} wrote no result:\n{out[-4000:]}"
         records.append(json.loads(path.read_text()))
         assert records[-1]["rank"] == rank
     return records
 
 
-def test_torchrun_p2p(torchrun_job):
-    records = _records(torchrun_job, "tutorial_p2p.py")
+def test_torchrun_p2p(tmp_path):
+    records = _run_torchrun("tutorial_p2p.py", tmp_path)
     for r in records:
         assert r["ok"] is True
         assert r["backend"] == BACKEND
@@ -237,8 +210,8 @@ def test_torchrun_p2p(torchrun_job):
         assert r["nonblocking"] == tutorial_p2p.expected_nonblocking_p2p(r["rank"], 2)
 
 
-def test_torchrun_ring_allreduce(torchrun_job):
-    records = _records(torchrun_job, "tutorial_ring_allreduce.py")
+def test_torchrun_ring_allreduce(tmp_path):
+    records = _run_torchrun("tutorial_ring_allreduce.py", tmp_path)
     expected = tutorial_ring_allreduce.expected_sums(2)
     for r in records:
         assert r["ok"] is True
@@ -247,8 +220,8 @@ def test_torchrun_ring_allreduce(torchrun_job):
             assert res["all_reduce"] == expected[name]
 
 
-def test_torchrun_sgd(torchrun_job):
-    records = _records(torchrun_job, "tutorial_sgd.py")
+def test_torchrun_sgd(tmp_path):
+    records = _run_torchrun("tutorial_sgd.py", tmp_path)
     ref = tutorial_sgd.reference_sgd(2)
     ref_params = {k: v.reshape(-1).tolist() for k, v in ref["params"].items()}
     for r in records:
