@@ -394,6 +394,13 @@ void UcxTransport::cancelAnySource() {
   }
 }
 
+int UcxTransport::probe(Tag tag, Tag mask) {
+  // Looks at the unexpected queue only (remove=0): nothing is posted, matched or progressed.
+  ucp_tag_recv_info_t info{};
+  if (ucp_tag_probe_nb(worker(), tag, mask, 0, &info) == nullptr) return -1;
+  return static_cast<int>(tag::source(info.sender_tag));
+}
+
 std::string UcxTransport::peerError(int peer) const {
   if (peer < 0 || peer >= size_) {
     return {};
