@@ -186,6 +186,10 @@ bool ProgressEngine::record(const std::string& why, FailureKind kind,
 
 void ProgressEngine::tellPeers() {
   std::lock_guard<std::mutex> owner(ownerMu_);
+  sendDueNotice();
+}
+
+void ProgressEngine::sendDueNotice() {
   if (!tellDue_.exchange(false) || !transport_) return;
   FailureNotice notice;
   {
@@ -305,14 +309,7 @@ void ProgressEngine::threadMain() {
   // was told is given a moment to leave before the transport goes.
   if (transport_) {
     try {
-      if (tellDue_.exchange(false)) {
-        FailureNotice notice;
-        {
-          std::lock_guard<std::mutex> lock(failMu_);
-          notice = toTell_;
-        }
-        notices_.tell(*transport_, notice);
-      }
+      sendDueNotice();
       notices_.finish(*transport_);
     } catch (...) {
       // Best effort (a transport that threw from progress() may throw again).

@@ -247,8 +247,10 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // `tell`: the notice the other ranks are to hear (this rank's own failure, or a peer's
   // passed on); none for a failure they must not hear of.
   bool record(const std::string& why, FailureKind kind, std::optional<FailureNotice> tell);
-  // Sends the notice of the group's first failure if one is due (tellDue_). Takes ownerMu_.
+  // Sends the notice of the group's first failure if one is due (tellDue_). Takes ownerMu_;
+  // sendDueNotice() is the same for a caller that holds it.
   void tellPeers();
+  void sendDueNotice();
   // A peer's notice, looked for when `force` or kCheckEvery has passed since the last look
   // and the group has not failed: records the group's failure with the peer's reason and
   // returns that reason ("rank 0 failed the group: ..."). Whoever drives the transport.
