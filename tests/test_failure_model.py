@@ -747,17 +747,46 @@ def _run_told(
     return out
 
 
-def _told_world(rank: int, ws: int) -> tuple[list[ToldResult], list[ToldResult]]:
+# Rank 0's all_reduce that no peer joins times out after this; the peers wait in an irecv.
+P2P_TOLD_TIMEOUT_S = 1.0
+
+
+def _pending_p2p_told(rank: int) -> dict[str, tuple[float, str | None]]:
+    """Per backend: rank 0's lone all_reduce times out; ranks 1 and 2 wait, idle, in an
+    irecv from rank 0 that it never sends: (seconds, error)."""
+    out = {}
+    for backend in OURS:
+        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=P2P_TOLD_TIMEOUT_S))
+        start = time.monotonic()
+        try:
+            if rank == 0:
+                dist.all_reduce(torch.ones(4), group=sub)
+            else:
+                work = dist.irecv(torch.zeros(4), src=0, group=sub, tag=5)
+                work.wait(timeout=timedelta(seconds=TOLD_PG_TIMEOUT_S))
+            out[backend] = (time.monotonic() - start, None)
+        except RuntimeError as exc:
+            out[backend] = (time.monotonic() - start, str(exc))
+        dist.barrier()
+        dist.destroy_process_group(sub)
+    return out
+
+
+ToldWorld = tuple[list[ToldResult], list[ToldResult], dict[str, tuple[float, str | None]]]
+
+
+def _told_world(rank: int, ws: int) -> ToldWorld:
     # In the cases at the timeout, a rank whose part succeeded starts its next op halfway
     # through the timeout, so that its own timeout cannot be what ends it at the peers'.
     return (
         _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0),
         _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2),
+        _pending_p2p_told(rank),
     )
 
 
 @pytest.fixture(scope="module")
-def told_world() -> list[tuple[list[ToldResult], list[ToldResult]]]:
+def told_world() -> list[ToldWorld]:
     _skip_unless_ours()
     return run_world(_told_world, 3, timeout=WORLD_TIMEOUT)
 
@@ -806,14 +835,14 @@ def _check_told(
 
 
 def test_a_rank_that_fails_tells_the_others_which_fail_at_once(
-    told_world: list[tuple[list[ToldResult], list[ToldResult]]],
+    told_world: list[ToldWorld],
 ) -> None:
     # Until 2026-11-27 each case left some rank waiting out the 20 s timeout.
     _check_told(TOLD_CASES, [r[0] for r in told_world], TOLD_FAST_S)
 
 
 def test_where_no_rank_fails_early_every_rank_ends_at_the_timeout(
-    told_world: list[tuple[list[ToldResult], list[ToldResult]]],
+    told_world: list[ToldWorld],
 ) -> None:
     # Before, a rank whose own part succeeded waited out its next op's whole timeout too.
     _check_told(
@@ -821,3 +850,19 @@ def test_where_no_rank_fails_early_every_rank_ends_at_the_timeout(
         [r[1] for r in told_world],
         AT_TIMEOUT_PG_TIMEOUT_S + TOLD_FAST_S,
     )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_a_notice_fails_a_pending_receive_of_an_idle_rank(
+    told_world: list[ToldWorld], backend: str
+) -> None:
+    # Before notices the irecv waited out its own 20 s wait().
+    elapsed, msg = told_world[0][2][backend]
+    assert msg is not None and "timed out" in msg, (elapsed, msg)
+    for rank in (1, 2):
+        elapsed, msg = told_world[rank][2][backend]
+        case = (rank, elapsed, msg)
+        assert msg is not None, case
+        assert elapsed < P2P_TOLD_TIMEOUT_S + TOLD_FAST_S, case
+        assert f"{backend} recv" in msg and f"rank {rank} of 3" in msg, case
+        assert f"rank 0 failed the group: {backend} allreduce (op #1) on rank 0 of 3" in msg, case
