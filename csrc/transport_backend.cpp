@@ -278,7 +278,16 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   }
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();
-  engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging));
+  // A peer's failure notice fails every unsettled op of the group at once, as abort() does,
+  // naming that peer and its first failure (docs/failure-model.md#what-a-failed-group-does).
+  NoticeSetup notices{groupHash_, [works = works_](const std::string& reason) {
+                        for (auto& work : works->takeAll()) {
+                          work->finishAborted(toDistError(
+                              work->context(), std::make_exception_ptr(PeerFailed(reason))));
+                        }
+                      }};
+  engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging),
+                                  std::move(notices));
   probe_ = std::make_shared<const TransportWork::Probe>(
       [engine = std::weak_ptr<ProgressEngine>(engine_),
        running = running_](const TransportWork& work) -> std::string {
@@ -314,14 +323,7 @@ void TransportBackend::abort() {
   // refuseIfFailed check, so each Work is either listed below or refused). Ignored if the
   // group failed before: the first failure wins.
   engine_->fail(why, FailureKind::kAborted);
-  std::vector<c10::intrusive_ptr<TransportWork>> unsettled;
-  {
-    std::lock_guard<std::mutex> lock(worksMu_);
-    for (auto& w : works_) {
-      if (auto work = w.lock()) unsettled.push_back(std::move(work));
-    }
-    works_.clear();
-  }
+  const auto unsettled = works_->takeAll();
   // Failed here, on the caller's thread, before the thread is asked to stop: a running op
   // then ends with this error, not with the thread's "shut down", and nothing waits for the
   // thread (which may be stuck). It may still touch the op's buffers until it notices.
@@ -521,18 +523,30 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
     std::lock_guard<std::mutex> lock(coalesceMu_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  {
-    std::lock_guard<std::mutex> lock(worksMu_);
-    if (works_.size() >= pruneAt_) {
-      std::erase_if(works_, [](const c10::weak_intrusive_ptr<TransportWork>& w) {
-        auto work = w.lock();
-        return !work || work->isCompleted();
-      });
-      pruneAt_ = std::max<size_t>(64, 2 * works_.size());
-    }
-    works_.emplace_back(work);
-  }
+  works_->add(work);
   return work;
+}
+
+void TransportBackend::WorkList::add(const c10::intrusive_ptr<TransportWork>& work) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (works.size() >= pruneAt) {
+    std::erase_if(works, [](const c10::weak_intrusive_ptr<TransportWork>& w) {
+      auto live = w.lock();
+      return !live || live->isCompleted();
+    });
+    pruneAt = std::max<size_t>(64, 2 * works.size());
+  }
+  works.emplace_back(work);
+}
+
+std::vector<c10::intrusive_ptr<TransportWork>> TransportBackend::WorkList::takeAll() {
+  std::vector<c10::intrusive_ptr<TransportWork>> live;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& w : works) {
+    if (auto work = w.lock()) live.push_back(std::move(work));
+  }
+  works.clear();
+  return live;
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::OpType type,

@@ -282,11 +282,19 @@ class TransportBackend : public c10d::Backend {
   bool sharedMemory_ = false;
   StartupProfile profile_;
   std::vector<c10::intrusive_ptr<TransportWork>> coalesced_;
-  // Every Work made and maybe not settled yet, for abort(); settled and dropped ones are
-  // pruned when the list has doubled since the last pruning.
-  std::mutex worksMu_;
-  std::vector<c10::weak_intrusive_ptr<TransportWork>> works_;
-  size_t pruneAt_ = 64;
+  // Every Work made and maybe not settled yet, for abort() and for a peer's failure notice
+  // (the engine's onTold, which the progress thread may run after this backend is gone: hence
+  // shared); settled and dropped ones are pruned when the list has doubled since the last
+  // pruning.
+  struct WorkList {
+    std::mutex mu;
+    std::vector<c10::weak_intrusive_ptr<TransportWork>> works;
+    size_t pruneAt = 64;
+    void add(const c10::intrusive_ptr<TransportWork>& work);
+    // Every listed Work still alive, taken off the list.
+    std::vector<c10::intrusive_ptr<TransportWork>> takeAll();
+  };
+  const std::shared_ptr<WorkList> works_ = std::make_shared<WorkList>();
   // The children made from this group, counted by "<this id>:<kind>:<ranks>:". torch 2.13
   // calls split once per device type the group is registered for (cpu and cuda) with the same
   // Store: the last call's Store, ranks and child answer a repeat without a second child (the

@@ -152,11 +152,8 @@ def supervise(
     until their timeout). Returns the result, or why there is none."""
     deadline = time.monotonic() + deadline_s
     reaped: set[int] = set()
-    while time.monotonic() < deadline:
-        try:
-            return results.get(timeout=0.2)  # type: ignore[no-any-return]
-        except queue.Empty:
-            pass
+
+    def reap() -> str | None:
         for rank, proc in enumerate(procs):
             if rank in reaped or proc.exitcode is None:
                 continue
@@ -166,6 +163,21 @@ def supervise(
                 print(f"rank {rank} was killed, as asked; the others shrink", flush=True)
             elif proc.exitcode != 0:
                 return f"rank {rank} exited with code {proc.exitcode} before rank 0's result"
+        return None
+
+    while time.monotonic() < deadline:
+        try:
+            result = results.get(timeout=0.2)
+        except queue.Empty:
+            result = None
+        if result is not None:
+            # The survivors may shrink and finish before a 0.2 s look found the killed rank
+            # (a rank that fails tells the others at once): reap what has ended by now.
+            reap()
+            return result  # type: ignore[no-any-return]
+        failed = reap()
+        if failed is not None:
+            return failed
     return f"no result from rank 0 within {deadline_s:.0f} s"
 
 

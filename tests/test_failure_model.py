@@ -392,7 +392,11 @@ def test_ranks_that_disagree_on_dtype_or_reduce_op_fail_instead_of_mixing_data(
         status, msg, elapsed = out[f"mismatch/{backend}/{case}"]
         assert status == "error", f"rank {rank}: a mismatched {case} returned"
         assert "timed out" in msg and f"on rank {rank} of 2" in msg, msg
-        assert f"from rank {1 - rank}" in msg, msg
+        # Both ranks wait for each other: the first to time out tells the other, whose
+        # error then names it and carries its timeout (docs/failure-model.md).
+        assert f"from rank {1 - rank}" in msg or (
+            f"rank {1 - rank} failed the group: " in msg and f"from rank {rank}" in msg
+        ), msg
         assert elapsed < OP_TIMEOUT_S + 5, (rank, elapsed, msg)
 
 
@@ -643,8 +647,13 @@ def test_sizes_either_side_of_the_tree_chain_switch_fail_fast() -> None:
             case = (backend, op, sizes, rank, elapsed, msg)
             assert elapsed < STRADDLE_FAST_S, case
             if rank not in failing:
-                assert msg is None, case
+                # Its part succeeded, or a failing rank told it while its op still ran.
+                assert msg is None or any(
+                    f"rank {r} failed the group: " in msg for r in failing
+                ), case
                 continue
+            if " failed the group: " in msg:
+                continue  # told by a failing rank first (the next test checks those)
             assert msg is not None, f"rank {rank} returned: {case}"
             assert f"{backend} {op}" in msg and f"Float[{sizes[rank]}]" in msg, case
             assert f"rank {rank} of 3" in msg, case
@@ -654,3 +663,206 @@ def test_sizes_either_side_of_the_tree_chain_switch_fail_fast() -> None:
             assert str(4 * sizes[rank]) in msg, case
             others = {str(4 * n) for n in sizes if n != sizes[rank]} | {str(TREE_MAX_BYTES)}
             assert "longer than" in msg or any(o in msg for o in others), case
+
+
+# --------------------------------------------------------------------------
+# a rank that fails an op tells the group's other ranks, which fail at once
+# --------------------------------------------------------------------------
+
+TOLD_PG_TIMEOUT_S = 20.0
+# What "at once" means here: far below the group's timeout, with room for a loaded host.
+TOLD_FAST_S = 3.0
+# all_to_all blocks either side of the staging threshold (kStagedMessageMin, 64 KiB, ucx on
+# one host): 48 000 and 80 000 bytes of float32.
+A2A_SMALL, A2A_LARGE = 12_000, 20_000
+# (backend, op, each rank's elements): the cases in which, until failure notices
+# (2026-11-27), some rank waited out the op's whole timeout, no peer sending it anything,
+# while another had failed already with a clear error (docs/failure-model.md; on ucx the
+# all_to_all waited on every rank, until the rank that stages listened for a whole block).
+# Each rank now fails at once, on its own or told by the rank that failed first.
+TOLD_CASES = [
+    (backend, op, sizes)
+    for backend in OURS
+    for op, sizes in [
+        ("broadcast", (CHAIN, TREE, TREE)),
+        ("broadcast", (CHAIN, TREE, CHAIN)),
+        ("reduce", (CHAIN, TREE, CHAIN)),
+        ("reduce", (CHAIN, CHAIN, TREE)),
+        ("all_to_all", (A2A_SMALL, A2A_SMALL, A2A_LARGE)),
+        ("all_to_all", (A2A_LARGE, A2A_SMALL, A2A_SMALL)),
+        ("all_to_all", (A2A_SMALL, A2A_LARGE, A2A_LARGE)),
+    ]
+]
+# Cases in which no rank fails before the timeout (no rank is sent anything it can tell
+# from its own message): the first rank to time out tells the others, so every rank ends
+# at the timeout, a rank whose own part succeeded included (its next op), not a timeout
+# later. A short timeout: each case costs the test that long.
+AT_TIMEOUT_PG_TIMEOUT_S = 3.0
+AT_TIMEOUT_CASES = [
+    (backend, "reduce", sizes)
+    for backend in OURS
+    for sizes in [(TREE, CHAIN, TREE), (TREE, TREE, CHAIN)]
+]
+# The op a rank whose own part succeeded runs next: its peers refuse theirs at once, so none
+# sends it anything, and only a notice ends it before its timeout.
+NEXT_OP_ELEMENTS = 1000
+
+ToldResult = tuple[tuple[float, str | None], tuple[float, str | None]]
+
+
+def _run_told(
+    rank: int, cases: list[tuple[str, str, tuple[int, ...]]], timeout_s: float, next_delay_s: float
+) -> list[ToldResult]:
+    """Per case: (the op's seconds and error, the next op's seconds and error, run only
+    where the op returned, `next_delay_s` after it)."""
+    out = []
+    for backend, op, sizes in cases:
+        n = sizes[rank]
+        t = torch.ones(3 * n if op == "all_to_all" else n)
+        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        start = time.monotonic()
+        first: tuple[float, str | None]
+        nxt: tuple[float, str | None] = (0.0, None)
+        try:
+            if op == "broadcast":
+                dist.broadcast(t, src=0, group=sub)
+            elif op == "reduce":
+                dist.reduce(t, dst=0, group=sub)
+            else:
+                dist.all_to_all_single(torch.empty_like(t), t, group=sub)
+            first = (time.monotonic() - start, None)
+        except RuntimeError as exc:
+            first = (time.monotonic() - start, str(exc))
+        if first[1] is None:
+            time.sleep(next_delay_s)
+            start = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(NEXT_OP_ELEMENTS), group=sub)
+                nxt = (time.monotonic() - start, None)
+            except RuntimeError as exc:
+                nxt = (time.monotonic() - start, str(exc))
+        out.append((first, nxt))
+        dist.barrier()  # on the default group: the next case starts on every rank alike
+        dist.destroy_process_group(sub)
+    return out
+
+
+# Rank 0's all_reduce that no peer joins times out after this; the peers wait in an irecv.
+P2P_TOLD_TIMEOUT_S = 1.0
+
+
+def _pending_p2p_told(rank: int) -> dict[str, tuple[float, str | None]]:
+    """Per backend: rank 0's lone all_reduce times out; ranks 1 and 2 wait, idle, in an
+    irecv from rank 0 that it never sends: (seconds, error)."""
+    out = {}
+    for backend in OURS:
+        sub = dist.new_group(backend=backend, timeout=timedelta(seconds=P2P_TOLD_TIMEOUT_S))
+        start = time.monotonic()
+        try:
+            if rank == 0:
+                dist.all_reduce(torch.ones(4), group=sub)
+            else:
+                work = dist.irecv(torch.zeros(4), src=0, group=sub, tag=5)
+                work.wait(timeout=timedelta(seconds=TOLD_PG_TIMEOUT_S))
+            out[backend] = (time.monotonic() - start, None)
+        except RuntimeError as exc:
+            out[backend] = (time.monotonic() - start, str(exc))
+        dist.barrier()
+        dist.destroy_process_group(sub)
+    return out
+
+
+ToldWorld = tuple[list[ToldResult], list[ToldResult], dict[str, tuple[float, str | None]]]
+
+
+def _told_world(rank: int, ws: int) -> ToldWorld:
+    # In the cases at the timeout, a rank whose part succeeded starts its next op halfway
+    # through the timeout, so that its own timeout cannot be what ends it at the peers'.
+    return (
+        _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0),
+        _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2),
+        _pending_p2p_told(rank),
+    )
+
+
+@pytest.fixture(scope="module")
+def told_world() -> list[ToldWorld]:
+    _skip_unless_ours()
+    return run_world(_told_world, 3, timeout=WORLD_TIMEOUT)
+
+
+def _told_by(backend: str, rank: int, msg: str, case: Any) -> int | None:
+    """Checks that `msg` names this rank; returns the rank it says told it, if any, after
+    checking that the error names that rank's own first failure."""
+    assert f"{backend} " in msg and f"rank {rank} of 3" in msg, case
+    marker = " failed the group: "
+    if marker not in msg:
+        return None
+    told_by = int(msg.split(marker)[0].rsplit("rank ", 1)[1])
+    assert told_by != rank, case
+    assert f"{backend} " in msg.split(marker, 1)[1], case
+    assert f"on rank {told_by} of 3" in msg.split(marker, 1)[1], case
+    return told_by
+
+
+def _check_told(
+    cases: list[tuple[str, str, tuple[int, ...]]],
+    results: list[list[ToldResult]],
+    ends_by: float,
+) -> None:
+    for i, (backend, op, sizes) in enumerate(cases):
+        torch_op = {"all_to_all": "alltoall_base"}.get(op, op)
+        errors = 0
+        told = 0
+        for rank in range(3):
+            (elapsed, msg), (next_elapsed, next_msg) = results[rank][i]
+            case = (backend, op, sizes, rank, elapsed, msg, next_elapsed, next_msg)
+            assert elapsed < ends_by, case
+            if msg is None:
+                # Its own part succeeded: its next op fails as soon as the peer's notice is
+                # here (at once, or at the peers' timeout), with that peer's reason.
+                assert next_msg is not None, f"rank {rank}'s next op returned: {case}"
+                assert next_elapsed < ends_by, case
+                assert f"{backend} allreduce" in next_msg, case
+                assert _told_by(backend, rank, next_msg, case) is not None, case
+                continue
+            errors += 1
+            assert f"{backend} {torch_op} (op #1)" in msg, case
+            if _told_by(backend, rank, msg, case) is not None:
+                told += 1
+        # Some rank failed first, on its own, with its own error.
+        assert errors > told, (backend, op, sizes, [r[i] for r in results])
+
+
+def test_a_rank_that_fails_tells_the_others_which_fail_at_once(
+    told_world: list[ToldWorld],
+) -> None:
+    # Until 2026-11-27 each case left some rank waiting out the 20 s timeout.
+    _check_told(TOLD_CASES, [r[0] for r in told_world], TOLD_FAST_S)
+
+
+def test_where_no_rank_fails_early_every_rank_ends_at_the_timeout(
+    told_world: list[ToldWorld],
+) -> None:
+    # Before, a rank whose own part succeeded waited out its next op's whole timeout too.
+    _check_told(
+        AT_TIMEOUT_CASES,
+        [r[1] for r in told_world],
+        AT_TIMEOUT_PG_TIMEOUT_S + TOLD_FAST_S,
+    )
+
+
+@pytest.mark.parametrize("backend", OURS)
+def test_a_notice_fails_a_pending_receive_of_an_idle_rank(
+    told_world: list[ToldWorld], backend: str
+) -> None:
+    # Before notices the irecv waited out its own 20 s wait().
+    elapsed, msg = told_world[0][2][backend]
+    assert msg is not None and "timed out" in msg, (elapsed, msg)
+    for rank in (1, 2):
+        elapsed, msg = told_world[rank][2][backend]
+        case = (rank, elapsed, msg)
+        assert msg is not None, case
+        assert elapsed < P2P_TOLD_TIMEOUT_S + TOLD_FAST_S, case
+        assert f"{backend} recv" in msg and f"rank {rank} of 3" in msg, case
+        assert f"rank 0 failed the group: {backend} allreduce (op #1) on rank 0 of 3" in msg, case

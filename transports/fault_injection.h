@@ -77,6 +77,7 @@ class FaultInjectingTransport : public Transport {
     return inner_->arm();
   }
   int eventFd() const override { return inner_->eventFd(); }
+  int probe(Tag tag, Tag mask) override { return inner_->probe(tag, mask); }
   std::string peerError(int peer) const override { return inner_->peerError(peer); }
   void abortPeer(int peer, const std::string& why) override { inner_->abortPeer(peer, why); }
   bool permitsSharedMemory() const override { return inner_->permitsSharedMemory(); }

@@ -7,7 +7,8 @@
 //                      hash makes a cross-group mix-up visible in traces and tests)
 //   collective: bits 51..32 seq   op sequence number modulo 2^20
 //               bits 31..16 step  algorithm step / chunk index, 0..65535
-//   p2p:        bits 51..16 user  the user's tag (0..2^31-1)
+//   p2p:        bits 51..16 user  the user's tag (0..2^31-1); 2^35 is the group's failure
+//                                 notice (kNoticeUser), which no op uses
 //   bits 15..0  src    source rank (groups are limited to 65536 ranks)
 //
 // Any-source receives use kAnySourceMask, which ignores the src bits. Within a window of 2^20
@@ -54,6 +55,15 @@ constexpr uint64_t p2p(uint32_t group, uint64_t userTag, uint32_t src) {
   return kP2PBit | ((uint64_t{group} & kGroupMask) << kGroupShift) |
          ((userTag & kUserMask) << kUserShift) | ((uint64_t{src} & kSrcMask) << kSrcShift);
 }
+
+// A group's failure notice (csrc/engine/failure_notice.h): a point-to-point tag whose user
+// field lies beyond every user's tag (they end at kMaxUserTag), so that no op ever posts or
+// sends it, in the group's own field (not an op's marked one). The source rank is the
+// failing rank's, as in every tag.
+constexpr uint64_t kNoticeUser = uint64_t{1} << (kUserBits - 1);
+static_assert(kNoticeUser > static_cast<uint64_t>(kMaxUserTag) && kNoticeUser <= kUserMask);
+
+constexpr uint64_t notice(uint32_t group, uint32_t src) { return p2p(group, kNoticeUser, src); }
 
 constexpr uint32_t source(uint64_t tag) { return static_cast<uint32_t>((tag >> kSrcShift) & kSrcMask); }
 constexpr uint32_t group(uint64_t tag) { return static_cast<uint32_t>((tag >> kGroupShift) & kGroupMask); }

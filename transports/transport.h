@@ -170,6 +170,15 @@ class Transport {
   // Becomes readable when progress() has work to do. -1 if the transport cannot sleep.
   virtual int eventFd() const = 0;
 
+  // The source rank of a message that is already here, matches `tag` on the bits set in
+  // `mask` and no receive has taken, left in place for a recv() to take; -1 if none. It posts
+  // nothing and watches no peer, where a receive left posted would cost every op (ucx keeps a
+  // wildcard receive on a queue that each arriving message checks, and makes an endpoint for
+  // each peer a receive names) and change an idle group (udp keeps a keepalive running to
+  // each peer a receive waits on, and fails it when the peer exits): how a group looks for
+  // its failure notices (csrc/engine/failure_notice.h). -1 where the transport cannot tell.
+  virtual int probe(Tag /*tag*/, Tag /*mask*/) { return -1; }
+
   // Non-empty once the transport has seen this peer fail (connection reset, keepalive lost).
   virtual std::string peerError(int peer) const = 0;
 

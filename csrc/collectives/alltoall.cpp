@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "csrc/collectives/building_blocks.h"
 #include "csrc/collectives/staged_exchange.h"
@@ -73,6 +74,28 @@ void linear(Comm& c, const Buffers& b) {
   c.wait(reqs);
 }
 
+// Tripwires (Comm::tripwire) for the whole block of every peer from which this rank expects a
+// staged one: a peer whose block is below the staging threshold sends it whole, with
+// another tag, and waits for a whole block from this rank, which stages it. Each side would
+// wait out the timeout (until 2026-11-27); the wire fails this rank at once, naming both
+// paths, and its failure notice (engine/failure_notice.h) fails the others. A staged block
+// is 64 KiB or more (kStagedMessageMin), where one receive posted and cancelled per peer
+// does not show.
+std::vector<RequestPtr> wholeBlockWires(Comm& c, const Buffers& b) {
+  std::vector<RequestPtr> wires;
+  for (int i = 1; i < c.size(); ++i) {
+    const int from = mod(c.rank() - i, c.size());
+    if (!stagedMessage(c, b.recvBytes[from])) continue;
+    const std::string mine = std::to_string(b.recvBytes[from]) + " bytes from rank " +
+                             std::to_string(from);
+    wires.push_back(c.tripwire(from, kWholeMessage, nullptr, 0, [mine](const Request&) {
+      return "expected " + mine + " through shared memory but it sent its block whole " +
+             "through the transport: the ranks passed tensors of different sizes";
+    }));
+  }
+  return wires;
+}
+
 // One partner each way per step.
 void pairwise(Comm& c, const Buffers& b) {
   for (int i = 1; i < c.size(); ++i) {
@@ -97,11 +120,18 @@ void alltoall(Comm& comm, const std::vector<const void*>& sends,
   size_t largest = 0;
   for (size_t b : sendBytes) largest = b > largest ? b : largest;
   const Buffers blocks{sends, sendBytes, recvs, recvBytes};
-  if (choose(comm.tuning(), Op::kAlltoall, largest, comm.size()) == Algorithm::kLinear) {
-    linear(comm, blocks);
-  } else {
-    pairwise(comm, blocks);
+  const std::vector<RequestPtr> wires = wholeBlockWires(comm, blocks);
+  try {
+    if (choose(comm.tuning(), Op::kAlltoall, largest, comm.size()) == Algorithm::kLinear) {
+      linear(comm, blocks);
+    } else {
+      pairwise(comm, blocks);
+    }
+  } catch (...) {
+    comm.abandon(wires);
+    throw;
   }
+  comm.abandon(wires);
   if (sendBytes[r] > 0) comm.copy(recvs[r], sends[r], sendBytes[r]);
 }
 

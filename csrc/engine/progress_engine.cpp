@@ -50,9 +50,12 @@ FailureKind failureKindOf(std::exception_ptr cause) {
 }
 
 ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config,
-                               std::unique_ptr<StagingArea> staging)
+                               std::unique_ptr<StagingArea> staging, NoticeSetup notices)
     : transport_(std::move(transport)),
       config_(config),
+      rank_(transport_->rank()),
+      notices_(notices.group),
+      onTold_(std::move(notices.onTold)),
       staging_(std::move(staging)),
       traffic_(*transport_) {
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -76,9 +79,10 @@ ProgressEngine::ProgressEngine(std::unique_ptr<Transport> transport, EngineConfi
 
 std::shared_ptr<ProgressEngine> ProgressEngine::start(std::unique_ptr<Transport> transport,
                                                      EngineConfig config,
-                                                     std::unique_ptr<StagingArea> staging) {
-  auto engine =
-      std::make_shared<ProgressEngine>(std::move(transport), config, std::move(staging));
+                                                     std::unique_ptr<StagingArea> staging,
+                                                     NoticeSetup notices) {
+  auto engine = std::make_shared<ProgressEngine>(std::move(transport), config, std::move(staging),
+                                                 std::move(notices));
   engine->thread_ = std::thread([self = engine] { self->threadMain(); });
   engine->threadId_.store(engine->thread_.get_id());
   return engine;
@@ -152,11 +156,73 @@ void ProgressEngine::setWaitingFor(std::string what) {
 }
 
 void ProgressEngine::fail(const std::string& why, FailureKind kind) {
-  std::lock_guard<std::mutex> lock(failMu_);
-  if (failed_.load(std::memory_order_relaxed)) return;  // the first reason wins
-  failure_ = why;
-  failureKind_ = kind;
-  failed_.store(true, std::memory_order_release);
+  // An abort is this rank's own decision, and a destroy ends the group anyway: neither is
+  // the peers' failure (docs/failure-model.md#abort-and-geterror).
+  std::optional<FailureNotice> tell;
+  if (kind != FailureKind::kAborted && !stopping_.load()) {
+    tell = FailureNotice{rank_, rank_, why};
+  }
+  record(why, kind, std::move(tell));
+}
+
+bool ProgressEngine::record(const std::string& why, FailureKind kind,
+                            std::optional<FailureNotice> tell) {
+  {
+    std::lock_guard<std::mutex> lock(failMu_);
+    if (failed_.load(std::memory_order_relaxed)) return false;  // the first reason wins
+    failure_ = why;
+    failureKind_ = kind;
+    if (tell) toTell_ = std::move(*tell);
+    failed_.store(true, std::memory_order_release);
+  }
+  if (tell) {
+    tellDue_.store(true, std::memory_order_release);
+    // The thread sends the notice at its next turn: wake it if it sleeps.
+    const uint64_t one = 1;
+    (void)!write(wakeFd_, &one, sizeof(one));
+  }
+  return true;
+}
+
+void ProgressEngine::tellPeers() {
+  std::lock_guard<std::mutex> owner(ownerMu_);
+  sendDueNotice();
+}
+
+void ProgressEngine::sendDueNotice() {
+  if (!tellDue_.exchange(false) || !transport_) return;
+  FailureNotice notice;
+  {
+    std::lock_guard<std::mutex> lock(failMu_);
+    notice = toTell_;
+  }
+  notices_.tell(*transport_, notice);  // best effort: never throws
+}
+
+std::optional<std::string> ProgressEngine::heardNotice(Clock::time_point now, bool force) {
+  if (!force && now < nextNoticeLook_) return std::nullopt;
+  nextNoticeLook_ = now + FailureNotices::kCheckEvery;
+  if (failed()) return std::nullopt;  // a group that failed ignores later notices
+  const auto notice = notices_.take(*transport_);
+  if (!notice) return std::nullopt;
+  std::string reason = "rank " + std::to_string(notice->failed) + " failed the group: " +
+                       notice->text;
+  // Passed on to the ranks the failing one may not reach (failure_notice.h).
+  if (!record(transport_->name() + " rank " + std::to_string(transport_->rank()) + ": " + reason,
+              FailureKind::kPeer, *notice)) {
+    return std::nullopt;  // another failure came first
+  }
+  return reason;
+}
+
+void ProgressEngine::runTold(const std::string& reason) {
+  if (!onTold_) return;
+  try {
+    onTold_(reason);
+  } catch (...) {
+    // The group is failed already; a Work the backend could not settle here settles when
+    // its op is refused or its request ends.
+  }
 }
 
 FailureKind ProgressEngine::failureKind() const {
@@ -196,6 +262,9 @@ void ProgressEngine::threadMain() {
   pthread_setname_np(pthread_self(), "ucxb-progress");
   auto lastActivity = Clock::now();
   for (;;) {
+    // The group's first failure is told between tasks, while no lease is out (a failed
+    // inline op's: the lease ends before the thread wakes to this).
+    if (tellDue_.load(std::memory_order_relaxed) && !lent_.load()) tellPeers();
     Task task;
     bool haveTask = false;
     if (queued_.load(std::memory_order_acquire) > 0 || stopping_.load()) {
@@ -236,6 +305,16 @@ void ProgressEngine::threadMain() {
   }
   // A borrowing caller notices stopping_ within one poll and gives the transport back.
   std::lock_guard<std::mutex> owner(ownerMu_);
+  // A failure not told yet (the group was destroyed right after it) is told now, and what
+  // was told is given a moment to leave before the transport goes.
+  if (transport_) {
+    try {
+      sendDueNotice();
+      notices_.finish(*transport_);
+    } catch (...) {
+      // Best effort (a transport that threw from progress() may throw again).
+    }
+  }
   std::deque<Task> abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,6 +356,18 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
     traffic_.publish(*transport_);  // idle now: what Python reads is up to date
     trafficDirty_ = false;
   }
+  // A peer's notice, while idle, fails what this rank still waits for (its sends and
+  // receives; a queued op is refused when it comes to run). Looked for every kCheckEvery
+  // while the thread polls, and always before it sleeps, which may last until the next
+  // message.
+  const auto now = Clock::now();
+  const bool polls = config_.mode == ProgressMode::kPoll ||
+                     (now - lastActivity < config_.spin && !crowded());
+  if (auto told = heardNotice(now, /*force=*/!polls)) {
+    owner.unlock();
+    runTold(*told);
+    return true;
+  }
   if (config_.mode == ProgressMode::kPoll) {
     owner.unlock();
     if (stopping_.load()) return false;
@@ -284,7 +375,7 @@ bool ProgressEngine::idleStep(Clock::time_point& lastActivity) {
     sched_yield();
     return true;
   }
-  if (Clock::now() - lastActivity < config_.spin && !crowded()) {
+  if (polls) {
     owner.unlock();
     // Ops come in bursts (a training step's buckets, a benchmark loop): stay awake for
     // `spin` after the last one, so the next is picked up without a wake-up. Not while
@@ -413,6 +504,11 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       continue;
     }
     const auto now = Clock::now();
+    if (auto told = heardNotice(now, false)) {
+      abandonPending(requests);
+      runTold(*told);
+      throw PeerFailed(*told);
+    }
     if (now >= deadline) {
       std::string what;
       for (const auto& r : requests) {
@@ -455,6 +551,13 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       }
       setWaitingFor(std::move(what));
       published = true;
+    }
+    // Before a sleep, which lasts until the next message or 100 ms: a notice already here
+    // would not wake it.
+    if (auto told = heardNotice(now, true)) {
+      abandonPending(requests);
+      runTold(*told);
+      throw PeerFailed(*told);
     }
     if (borrowed && !leaseSleeps_.load(std::memory_order_relaxed)) {
       leaseSleeps_.store(true, std::memory_order_seq_cst);

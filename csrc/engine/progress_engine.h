@@ -44,6 +44,12 @@
 //   peer's message left unmatched by a failed op can never be taken for a later op's, even
 //   once the tag's sequence field has wrapped. An exception on this thread outside an op also
 //   ends the thread (instead of std::terminate): queued ops and posted requests fail with it.
+// * The first failure of the group on this rank (not abort(), not a destroy) is told to every
+//   other rank: a small notice with its text (failure_notice.h), sent by the thread at its
+//   next turn. A rank that finds a peer's notice, where it waits anyway (before it sleeps, and
+//   every FailureNotices::kCheckEvery while it polls without progress), fails its group with
+//   the peer's reason (kPeer): the running op ends at once, and the backend's `onTold` fails
+//   every other unsettled op, as abort() does. A group that failed already ignores notices.
 // * abort() records the abort as the group's failure (unless one came first) and asks the
 //   thread to stop without waiting for it: the thread may be stuck (a callback that blocks),
 //   and it ends by itself. The backend fails its unsettled Works on the caller's thread.
@@ -57,12 +63,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "csrc/collectives/op_driver.h"
+#include "csrc/engine/failure_notice.h"
 #include "csrc/engine/staging_area.h"
 #include "csrc/engine/traffic_stats.h"
 #include "transports/transport.h"
@@ -100,6 +108,15 @@ struct EngineConfig {
   std::chrono::microseconds spin{250};
 };
 
+// What a group's failure notices need (failure_notice.h): the group's field of the notice tag,
+// and what runs when a peer's notice fails the group, with the reason ("rank 0 failed the
+// group: ..."), on the thread that drives the transport (the backend fails its unsettled
+// Works there, as abort() does). Set before the thread starts.
+struct NoticeSetup {
+  uint32_t group = 0;
+  std::function<void(const std::string& reason)> onTold;
+};
+
 struct Task {
   std::string op;  // for traffic statistics ("allreduce", ...); empty for internal tasks
   uint64_t seq = 0;
@@ -116,9 +133,10 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // `staging`: the group's shared-memory slots when all its ranks share this host, else null.
   static std::shared_ptr<ProgressEngine> start(std::unique_ptr<Transport> transport,
                                                EngineConfig config,
-                                               std::unique_ptr<StagingArea> staging = nullptr);
+                                               std::unique_ptr<StagingArea> staging = nullptr,
+                                               NoticeSetup notices = {});
   ProgressEngine(std::unique_ptr<Transport> transport, EngineConfig config,
-                 std::unique_ptr<StagingArea> staging = nullptr);
+                 std::unique_ptr<StagingArea> staging = nullptr, NoticeSetup notices = {});
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
@@ -187,7 +205,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // times; the first recorded failure wins.
   void abort(const std::string& why);
   // Records that the group failed, with `why` and its kind (the first call wins; later ones
-  // are ignored). From then on the backend refuses every op. Any thread.
+  // are ignored). From then on the backend refuses every op. The first failure is told to
+  // the other ranks (the thread sends the notice at its next turn), unless it is an abort
+  // (kAborted) or the group is shutting down (stop(), abort()). Any thread.
   void fail(const std::string& why, FailureKind kind = FailureKind::kLocal);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // The first failure's reason; empty while the group is healthy. Any thread.
@@ -223,6 +243,20 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   void failThread(const std::string& what, Task* running);
   void sleepUntilEvent(int epollFd, Clock::time_point deadline);
   void abandonPending(const std::vector<RequestPtr>& requests);
+  // Records `why` as the group's failure unless one came first; returns whether it did.
+  // `tell`: the notice the other ranks are to hear (this rank's own failure, or a peer's
+  // passed on); none for a failure they must not hear of.
+  bool record(const std::string& why, FailureKind kind, std::optional<FailureNotice> tell);
+  // Sends the notice of the group's first failure if one is due (tellDue_). Takes ownerMu_;
+  // sendDueNotice() is the same for a caller that holds it.
+  void tellPeers();
+  void sendDueNotice();
+  // A peer's notice, looked for when `force` or kCheckEvery has passed since the last look
+  // and the group has not failed: records the group's failure with the peer's reason and
+  // returns that reason ("rank 0 failed the group: ..."). Whoever drives the transport.
+  std::optional<std::string> heardNotice(Clock::time_point now, bool force);
+  // Runs onTold (the backend fails the group's unsettled Works); never throws.
+  void runTold(const std::string& reason);
   void setWaitingFor(std::string what);
   // waitAll that returns false once `giveUpAt` has passed with requests still pending (left
   // posted); only an inline op's first attempt gives up early, and only it (`borrowed`)
@@ -238,6 +272,7 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
 
   std::unique_ptr<Transport> transport_;
   const EngineConfig config_;
+  const int rank_;  // the transport's, kept for threads that must not touch the transport
   int wakeFd_ = -1;        // eventfd: "a task was posted"
   int idleEpollFd_ = -1;   // {transport fd, wakeFd_}
   int waitEpollFd_ = -1;   // {transport fd}: a running op ignores new posts
@@ -278,6 +313,14 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   std::string failure_;  // the first failure (guarded by failMu_)
   FailureKind failureKind_ = FailureKind::kNone;  // its kind (guarded by failMu_)
   std::atomic<bool> failed_{false};
+  FailureNotices notices_;
+  const std::function<void(const std::string&)> onTold_;
+  // The first failure is to be told to the other ranks (record(); cleared by tellPeers),
+  // with this notice (guarded by failMu_).
+  std::atomic<bool> tellDue_{false};
+  FailureNotice toTell_;
+  // When the driver of the transport next looks for a peer's notice (heardNotice).
+  Clock::time_point nextNoticeLook_{};
   std::mutex joinMu_;
   std::atomic<std::thread::id> threadId_{};
   std::atomic<size_t> queued_{0};

@@ -394,6 +394,13 @@ void UcxTransport::cancelAnySource() {
   }
 }
 
+int UcxTransport::probe(Tag tag, Tag mask) {
+  // Looks at the unexpected queue only (remove=0): nothing is posted, matched or progressed.
+  ucp_tag_recv_info_t info{};
+  if (ucp_tag_probe_nb(worker(), tag, mask, 0, &info) == nullptr) return -1;
+  return static_cast<int>(tag::source(info.sender_tag));
+}
+
 std::string UcxTransport::peerError(int peer) const {
   if (peer < 0 || peer >= size_) {
     return {};
@@ -491,7 +498,12 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   // one, and one that cannot be created says the peer is gone: the peer's error, below. An
   // any-source receive may come from every other rank, so it watches them all.
   if (peer >= 0) {
-    endpoint(*peers_.at(peer), false);
+    PeerSlot& slot = *peers_.at(peer);
+    // A message already here needs no watching: the receive takes it at once, and an
+    // endpoint made for it would only cost a connection, or a UCX error where the peer has
+    // left (a failure notice taken as the group ends: csrc/engine/failure_notice.h). Asked
+    // only until the endpoint exists.
+    if (slot.ep != nullptr || !slot.error.empty() || probe(tag, mask) < 0) endpoint(slot, false);
   } else if (!everyPeerWatched_) {  // once: an endpoint, once made, stays (or fails)
     for (auto& slot : peers_) {
       if (slot->peer != rank_) endpoint(*slot, false);

@@ -65,6 +65,7 @@ class UcxTransport final : public Transport {
   bool progress() override;
   bool arm() override;
   int eventFd() const override { return eventFd_; }
+  int probe(Tag tag, Tag mask) override;
   std::string peerError(int peer) const override;
   void abortPeer(int peer, const std::string& why) override;
   // Unless UCX_TLS leaves out UCX's own shared-memory transports.

@@ -563,6 +563,14 @@ void Endpoint::abortPeer(int peer, const std::string& why) {
   handleEvents();  // the requests complete now: their buffers may go right after
 }
 
+int Endpoint::probe(Tag tag, Tag mask) const {
+  for (int p = 0; p < size_; ++p) {
+    const Peer& peer = peers_[static_cast<size_t>(p)];
+    if (p != rank_ && peer.connected && peer.connection->hasMatchable(tag, mask)) return p;
+  }
+  return -1;
+}
+
 std::string Endpoint::peerError(int peer) const {
   if (peer < 0 || peer >= size_) return {};
   return peers_[static_cast<size_t>(peer)].error;

@@ -112,6 +112,9 @@ class Endpoint {
   // go as soon as this returns).
   void abortPeer(int peer, const std::string& why);
   std::string peerError(int peer) const;  // empty while the peer is healthy
+  // The peer whose message matching (tag, mask) has arrived and waits for a receive; -1 if
+  // none (Transport::probe). Posts nothing.
+  int probe(Tag tag, Tag mask) const;
   // The next peer failure not yet polled, once each.
   std::optional<PeerFailure> pollPeerFailure();
 

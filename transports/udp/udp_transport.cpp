@@ -356,6 +356,8 @@ void UdpTransport::transmit(TimeUs now, bool& active, size_t budget) {
 
 void UdpTransport::abortPeer(int peer, const std::string& why) { endpoint_.abortPeer(peer, why); }
 
+int UdpTransport::probe(Tag tag, Tag mask) { return endpoint_.probe(tag, mask); }
+
 std::string UdpTransport::peerError(int peer) const { return endpoint_.peerError(peer); }
 
 bool UdpTransport::arm() {

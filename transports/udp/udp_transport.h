@@ -63,6 +63,7 @@ class UdpTransport final : public Transport {
   bool progress() override;
   bool arm() override;
   int eventFd() const override { return epollFd_.get(); }
+  int probe(Tag tag, Tag mask) override;
   std::string peerError(int peer) const override;
   void abortPeer(int peer, const std::string& why) override;
 
