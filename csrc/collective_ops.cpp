@@ -122,53 +122,52 @@ std::vector<at::Tensor> rootList(const Checker& c, int root,
 
 // --- all_reduce --------------------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(const char* op, c10d::OpType type,
-                                                              std::vector<at::Tensor> tensors,
-                                                              const c10d::ReduceOp& reduceOp,
-                                                              std::chrono::milliseconds timeout,
-                                                              bool callerWaits) {
+c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(
+    const char* op, c10d::OpType type, const std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOp& reduceOp, std::chrono::milliseconds timeout, bool callerWaits) {
   const auto c = checker(op);
   const auto spec = reductionFor(c, tensors, reduceOp);
   const int size = getSize();
-  PostBody inlineBody;
   // One exchange (algo::allreducePostable) of a tensor that needs no staging copy: it may run
-  // on this thread.
+  // on this thread. Both closures run within enqueue, so they take this frame by reference.
   const at::Tensor& first = tensors[0];
-  if (tensors.size() == 1 && first.is_contiguous() && first.numel() > 0 &&
+  const bool postable =
+      tensors.size() == 1 && first.is_contiguous() && first.numel() > 0 &&
       inlineWanted(first.nbytes()) &&
       algo::allreducePostable(tuning_, static_cast<size_t>(first.numel()), spec.red.elementSize,
-                              size, engine_->staging())) {
-    inlineBody = [t = first, spec, reduceOp, size, callerWaits](Comm& comm) -> Posted {
-      at::Tensor buf = t;
+                              size, engine_->staging());
+  const auto inlineBody = [&first, &spec, &reduceOp, size, callerWaits](Comm& comm) -> Posted {
+    at::Tensor buf = first;
+    preScale(buf, reduceOp);
+    Posted posted{algo::postAllreduce(comm, buf.data_ptr(), static_cast<size_t>(buf.numel()),
+                                      spec.red),
+                  nullptr, callerWaits};
+    // Only AVG scales afterwards: a SUM's op allocates no closure for it.
+    if (reduceOp.op_ == c10d::ReduceOp::AVG) {
+      posted.after = [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); };
+    }
+    return posted;
+  };
+  // The queued op's body owns what it reads: it runs later, on the progress thread.
+  const auto queuedBody = [&tensors, &spec, &reduceOp, size]() -> Body {
+    return [tensors, spec = spec, reduceOp = reduceOp, size](Comm& comm) {
+      // One tensor is reduced in place (staged if strided); several are packed.
+      const bool single = tensors.size() == 1;
+      const Staged staged(single ? tensors[0] : pack(tensors));
+      at::Tensor buf = staged.flat;
       preScale(buf, reduceOp);
-      Posted posted{algo::postAllreduce(comm, buf.data_ptr(), static_cast<size_t>(buf.numel()),
-                                        spec.red),
-                    nullptr, callerWaits};
-      // Only AVG scales afterwards: a SUM's op allocates no closure for it.
-      if (reduceOp.op_ == c10d::ReduceOp::AVG) {
-        posted.after = [buf, reduceOp, size]() mutable { postScale(buf, reduceOp, size); };
+      algo::allreduce(comm, staged.data(), static_cast<size_t>(buf.numel()), spec.red);
+      postScale(buf, reduceOp, size);
+      if (single) {
+        staged.copyBack();
+      } else {
+        unpack(buf, tensors);
       }
-      return posted;
     };
-  }
+  };
   return enqueue(op, type, c.device(), tensors, OpInputs(tensors).agreeing(reduceOp.op_, -1),
-                 timeout,
-                 [tensors, spec, reduceOp, size](Comm& comm) {
-                   // One tensor is reduced in place (staged if strided); several are packed.
-                   const bool single = tensors.size() == 1;
-                   const Staged staged(single ? tensors[0] : pack(tensors));
-                   at::Tensor buf = staged.flat;
-                   preScale(buf, reduceOp);
-                   algo::allreduce(comm, staged.data(), static_cast<size_t>(buf.numel()),
-                                   spec.red);
-                   postScale(buf, reduceOp, size);
-                   if (single) {
-                     staged.copyBack();
-                   } else {
-                     unpack(buf, tensors);
-                   }
-                 },
-                 std::move(inlineBody));
+                 timeout, QueuedBody::deferred(queuedBody),
+                 postable ? PostBody(inlineBody) : PostBody());
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce(std::vector<at::Tensor>& tensors,

@@ -554,7 +554,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         std::vector<at::Tensor> outputs,
                                                         OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
-                                                        Body body, PostBody inlineBody,
+                                                        QueuedBody body, PostBody inlineBody,
                                                         const std::function<void()>& alsoIssue) {
   // From its sequence number to its place in the queue (or its lease), an op is issued
   // under issueMu_: ops that threads issue concurrently then run in the order of their
@@ -580,7 +580,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
         std::optional<DeviceOp> deviceOp;
         try {
           deviceOp = issueOnDevice(device, devices_);
-          queueTask(work, op, tagGroup, std::move(deviceOp), timeout, std::move(body));
+          queueTask(work, op, tagGroup, std::move(deviceOp), timeout, body.take());
         } catch (...) {
           deviceError = std::current_exception();
         }
@@ -655,7 +655,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
 
 void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
                                  uint32_t tagGroup,
-                                 std::chrono::milliseconds timeout, const PostBody& post,
+                                 std::chrono::milliseconds timeout, PostBody post,
                                  std::unique_ptr<ProgressEngine::Lease> lease) {
   running_->store(work.get());
   work->markStarted();  // on this thread: it is the one running the op

@@ -4,6 +4,7 @@
 // the algorithms in csrc/collectives (see progress_engine.h for the execution model).
 #pragma once
 
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -14,6 +15,8 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "csrc/backend_options.h"
@@ -173,7 +176,29 @@ class TransportBackend : public c10d::Backend {
     // (ProgressEngine::Lease::wait's toTheEnd). An async caller is held at most spin_us.
     bool callerWaits = false;
   };
-  using PostBody = std::function<Posted(Comm&)>;
+  // Called on the issuing thread, within enqueue (runInline), so it need not own what it
+  // reads: a closure that owns the op's tensor cost a small op an allocation and refcounts.
+  using PostBody = c10::function_ref<Posted(Comm&)>;
+  // The body of a queued op, or what makes it once the op is queued: an op that usually runs
+  // inline (an idle group's small all_reduce) then builds no closure, nor copies its tensors
+  // into one, that it never runs.
+  class QueuedBody {
+   public:
+    template <class F, std::enable_if_t<std::is_constructible_v<Body, F&&>, int> = 0>
+    QueuedBody(F&& body) : body_(std::forward<F>(body)) {}  // NOLINT: implicit, as a Body
+    // `make` is called at most once, within enqueue.
+    static QueuedBody deferred(c10::function_ref<Body()> make) {
+      QueuedBody q;
+      q.make_ = make;
+      return q;
+    }
+    Body take() { return make_ ? make_() : std::move(body_); }
+
+   private:
+    QueuedBody() = default;
+    Body body_;
+    c10::function_ref<Body()> make_;
+  };
 
   // If the group has failed (ProgressEngine::fail), fails `work` with GroupFailed naming the
   // first failure and returns true: on the caller's thread when the op is issued, and on the
@@ -200,7 +225,7 @@ class TransportBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
                                          std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs, OpInputs inputs,
-                                         std::chrono::milliseconds timeout, Body body,
+                                         std::chrono::milliseconds timeout, QueuedBody body,
                                          PostBody inlineBody = nullptr,
                                          const std::function<void()>& alsoIssue = nullptr);
   // The task that runs `body` for `work` on the progress thread, queued. `tagGroup`: the
@@ -212,7 +237,7 @@ class TransportBackend : public c10d::Backend {
   // drives it for up to spin_us, then finishes it here or hands the waiting to the progress
   // thread.
   void runInline(const c10::intrusive_ptr<TransportWork>& work, const char* op,
-                 uint32_t tagGroup, std::chrono::milliseconds timeout, const PostBody& post,
+                 uint32_t tagGroup, std::chrono::milliseconds timeout, PostBody post,
                  std::unique_ptr<ProgressEngine::Lease> lease);
   // Point-to-point: the body posts one request; the Work completes with it, not with the task.
   c10::intrusive_ptr<c10d::Work> enqueueP2P(const char* op, c10d::OpType type,
@@ -220,7 +245,7 @@ class TransportBackend : public c10d::Backend {
                                             at::Tensor tensor, int peer, uint64_t tag,
                                             uint64_t mask);
   c10::intrusive_ptr<c10d::Work> allreduceFlat(const char* op, c10d::OpType type,
-                                               std::vector<at::Tensor> tensors,
+                                               const std::vector<at::Tensor>& tensors,
                                                const c10d::ReduceOp& reduceOp,
                                                std::chrono::milliseconds timeout,
                                                bool callerWaits);

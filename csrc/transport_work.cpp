@@ -3,6 +3,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
+
 #include "csrc/collectives/op_driver.h"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/core_yield.h"
@@ -120,7 +122,7 @@ void TransportWork::pinStorages(c10::ArrayRef<at::Tensor> inputs) {
       if (!t.defined() || !t.has_storage()) continue;
       const c10::Storage& storage = t.storage();
       c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-      if (impl == nullptr) continue;
+      if (impl == nullptr || taken(impl)) continue;
       // Host memory only. A device tensor's old block goes back to torch's caching allocator,
       // which keeps it from reuse until the internal stream the op runs on is past it (the
       // tensors are recorded there), as with NCCL; and FSDP frees and regrows its all-gather
@@ -133,6 +135,14 @@ void TransportWork::pinStorages(c10::ArrayRef<at::Tensor> inputs) {
       }
     }
   }
+}
+
+bool TransportWork::taken(const c10::StorageImpl* impl) const {
+  // An in-place op names its storage as output and input: pinned once, not twice (each pin
+  // and unpin takes the process-wide lock of storage_pins.cpp).
+  const auto same = [impl](const c10::Storage& s) { return s.unsafeGetStorageImpl() == impl; };
+  return std::any_of(pinned_.begin(), pinned_.end(), same) ||
+         std::any_of(held_.begin(), held_.end(), same);
 }
 
 void TransportWork::unpinStorages() {

@@ -108,6 +108,8 @@ class TransportWork : public c10d::Work {
   // Gives back what pinStorages() took; on the thread that settles the Work, before any
   // waiter or Future callback can run (and may resize the tensors), or at destruction.
   void unpinStorages();
+  // Whether pinStorages() has pinned or held `impl` already.
+  bool taken(const c10::StorageImpl* impl) const;
   void settleFailed(std::exception_ptr error, bool unpin);
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.

@@ -199,6 +199,7 @@ class PostedRecursiveDoubling : public PostedOp {
         bytes_(count * red.elementSize),
         red_(red),
         schedule_(comm.tuning(), comm.rank(), comm.size(), count, red.elementSize) {
+    requests_.reserve(2);  // a level's exchange at once, not grown one at a time
     const int partner = schedule_.foldPartner;
     const uint32_t step = chunkStep(DoublingSchedule::kFoldInStep, 0, 1);
     if (partner >= 0 && schedule_.fold.folded()) {

@@ -38,6 +38,8 @@ void Comm::track(const RequestPtr& request) {
                                  [](const RequestPtr& r) { return !r->pending(); }),
                   posted_.end());
   }
+  // Room for a small op's requests at once: growing one at a time cost it two allocations.
+  if (posted_.capacity() == 0) posted_.reserve(4);
   posted_.push_back(request);
   // A tripwire that fired before this post (the other path's message was already here when
   // the wire was posted, or arrived while earlier requests were waited for) cancelled what
