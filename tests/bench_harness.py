@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from session_run import run_in_session
 
 import ucxbackend
 from ucxbackend import cli
@@ -54,22 +55,11 @@ def run_command(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m ucxbackend COMMAND ARGS`` (``bench``, ``soak``) in :func:`bench_env`; the
     whole process group is killed on timeout."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ucxbackend", command, *args],
-        env=bench_env() if env is None else env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        pytest.fail(f"{command} did not finish within {timeout}s\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    cmd = [sys.executable, "-m", "ucxbackend", command, *args]
+    run = run_in_session(cmd, timeout=timeout, env=bench_env() if env is None else env, cwd=REPO)
+    if run.timed_out:
+        pytest.fail(f"{command} did not finish within {timeout}s\n{run.out}\n{run.err}")
+    return subprocess.CompletedProcess(cmd, run.returncode, run.out, run.err)
 
 
 def parse_args(*argv: str) -> argparse.Namespace:

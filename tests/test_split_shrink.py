@@ -17,7 +17,6 @@ import importlib.util
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
+from session_run import run_in_session
 from world_pool import pooled
 
 OURS = ["ucx", "udp"]
@@ -213,21 +213,11 @@ def _example_run(backend: str, *extra: str) -> tuple[float, str]:
     cmd += ["--steps", str(STEPS), *extra]
     # A session of its own: past the deadline its ranks (the fork server's children, not the
     # example's) die with it.
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=EXAMPLE_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    run = run_in_session(cmd, timeout=EXAMPLE_DEADLINE_S, env=env)
+    out, err = run.out, run.err
+    if run.timed_out:
         pytest.fail(f"{backend}: the example ran past {EXAMPLE_DEADLINE_S} s:\n{out}{err}")
-    assert proc.returncode == 0, f"{backend}: the example exited {proc.returncode}:\n{out}{err}"
+    assert run.returncode == 0, f"{backend}: the example exited {run.returncode}:\n{out}{err}"
     m = re.search(r"RESULT backend=\S+ world_size=2 final_loss=(\S+)", out)
     assert m, out
     return float(m.group(1)), out

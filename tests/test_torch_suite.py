@@ -21,8 +21,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from dist_harness import BACKEND
+from session_run import run_in_session
 from world_pool import pooled
 
 HERE = Path(__file__).resolve().parent
@@ -75,20 +74,10 @@ def _run_suite(tmp_path: Path, tier: str) -> dict:
         "-v",
         *extra,
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # the runner and all the ranks it spawns: one process group
-    )
-    try:
-        out, _ = proc.communicate(timeout=deadline)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    # The runner and all the ranks it spawns: one session, killed together at the deadline.
+    run = run_in_session(cmd, timeout=deadline, env=env, cwd=REPO, stderr_to_stdout=True)
+    out = run.out
+    if run.timed_out:
         done = json.loads(progress_path.read_text()) if progress_path.exists() else {}
         statuses = {name: o["status"] for name, o in done.items()}
         pytest.fail(
@@ -96,10 +85,10 @@ def _run_suite(tmp_path: Path, tier: str) -> dict:
             f"{len(done)} tests had finished: {statuses}\n--- output tail ---\n{out[-6000:]}"
         )
     if not summary_path.exists():
-        pytest.fail(f"the runner exited {proc.returncode} without a summary:\n{out[-6000:]}")
+        pytest.fail(f"the runner exited {run.returncode} without a summary:\n{out[-6000:]}")
     summary = json.loads(summary_path.read_text())
     summary["_output"] = out
-    summary["_returncode"] = proc.returncode
+    summary["_returncode"] = run.returncode
     return summary
 
 

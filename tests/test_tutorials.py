@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from dist_harness import BACKEND, run_world
+from session_run import run_in_session
 from torch.testing import assert_close
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,22 +174,11 @@ def _run_torchrun(script: str, tmp_path: Path, nproc: int = 2) -> list[dict]:
         "--result-dir",
         str(tmp_path),
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # so that a hang can be killed with all its workers
-    )
-    try:
-        out, _ = proc.communicate(timeout=TORCHRUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    run = run_in_session(cmd, timeout=TORCHRUN_TIMEOUT, env=env, cwd=REPO, stderr_to_stdout=True)
+    out = run.out
+    if run.timed_out:
         pytest.fail(f"torchrun {script} timed out after {TORCHRUN_TIMEOUT}s:\n{out[-4000:]}")
-    assert proc.returncode == 0, f"torchrun {script} exited {proc.returncode}:\n{out[-4000:]}"
+    assert run.returncode == 0, f"torchrun {script} exited {run.returncode}:\n{out[-4000:]}"
     records = []
     for rank in range(nproc):
         path = tmp_path / f"result_rank{rank}.json"
