@@ -64,6 +64,11 @@ constexpr uint64_t kNoticeUser = uint64_t{1} << (kUserBits - 1);
 static_assert(kNoticeUser > static_cast<uint64_t>(kMaxUserTag) && kNoticeUser <= kUserMask);
 
 constexpr uint64_t notice(uint32_t group, uint32_t src) { return p2p(group, kNoticeUser, src); }
+constexpr bool isNotice(uint64_t tag) {
+  return (tag & kP2PBit) != 0 && ((tag >> kUserShift) & kUserMask) == kNoticeUser;
+}
+static_assert(isNotice(notice(5, 3)) && !isNotice(p2p(5, kMaxUserTag, 3)) &&
+              !isNotice(collective(5, kNoticeUser >> 16, 0, 3)));
 
 constexpr uint32_t source(uint64_t tag) { return static_cast<uint32_t>((tag >> kSrcShift) & kSrcMask); }
 constexpr uint32_t group(uint64_t tag) { return static_cast<uint32_t>((tag >> kGroupShift) & kGroupMask); }

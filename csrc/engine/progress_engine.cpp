@@ -191,12 +191,17 @@ void ProgressEngine::tellPeers() {
 
 void ProgressEngine::sendDueNotice() {
   if (!tellDue_.exchange(false) || !transport_) return;
-  FailureNotice notice;
-  {
-    std::lock_guard<std::mutex> lock(failMu_);
-    notice = toTell_;
+  try {
+    FailureNotice notice;
+    {
+      std::lock_guard<std::mutex> lock(failMu_);
+      notice = toTell_;
+    }
+    notices_.tell(*transport_, notice);
+  } catch (...) {
+    // Best effort (the copies may not get their memory): the thread's loop calls this outside
+    // its try, and an exception leaving the thread would end the process.
   }
-  notices_.tell(*transport_, notice);  // best effort: never throws
 }
 
 std::optional<std::string> ProgressEngine::heardNotice(Clock::time_point now, bool force) {

@@ -499,11 +499,13 @@ RequestPtr UcxTransport::postRecv(int peer, Tag tag, Tag mask, void* data, size_
   // any-source receive may come from every other rank, so it watches them all.
   if (peer >= 0) {
     PeerSlot& slot = *peers_.at(peer);
-    // A message already here needs no watching: the receive takes it at once, and an
-    // endpoint made for it would only cost a connection, or a UCX error where the peer has
-    // left (a failure notice taken as the group ends: csrc/engine/failure_notice.h). Asked
-    // only until the endpoint exists.
-    if (slot.ep != nullptr || !slot.error.empty() || probe(tag, mask) < 0) endpoint(slot, false);
+    // A failure notice already here needs no watching: it is one small eager message that
+    // the receive takes at once, and an endpoint made for it would only cost a connection, or
+    // a UCX error where the peer has left (a notice taken as the group ends:
+    // csrc/engine/failure_notice.h). Any other message may be a rendezvous whose data still
+    // needs the sender, so its receive watches the peer. Asked only until the endpoint exists.
+    const bool noticeHere = tag::isNotice(tag) && probe(tag, mask) >= 0;
+    if (slot.ep != nullptr || !slot.error.empty() || !noticeHere) endpoint(slot, false);
   } else if (!everyPeerWatched_) {  // once: an endpoint, once made, stays (or fails)
     for (auto& slot : peers_) {
       if (slot->peer != rank_) endpoint(*slot, false);
