@@ -220,6 +220,15 @@ std::optional<std::string> ProgressEngine::heardNotice(Clock::time_point now, bo
   return reason;
 }
 
+void ProgressEngine::throwIfTold(const std::vector<RequestPtr>& requests, Clock::time_point now,
+                                 bool force) {
+  const auto told = heardNotice(now, force);
+  if (!told) return;
+  abandonPending(requests);
+  runTold(*told);
+  throw PeerFailed(*told);
+}
+
 void ProgressEngine::runTold(const std::string& reason) {
   if (!onTold_) return;
   try {
@@ -509,11 +518,7 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
       continue;
     }
     const auto now = Clock::now();
-    if (auto told = heardNotice(now, false)) {
-      abandonPending(requests);
-      runTold(*told);
-      throw PeerFailed(*told);
-    }
+    throwIfTold(requests, now, false);
     if (now >= deadline) {
       std::string what;
       for (const auto& r : requests) {
@@ -559,11 +564,7 @@ bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
     }
     // Before a sleep, which lasts until the next message or 100 ms: a notice already here
     // would not wake it.
-    if (auto told = heardNotice(now, true)) {
-      abandonPending(requests);
-      runTold(*told);
-      throw PeerFailed(*told);
-    }
+    throwIfTold(requests, now, true);
     if (borrowed && !leaseSleeps_.load(std::memory_order_relaxed)) {
       leaseSleeps_.store(true, std::memory_order_seq_cst);
     }

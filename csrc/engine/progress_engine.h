@@ -255,6 +255,9 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   // and the group has not failed: records the group's failure with the peer's reason and
   // returns that reason ("rank 0 failed the group: ..."). Whoever drives the transport.
   std::optional<std::string> heardNotice(Clock::time_point now, bool force);
+  // In a wait: a peer's notice (heardNotice) gives up `requests`, fails the group's other
+  // Works (runTold) and ends the op with PeerFailed naming that peer.
+  void throwIfTold(const std::vector<RequestPtr>& requests, Clock::time_point now, bool force);
   // Runs onTold (the backend fails the group's unsettled Works); never throws.
   void runTold(const std::string& reason);
   void setWaitingFor(std::string what);
