@@ -472,6 +472,15 @@ def _phase_barrier(store: dist.Store, phase: str, timeout: float) -> None:
         time.sleep(0.02)
 
 
+def _marker(line: str) -> None:
+    """A phase marker as one write of its own: the ranks of a host share torchrun's output
+    pipe with UCX's C stdio (UCX_PROTO_INFO tables, flushed in blocks that cut lines), and a
+    marker split across two writes by Python's buffer could get another process's bytes in
+    its middle, which multinode_harness then cannot find."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -493,9 +502,9 @@ def main() -> int:
         store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=args.timeout)))
     code = 0
     for phase in phases:
-        print(f"{PHASE_BEGIN}{phase}", flush=True)
+        _marker(f"{PHASE_BEGIN}{phase}")
         rc = run_phase(phase, args.timeout, sizes, store)
-        print(f"{PHASE_END}{phase} rc={rc}", flush=True)
+        _marker(f"{PHASE_END}{phase} rc={rc}")
         code = code or rc
         if store is not None:
             _phase_barrier(store, phase, args.timeout)
