@@ -7,6 +7,10 @@ transport, and none of algorithms_test's other groups (docs/testing.md).
 allreduce_half_made (tests/cpp/algorithms/failing_post_groups.cpp): a posted all_reduce that
 fails while filling its slot must give up the receives it posted into its own buffers; one
 left behind takes the peer's notice after those buffers are freed, which only a sanitizer sees.
+
+abandoned_wire (tests/cpp/algorithms/abandoned_wire_groups.cpp): a tripwire its op gave up
+but the transport could not stop catches a message after its Comm is gone; its callback must
+not run into the freed Comm.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ ASAN = cpp_build.Program(
     "tests/cpp/algorithms_asan_test.cpp",
     groups=["collectives", "shm", "inproc"],
     flags=[*cpp_build.ASAN_UBSAN, "-Werror", "-pthread"],
-    extra_sources=["tests/cpp/algorithms/failing_post_groups.cpp"],
+    extra_sources=[
+        "tests/cpp/algorithms/failing_post_groups.cpp",
+        "tests/cpp/algorithms/abandoned_wire_groups.cpp",
+    ],
 )
-GROUPS = ["allreduce_half_made"]
+GROUPS = ["allreduce_half_made", "abandoned_wire"]
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ GROUPS = [
     "allreduce_pair_slots",
     "allreduce_fused_pair",
     "allreduce_half_made",
+    "abandoned_wire",
     "reduce_scatter_ring",
     "reduce_scatter_recursive_halving",
     "reduce_binomial",

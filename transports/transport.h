@@ -75,6 +75,11 @@ class Request {
     }
   }
 
+  // Forgets the onComplete callback, unrun: for an owner that gives the request up and is
+  // gone before it settles (a cancel cannot stop a receive already matched to a message whose
+  // last fragments are on their way, so it may settle long after). Owner thread.
+  void dropOnComplete() { callback_ = nullptr; }
+
   // Anything that must outlive the request (e.g. the tensors whose memory it reads or writes)
   // when its owner gives up on it before the transport has finished with it. Adds to what
   // earlier calls gave (a staging buffer, then the op's tensors).

@@ -25,7 +25,7 @@ Comm::~Comm() {
   }
   if (pending.empty()) return;
   try {
-    driver_.abandon(pending);
+    abandon(pending);
   } catch (...) {
     // The driver records its own failures; a destructor must not throw.
   }
@@ -128,8 +128,8 @@ RequestPtr Comm::tripwire(int peer, uint32_t step, void* data, size_t bytes,
                           std::function<std::string(const Request&)> why) {
   RequestPtr wire = recv(peer, step, data, bytes);
   Request* self = wire.get();
-  // Runs on the owner thread during progress(); the Comm outlives the request's wait
-  // (its destructor abandons what is pending, and a cancelled wire trips nothing).
+  // Runs on the owner thread during progress(), until the wire is given up: abandon() (which
+  // the destructor calls for what is still pending) drops it from a wire it could not stop.
   wire->onComplete([this, self, why = std::move(why)](Request& r) {
     if (!caught(r) || !tripped_.empty()) return;
     tripped_ = why(r);
@@ -162,7 +162,22 @@ void Comm::completed(const std::vector<RequestPtr>& requests) {
 }
 
 void Comm::abandon(const std::vector<RequestPtr>& requests) {
-  driver_.abandon(requests);
+  // A tripwire the driver could not stop (UCX cannot cancel a receive matched to an eager
+  // message whose last fragments are still on their way) settles in a later progress(),
+  // perhaps after this Comm is gone: its callback, which writes into the Comm, must not run
+  // then (a heap corruption, until 2026-11-27). One that settles during the abandon still trips.
+  const auto dropCallbacks = [&requests] {
+    for (const auto& r : requests) {
+      if (r->pending()) r->dropOnComplete();
+    }
+  };
+  try {
+    driver_.abandon(requests);
+  } catch (...) {
+    dropCallbacks();
+    throw;
+  }
+  dropCallbacks();
   // Their host buffers stay with the requests (keepAlive); nothing is copied in.
   bounced_.erase(std::remove_if(bounced_.begin(), bounced_.end(),
                                 [&](const Bounced& b) {

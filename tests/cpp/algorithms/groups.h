@@ -11,6 +11,8 @@ void testAllreducePairSlots();
 void testAllreduceFusedPairSlowPeer();
 // failing_post_groups.cpp: a posted all_reduce that fails part-way through posting.
 void testAllreduceHalfMade();
+// abandoned_wire_groups.cpp: a tripwire given up that catches a message later.
+void testAbandonedWireOutlivesItsComm();
 void testReduceScatterRing();
 void testReduceScatterRecursiveHalving();
 void testReduceBinomial();
