@@ -624,6 +624,10 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
       }
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
                 tuning, memory ? &*memory : nullptr);
+      // The group's device scratch goes with the group, which an abort() lets go before this
+      // thread has let go of the transport: a request given up that still writes into the
+      // scratch holds it (Comm::keep).
+      if (deviceOp) comm.keep(deviceOp->scratch);
       work->checkTensorsFit();
       body(comm);
       scope->drain();
