@@ -1,5 +1,5 @@
-"""A receive that a failed op gave up, and that UCX could not stop, writes on into the op's own
-buffer after the op has ended: that buffer must still be there.
+"""A receive that a failed op gave up, and that UCX could not stop, writes on into its buffer
+after the op has ended: that buffer must still be there.
 
 UCX cannot cancel a receive already matched to an eager message whose last fragments are still
 arriving, and closing the sender's endpoint (abortPeer) does not stop it either: a tag receive
@@ -13,6 +13,12 @@ its op times out with the receive matched, and once the op has failed rank 0 let
 the op ended (unmapped, at this size) and rank 0 died there of SIGSEGV; now the request holds
 it (Comm::keep). The mechanism alone, with a transport of held receives in place of UCX:
 ``abandoned_receive`` in tests/cpp/algorithms/abandoned_wire_groups.cpp.
+
+The same with a contiguous tensor, received into in place, which the caller grows with
+``resize_()`` once the op has failed: until 2026-11-27 the failed Work made its storage
+resizable again, the resize freed the memory the receive writes into, and rank 0 died of
+SIGSEGV; now the storage stays pinned while such a request holds the Work, and the resize
+raises (docs/failure-model.md#a-pending-ops-tensors).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ ENV = {
 }
 
 
-def _late_fragments(rank: int, ws: int) -> Any:
+def _late_fragments(rank: int, ws: int, strided: bool) -> Any:
     store = dist.distributed_c10d._get_default_store()
     store.set(f"pid{rank}", str(os.getpid()))
     peer = int(store.get(f"pid{1 - rank}"))
@@ -73,19 +79,33 @@ def _late_fragments(rank: int, ws: int) -> Any:
     marker.get_future().then(hold)
     store.set("armed", "1")
     assert held.wait(timeout=60), "rank 1's first message never came"
-    strided = torch.zeros(ELEMENTS, 2)[:, 0]
+    into = torch.zeros(ELEMENTS, 2)[:, 0] if strided else torch.zeros(ELEMENTS)
+    resize = "not tried"
     try:
-        dist.broadcast(strided, src=1, group=group)
+        dist.broadcast(into, src=1, group=group)
         error = "no error"
     except RuntimeError as exc:
         error = str(exc)
+        if not strided:
+            try:
+                into.resize_(2 * ELEMENTS)
+                resize = "grown"
+            except RuntimeError as refused:
+                resize = str(refused)
     finally:
         os.kill(peer, signal.SIGCONT)
     time.sleep(LATE_S)  # rank 0's idle progress takes the rest of the message in
-    return error
+    return error, resize
 
 
 @pytest.mark.skipif(BACKEND != "ucx", reason="UCX's cancel semantics (udp stops at once)")
-def test_a_receive_given_up_writes_into_memory_it_still_holds() -> None:
-    results = run_world(_late_fragments, 2, env=ENV, timeout=120)
-    assert "no progress before the timeout" in results[0], results[0]
+def test_a_receive_given_up_writes_into_a_copy_it_still_holds() -> None:
+    error, _ = run_world(_late_fragments, 2, env=ENV, args=(True,), timeout=120)[0]
+    assert "no progress before the timeout" in error, error
+
+
+@pytest.mark.skipif(BACKEND != "ucx", reason="UCX's cancel semantics (udp stops at once)")
+def test_a_failed_ops_tensor_stays_pinned_while_a_receive_writes_into_it() -> None:
+    error, resize = run_world(_late_fragments, 2, env=ENV, args=(False,), timeout=120)[0]
+    assert "no progress before the timeout" in error, error
+    assert "not resizable" in resize, resize
