@@ -15,12 +15,22 @@ namespace ucxb {
 
 namespace {
 
+// A tensor the body made for the op (a packed buffer, a copy), which it frees when it returns
+// or throws: held by the Comm past the op's requests (Comm::keep), since one the op gave up
+// may still write into it (UCX cannot stop a receive matched to an eager message whose last
+// fragments are still arriving).
+at::Tensor kept(Comm& comm, at::Tensor t) {
+  comm.keep(std::make_shared<at::Tensor>(t));
+  return t;
+}
+
 // A contiguous tensor holding `user`'s values; copyBack() writes results into `user` when
-// they are not the same memory.
+// they are not the same memory. A copy is the op's own (kept).
 struct Staged {
   at::Tensor user;
   at::Tensor flat;
-  explicit Staged(const at::Tensor& t) : user(t), flat(t.is_contiguous() ? t : t.contiguous()) {}
+  Staged(Comm& comm, const at::Tensor& t)
+      : user(t), flat(t.is_contiguous() ? t : kept(comm, t.contiguous())) {}
   void* data() const { return flat.numel() == 0 ? nullptr : flat.data_ptr(); }
   size_t bytes() const { return flat.nbytes(); }
   void copyBack() const {
@@ -153,7 +163,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(
     return [tensors, spec = spec, reduceOp = reduceOp, size](Comm& comm) {
       // One tensor is reduced in place (staged if strided); several are packed.
       const bool single = tensors.size() == 1;
-      const Staged staged(single ? tensors[0] : pack(tensors));
+      const Staged staged(comm, single ? tensors[0] : kept(comm, pack(tensors)));
       at::Tensor buf = staged.flat;
       preScale(buf, reduceOp);
       algo::allreduce(comm, staged.data(), static_cast<size_t>(buf.numel()), spec.red);
@@ -206,9 +216,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
                    // the other ranks' inputs, so they are sent as they are, except under
                    // PREMUL_SUM, which must scale a copy.
                    const bool scaled = reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-                   const Staged staged(t);
+                   const Staged staged(comm, t);
                    at::Tensor buf = staged.flat;
-                   if (scaled && !isRoot && buf.is_same(t)) buf = buf.clone();
+                   if (scaled && !isRoot && buf.is_same(t)) buf = kept(comm, buf.clone());
                    preScale(buf, reduceOp);
                    void* data = buf.numel() ? buf.data_ptr() : nullptr;
                    algo::reduce(comm, data, data, static_cast<size_t>(buf.numel()), spec.red,
@@ -230,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tenso
   return enqueue("broadcast", c10d::OpType::BROADCAST, c.device(), tensors,
                  OpInputs(t).agreeing(-1, root),
                  timeoutFor(opts.timeout), [t, root](Comm& comm) {
-                   Staged s(t);
+                   Staged s(comm, t);
                    algo::broadcast(comm, s.data(), s.bytes(), root);
                    if (comm.rank() != root) s.copyBack();
                  });
@@ -258,11 +268,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
   c.disjoint(outs, "output", &in, getRank());
   return enqueue("allgather", c10d::OpType::ALLGATHER, c.device(), outs, in,
                  timeoutFor(opts.timeout), [in, outs](Comm& comm) {
-                   Staged src(in);
+                   Staged src(comm, in);
                    std::vector<Staged> dst;
                    std::vector<void*> ptrs;
                    for (const auto& o : outs) {
-                     dst.emplace_back(o);
+                     dst.emplace_back(comm, o);
                      ptrs.push_back(dst.back().data());
                    }
                    algo::allgather(comm, src.data(), ptrs, src.bytes());
@@ -299,7 +309,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(
                    const int n = comm.size();
                    if (inputs.size() == 1 && outputs[0].is_contiguous()) {
                      // Zero-copy: receive straight into the output.
-                     Staged src(inputs[0]);
+                     Staged src(comm, inputs[0]);
                      std::vector<void*> ptrs;
                      for (int r = 0; r < n; ++r) {
                        ptrs.push_back(src.bytes() ? bytePtr(outputs[0]) + r * src.bytes()
@@ -312,13 +322,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(
                    std::vector<Staged> src;
                    size_t block = 0;
                    for (const auto& t : inputs) {
-                     src.emplace_back(t);
+                     src.emplace_back(comm, t);
                      block += src.back().bytes();
                    }
                    // In the inputs' memory (host or device), as byte tensors.
                    const auto byteOpts = inputs[0].options().dtype(at::kByte);
-                   at::Tensor send = at::empty({static_cast<int64_t>(block)}, byteOpts);
-                   at::Tensor recv = at::empty({static_cast<int64_t>(block * n)}, byteOpts);
+                   at::Tensor send = kept(comm, at::empty({static_cast<int64_t>(block)}, byteOpts));
+                   at::Tensor recv =
+                       kept(comm, at::empty({static_cast<int64_t>(block * n)}, byteOpts));
                    size_t at = 0;
                    for (const auto& st : src) {
                      if (st.bytes()) send.narrow(0, at, st.bytes()).copy_(bytesOf(st.flat));
@@ -331,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(
                    algo::allgather(comm, block ? send.data_ptr() : nullptr, ptrs, block);
                    at = 0;
                    for (size_t i = 0; i < inputs.size(); ++i) {
-                     Staged dst(outputs[i]);
+                     Staged dst(comm, outputs[i]);
                      const size_t len = src[i].bytes();
                      at::Tensor out = len ? bytesOf(dst.flat) : at::Tensor();
                      for (int r = 0; r < n && len > 0; ++r) {
@@ -434,11 +445,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
   return enqueue("gather", c10d::OpType::GATHER, c.device(), outs,
                  OpInputs(in).agreeing(-1, root), timeoutFor(opts.timeout),
                  [in, outs, root](Comm& comm) {
-                   Staged src(in);
+                   Staged src(comm, in);
                    std::vector<Staged> dst;
                    std::vector<void*> ptrs;
                    for (const auto& o : outs) {
-                     dst.emplace_back(o);
+                     dst.emplace_back(comm, o);
                      ptrs.push_back(dst.back().data());
                    }
                    algo::gather(comm, src.data(), ptrs, src.bytes(), root);
@@ -461,10 +472,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
                    std::vector<Staged> src;
                    std::vector<const void*> ptrs;
                    for (const auto& i : ins) {
-                     src.emplace_back(i);
+                     src.emplace_back(comm, i);
                      ptrs.push_back(src.back().data());
                    }
-                   Staged dst(out);
+                   Staged dst(comm, out);
                    algo::scatter(comm, ptrs, dst.data(), dst.bytes(), root);
                    dst.copyBack();
                  });
@@ -524,7 +535,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                      const int n = comm.size();
                      const size_t blockBytes = output.nbytes();
                      std::vector<Staged> src;
-                     for (const auto& part : parts) src.emplace_back(part);
+                     for (const auto& part : parts) src.emplace_back(comm, part);
                      std::vector<const void*> blocks;
                      for (int r = 0; r < n; ++r) {
                        const Staged& from = src.size() == 1 ? src[0] : src[r];
@@ -532,7 +543,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                        blocks.push_back(blockBytes ? static_cast<uint8_t*>(from.data()) + at
                                                    : nullptr);
                      }
-                     Staged dst(output);
+                     Staged dst(comm, output);
                      algo::reduceScatter(comm, blocks, dst.data(),
                                          static_cast<size_t>(output.numel()), spec.red);
                      postScale(dst.flat, reduceOp, size);
@@ -553,7 +564,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                      }
                      rows.push_back(at::cat(flat).view({n, numel / n}));
                    }
-                   at::Tensor work = at::cat(rows, 1).contiguous();
+                   at::Tensor work = kept(comm, at::cat(rows, 1).contiguous());
                    preScale(work, reduceOp);
                    const int64_t blockElems = work.numel() / n;
                    std::vector<const void*> blocks;
@@ -562,7 +573,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                                                                        work.element_size()
                                                  : nullptr);
                    }
-                   at::Tensor mine = at::empty({blockElems}, work.options());
+                   at::Tensor mine = kept(comm, at::empty({blockElems}, work.options()));
                    algo::reduceScatter(comm, blocks, blockElems ? mine.data_ptr() : nullptr,
                                        static_cast<size_t>(blockElems), spec.red);
                    postScale(mine, reduceOp, size);
@@ -657,8 +668,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall_base(
                  timeoutFor(opts.timeout),
                  [input, output, inSplits, outSplits, inRow, outRow](Comm& comm) {
                    // In place (input is output): send from a copy, as receives overwrite it.
-                   Staged src(input.is_alias_of(output) ? input.clone() : input);
-                   Staged dst(output);
+                   Staged src(comm, input.is_alias_of(output) ? kept(comm, input.clone()) : input);
+                   Staged dst(comm, output);
                    std::vector<const void*> sends;
                    std::vector<void*> recvs;
                    std::vector<size_t> sendBytes;
@@ -711,8 +722,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
                    std::vector<size_t> sendBytes;
                    std::vector<size_t> recvBytes;
                    for (size_t p = 0; p < inputs.size(); ++p) {
-                     src.emplace_back(inputs[p]);
-                     dst.emplace_back(outputs[p]);
+                     src.emplace_back(comm, inputs[p]);
+                     dst.emplace_back(comm, outputs[p]);
                      sends.push_back(src.back().data());
                      recvs.push_back(dst.back().data());
                      sendBytes.push_back(src.back().bytes());

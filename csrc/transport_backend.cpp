@@ -75,6 +75,20 @@ AnyHostHook anyHostHook(const std::string& backend) {
                           "got '" + value + "'");
 }
 
+// Fails `work` on the thread that ran its op, its Comm gone. A request the op gave up that
+// the transport could not stop (`requestsLeft`: ProgressEngine::leftRequestsBehind) may still
+// write into the op's tensors (UCX cannot stop a receive matched to an eager message whose
+// last fragments are still arriving): they then stay pinned until the Work is destroyed,
+// which that request's hold on it delays, as after abort(). Until 2026-11-27 a resize_() after
+// the failure freed their memory under it.
+void finishFailed(TransportWork& work, std::exception_ptr error, bool requestsLeft) {
+  if (requestsLeft) {
+    work.finishAborted(error);
+  } else {
+    work.finishError(error);
+  }
+}
+
 // A task of `work`'s op, without its body: if the engine stops before running it, the Work
 // fails naming why; until it has run, the Work (and so its tensors) stays alive.
 Task taskFor(const c10::intrusive_ptr<TransportWork>& work, const char* op) {
@@ -624,6 +638,10 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
       }
       Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
                 tuning, memory ? &*memory : nullptr);
+      // The group's device scratch goes with the group, which an abort() lets go before this
+      // thread has let go of the transport: a request given up that still writes into the
+      // scratch holds it (Comm::keep).
+      if (deviceOp) comm.keep(deviceOp->scratch);
       work->checkTensorsFit();
       body(comm);
       scope->drain();
@@ -643,7 +661,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
         } catch (...) {
         }
       }
-      work->finishError(error);
+      finishFailed(*work, error, engine->leftRequestsBehind());
       running->store(nullptr);
       return;
     }
@@ -697,7 +715,7 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
           } catch (...) {
             const auto error = toDistError(work->context(), std::current_exception());
             engine->fail(messageOf(error), failureKindOf(std::current_exception()));
-            work->finishError(error);
+            finishFailed(*work, error, engine->leftRequestsBehind());
             running->store(nullptr);
             return;
           }
@@ -721,9 +739,10 @@ void TransportBackend::runInline(const c10::intrusive_ptr<TransportWork>& work, 
     engine_->fail(messageOf(error), failureKindOf(failure));
   }
   running_->store(nullptr);
+  const bool requestsLeft = engine_->leftRequestsBehind();  // asked while this thread drives
   lease.reset();  // Future callbacks below may issue ops: those may go inline too
   if (error) {
-    work->finishError(error);
+    finishFailed(*work, error, requestsLeft);
   } else {
     work->finishOk();
   }

@@ -33,7 +33,7 @@ ASAN = cpp_build.Program(
         "tests/cpp/algorithms/abandoned_wire_groups.cpp",
     ],
 )
-GROUPS = ["allreduce_half_made", "abandoned_wire"]
+GROUPS = ["allreduce_half_made", "abandoned_wire", "abandoned_receive"]
 
 
 @pytest.mark.slow

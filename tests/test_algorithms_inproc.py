@@ -26,6 +26,7 @@ GROUPS = [
     "allreduce_fused_pair",
     "allreduce_half_made",
     "abandoned_wire",
+    "abandoned_receive",
     "reduce_scatter_ring",
     "reduce_scatter_recursive_halving",
     "reduce_binomial",

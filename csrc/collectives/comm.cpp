@@ -29,6 +29,12 @@ Comm::~Comm() {
   } catch (...) {
     // The driver records its own failures; a destructor must not throw.
   }
+  // What the transport could not stop may still write into the memory the op's caller is
+  // about to free (keep()): each such request holds it, until 2026-11-27 freed under it.
+  for (const auto& r : pending) {
+    if (!r->pending()) continue;
+    for (const auto& owner : kept_) r->keepAlive(owner);
+  }
 }
 
 void Comm::track(const RequestPtr& request) {

@@ -68,6 +68,13 @@ class Comm {
   // copied into the op's memory.
   void completed(const std::vector<RequestPtr>& requests);
   void abandon(const std::vector<RequestPtr>& requests);
+  // Memory the op's requests point into that the op's caller frees once the op returns or
+  // throws (a contiguous copy of a strided tensor, a packed buffer): this Comm holds `owner`
+  // until it goes, and then hands it to each of its requests still pending
+  // (Request::keepAlive). A request given up that the transport cannot stop (UCX cannot
+  // cancel a receive matched to an eager message whose last fragments are still arriving)
+  // writes into it after the op has gone.
+  void keep(std::shared_ptr<void> owner) { kept_.push_back(std::move(owner)); }
   // A receive of the first message `peer` would send if it took another path than this rank
   // for a message between them (transport or shared-memory slots: the length picks the
   // path, so ranks that disagree on the length take different ones, with different tags,
@@ -132,6 +139,8 @@ class Comm {
   std::vector<Bounced> bounced_;
   // Requests posted and not yet seen complete by wait(); pruned as they complete.
   std::vector<RequestPtr> posted_;
+  // keep()'s owners, handed to the requests still pending when this Comm goes.
+  std::vector<std::shared_ptr<void>> kept_;
   // Set by a tripwire that caught a message of the other path: what wait() throws.
   std::string tripped_;
   int trippedBy_ = -1;

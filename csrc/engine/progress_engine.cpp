@@ -261,6 +261,7 @@ void ProgressEngine::failThread(const std::string& what, Task* running) {
 void ProgressEngine::runTask(Task& task) {
   std::lock_guard<std::mutex> owner(ownerMu_);
   currentKeepAlive_ = task.keepAlive;
+  leftBehind_ = false;
   const bool counted = traffic_.enabled() && !task.op.empty();
   if (counted) traffic_.beforeOp(*transport_);
   task.run();  // reports its own errors to its Work
@@ -471,6 +472,7 @@ void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
   for (const auto& r : requests) {
     if (r->pending()) {
       r->keepAlive(currentKeepAlive_);  // last resort: at least the user's tensors survive
+      leftBehind_ = true;
     }
   }
 }
@@ -634,6 +636,7 @@ std::unique_ptr<ProgressEngine::Lease> ProgressEngine::lend(const std::string& o
     return nullptr;
   }
   currentKeepAlive_ = std::move(keepAlive);
+  leftBehind_ = false;
   return std::unique_ptr<Lease>(new Lease(*this, std::move(owner), op, seq));
 }
 

@@ -233,6 +233,10 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   uint8_t* scratch(size_t bytes) override;
   // Null unless every rank of the group runs on this host (and shared memory is enabled).
   StagingArea* staging() const override { return staging_.get(); }
+  // Whether the op now running (a task's, or a borrowing caller's) gave up a request that
+  // the transport could not stop: it holds the op's keepAlive and may still write into the
+  // op's tensors (abandonPending). Whoever drives the transport.
+  bool leftRequestsBehind() const { return leftBehind_; }
 
  private:
   void threadMain();
@@ -329,6 +333,7 @@ class ProgressEngine : public OpDriver, public std::enable_shared_from_this<Prog
   std::atomic<size_t> queued_{0};
   std::atomic<bool> sleeping_{false};  // the idle thread is (about to be) in epoll_wait
   std::shared_ptr<void> currentKeepAlive_;
+  bool leftBehind_ = false;  // leftRequestsBehind(); reset with currentKeepAlive_
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratchBytes_ = 0;
   std::unique_ptr<StagingArea> staging_;

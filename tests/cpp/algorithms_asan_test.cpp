@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   const ucxb::check::Group groups[] = {
       {"allreduce_half_made", ucxb::algotest::testAllreduceHalfMade, true},
       {"abandoned_wire", ucxb::algotest::testAbandonedWireOutlivesItsComm, true},
+      {"abandoned_receive", ucxb::algotest::testAbandonedReceiveKeepsItsBuffer, true},
   };
   return ucxb::check::runGroups("algorithms_asan_test", groups, argc, argv);
 }

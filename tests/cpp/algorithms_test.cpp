@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       {"allreduce_fused_pair", testAllreduceFusedPairSlowPeer, true},
       {"allreduce_half_made", testAllreduceHalfMade, true},
       {"abandoned_wire", testAbandonedWireOutlivesItsComm, true},
+      {"abandoned_receive", testAbandonedReceiveKeepsItsBuffer, true},
       {"reduce_scatter_ring", testReduceScatterRing, true},
       {"reduce_scatter_recursive_halving", testReduceScatterRecursiveHalving, true},
       {"reduce_binomial", testReduceBinomial, true},

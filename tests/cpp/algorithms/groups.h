@@ -13,6 +13,8 @@ void testAllreduceFusedPairSlowPeer();
 void testAllreduceHalfMade();
 // abandoned_wire_groups.cpp: a tripwire given up that catches a message later.
 void testAbandonedWireOutlivesItsComm();
+// ... and a receive given up that writes into its op's buffer after the op (Comm::keep).
+void testAbandonedReceiveKeepsItsBuffer();
 void testReduceScatterRing();
 void testReduceScatterRecursiveHalving();
 void testReduceBinomial();
