@@ -792,6 +792,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
       RequestPtr req = isSend ? t.send(peer, tag, staged.data_ptr(), bytes, mem)
                               : t.recv(peer, tag, mask, staged.data_ptr(), bytes, mem);
       *posted = req;
+      // What the request writes into (the user's tensor, or the contiguous or pinned copy)
+      // stays with it, not only with its callback: where the group goes first, the transport
+      // fails the request (running and dropping the callback) and then drives UCX for a
+      // while, and UCX cannot stop a receive matched to an eager message still arriving.
+      req->keepAlive(std::make_shared<at::Tensor>(staged));
       work->markStarted();
       // Runs on this thread during a later progress(); it owns `staged` until then.
       req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp, timeout](Request& r) {
