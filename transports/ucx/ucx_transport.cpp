@@ -31,7 +31,9 @@ class UcxTransport::UcxRequest final : public Request {
   void failNow(std::string why) { fail(std::move(why)); }
 
   friend class UcxTransport;
+  static constexpr size_t kNotInflight = static_cast<size_t>(-1);
   UcxTransport* owner_;
+  size_t inflightAt_ = kNotInflight;  // index in owner_->inflight_ while tracked
   void* handle_ = nullptr;        // UCX's request, while UCX holds it
   // Why an any-source receive was cancelled (a peer it could come from failed): what it
   // reports instead of UCX's bare "canceled" (failure()).
@@ -162,7 +164,7 @@ UcxTransport::~UcxTransport() {
     lane_.reset();
   }
   std::vector<std::shared_ptr<UcxRequest>> pending;
-  for (auto& [ptr, req] : inflight_) pending.push_back(req);
+  for (auto& req : inflight_) pending.push_back(req);
   for (auto& req : pending) req->cancel();
   progressUntil(worker(), [this] { return inflight_.empty(); },
                 std::chrono::milliseconds(200));
@@ -170,7 +172,7 @@ UcxTransport::~UcxTransport() {
   // graceful flush in closeEndpoints (their last eager messages may still be queued).
   std::vector<bool> abort(size_, false);
   bool anySourceLeft = false;
-  for (auto& [ptr, req] : inflight_) {
+  for (auto& req : inflight_) {
     if (req->peer() >= 0) {
       abort[req->peer()] = true;
     } else {
@@ -181,7 +183,7 @@ UcxTransport::~UcxTransport() {
     if (abort[p] || anySourceLeft) abortPeer(p, closing_);
   }
   pending.clear();
-  for (auto& [ptr, req] : inflight_) pending.push_back(req);
+  for (auto& req : inflight_) pending.push_back(req);
   for (auto& req : pending) {
     // UCX no longer calls back once the request is freed: finish it ourselves so that
     // whoever waits on it (a p2p Work) learns it failed.
@@ -189,7 +191,7 @@ UcxTransport::~UcxTransport() {
       ucp_request_free(req->handle_);
       req->handle_ = nullptr;
     }
-    inflight_.erase(req.get());
+    untrack(req.get());
     if (req->pending()) req->failNow(closing_);
   }
   closeEndpoints();
@@ -344,7 +346,7 @@ void UcxTransport::cancelReceivesFromFailedPeers() {
   peerFailed_ = false;
   std::vector<std::shared_ptr<UcxRequest>> victims;
   bool anySource = false;
-  for (auto& [ptr, req] : inflight_) {
+  for (auto& req : inflight_) {
     if (req->isSend()) continue;
     if (req->peer() == kAnySource) {
       anySource = true;
@@ -374,14 +376,14 @@ void UcxTransport::cancelAnySource() {
   // UCX's unexpected queue is needed: a message that matches a posted receive never waits
   // there, UCX hands it to the receive on arrival (and at posting, from the queue).
   auto pending = [this] {
-    for (const auto& [ptr, req] : inflight_) {
+    for (const auto& req : inflight_) {
       if (!req->isSend() && req->peer() == kAnySource && req->handle_ != nullptr) return true;
     }
     return false;
   };
   for (int i = 0; i < kFailedPeerProgressRounds && pending(); ++i) ucp_worker_progress(worker());
   std::vector<std::shared_ptr<UcxRequest>> victims;
-  for (auto& [ptr, req] : inflight_) {
+  for (auto& req : inflight_) {
     if (!req->isSend() && req->peer() == kAnySource) victims.push_back(req);
   }
   // The message this receive waits for may be the dead peer's, which will never come; waiting
@@ -411,17 +413,23 @@ std::string UcxTransport::peerError(int peer) const {
 std::shared_ptr<UcxTransport::UcxRequest> UcxTransport::track(bool isSend, int peer,
                                                               size_t bytes) {
   auto req = std::make_shared<UcxRequest>(this, isSend, peer, bytes);
-  inflight_.emplace(req.get(), req);
+  req->inflightAt_ = inflight_.size();
+  inflight_.push_back(req);
   return req;
 }
 
 std::shared_ptr<UcxTransport::UcxRequest> UcxTransport::untrack(UcxRequest* req) {
-  auto it = inflight_.find(req);
-  if (it == inflight_.end()) {
-    return nullptr;
+  const size_t at = req->inflightAt_;
+  if (at >= inflight_.size() || inflight_[at].get() != req) {
+    return nullptr;  // not tracked (kNotInflight), or settled already
   }
-  auto owned = std::move(it->second);
-  inflight_.erase(it);
+  auto owned = std::move(inflight_[at]);
+  if (at + 1 != inflight_.size()) {
+    inflight_[at] = std::move(inflight_.back());
+    inflight_[at]->inflightAt_ = at;
+  }
+  inflight_.pop_back();
+  req->inflightAt_ = UcxRequest::kNotInflight;
   return owned;
 }
 

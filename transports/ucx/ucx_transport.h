@@ -20,7 +20,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "transports/fold_target.h"
@@ -150,8 +149,10 @@ class UcxTransport final : public Transport {
   std::string closing_;
   // Whether this UCX reports the length of an immediately completed tagged receive.
   bool immediateRecvInfo_ = false;
-  // Requests UCX still holds, keyed by the pointer UCX hands back to our callbacks.
-  std::unordered_map<const UcxRequest*, std::shared_ptr<UcxRequest>> inflight_;
+  // Requests UCX still holds, in no order; each knows its place (UcxRequest::inflightAt_),
+  // so the callback that gets our pointer back removes it at once, and a small op allocates
+  // no map node per request (a 2-rank 8-byte all_reduce posts two).
+  std::vector<std::shared_ptr<UcxRequest>> inflight_;
   const SendLaneMode laneMode_;
   // Created by connect() once a lane may be used; its completion fd then joins the worker's
   // in eventFd_, an epoll set of both (laneEpollFd_).
