@@ -22,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 // (0.75 ms at least, and the tick that ends it comes 4 ms apart at HZ=250).
 constexpr auto kLostYield = std::chrono::microseconds(1000);
 // How long waits sleep once a spell starts before they poll again: the two lost yields that
-// start the next one next to a spinning thread cost under a tenth of it.
+// start the next one next to a spinning thread cost under a tenth of it. tests/test_progress.py
+// waits out a spell (OUTLAST_SPELL_SECONDS) before it measures a wait that must poll.
 constexpr auto kCrowdedFor = std::chrono::milliseconds(100);
 
 // Plus one for the kernel's own short-lived work that the group's traffic wakes (softirqs over
