@@ -92,8 +92,9 @@ class TransportWork : public c10d::Work {
   // finishError from a thread that does not drive the transport (abort()): the thread that
   // does may still write into the op's tensors until it notices, so they stay pinned until
   // the Work is destroyed. Also for an op that gave up a request the transport could not
-  // stop, which may write into them until it settles. Whatever of the op still runs, or is still posted, holds the Work
-  // (its task, the requests' keepAlive and callbacks), so that is after the transport let go.
+  // stop, which may write into them until it settles. Whatever of the op still runs, or is
+  // still posted, holds the Work (its task, the requests' keepAlive and callbacks), so that
+  // is after the transport let go.
   void finishAborted(std::exception_ptr error);
 
   // Runs when the last strong reference goes while weak ones remain (the group's list of

@@ -29,12 +29,6 @@ Comm::~Comm() {
   } catch (...) {
     // The driver records its own failures; a destructor must not throw.
   }
-  // What the transport could not stop may still write into the memory the op's caller is
-  // about to free (keep()): each such request holds it, until 2026-11-27 freed under it.
-  for (const auto& r : pending) {
-    if (!r->pending()) continue;
-    for (const auto& owner : kept_) r->keepAlive(owner);
-  }
 }
 
 void Comm::track(const RequestPtr& request) {
@@ -168,22 +162,13 @@ void Comm::completed(const std::vector<RequestPtr>& requests) {
 }
 
 void Comm::abandon(const std::vector<RequestPtr>& requests) {
-  // A tripwire the driver could not stop (UCX cannot cancel a receive matched to an eager
-  // message whose last fragments are still on their way) settles in a later progress(),
-  // perhaps after this Comm is gone: its callback, which writes into the Comm, must not run
-  // then (a heap corruption, until 2026-11-27). One that settles during the abandon still trips.
-  const auto dropCallbacks = [&requests] {
-    for (const auto& r : requests) {
-      if (r->pending()) r->dropOnComplete();
-    }
-  };
   try {
     driver_.abandon(requests);
   } catch (...) {
-    dropCallbacks();
+    orphan(requests);
     throw;
   }
-  dropCallbacks();
+  orphan(requests);
   // Their host buffers stay with the requests (keepAlive); nothing is copied in.
   bounced_.erase(std::remove_if(bounced_.begin(), bounced_.end(),
                                 [&](const Bounced& b) {
@@ -191,6 +176,18 @@ void Comm::abandon(const std::vector<RequestPtr>& requests) {
                                                    b.request) != requests.end();
                                 }),
                  bounced_.end());
+}
+
+void Comm::orphan(const std::vector<RequestPtr>& requests) {
+  for (const auto& r : requests) {
+    if (!r->pending()) continue;
+    // A tripwire's callback writes into this Comm (a heap corruption, until 2026-11-27); a
+    // wire that settled during the abandon has tripped already, as it should.
+    r->dropOnComplete();
+    // The memory the op's caller frees once the op has gone (until 2026-11-27 freed under
+    // the receive).
+    for (const auto& owner : kept_) r->keepAlive(owner);
+  }
 }
 
 }  // namespace ucxb

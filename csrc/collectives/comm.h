@@ -70,7 +70,7 @@ class Comm {
   void abandon(const std::vector<RequestPtr>& requests);
   // Memory the op's requests point into that the op's caller frees once the op returns or
   // throws (a contiguous copy of a strided tensor, a packed buffer): this Comm holds `owner`
-  // until it goes, and then hands it to each of its requests still pending
+  // and hands it to each request that abandon() (the destructor's included) could not stop
   // (Request::keepAlive). A request given up that the transport cannot stop (UCX cannot
   // cancel a receive matched to an eager message whose last fragments are still arriving)
   // writes into it after the op has gone.
@@ -139,12 +139,17 @@ class Comm {
   std::vector<Bounced> bounced_;
   // Requests posted and not yet seen complete by wait(); pruned as they complete.
   std::vector<RequestPtr> posted_;
-  // keep()'s owners, handed to the requests still pending when this Comm goes.
+  // keep()'s owners, handed to the requests that abandon() could not stop.
   std::vector<std::shared_ptr<void>> kept_;
   // Set by a tripwire that caught a message of the other path: what wait() throws.
   std::string tripped_;
   int trippedBy_ = -1;
   void track(const RequestPtr& request);
+  // What abandon() does to each of `requests` that the driver could not stop (UCX cannot
+  // cancel a receive matched to an eager message whose last fragments are still arriving):
+  // it settles in a later progress(), perhaps after this Comm is gone, so it runs no callback
+  // of this Comm's and holds what it may write into (keep()).
+  void orphan(const std::vector<RequestPtr>& requests);
 };
 
 }  // namespace ucxb
