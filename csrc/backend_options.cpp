@@ -134,6 +134,16 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "slots, one copy less per byte than through UCX; off when UCX_TLS leaves "
                     "out shared memory"),
              &O::sharedMemory),
+      // Must agree: one rank's ucx address means nothing to another rank's shm transport.
+      member(config::sameOnEveryRank(choice(
+                 "one_host_transport", {"ucx", "shm"},
+                 "ucx backend only: what carries the messages of a group whose ranks all run "
+                 "on one host; 'ucx': UCX (its shared-memory transports, CUDA IPC); 'shm': "
+                 "the backend's own shared-memory rings, without a UCX context or worker, "
+                 "for a faster creation, host memory only (CUDA tensors are staged through "
+                 "it); a group that spans hosts takes UCX either way "
+                 "(docs/architecture.md#one-host-transport)")),
+             &O::oneHostTransport),
       // Need not agree: a receiver matches a message whichever of the sender's workers sent it.
       member(choice("send_lane", {"auto", "on", "off"},
                     "ucx backend only: large collective sends (256 KiB and up) to a peer go "

@@ -5,6 +5,7 @@
 
 #include "csrc/launcher_hosts.hpp"
 #include "transports/shm/shared_segment.h"
+#include "transports/shm/shm_transport.h"
 #include "transports/udp/udp_transport.h"
 #include "transports/ucx/ucx_transport.h"
 
@@ -20,6 +21,10 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
     // group that wrongly agreed it shares a host would have no TCP between its hosts.
     const bool guessOneHost =
         !anyHost && !launcherSpansHosts(size) && shm::hostIdentityIsUnique();
+    // A host without pidfds (Linux before 5.3) keeps UCX, which watches its peers itself.
+    if (guessOneHost && options.oneHostTransport == "shm" && shm::ShmTransport::available()) {
+      return std::make_unique<shm::ShmTransport>(rank, size);
+    }
     return std::make_unique<ucx::UcxTransport>(
         rank, size, options.ucxNetDevices, ucx::parseSendLaneMode(options.sendLane),
         guessOneHost ? ucx::Reach::kOneHost : ucx::Reach::kAnyHost);

@@ -102,8 +102,9 @@ SOURCE_GROUPS: dict[str, Callable[[], list[str]]] = {
     # Every collective algorithm, Comm and the kernels (torch-free, UCX-free), with the
     # non-temporal copy Comm's streamed receives store through.
     "collectives": lambda: [*_glob("csrc/collectives"), "csrc/engine/streaming_copy.cpp"],
-    # Shared-memory segments and the staging slots' streaming stores.
-    "shm": lambda: ["transports/shm/shared_segment.cpp", "csrc/engine/streaming_copy.cpp"],
+    # Shared-memory segments, the one-host transport on them, and the staging slots'
+    # streaming stores.
+    "shm": lambda: [*_glob("transports/shm"), "csrc/engine/streaming_copy.cpp"],
     # The in-memory transport and its thread driver (tests/cpp/inproc/), with the FoldTarget
     # it folds receives through (transports/fold_target.cpp).
     "inproc": lambda: [*_glob("tests/cpp/inproc"), "transports/fold_target.cpp"],

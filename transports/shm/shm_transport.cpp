@@ -1,0 +1,648 @@
+#include "transports/shm/shm_transport.h"
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "transports/shm/inbox.h"
+
+namespace ucxb::shm {
+
+namespace {
+
+// What precedes every message in a ring.
+struct WireHeader {
+  uint64_t tag;
+  uint64_t bytes;
+};
+constexpr size_t kHeaderBytes = sizeof(WireHeader);
+
+constexpr char kAddressMagic[] = "ucxb-shm-1";
+// How often a busy rank looks at its peers' pidfds; a sleeping one is woken by them.
+constexpr auto kPeerCheckInterval = std::chrono::milliseconds(20);
+// How long the destructor keeps streaming sends that are not in a ring yet, as ucx flushes
+// its endpoints: a peer that exited cannot take them.
+constexpr auto kCloseFlush = std::chrono::milliseconds(500);
+
+std::string peerLabel(int peer) {
+  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
+int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+// localAddress(): fields separated by newlines (none of them holds one).
+struct ShmAddress {
+  std::string host;
+  uint64_t pidNamespace = 0;
+  pid_t pid = 0;
+  int ranks = 0;
+  std::string segment;
+  std::string doorbell;
+};
+
+std::vector<uint8_t> packAddress(const ShmAddress& a) {
+  std::ostringstream out;
+  out << kAddressMagic << '\n'
+      << a.host << '\n'
+      << a.pidNamespace << '\n'
+      << a.pid << '\n'
+      << a.ranks << '\n'
+      << a.segment << '\n'
+      << a.doorbell;
+  const std::string text = out.str();
+  return {text.begin(), text.end()};
+}
+
+bool unpackAddress(const std::vector<uint8_t>& bytes, ShmAddress& a) {
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::string magic, pidNs, pid, ranks;
+  if (!std::getline(in, magic) || magic != kAddressMagic) return false;
+  if (!std::getline(in, a.host) || !std::getline(in, pidNs) || !std::getline(in, pid) ||
+      !std::getline(in, ranks) || !std::getline(in, a.segment) || !std::getline(in, a.doorbell)) {
+    return false;
+  }
+  try {
+    a.pidNamespace = std::stoull(pidNs);
+    a.pid = static_cast<pid_t>(std::stol(pid));
+    a.ranks = std::stoi(ranks);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return a.pid > 0 && !a.segment.empty() && !a.doorbell.empty();
+}
+
+}  // namespace
+
+class ShmTransport::ShmRequest final : public Request {
+ public:
+  ShmRequest(ShmTransport* owner, bool isSend, int peer, size_t bytes)
+      : Request(isSend, peer, bytes), owner_(owner) {}
+
+  void cancel() override {
+    if (pending() && owner_ != nullptr) owner_->cancelRequest(*this);
+  }
+
+  void succeed(size_t bytes, Tag tag) { complete(bytes, tag); }
+  void failWith(std::string why) { fail(std::move(why)); }
+  void failTooLong(std::string why) { failTruncated(std::move(why)); }
+
+  ShmTransport* owner_;
+  Tag tag_ = 0;
+  Tag mask_ = 0;
+  // send: the bytes to stream (the caller's, or copy_ once a cancel settled the request).
+  const uint8_t* source_ = nullptr;
+  std::unique_ptr<uint8_t[]> copy_;  // what was left at the cancel, from byte copiedAt_ on
+  size_t copiedAt_ = 0;
+  bool headerSent_ = false;
+  size_t written_ = 0;
+  // recv: where the message goes.
+  uint8_t* dest_ = nullptr;
+  // Settled by the next progress() with this reason (a cancel, a failed peer at posting).
+  std::string deferredFailure_;
+  std::weak_ptr<ShmRequest> self_;
+
+  const uint8_t* next() const {
+    return copy_ ? copy_.get() + (written_ - copiedAt_) : source_ + written_;
+  }
+};
+
+bool ShmTransport::available() {
+  static const bool ok = [] {
+    const int fd = pidfdOpen(::getpid());
+    if (fd < 0) return false;
+    ::close(fd);
+    return true;
+  }();
+  return ok;
+}
+
+ShmTransport::ShmTransport(int rank, int size)
+    : rank_(rank), size_(size), host_(hostIdentity()), pidNamespace_(currentOwner().pidNamespace) {
+  if (!available()) {
+    throw TransportError("the shm transport needs pidfd_open (Linux 5.3 or later) to watch its "
+                         "peers: " + std::string(std::strerror(errno)));
+  }
+  std::random_device entropy;
+  const uint64_t nonce = (uint64_t{entropy()} << 32) ^ entropy();
+  const SegmentOwner owner = currentOwner();
+  inbox_ = SharedSegment::create(segmentName(owner, nonce, rank), InboxLayout::bytes(size),
+                                 SIZE_MAX, static_cast<size_t>(size));
+  InboxHeader* header = InboxLayout::header(inbox_.data());
+  header->magic = kInboxMagic;
+  header->ranks = static_cast<uint32_t>(size);
+  header->ringBytes = static_cast<uint32_t>(kRingBytes);
+  if (size == 1) inbox_.unlink();
+  const std::string bell = "ucxb-" + std::to_string(::getpid()) + "-" + std::to_string(nonce) +
+                           "-r" + std::to_string(rank);
+  doorbell_ = std::make_unique<Doorbell>(bell);
+  epollFd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epollFd_ < 0) throw TransportError(std::string("epoll_create1: ") + std::strerror(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = doorbell_->fd();
+  if (::epoll_ctl(epollFd_, EPOLL_CTL_ADD, doorbell_->fd(), &ev) != 0) {
+    const int err = errno;
+    ::close(epollFd_);
+    throw TransportError(std::string("epoll_ctl(doorbell): ") + std::strerror(err));
+  }
+  peers_.resize(static_cast<size_t>(size));
+  address_ = packAddress({host_, pidNamespace_, ::getpid(), size, inbox_.name(), bell});
+}
+
+ShmTransport::~ShmTransport() {
+  closing_ = "the process group was shut down (rank " + std::to_string(rank_) + ")";
+  // Streams what is not in a ring yet while its peers take it, for a bounded time.
+  const auto deadline = std::chrono::steady_clock::now() + kCloseFlush;
+  for (;;) {
+    bool queued = false;
+    for (int p = 0; p < size_; ++p) {
+      if (peers_[p].sends.empty() || !peers_[p].error.empty()) continue;
+      pushSends(p);
+      queued = queued || !peers_[p].sends.empty();
+    }
+    if (!queued || std::chrono::steady_clock::now() >= deadline) break;
+    checkPeers();
+    pollfd pfd{epollFd_, POLLIN, 0};
+    ::poll(&pfd, 1, 1);
+    doorbell_->drain();
+  }
+  std::vector<std::shared_ptr<ShmRequest>> left;
+  for (auto& peer : peers_) {
+    for (auto& r : peer.sends) left.push_back(r);
+    if (peer.inbound.target) left.push_back(peer.inbound.target);
+    if (peer.inbound.arrival && peer.inbound.arrival->claimedBy) {
+      left.push_back(peer.inbound.arrival->claimedBy);
+    }
+  }
+  left.insert(left.end(), posted_.begin(), posted_.end());
+  left.insert(left.end(), settling_.begin(), settling_.end());
+  for (auto& r : left) {
+    r->owner_ = nullptr;
+    if (r->pending()) r->failWith(r->deferredFailure_.empty() ? closing_ : r->deferredFailure_);
+  }
+  for (auto& peer : peers_) {
+    if (peer.pidfd >= 0) ::close(peer.pidfd);
+  }
+  if (epollFd_ >= 0) ::close(epollFd_);
+}
+
+std::string ShmTransport::label(int peer) const { return peerLabel(peer); }
+
+void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
+  ShmAddress a;
+  if (!unpackAddress(address, a) || a.ranks != size_) {
+    throw TransportError("the address of " + label(peer) + " is not a shm transport's of a " +
+                         std::to_string(size_) + "-rank group", peer);
+  }
+  Peer& p = peers_.at(static_cast<size_t>(peer));
+  if (p.pid != 0) return;
+  p.pid = a.pid;
+  p.in = InboxLayout::ring(inbox_.data(), size_, peer);
+  if (peer == rank_) return;  // messages to itself do not take a ring
+  p.inbox = SharedSegment::open(a.segment, InboxLayout::bytes(size_));
+  InboxHeader* header = InboxLayout::header(p.inbox.data());
+  if (header->magic != kInboxMagic || header->ranks != static_cast<uint32_t>(size_) ||
+      header->ringBytes != kRingBytes) {
+    throw TransportError("the shared-memory inbox of " + label(peer) + " (" + a.segment +
+                             ") has another layout",
+                         peer);
+  }
+  // The last peer to map it removes its name (inbox.h).
+  if (header->mapped.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(size_ - 1)) {
+    p.inbox.removeName();
+  }
+  p.out = InboxLayout::ring(p.inbox.data(), size_, rank_);
+  p.sleeping = InboxLayout::sleeping(p.inbox.data());
+  p.doorbell = Doorbell::addressOf(a.doorbell);
+  p.pidfd = pidfdOpen(a.pid);
+  if (p.pidfd < 0) {
+    throw TransportError("pidfd_open of " + label(peer) + " (pid " + std::to_string(a.pid) +
+                             "): " + std::strerror(errno),
+                         peer);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = p.pidfd;
+  if (::epoll_ctl(epollFd_, EPOLL_CTL_ADD, p.pidfd, &ev) != 0) {
+    throw TransportError("epoll_ctl(pidfd of " + label(peer) + "): " + std::strerror(errno), peer);
+  }
+}
+
+bool ShmTransport::reachesAll(const std::vector<std::vector<uint8_t>>& addresses) const {
+  for (const auto& bytes : addresses) {
+    ShmAddress a;
+    if (!unpackAddress(bytes, a) || a.host != host_ || a.pidNamespace != pidNamespace_) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::shared_ptr<ShmTransport::ShmRequest> ShmTransport::makeRequest(bool isSend, int peer,
+                                                                    size_t bytes) {
+  auto req = std::make_shared<ShmRequest>(this, isSend, peer, bytes);
+  req->self_ = req;
+  return req;
+}
+
+RequestPtr ShmTransport::send(int peer, Tag tag, const void* data, size_t bytes,
+                              MemoryType mem) {
+  if (!takesHostPaths(mem)) {
+    throw TransportError("the shm transport carries host memory only (send to " + label(peer) +
+                             ")",
+                         peer);
+  }
+  auto req = makeRequest(true, peer, bytes);
+  req->tag_ = tag;
+  req->source_ = static_cast<const uint8_t*>(data);
+  if (peer == rank_) {
+    auto a = std::make_shared<Arrival>();
+    a->source = rank_;
+    a->tag = tag;
+    a->bytes = bytes;
+    a->data.reset(new uint8_t[bytes ? bytes : 1]);
+    if (bytes) std::memcpy(a->data.get(), data, bytes);
+    a->got = bytes;
+    if (auto r = matchPosted(rank_, tag)) {
+      deliver(a, r);
+    } else {
+      arrivals_.push_back(std::move(a));
+    }
+    req->succeed(bytes, tag);
+    return req;
+  }
+  Peer& p = peers_.at(static_cast<size_t>(peer));
+  if (!p.error.empty() || p.pid == 0) {
+    req->deferredFailure_ = p.pid == 0 ? "send to " + label(peer) + ", which was never connected"
+                                       : p.error;
+    settling_.push_back(req);
+    return req;
+  }
+  p.sends.push_back(req);
+  if (p.sends.size() == 1) pushSends(peer);
+  return req;
+}
+
+RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t bytes,
+                              MemoryType mem) {
+  if (!takesHostPaths(mem)) {
+    throw TransportError("the shm transport carries host memory only (receive from " +
+                             label(peer) + ")",
+                         peer);
+  }
+  auto req = makeRequest(false, peer, bytes);
+  req->tag_ = tag;
+  req->mask_ = mask;
+  req->dest_ = static_cast<uint8_t*>(data);
+  for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {
+    if (((*it)->tag & mask) == (tag & mask)) {
+      auto a = *it;
+      arrivals_.erase(it);
+      deliver(a, req);
+      return req;
+    }
+  }
+  if (peer != kAnySource && !peers_.at(static_cast<size_t>(peer)).error.empty()) {
+    req->deferredFailure_ = peers_[peer].error;
+    settling_.push_back(req);
+  } else if (peer == kAnySource && anyPeerFailed_) {
+    req->deferredFailure_ = firstFailure_;
+    settling_.push_back(req);
+  } else {
+    posted_.push_back(req);
+  }
+  return req;
+}
+
+void ShmTransport::finishReceive(const std::shared_ptr<ShmRequest>& req, int source, Tag tag,
+                                 size_t bytes) {
+  if (!req->pending()) return;
+  if (bytes > req->postedBytes()) {
+    req->failTooLong("the message from " + label(source) + " (" + std::to_string(bytes) +
+                     " bytes) is longer than the " + std::to_string(req->postedBytes()) +
+                     " bytes posted to receive it");
+  } else {
+    req->succeed(bytes, tag);
+  }
+}
+
+void ShmTransport::deliver(const std::shared_ptr<Arrival>& a,
+                           const std::shared_ptr<ShmRequest>& req) {
+  if (a->got < a->bytes) {
+    a->claimedBy = req;  // endMessage() finishes it
+    return;
+  }
+  const size_t n = std::min(a->bytes, req->postedBytes());
+  if (n) std::memcpy(req->dest_, a->data.get(), n);
+  finishReceive(req, a->source, a->tag, a->bytes);
+}
+
+std::shared_ptr<ShmTransport::ShmRequest> ShmTransport::matchPosted(int /*source*/, Tag tag) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if ((tag & (*it)->mask_) == ((*it)->tag_ & (*it)->mask_)) {
+      auto r = *it;
+      posted_.erase(it);
+      return r;
+    }
+  }
+  return nullptr;
+}
+
+bool ShmTransport::pushSends(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  bool any = false;
+  while (!p.sends.empty()) {
+    auto& r = p.sends.front();
+    bool full = false;
+    if (!r->headerSent_) {
+      if (p.out.writable() < kHeaderBytes) {
+        full = true;
+      } else {
+        const WireHeader h{r->tag_, r->postedBytes()};
+        p.out.write(&h, kHeaderBytes);
+        r->headerSent_ = true;
+        any = true;
+      }
+    }
+    if (!full) {
+      const size_t left = r->postedBytes() - r->written_;
+      const size_t n = left ? p.out.write(r->next(), left) : 0;
+      r->written_ += n;
+      any = any || n > 0;
+      if (r->written_ == r->postedBytes()) {
+        auto done = std::move(p.sends.front());
+        p.sends.pop_front();
+        // A cancelled send already settled; it streamed on so that the ring stays whole.
+        if (done->pending()) done->succeed(done->postedBytes(), done->tag_);
+        continue;
+      }
+      full = true;
+    }
+    // Full: ask the receiver to ring once it frees room, then look again, since it may have
+    // freed room before it could see the request (the fence pairs with the one after its
+    // release()).
+    p.out.control().producerWaiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (p.out.writable() < (r->headerSent_ ? 1 : kHeaderBytes)) break;
+    p.out.control().producerWaiting.store(0, std::memory_order_relaxed);
+  }
+  if (any) {
+    // Pairs with the fence in the receiver's arm(): either it sees the bytes, or this sees
+    // it asleep.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (p.sleeping->load(std::memory_order_relaxed) != 0) doorbell_->ring(p.doorbell);
+  }
+  return any;
+}
+
+void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
+  Inbound& s = peers_[static_cast<size_t>(peer)].inbound;
+  s.inMessage = true;
+  s.tag = tag;
+  s.bytes = bytes;
+  s.done = 0;
+  s.target.reset();
+  s.arrival.reset();
+  if (!peers_[static_cast<size_t>(peer)].error.empty()) return;  // aborted: dropped
+  s.target = matchPosted(peer, tag);
+  if (s.target) return;
+  auto a = std::make_shared<Arrival>();
+  a->source = peer;
+  a->tag = tag;
+  a->bytes = bytes;
+  a->data.reset(new uint8_t[bytes ? bytes : 1]);
+  s.arrival = a;
+  arrivals_.push_back(std::move(a));
+}
+
+void ShmTransport::endMessage(int peer) {
+  Inbound& s = peers_[static_cast<size_t>(peer)].inbound;
+  if (s.target) {
+    finishReceive(s.target, peer, s.tag, s.bytes);
+  } else if (s.arrival && s.arrival->claimedBy) {
+    auto r = std::move(s.arrival->claimedBy);
+    deliver(s.arrival, r);
+  }
+  s = Inbound{};
+}
+
+bool ShmTransport::readMessages(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  Inbound& s = p.inbound;
+  bool any = false;
+  for (;;) {
+    size_t avail = p.in.readable();
+    if (!s.inMessage) {
+      if (avail < kHeaderBytes) break;
+      WireHeader h{};
+      p.in.take(&h, kHeaderBytes);
+      avail -= kHeaderBytes;
+      any = true;
+      startMessage(peer, h.tag, h.bytes);
+      if (h.bytes == 0) {
+        endMessage(peer);
+        continue;
+      }
+    }
+    if (avail == 0) break;
+    const size_t n = std::min(avail, s.bytes - s.done);
+    if (s.target && s.target->pending()) {
+      const size_t cap = s.target->postedBytes();
+      const size_t fit = s.done < cap ? std::min(n, cap - s.done) : 0;
+      p.in.take(fit ? s.target->dest_ + s.done : nullptr, fit);
+      p.in.take(nullptr, n - fit);
+    } else if (s.arrival) {
+      p.in.take(s.arrival->data.get() + s.done, n);
+      s.arrival->got += n;
+    } else {
+      p.in.take(nullptr, n);
+    }
+    s.done += n;
+    any = true;
+    if (s.done == s.bytes) endMessage(peer);
+  }
+  if (p.in.release()) {
+    // Pairs with the fence in the sender's pushSends(): either it sees the room, or this sees
+    // it waiting.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (p.in.control().producerWaiting.load(std::memory_order_relaxed) != 0) {
+      p.in.control().producerWaiting.store(0, std::memory_order_relaxed);
+      doorbell_->ring(p.doorbell);
+    }
+  }
+  return any;
+}
+
+bool ShmTransport::progress() {
+  bool any = false;
+  const auto now = std::chrono::steady_clock::now();
+  if (armed_) {
+    armed_ = false;
+    InboxLayout::sleeping(inbox_.data())->store(0, std::memory_order_relaxed);
+    doorbell_->drain();
+    checkPeers();
+    nextPeerCheck_ = now + kPeerCheckInterval;
+  } else if (now >= nextPeerCheck_) {
+    checkPeers();
+    nextPeerCheck_ = now + kPeerCheckInterval;
+  }
+  if (!settling_.empty()) {
+    auto settling = std::move(settling_);
+    settling_.clear();
+    for (auto& r : settling) {
+      if (r->pending()) r->failWith(r->deferredFailure_);
+    }
+    any = true;
+  }
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    Peer& p = peers_[static_cast<size_t>(q)];
+    if (p.pid == 0) continue;
+    if (!p.sends.empty()) any = pushSends(q) || any;
+    if (p.in.readable() != 0) any = readMessages(q) || any;
+  }
+  return any;
+}
+
+bool ShmTransport::arm() {
+  if (!settling_.empty()) return false;
+  auto* sleeping = InboxLayout::sleeping(inbox_.data());
+  sleeping->store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || peers_[static_cast<size_t>(q)].pid == 0) continue;
+    const Peer& p = peers_[static_cast<size_t>(q)];
+    if (p.in.readable() != 0 || (!p.sends.empty() && p.out.writable() >= kHeaderBytes)) {
+      sleeping->store(0, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  armed_ = true;
+  return true;
+}
+
+int ShmTransport::probe(Tag tag, Tag mask) {
+  for (const auto& a : arrivals_) {
+    if ((a->tag & mask) == (tag & mask)) return a->source;
+  }
+  return -1;
+}
+
+std::string ShmTransport::peerError(int peer) const {
+  return peers_.at(static_cast<size_t>(peer)).error;
+}
+
+void ShmTransport::checkPeers() {
+  std::vector<pollfd> fds;
+  std::vector<int> who;
+  for (int q = 0; q < size_; ++q) {
+    const Peer& p = peers_[static_cast<size_t>(q)];
+    if (p.pidfd >= 0 && p.error.empty()) {
+      fds.push_back({p.pidfd, POLLIN, 0});
+      who.push_back(q);
+    }
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & POLLIN) == 0) continue;
+    const int q = who[i];
+    // What it wrote before it exited is in this rank's memory: take it first.
+    readMessages(q);
+    failPeer(q, label(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
+                    ") exited");
+    // Its pidfd stays readable: out of the sleep set, so that an idle group sleeps again.
+    ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, peers_[static_cast<size_t>(q)].pidfd, nullptr);
+  }
+}
+
+void ShmTransport::abortPeer(int peer, const std::string& why) {
+  failPeer(peer, why);
+}
+
+void ShmTransport::failPeer(int peer, const std::string& why) {
+  Peer& p = peers_.at(static_cast<size_t>(peer));
+  if (!p.error.empty()) return;
+  p.error = why;
+  if (!anyPeerFailed_) {
+    anyPeerFailed_ = true;
+    firstFailure_ = why;
+  }
+  // The message it was streaming: the rest is dropped (inMessage stays set, so that a live
+  // peer's later bytes are not read as headers).
+  Inbound& s = p.inbound;
+  if (s.target) {
+    if (s.target->pending()) s.target->failWith(why);
+    s.target.reset();
+  }
+  if (s.arrival) {
+    auto a = std::move(s.arrival);
+    arrivals_.erase(std::remove(arrivals_.begin(), arrivals_.end(), a), arrivals_.end());
+    if (a->claimedBy && a->claimedBy->pending()) a->claimedBy->failWith(why);
+  }
+  auto sends = std::move(p.sends);
+  p.sends.clear();
+  for (auto& r : sends) {
+    if (r->pending()) r->failWith(why);
+  }
+  std::vector<std::shared_ptr<ShmRequest>> failing;
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if ((*it)->peer() == peer || (*it)->peer() == kAnySource) {
+      failing.push_back(*it);
+      it = posted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& r : failing) r->failWith(why);
+}
+
+void ShmTransport::cancelRequest(ShmRequest& req) {
+  const std::string why = std::string(req.isSend() ? "the send to " : "the receive from ") +
+                          label(req.peer()) + " was cancelled";
+  if (req.isSend()) {
+    if (req.peer() != rank_) {
+      auto& sends = peers_[static_cast<size_t>(req.peer())].sends;
+      for (auto it = sends.begin(); it != sends.end(); ++it) {
+        if (it->get() != &req) continue;
+        if (req.headerSent_) {
+          // Part of it is in the ring: the rest streams from a copy, so the stream stays whole.
+          const size_t left = req.postedBytes() - req.written_;
+          req.copy_.reset(new uint8_t[left ? left : 1]);
+          if (left) std::memcpy(req.copy_.get(), req.next(), left);
+          req.copiedAt_ = req.written_;
+        } else {
+          sends.erase(it);
+        }
+        break;
+      }
+    }
+  } else {
+    posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                 [&](const auto& r) { return r.get() == &req; }),
+                  posted_.end());
+    for (auto& peer : peers_) {
+      if (peer.inbound.target.get() == &req) peer.inbound.target.reset();  // rest dropped
+      if (peer.inbound.arrival && peer.inbound.arrival->claimedBy.get() == &req) {
+        peer.inbound.arrival->claimedBy.reset();
+      }
+    }
+  }
+  if (req.deferredFailure_.empty()) req.deferredFailure_ = why;
+  // Settled in the next progress(), as ucx settles a cancel: the caller holds the request.
+  for (const auto& r : settling_) {
+    if (r.get() == &req) return;
+  }
+  settling_.push_back(req.self_.lock());
+}
+
+}  // namespace ucxb::shm
