@@ -22,8 +22,12 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
     const bool guessOneHost =
         !anyHost && !launcherSpansHosts(size) && shm::hostIdentityIsUnique();
     // A host without pidfds (Linux before 5.3) keeps UCX, which watches its peers itself.
+    // One that cannot be made here (/dev/shm full or missing) leaves UCX to try.
     if (guessOneHost && options.oneHostTransport == "shm" && shm::ShmTransport::available()) {
-      return std::make_unique<shm::ShmTransport>(rank, size);
+      try {
+        return std::make_unique<shm::ShmTransport>(rank, size);
+      } catch (const TransportError&) {
+      }
     }
     return std::make_unique<ucx::UcxTransport>(
         rank, size, options.ucxNetDevices, ucx::parseSendLaneMode(options.sendLane),

@@ -5,7 +5,7 @@
 //   [0, 64)       InboxHeader: what a sender checks before writing, and the mapping count
 //   [64, 128)     the receiver's `sleeping` word (a line of its own: every sender reads it)
 //   [128, ...)    one RingControl per sender rank (its own rank's is unused)
-//   page-aligned  one ring of kRingBytes per sender rank
+//   page-aligned  one ring of ringBytesFor(ranks) per sender rank
 #pragma once
 
 #include <atomic>
@@ -16,10 +16,19 @@
 
 namespace ucxb::shm {
 
-// Bytes of each sender's ring: one 64 KiB all_reduce notice stream, or a 64 KiB message in
-// one pass. A larger message streams through it while the receiver copies out; the group
-// reserves size * size rings of this size on the host (8 ranks: 4 MiB).
-constexpr size_t kRingBytes = size_t{64} << 10;
+// Bytes of all the rings of one inbox, about: each sender's ring gets an equal share, a power
+// of two within [kMinRingBytes, kMaxRingBytes], so that a host's group needs about
+// kInboxBytes per rank of /dev/shm (8 ranks: 8 MiB; a default Docker container has 64 MiB).
+// A message up to its ring's size is sent in one pass; a longer one streams through it
+// while the receiver copies out.
+constexpr size_t kInboxBytes = size_t{1} << 20;
+constexpr size_t kMinRingBytes = size_t{16} << 10;
+constexpr size_t kMaxRingBytes = size_t{256} << 10;
+constexpr size_t ringBytesFor(int ranks) {
+  size_t ring = kMaxRingBytes;
+  while (ring > kMinRingBytes && ring * static_cast<size_t>(ranks) > kInboxBytes) ring /= 2;
+  return ring;
+}
 constexpr uint64_t kInboxMagic = 0x75636b62696e6278ULL;  // "ucxbinbx"
 
 struct InboxHeader {
@@ -40,7 +49,7 @@ struct InboxLayout {
     return (end + 4095) & ~size_t{4095};
   }
   static size_t bytes(int ranks) {
-    return ringsOffset(ranks) + kRingBytes * static_cast<size_t>(ranks);
+    return ringsOffset(ranks) + ringBytesFor(ranks) * static_cast<size_t>(ranks);
   }
   static InboxHeader* header(uint8_t* base) { return reinterpret_cast<InboxHeader*>(base); }
   // Nonzero while the receiver sleeps on its doorbell (or is about to): a sender that
@@ -51,8 +60,8 @@ struct InboxLayout {
   // The ring `sender` writes into this inbox.
   static ByteRing ring(uint8_t* base, int ranks, int sender) {
     auto* controls = reinterpret_cast<RingControl*>(base + kControlsOffset);
-    return ByteRing(controls + sender, base + ringsOffset(ranks) + kRingBytes * sender,
-                    kRingBytes);
+    const size_t ring = ringBytesFor(ranks);
+    return ByteRing(controls + sender, base + ringsOffset(ranks) + ring * sender, ring);
   }
 };
 

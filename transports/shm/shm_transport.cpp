@@ -139,7 +139,7 @@ ShmTransport::ShmTransport(int rank, int size)
   InboxHeader* header = InboxLayout::header(inbox_.data());
   header->magic = kInboxMagic;
   header->ranks = static_cast<uint32_t>(size);
-  header->ringBytes = static_cast<uint32_t>(kRingBytes);
+  header->ringBytes = static_cast<uint32_t>(ringBytesFor(size));
   if (size == 1) inbox_.unlink();
   const std::string bell = "ucxb-" + std::to_string(::getpid()) + "-" + std::to_string(nonce) +
                            "-r" + std::to_string(rank);
@@ -211,7 +211,7 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   p.inbox = SharedSegment::open(a.segment, InboxLayout::bytes(size_));
   InboxHeader* header = InboxLayout::header(p.inbox.data());
   if (header->magic != kInboxMagic || header->ranks != static_cast<uint32_t>(size_) ||
-      header->ringBytes != kRingBytes) {
+      header->ringBytes != ringBytesFor(size_)) {
     throw TransportError("the shared-memory inbox of " + label(peer) + " (" + a.segment +
                              ") has another layout",
                          peer);

@@ -287,7 +287,14 @@ bool UcxTransport::reachesAll(const std::vector<std::vector<uint8_t>>& addresses
   bool oneHost = true;
   std::string first;
   for (size_t p = 0; p < addresses.size(); ++p) {
-    const PackedAddress packed = unpackAddress(addresses[p], static_cast<int>(p));
+    PackedAddress packed;
+    try {
+      packed = unpackAddress(addresses[p], static_cast<int>(p));
+    } catch (const TransportError&) {
+      // Another transport's address (a rank whose shm transport could be made, where this
+      // one's could not: transport_factory.cpp): every rank builds ucx for any host.
+      return false;
+    }
     anyOneHostOnly = anyOneHostOnly || packed.oneHostOnly;
     if (p == 0) first = packed.host;
     oneHost = oneHost && packed.host == first;
