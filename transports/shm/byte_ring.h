@@ -21,6 +21,9 @@ struct RingControl {
   // Set by a producer that found the ring full and sleeps: the consumer rings its doorbell
   // after freeing room (shm_transport.cpp).
   std::atomic<uint32_t> producerWaiting;
+  // Set once by the consumer when it can read the producer's memory directly (cross-memory
+  // attach, process_vm_readv): the producer may then send a large message by reference.
+  std::atomic<uint32_t> consumerReadsProducer;
   alignas(64) std::atomic<uint64_t> head;  // written by the consumer
 };
 static_assert(sizeof(RingControl) == 128, "two cache lines per ring");

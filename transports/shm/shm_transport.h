@@ -11,14 +11,21 @@
 // Messages: a 16-byte header (tag, length) then the payload, streamed through the sender's
 // ring in the receiver's inbox. A send completes once its last byte is in the ring (the
 // bytes are then in the receiver's memory: they arrive even if the sender exits); a message
-// longer than the ring streams while the receiver copies out. The receiver matches a header
+// longer than the ring streams while the receiver copies out. From 64 KiB up, where the
+// receiver may read the sender's memory (process_vm_readv: ptrace rules and a container's
+// seccomp decide, tried once per pair at connect), a message goes by reference instead: the
+// header names the payload's address, the receiver copies it straight into the receive's
+// buffer and answers, and the send completes on the answer (one copy instead of two, as
+// UCX's cma rendezvous). The receiver matches a header
 // against its posted receives (tag under mask, in posting order) or keeps the message as
 // unexpected until a receive asks for it, in arrival order per sender. Host memory only: the
 // backend stages device buffers through host memory (carriesDeviceMemory).
 //
 // Failure: a peer whose process exits (its pidfd turns readable) or that abortPeer() names
 // fails every request to or from it, once what it wrote before is taken; any-source
-// receives pending then fail too, as over ucx. cancel() settles in the next progress().
+// receives pending then fail too, as over ucx. cancel() settles in the next progress(),
+// except a send announced by reference, which the peer may still read: it stays pending
+// until the peer answers or fails (as a ucx rendezvous does).
 #pragma once
 
 #include <sys/types.h>
@@ -36,6 +43,12 @@
 #include "transports/transport.h"
 
 namespace ucxb::shm {
+
+// What follows the header of a message sent by reference (shm_transport.cpp).
+struct RendezvousBody {
+  uint64_t address;  // of the payload, in the sender's memory
+  uint64_t cookie;   // names the send in the receiver's answer
+};
 
 class ShmTransport final : public Transport {
  public:
@@ -82,6 +95,8 @@ class ShmTransport final : public Transport {
     std::unique_ptr<uint8_t[]> data;
     size_t got = 0;
     std::shared_ptr<ShmRequest> claimedBy;  // a receive that matched it before its end
+    bool byReference = false;  // nothing copied yet: read from the sender when matched
+    RendezvousBody body{};
   };
   // What this rank is reading out of one sender's ring.
   struct Inbound {
@@ -103,6 +118,8 @@ class ShmTransport final : public Transport {
     ByteRing in;                  // the peer's ring in this rank's inbox
     Inbound inbound;
     std::deque<std::shared_ptr<ShmRequest>> sends;  // in order; the front one is streaming
+    // Sent by reference, announced, not yet read by the peer.
+    std::vector<std::shared_ptr<ShmRequest>> awaitingRead;
     std::string error;
     bool ringPending = false;     // published bytes since the last doorbell check
   };
@@ -118,6 +135,12 @@ class ShmTransport final : public Transport {
   // Takes the message `a` for `req` (complete or not): copies what is there, or attaches.
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
+  void startByReference(int peer, Tag tag, size_t bytes, const RendezvousBody& body);
+  // Reads a message sent by reference into `req`, answers the sender, settles `req`.
+  void readByReference(const std::shared_ptr<ShmRequest>& req, int source, Tag tag,
+                       size_t bytes, const RendezvousBody& body);
+  // The peer answered: its read of the send named by `cookie` is over.
+  void finishedReading(int peer, uint64_t cookie);
   void checkPeers();
   void failPeer(int peer, const std::string& why);
   void failAnySource(const std::string& why);
@@ -135,6 +158,7 @@ class ShmTransport final : public Transport {
   std::vector<std::shared_ptr<ShmRequest>> posted_;     // receives waiting for a message
   std::deque<std::shared_ptr<Arrival>> arrivals_;       // unexpected messages, oldest first
   std::vector<std::shared_ptr<ShmRequest>> settling_;   // settled in the next progress()
+  uint64_t nextCookie_ = 0;
   bool armed_ = false;
   bool anyPeerFailed_ = false;
   std::string firstFailure_;
