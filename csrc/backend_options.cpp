@@ -140,8 +140,8 @@ std::vector<config::Field<BackendOptions>> fields() {
                  "ucx backend only: what carries the messages of a group whose ranks all run "
                  "on one host; 'ucx': UCX (its shared-memory transports, CUDA IPC); 'shm': "
                  "the backend's own shared-memory rings, without a UCX context or worker, "
-                 "for a faster creation, host memory only (CUDA tensors are staged through "
-                 "it); a group that spans hosts takes UCX either way "
+                 "for a faster creation; host memory only (a CUDA tensor is staged through "
+                 "pinned host memory); a group that spans hosts takes UCX either way "
                  "(docs/architecture.md#one-host-transport)")),
              &O::oneHostTransport),
       // Need not agree: a receiver matches a message whichever of the sender's workers sent it.
