@@ -206,12 +206,15 @@ ShmTransport::~ShmTransport() {
   closing_ = "the process group was shut down (rank " + std::to_string(rank_) + ")";
   // Streams what is not in a ring yet while its peers take it, for a bounded time.
   const auto deadline = std::chrono::steady_clock::now() + kCloseFlush;
+  // Sends by reference wait for the peer's answer (it may be reading their buffers now).
   for (;;) {
     bool queued = false;
     for (int p = 0; p < size_; ++p) {
-      if (peers_[p].sends.empty() || !peers_[p].error.empty()) continue;
-      pushSends(p);
-      queued = queued || !peers_[p].sends.empty();
+      Peer& peer = peers_[static_cast<size_t>(p)];
+      if (p == rank_ || peer.pid == 0 || !peer.error.empty()) continue;
+      if (!peer.sends.empty()) pushSends(p);
+      if (!peer.awaitingRead.empty() && peer.in.readable() != 0) readMessages(p);
+      queued = queued || !peer.sends.empty() || !peer.awaitingRead.empty();
     }
     if (!queued || std::chrono::steady_clock::now() >= deadline) break;
     checkPeers();
