@@ -560,8 +560,6 @@ void ShmTransport::checkPeers() {
     readMessages(q);
     failPeer(q, label(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
                     ") exited");
-    // Its pidfd stays readable: out of the sleep set, so that an idle group sleeps again.
-    ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, peers_[static_cast<size_t>(q)].pidfd, nullptr);
   }
 }
 
@@ -573,6 +571,10 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
   Peer& p = peers_.at(static_cast<size_t>(peer));
   if (!p.error.empty()) return;
   p.error = why;
+  // Nothing of it is watched any more (checkPeers skips it): its pidfd leaves the sleep set,
+  // since once it exits (now, or later after an abort) it stays readable and would wake an
+  // idle rank at every arm().
+  if (p.pidfd >= 0) ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
   if (!anyPeerFailed_) {
     anyPeerFailed_ = true;
     firstFailure_ = why;
