@@ -486,14 +486,23 @@ bool ShmTransport::readMessages(int peer) {
 bool ShmTransport::progress() {
   bool any = false;
   const auto now = std::chrono::steady_clock::now();
+  // A peer that exited fails its requests in checkPeers(): progress, which an owner that
+  // sleeps when progress() returns false must be told of (the pidfd that woke it has left
+  // the sleep set, so it would sleep on until its own timeout).
+  const auto failedPeers = [this] {
+    return std::count_if(peers_.begin(), peers_.end(),
+                         [](const Peer& p) { return !p.error.empty(); });
+  };
   if (armed_) {
     armed_ = false;
     InboxLayout::sleeping(inbox_.data())->store(0, std::memory_order_relaxed);
     doorbell_->drain();
+    nextPeerCheck_ = now;  // a pidfd may be what woke it
+  }
+  if (now >= nextPeerCheck_) {
+    const auto before = failedPeers();
     checkPeers();
-    nextPeerCheck_ = now + kPeerCheckInterval;
-  } else if (now >= nextPeerCheck_) {
-    checkPeers();
+    any = failedPeers() != before;
     nextPeerCheck_ = now + kPeerCheckInterval;
   }
   if (!settling_.empty()) {
