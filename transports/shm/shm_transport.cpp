@@ -570,14 +570,23 @@ bool ShmTransport::readMessages(int peer) {
 bool ShmTransport::progress() {
   bool any = false;
   const auto now = std::chrono::steady_clock::now();
+  // A peer that exited fails its requests in checkPeers(): progress, which an owner that
+  // sleeps when progress() returns false must be told of (the pidfd that woke it has left
+  // the sleep set, so it would sleep on until its own timeout).
+  const auto failedPeers = [this] {
+    return std::count_if(peers_.begin(), peers_.end(),
+                         [](const Peer& p) { return !p.error.empty(); });
+  };
   if (armed_) {
     armed_ = false;
     InboxLayout::sleeping(inbox_.data())->store(0, std::memory_order_relaxed);
     doorbell_->drain();
+    nextPeerCheck_ = now;  // a pidfd may be what woke it
+  }
+  if (now >= nextPeerCheck_) {
+    const auto before = failedPeers();
     checkPeers();
-    nextPeerCheck_ = now + kPeerCheckInterval;
-  } else if (now >= nextPeerCheck_) {
-    checkPeers();
+    any = failedPeers() != before;
     nextPeerCheck_ = now + kPeerCheckInterval;
   }
   if (!settling_.empty()) {
@@ -644,8 +653,6 @@ void ShmTransport::checkPeers() {
     readMessages(q);
     failPeer(q, label(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
                     ") exited");
-    // Its pidfd stays readable: out of the sleep set, so that an idle group sleeps again.
-    ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, peers_[static_cast<size_t>(q)].pidfd, nullptr);
   }
 }
 
@@ -657,6 +664,10 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
   Peer& p = peers_.at(static_cast<size_t>(peer));
   if (!p.error.empty()) return;
   p.error = why;
+  // Nothing of it is watched any more (checkPeers skips it): its pidfd leaves the sleep set,
+  // since once it exits (now, or later after an abort) it stays readable and would wake an
+  // idle rank at every arm().
+  if (p.pidfd >= 0) ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
   if (!anyPeerFailed_) {
     anyPeerFailed_ = true;
     firstFailure_ = why;
@@ -759,10 +770,15 @@ void ShmTransport::cancelRequest(ShmRequest& req) {
         if (req.headerSent_ && (req.wireBytes_ & kByReference)) return;
         if (req.headerSent_) {
           // Part of it is in the ring: the rest streams from a copy, so the stream stays whole.
-          const size_t left = req.postedBytes() - req.written_;
-          req.copy_.reset(new uint8_t[left ? left : 1]);
-          if (left) std::memcpy(req.copy_.get(), req.next(), left);
-          req.copiedAt_ = req.written_;
+          // Copied from next() before copy_ is set (next() reads from copy_ once it is), and
+          // once: a second cancel before the first settles finds the copy made.
+          if (!req.copy_) {
+            const size_t left = req.postedBytes() - req.written_;
+            std::unique_ptr<uint8_t[]> copy(new uint8_t[left ? left : 1]);
+            if (left) std::memcpy(copy.get(), req.next(), left);
+            req.copy_ = std::move(copy);
+            req.copiedAt_ = req.written_;
+          }
         } else {
           sends.erase(it);
         }
