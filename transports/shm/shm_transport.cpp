@@ -616,9 +616,11 @@ void ShmTransport::cancelRequest(ShmRequest& req) {
         if (it->get() != &req) continue;
         if (req.headerSent_) {
           // Part of it is in the ring: the rest streams from a copy, so the stream stays whole.
+          // The copy is read from next() before it becomes the source: next() reads copy_.
           const size_t left = req.postedBytes() - req.written_;
-          req.copy_.reset(new uint8_t[left ? left : 1]);
-          if (left) std::memcpy(req.copy_.get(), req.next(), left);
+          std::unique_ptr<uint8_t[]> copy(new uint8_t[left ? left : 1]);
+          if (left) std::memcpy(copy.get(), req.next(), left);
+          req.copy_ = std::move(copy);
           req.copiedAt_ = req.written_;
         } else {
           sends.erase(it);
