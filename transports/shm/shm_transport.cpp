@@ -37,6 +37,13 @@ std::string peerLabel(int peer) {
   return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
 }
 
+// Why an any-source receive failed: it names both, as over ucx ("receive from any rank
+// failed: connection to rank 1 failed: ..."), so that the op's error says it was waiting on
+// any rank and which one failed it.
+std::string anySourceFailure(const std::string& why) {
+  return "receive from any rank failed: " + why;
+}
+
 int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 // localAddress(): fields separated by newlines (none of them holds one).
@@ -316,7 +323,7 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
     req->deferredFailure_ = peers_[peer].error;
     settling_.push_back(req);
   } else if (peer == kAnySource && anyPeerFailed_) {
-    req->deferredFailure_ = firstFailure_;
+    req->deferredFailure_ = anySourceFailure(firstFailure_);
     settling_.push_back(req);
   } else {
     posted_.push_back(req);
@@ -603,7 +610,7 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
       ++it;
     }
   }
-  for (auto& r : failing) r->failWith(why);
+  for (auto& r : failing) r->failWith(r->peer() == kAnySource ? anySourceFailure(why) : why);
 }
 
 void ShmTransport::cancelRequest(ShmRequest& req) {
