@@ -25,6 +25,15 @@ struct WireHeader {
   uint64_t bytes;
 };
 constexpr size_t kHeaderBytes = sizeof(WireHeader);
+// A header with this bit set in `bytes` is no message: it tells the sender that the receiver
+// matched its message number `tag` (counted per sender from 0), which completes a send longer
+// than kEagerBytes. No message is 2^63 bytes long.
+constexpr uint64_t kMatchedFlag = uint64_t{1} << 63;
+// The longest send that completes once it is in the ring. A longer one completes only once a
+// receive has taken it, as ucx's rendezvous and udp's large messages do: a sender is never
+// told that a message arrived that no rank asked for (a rank passed a longer tensor than its
+// peers, a send nobody receives), and its wait(timeout) times out as it would over ucx.
+constexpr size_t kEagerBytes = kRingBytes;
 
 constexpr char kAddressMagic[] = "ucxb-shm-1";
 // How often a busy rank looks at its peers' pidfds; a sleeping one is woken by them.
@@ -105,21 +114,19 @@ class ShmTransport::ShmRequest final : public Request {
   ShmTransport* owner_;
   Tag tag_ = 0;
   Tag mask_ = 0;
-  // send: the bytes to stream (the caller's, or copy_ once a cancel settled the request).
+  // send: the caller's bytes to stream.
   const uint8_t* source_ = nullptr;
-  std::unique_ptr<uint8_t[]> copy_;  // what was left at the cancel, from byte copiedAt_ on
-  size_t copiedAt_ = 0;
   bool headerSent_ = false;
   size_t written_ = 0;
+  uint64_t seq_ = 0;      // its number among the messages to its peer, once its header is out
+  bool matched_ = false;  // the receiver took it (kMatchedFlag) before its last byte was out
   // recv: where the message goes.
   uint8_t* dest_ = nullptr;
   // Settled by the next progress() with this reason (a cancel, a failed peer at posting).
   std::string deferredFailure_;
   std::weak_ptr<ShmRequest> self_;
 
-  const uint8_t* next() const {
-    return copy_ ? copy_.get() + (written_ - copiedAt_) : source_ + written_;
-  }
+  const uint8_t* next() const { return source_ + written_; }
 };
 
 bool ShmTransport::available() {
@@ -185,6 +192,7 @@ ShmTransport::~ShmTransport() {
   std::vector<std::shared_ptr<ShmRequest>> left;
   for (auto& peer : peers_) {
     for (auto& r : peer.sends) left.push_back(r);
+    for (auto& r : peer.unmatched) left.push_back(r);
     if (peer.inbound.target) left.push_back(peer.inbound.target);
     if (peer.inbound.arrival && peer.inbound.arrival->claimedBy) {
       left.push_back(peer.inbound.arrival->claimedBy);
@@ -315,6 +323,7 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
     if (((*it)->tag & mask) == (tag & mask)) {
       auto a = *it;
       arrivals_.erase(it);
+      matched(a->source, a->seq, a->bytes);
       deliver(a, req);
       return req;
     }
@@ -368,39 +377,55 @@ std::shared_ptr<ShmTransport::ShmRequest> ShmTransport::matchPosted(int /*source
 bool ShmTransport::pushSends(int peer) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   bool any = false;
-  while (!p.sends.empty()) {
-    auto& r = p.sends.front();
+  for (;;) {
+    const bool between = p.sends.empty() || !p.sends.front()->headerSent_;
     bool full = false;
-    if (!r->headerSent_) {
-      if (p.out.writable() < kHeaderBytes) {
-        full = true;
-      } else {
-        const WireHeader h{r->tag_, r->postedBytes()};
+    if (between) {
+      // Match notices go between messages, ahead of the next one.
+      while (!p.acks.empty() && p.out.writable() >= kHeaderBytes) {
+        const WireHeader h{p.acks.front(), kMatchedFlag};
         p.out.write(&h, kHeaderBytes);
-        r->headerSent_ = true;
+        p.acks.pop_front();
         any = true;
       }
+      full = !p.acks.empty();
+      if (!full && p.sends.empty()) break;
     }
     if (!full) {
-      const size_t left = r->postedBytes() - r->written_;
-      const size_t n = left ? p.out.write(r->next(), left) : 0;
-      r->written_ += n;
-      any = any || n > 0;
-      if (r->written_ == r->postedBytes()) {
-        auto done = std::move(p.sends.front());
-        p.sends.pop_front();
-        // A cancelled send already settled; it streamed on so that the ring stays whole.
-        if (done->pending()) done->succeed(done->postedBytes(), done->tag_);
-        continue;
+      auto& r = p.sends.front();
+      if (!r->headerSent_) {
+        if (p.out.writable() < kHeaderBytes) {
+          full = true;
+        } else {
+          const WireHeader h{r->tag_, r->postedBytes()};
+          p.out.write(&h, kHeaderBytes);
+          r->headerSent_ = true;
+          r->seq_ = p.sentMessages++;
+          any = true;
+        }
       }
-      full = true;
+      if (!full) {
+        const size_t left = r->postedBytes() - r->written_;
+        const size_t n = left ? p.out.write(r->next(), left) : 0;
+        r->written_ += n;
+        any = any || n > 0;
+        if (r->written_ == r->postedBytes()) {
+          auto done = std::move(p.sends.front());
+          p.sends.pop_front();
+          sent(p, done);
+          continue;
+        }
+        full = true;
+      }
     }
     // Full: ask the receiver to ring once it frees room, then look again, since it may have
     // freed room before it could see the request (the fence pairs with the one after its
     // release()).
+    const size_t need =
+        p.sends.empty() || !p.sends.front()->headerSent_ ? kHeaderBytes : size_t{1};
     p.out.control().producerWaiting.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (p.out.writable() < (r->headerSent_ ? 1 : kHeaderBytes)) break;
+    if (p.out.writable() < need) break;
     p.out.control().producerWaiting.store(0, std::memory_order_relaxed);
   }
   if (any) {
@@ -412,7 +437,40 @@ bool ShmTransport::pushSends(int peer) {
   return any;
 }
 
+void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
+  if (!req->pending()) return;
+  if (req->postedBytes() <= kEagerBytes || req->matched_) {
+    req->succeed(req->postedBytes(), req->tag_);
+  } else {
+    p.unmatched.push_back(req);
+  }
+}
+
+void ShmTransport::matched(int source, uint64_t seq, size_t bytes) {
+  if (source == rank_ || bytes <= kEagerBytes) return;
+  Peer& p = peers_.at(static_cast<size_t>(source));
+  if (p.error.empty()) p.acks.push_back(seq);  // written by the next progress()
+}
+
+void ShmTransport::takeMatch(int peer, uint64_t seq) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  for (auto& r : p.sends) {
+    if (r->headerSent_ && r->seq_ == seq) {
+      r->matched_ = true;  // sent() completes it once its last byte is out
+      return;
+    }
+  }
+  for (auto it = p.unmatched.begin(); it != p.unmatched.end(); ++it) {
+    if ((*it)->seq_ != seq) continue;
+    auto r = std::move(*it);
+    p.unmatched.erase(it);
+    if (r->pending()) r->succeed(r->postedBytes(), r->tag_);
+    return;
+  }
+}
+
 void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
+  const uint64_t seq = peers_[static_cast<size_t>(peer)].receivedMessages++;
   Inbound& s = peers_[static_cast<size_t>(peer)].inbound;
   s.inMessage = true;
   s.tag = tag;
@@ -422,8 +480,12 @@ void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
   s.arrival.reset();
   if (!peers_[static_cast<size_t>(peer)].error.empty()) return;  // aborted: dropped
   s.target = matchPosted(peer, tag);
-  if (s.target) return;
+  if (s.target) {
+    matched(peer, seq, bytes);
+    return;
+  }
   auto a = std::make_shared<Arrival>();
+  a->seq = seq;
   a->source = peer;
   a->tag = tag;
   a->bytes = bytes;
@@ -455,6 +517,10 @@ bool ShmTransport::readMessages(int peer) {
       p.in.take(&h, kHeaderBytes);
       avail -= kHeaderBytes;
       any = true;
+      if ((h.bytes & kMatchedFlag) != 0) {
+        takeMatch(peer, h.tag);
+        continue;
+      }
       startMessage(peer, h.tag, h.bytes);
       if (h.bytes == 0) {
         endMessage(peer);
@@ -515,7 +581,11 @@ bool ShmTransport::progress() {
     if (q == rank_) continue;
     Peer& p = peers_[static_cast<size_t>(q)];
     if (p.pid == 0) continue;
-    if (!p.sends.empty()) any = pushSends(q) || any;
+    if (p.error.empty() && p.in.control().abandoned.load(std::memory_order_acquire) != 0) {
+      takeAbandonment(q);
+      any = true;
+    }
+    if (!p.sends.empty() || !p.acks.empty()) any = pushSends(q) || any;
     if (p.in.readable() != 0) any = readMessages(q) || any;
   }
   return any;
@@ -529,7 +599,8 @@ bool ShmTransport::arm() {
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || peers_[static_cast<size_t>(q)].pid == 0) continue;
     const Peer& p = peers_[static_cast<size_t>(q)];
-    if (p.in.readable() != 0 || (!p.sends.empty() && p.out.writable() >= kHeaderBytes)) {
+    if (p.in.readable() != 0 ||
+        ((!p.sends.empty() || !p.acks.empty()) && p.out.writable() >= kHeaderBytes)) {
       sleeping->store(0, std::memory_order_relaxed);
       return false;
     }
@@ -574,6 +645,25 @@ void ShmTransport::checkPeers() {
 
 void ShmTransport::abortPeer(int peer, const std::string& why) {
   failPeer(peer, why);
+  // Tells the peer: it must not take a message this rank gave up on (p2p_withdraw.hpp).
+  Peer& p = peers_.at(static_cast<size_t>(peer));
+  if (peer != rank_ && p.out.valid()) {
+    p.out.control().abandoned.store(1, std::memory_order_release);
+    doorbell_->ring(p.doorbell);
+  }
+}
+
+void ShmTransport::takeAbandonment(int peer) {
+  readMessages(peer);  // what it finished sending before stays, as in checkPeers()
+  // Its messages longer than kEagerBytes that no receive took were never complete for it.
+  arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(),
+                                 [&](const auto& a) {
+                                   return a->source == peer && a->bytes > kEagerBytes &&
+                                          !a->claimedBy;
+                                 }),
+                  arrivals_.end());
+  failPeer(peer, label(peer) + " cut this rank off (it gave up on a message it had begun "
+                               "to send here)");
 }
 
 void ShmTransport::failPeer(int peer, const std::string& why) {
@@ -598,6 +688,9 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
   }
   auto sends = std::move(p.sends);
   p.sends.clear();
+  sends.insert(sends.end(), p.unmatched.begin(), p.unmatched.end());
+  p.unmatched.clear();
+  p.acks.clear();
   for (auto& r : sends) {
     if (r->pending()) r->failWith(why);
   }
@@ -617,23 +710,16 @@ void ShmTransport::cancelRequest(ShmRequest& req) {
   const std::string why = std::string(req.isSend() ? "the send to " : "the receive from ") +
                           label(req.peer()) + " was cancelled";
   if (req.isSend()) {
+    // A send whose header is in the ring cannot be taken back: the receiver matches it, and a
+    // later receive would take it for another message (ucx cannot take back an announced
+    // rendezvous either). It stays pending; its owner then fails the group and cuts the peer
+    // off (csrc/p2p_withdraw.hpp, abortPeer). One still queued leaves without a trace.
+    if (req.headerSent_) return;
     if (req.peer() != rank_) {
       auto& sends = peers_[static_cast<size_t>(req.peer())].sends;
-      for (auto it = sends.begin(); it != sends.end(); ++it) {
-        if (it->get() != &req) continue;
-        if (req.headerSent_) {
-          // Part of it is in the ring: the rest streams from a copy, so the stream stays whole.
-          // The copy is read from next() before it becomes the source: next() reads copy_.
-          const size_t left = req.postedBytes() - req.written_;
-          std::unique_ptr<uint8_t[]> copy(new uint8_t[left ? left : 1]);
-          if (left) std::memcpy(copy.get(), req.next(), left);
-          req.copy_ = std::move(copy);
-          req.copiedAt_ = req.written_;
-        } else {
-          sends.erase(it);
-        }
-        break;
-      }
+      sends.erase(std::remove_if(sends.begin(), sends.end(),
+                                 [&](const auto& r) { return r.get() == &req; }),
+                  sends.end());
     }
   } else {
     posted_.erase(std::remove_if(posted_.begin(), posted_.end(),

@@ -9,16 +9,21 @@
 // a group that turns out to span hosts (reachesAll) is built again over UCX.
 //
 // Messages: a 16-byte header (tag, length) then the payload, streamed through the sender's
-// ring in the receiver's inbox. A send completes once its last byte is in the ring (the
-// bytes are then in the receiver's memory: they arrive even if the sender exits); a message
-// longer than the ring streams while the receiver copies out. The receiver matches a header
+// ring in the receiver's inbox. A send of up to 64 KiB (kEagerBytes) completes once its last
+// byte is in the ring (the bytes are then in the receiver's memory: they arrive even if the
+// sender exits); a longer one also waits until a receive has taken it, which the receiver
+// tells the sender with a header of its own in its ring the other way, as ucx's rendezvous
+// does (a send that no receive matches does not complete). A message longer than the ring
+// streams while the receiver copies out. The receiver matches a header
 // against its posted receives (tag under mask, in posting order) or keeps the message as
 // unexpected until a receive asks for it, in arrival order per sender. Host memory only: the
 // backend stages device buffers through host memory (carriesDeviceMemory).
 //
 // Failure: a peer whose process exits (its pidfd turns readable) or that abortPeer() names
 // fails every request to or from it, once what it wrote before is taken; any-source
-// receives pending then fail too, as over ucx. cancel() settles in the next progress().
+// receives pending then fail too, as over ucx. cancel() settles a receive, or a send not yet
+// begun, in the next progress(); a send whose header is out stays pending (the receiver holds
+// it, as a ucx peer holds an announced rendezvous).
 #pragma once
 
 #include <sys/types.h>
@@ -81,6 +86,7 @@ class ShmTransport final : public Transport {
     size_t bytes;
     std::unique_ptr<uint8_t[]> data;
     size_t got = 0;
+    uint64_t seq = 0;  // its number among its sender's messages (kMatchedFlag names it)
     std::shared_ptr<ShmRequest> claimedBy;  // a receive that matched it before its end
   };
   // What this rank is reading out of one sender's ring.
@@ -103,6 +109,11 @@ class ShmTransport final : public Transport {
     ByteRing in;                  // the peer's ring in this rank's inbox
     Inbound inbound;
     std::deque<std::shared_ptr<ShmRequest>> sends;  // in order; the front one is streaming
+    // Sends longer than kEagerBytes wholly in the ring, waiting for the peer to match them.
+    std::vector<std::shared_ptr<ShmRequest>> unmatched;
+    std::deque<uint64_t> acks;     // numbers of the peer's messages matched here, to tell it
+    uint64_t sentMessages = 0;     // messages this rank started to the peer
+    uint64_t receivedMessages = 0; // messages this rank started to read from the peer
     std::string error;
     bool ringPending = false;     // published bytes since the last doorbell check
   };
@@ -112,6 +123,12 @@ class ShmTransport final : public Transport {
   void finishReceive(const std::shared_ptr<ShmRequest>& req, int source, Tag tag, size_t bytes);
   void cancelRequest(ShmRequest& req);
   bool pushSends(int peer);
+  // A send's last byte is in the ring: done, or waiting for the receiver's match.
+  void sent(Peer& p, const std::shared_ptr<ShmRequest>& req);
+  // A receive took message `seq` of `source`: tells the sender if it waits for that.
+  void matched(int source, uint64_t seq, size_t bytes);
+  // The peer matched this rank's message `seq`.
+  void takeMatch(int peer, uint64_t seq);
   bool readMessages(int peer);
   void startMessage(int peer, Tag tag, size_t bytes);
   void endMessage(int peer);
@@ -119,6 +136,8 @@ class ShmTransport final : public Transport {
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
   void checkPeers();
+  // The peer cut this rank off (its abortPeer): fails it, and drops what it gave up on.
+  void takeAbandonment(int peer);
   void failPeer(int peer, const std::string& why);
   void failAnySource(const std::string& why);
   std::string label(int peer) const;
