@@ -240,6 +240,13 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   p.sleeping = InboxLayout::sleeping(p.inbox.data());
   p.doorbell = Doorbell::addressOf(a.doorbell);
   p.pidfd = pidfdOpen(a.pid);
+  if (p.pidfd < 0 && errno == ESRCH) {
+    // Gone before this rank could watch it (killed during the group's creation): failed as a
+    // peer that dies later is, so that the creation's own watch names it as over ucx, whose
+    // connect() reaches no peer ("died during this creation"), or the first op does.
+    failPeer(peer, label(peer) + " (pid " + std::to_string(a.pid) + ") exited");
+    return;
+  }
   if (p.pidfd < 0) {
     throw TransportError("pidfd_open of " + label(peer) + " (pid " + std::to_string(a.pid) +
                              "): " + std::strerror(errno),
