@@ -14,6 +14,7 @@ of UCX (docs/architecture.md#one-host-transport).
   op and the peer, well before the group's timeout: an all_reduce whose message streams
   through the ring, and a receive.
   An any-source receive that the dead peer fails names "any rank" and the peer, as over ucx.
+  A peer that destroys the group (and lives on) fails a receive waiting for it as fast.
 * A send longer than the ring completes only once a receive takes it, as ucx's rendezvous:
   ranks whose tensors differ by whole chunks both fail (none returns having sent a chunk
   nobody asked for: test_chunking's world), and a send nobody receives times out, cannot be
@@ -298,6 +299,31 @@ def test_a_killed_peer_is_a_remote_error(killed: dict[str, Any]) -> None:
 def test_an_any_source_receive_names_any_rank_and_the_dead_peer(killed: dict[str, Any]) -> None:
     _, msg = killed["recv_any"]
     assert msg is not None and "receive from any rank failed: rank 1 (pid " in msg, msg
+
+
+def _peer_left(rank: int, ws: int) -> tuple[float, str | None] | None:
+    """Rank 0 waits for a message from rank 1, which destroys the group instead and lives on:
+    how long rank 0's receive took to fail, and its error."""
+    group = dist.new_group(backend="ucx", timeout=timedelta(seconds=PG_TIMEOUT_S))
+    dist.all_reduce(torch.ones(4), group=group)
+    out = None
+    if rank == 0:
+        work = dist.irecv(torch.zeros(4), src=1, group=group)
+        dist.barrier()  # posted before rank 1 leaves
+        # Bounded: before, it waited out the group's timeout (a clear failure here instead).
+        out = timed_failure(lambda: work.wait(timeout=timedelta(seconds=2 * DEADLINE_S)))
+    else:
+        dist.barrier()
+        dist.destroy_process_group(group)
+    dist.barrier()  # rank 1 lives until rank 0 is done
+    return out
+
+
+def test_a_peer_that_destroyed_the_group_fails_a_receive_naming_it() -> None:
+    # Before, only the peer's exit (its pidfd) failed it: the receive waited out the timeout.
+    seconds, msg = run_world(_peer_left, 2, env=ENV, pg_timeout=PG_TIMEOUT_S, timeout=90)[0]
+    assert msg is not None and "ucx recv" in msg and "rank 1 left the group" in msg, msg
+    assert seconds < DEADLINE_S, (seconds, msg)
 
 
 # --------------------------------------------------------------------------

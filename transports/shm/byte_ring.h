@@ -21,8 +21,9 @@ struct RingControl {
   // Set by a producer that found the ring full and sleeps: the consumer rings its doorbell
   // after freeing room (shm_transport.cpp).
   std::atomic<uint32_t> producerWaiting;
-  // Set by a producer that cut the consumer off (ShmTransport::abortPeer): the messages it
-  // sent that no receive took yet are void, as a closed ucx endpoint's announcements are.
+  // Set by a producer that is done with the consumer (ShmTransport: it cut the consumer off,
+  // or left): the messages it sent that no receive took yet are void, as a closed ucx
+  // endpoint's announcements are; nothing more comes.
   std::atomic<uint32_t> abandoned;
   alignas(64) std::atomic<uint64_t> head;  // written by the consumer
 };

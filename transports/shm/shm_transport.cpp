@@ -34,6 +34,9 @@ constexpr uint64_t kMatchedFlag = uint64_t{1} << 63;
 // told that a message arrived that no rank asked for (a rank passed a longer tensor than its
 // peers, a send nobody receives), and its wait(timeout) times out as it would over ucx.
 constexpr size_t kEagerBytes = kRingBytes;
+// RingControl::abandoned: why the producer is done with this consumer.
+constexpr uint32_t kCutOff = 1;  // abortPeer(): it gave up on a message it had begun to send
+constexpr uint32_t kClosed = 2;  // its transport was destroyed (the group, on that rank)
 
 constexpr char kAddressMagic[] = "ucxb-shm-1";
 // How often a busy rank looks at its peers' pidfds; a sleeping one is woken by them.
@@ -179,15 +182,24 @@ ShmTransport::~ShmTransport() {
   for (;;) {
     bool queued = false;
     for (int p = 0; p < size_; ++p) {
-      if (peers_[p].sends.empty() || !peers_[p].error.empty()) continue;
+      Peer& peer = peers_[static_cast<size_t>(p)];
+      if ((peer.sends.empty() && peer.acks.empty()) || !peer.error.empty()) continue;
       pushSends(p);
-      queued = queued || !peers_[p].sends.empty();
+      queued = queued || !peer.sends.empty() || !peer.acks.empty();
     }
     if (!queued || std::chrono::steady_clock::now() >= deadline) break;
     checkPeers();
     pollfd pfd{epollFd_, POLLIN, 0};
     ::poll(&pfd, 1, 1);
     doorbell_->drain();
+  }
+  // Tells each peer that this rank is gone from the group, as a closed ucx endpoint does:
+  // what it sent is taken, the rest fails at once instead of at the op's timeout.
+  for (int q = 0; q < size_; ++q) {
+    Peer& peer = peers_[static_cast<size_t>(q)];
+    if (q == rank_ || !peer.out.valid() || !peer.error.empty()) continue;
+    peer.out.control().abandoned.store(kClosed, std::memory_order_release);
+    doorbell_->ring(peer.doorbell);
   }
   std::vector<std::shared_ptr<ShmRequest>> left;
   for (auto& peer : peers_) {
@@ -388,13 +400,7 @@ bool ShmTransport::pushSends(int peer) {
     const bool between = p.sends.empty() || !p.sends.front()->headerSent_;
     bool full = false;
     if (between) {
-      // Match notices go between messages, ahead of the next one.
-      while (!p.acks.empty() && p.out.writable() >= kHeaderBytes) {
-        const WireHeader h{p.acks.front(), kMatchedFlag};
-        p.out.write(&h, kHeaderBytes);
-        p.acks.pop_front();
-        any = true;
-      }
+      any = writeAcks(p) || any;
       full = !p.acks.empty();
       if (!full && p.sends.empty()) break;
     }
@@ -435,13 +441,27 @@ bool ShmTransport::pushSends(int peer) {
     if (p.out.writable() < need) break;
     p.out.control().producerWaiting.store(0, std::memory_order_relaxed);
   }
-  if (any) {
-    // Pairs with the fence in the receiver's arm(): either it sees the bytes, or this sees
-    // it asleep.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (p.sleeping->load(std::memory_order_relaxed) != 0) doorbell_->ring(p.doorbell);
+  if (any) wake(p);
+  return any;
+}
+
+bool ShmTransport::writeAcks(Peer& p) {
+  // Match notices go between messages, ahead of the next one.
+  bool any = false;
+  while (!p.acks.empty() && p.out.writable() >= kHeaderBytes) {
+    const WireHeader h{p.acks.front(), kMatchedFlag};
+    p.out.write(&h, kHeaderBytes);
+    p.acks.pop_front();
+    any = true;
   }
   return any;
+}
+
+void ShmTransport::wake(Peer& p) {
+  // Pairs with the fence in the receiver's arm(): either it sees the bytes, or this sees it
+  // asleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (p.sleeping->load(std::memory_order_relaxed) != 0) doorbell_->ring(p.doorbell);
 }
 
 void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
@@ -456,7 +476,12 @@ void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
 void ShmTransport::matched(int source, uint64_t seq, size_t bytes) {
   if (source == rank_ || bytes <= kEagerBytes) return;
   Peer& p = peers_.at(static_cast<size_t>(source));
-  if (p.error.empty()) p.acks.push_back(seq);  // written by the next progress()
+  if (!p.error.empty()) return;
+  p.acks.push_back(seq);
+  // Out now, before the receive completes, where no message of this rank's is half out (else
+  // after it, by progress() or the destructor): the sender must learn of the match even if
+  // this rank destroys the group as soon as its op is done.
+  if ((p.sends.empty() || !p.sends.front()->headerSent_) && writeAcks(p)) wake(p);
 }
 
 void ShmTransport::takeMatch(int peer, uint64_t seq) {
@@ -588,8 +613,9 @@ bool ShmTransport::progress() {
     if (q == rank_) continue;
     Peer& p = peers_[static_cast<size_t>(q)];
     if (p.pid == 0) continue;
-    if (p.error.empty() && p.in.control().abandoned.load(std::memory_order_acquire) != 0) {
-      takeAbandonment(q);
+    if (const uint32_t why = p.in.control().abandoned.load(std::memory_order_acquire);
+        why != 0 && p.error.empty()) {
+      takeAbandonment(q, why);
       any = true;
     }
     if (!p.sends.empty() || !p.acks.empty()) any = pushSends(q) || any;
@@ -655,12 +681,12 @@ void ShmTransport::abortPeer(int peer, const std::string& why) {
   // Tells the peer: it must not take a message this rank gave up on (p2p_withdraw.hpp).
   Peer& p = peers_.at(static_cast<size_t>(peer));
   if (peer != rank_ && p.out.valid()) {
-    p.out.control().abandoned.store(1, std::memory_order_release);
+    p.out.control().abandoned.store(kCutOff, std::memory_order_release);
     doorbell_->ring(p.doorbell);
   }
 }
 
-void ShmTransport::takeAbandonment(int peer) {
+void ShmTransport::takeAbandonment(int peer, uint32_t why) {
   readMessages(peer);  // what it finished sending before stays, as in checkPeers()
   // Its messages longer than kEagerBytes that no receive took were never complete for it.
   arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(),
@@ -669,8 +695,9 @@ void ShmTransport::takeAbandonment(int peer) {
                                           !a->claimedBy;
                                  }),
                   arrivals_.end());
-  failPeer(peer, label(peer) + " cut this rank off (it gave up on a message it had begun "
-                               "to send here)");
+  failPeer(peer, label(peer) + (why == kClosed ? " left the group (destroyed it)"
+                                               : " cut this rank off (it gave up on a message "
+                                                 "it had begun to send here)"));
 }
 
 void ShmTransport::failPeer(int peer, const std::string& why) {

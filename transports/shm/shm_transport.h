@@ -19,8 +19,10 @@
 // unexpected until a receive asks for it, in arrival order per sender. Host memory only: the
 // backend stages device buffers through host memory (carriesDeviceMemory).
 //
-// Failure: a peer whose process exits (its pidfd turns readable) or that abortPeer() names
-// fails every request to or from it, once what it wrote before is taken; any-source
+// Failure: a peer whose process exits (its pidfd turns readable), that abortPeer() names, or
+// that cut this rank off or destroyed its transport (RingControl::abandoned, which the
+// destructor and abortPeer() set in the peer's ring) fails every request to or from it, once
+// what it wrote before is taken; any-source
 // receives pending then fail too, as over ucx. cancel() settles a receive, or a send not yet
 // begun, in the next progress(); a send whose header is out stays pending (the receiver holds
 // it, as a ucx peer holds an announced rendezvous).
@@ -129,6 +131,10 @@ class ShmTransport final : public Transport {
   void matched(int source, uint64_t seq, size_t bytes);
   // The peer matched this rank's message `seq`.
   void takeMatch(int peer, uint64_t seq);
+  // Writes the match notices queued for the peer that fit; true if it wrote any.
+  bool writeAcks(Peer& p);
+  // Rings the peer's doorbell if it sleeps, after this rank published bytes to it.
+  void wake(Peer& p);
   bool readMessages(int peer);
   void startMessage(int peer, Tag tag, size_t bytes);
   void endMessage(int peer);
@@ -136,8 +142,9 @@ class ShmTransport final : public Transport {
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
   void checkPeers();
-  // The peer cut this rank off (its abortPeer): fails it, and drops what it gave up on.
-  void takeAbandonment(int peer);
+  // The peer cut this rank off (its abortPeer) or left (destroyed its transport): fails it,
+  // and drops what it gave up on. `why`: RingControl::abandoned.
+  void takeAbandonment(int peer, uint32_t why);
   void failPeer(int peer, const std::string& why);
   void failAnySource(const std::string& why);
   std::string label(int peer) const;
