@@ -205,7 +205,15 @@ def test_must_agree_is_in_the_schema() -> None:
     algos = {f"algo_{op}" for op in cfg.ALGORITHMS}
     # udp_config is flagged for the udp_config keys flagged in their own table.
     # secret_file: the ranks compare a key check derived from it (csrc/udp_auth_setup.hpp).
-    assert flagged == {"transport", "chunk_bytes", "udp_config", "secret_file", *algos}, flagged
+    # one_host_transport: one rank's ucx address means nothing to another's shm transport.
+    assert flagged == {
+        "transport",
+        "chunk_bytes",
+        "udp_config",
+        "secret_file",
+        "one_host_transport",
+        *algos,
+    }, flagged
     assert {k for k, knob in cfg.KNOBS.items() if knob.must_agree} == flagged - {"transport"}
     udp_flagged = {r["name"] for r in _C.udp.config_schema() if r["must_agree"]}
     assert udp_flagged == {

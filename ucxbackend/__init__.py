@@ -416,7 +416,8 @@ def startup_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     the last rank, which deletes the creation's keys), the Store calls of its liveness watch
     (on a connection of its own, only in a wait longer than a normal creation's:
     docs/failure-model.md), and the transports below the group's (ucx: those its UCP context
-    may use, e.g. ``posix``, ``tcp``; empty for udp). See docs/bench.md (``bench startup``,
+    may use, e.g. ``posix``, ``tcp``; ``["shm"]`` for one on the one-host transport,
+    ``one_host_transport=shm``; empty for udp). See docs/bench.md (``bench startup``,
     which prints it per phase) and
     docs/performance.md#start-up.
     """

@@ -24,6 +24,10 @@ struct RingControl {
   // Set once by the consumer when it can read the producer's memory directly (cross-memory
   // attach, process_vm_readv): the producer may then send a large message by reference.
   std::atomic<uint32_t> consumerReadsProducer;
+  // Set by a producer that is done with the consumer (ShmTransport: it cut the consumer off,
+  // or left): the messages it sent that no receive took yet are void, as a closed ucx
+  // endpoint's announcements are; nothing more comes.
+  std::atomic<uint32_t> abandoned;
   alignas(64) std::atomic<uint64_t> head;  // written by the consumer
 };
 static_assert(sizeof(RingControl) == 128, "two cache lines per ring");

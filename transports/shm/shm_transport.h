@@ -9,23 +9,27 @@
 // a group that turns out to span hosts (reachesAll) is built again over UCX.
 //
 // Messages: a 16-byte header (tag, length) then the payload, streamed through the sender's
-// ring in the receiver's inbox. A send completes once its last byte is in the ring (the
-// bytes are then in the receiver's memory: they arrive even if the sender exits); a message
-// longer than the ring streams while the receiver copies out. From 64 KiB up, where the
-// receiver may read the sender's memory (process_vm_readv: ptrace rules and a container's
-// seccomp decide, tried once per pair at connect), a message goes by reference instead: the
-// header names the payload's address, the receiver copies it straight into the receive's
-// buffer and answers, and the send completes on the answer (one copy instead of two, as
-// UCX's cma rendezvous). The receiver matches a header
+// ring in the receiver's inbox. A send no longer than the ring (eagerBytes_: 256 KiB at 2
+// ranks, 32 KiB at 32) completes once its last byte is in the ring (the bytes are then in the
+// receiver's memory: they arrive even if the sender exits); a longer one also waits until a
+// receive has taken it, which the receiver tells the sender with a header of its own in its
+// ring the other way, as ucx's rendezvous does (a send that no receive matches does not
+// complete). Such a message streams through the ring while the receiver copies out, or, where
+// the receiver may read the sender's memory (process_vm_readv: ptrace rules and a container's
+// seccomp decide, tried once per pair at connect), goes by reference: the header names the
+// payload's address, the receiver copies it straight into the receive's buffer, then tells
+// the sender (one copy instead of two, as UCX's cma rendezvous). The receiver matches a header
 // against its posted receives (tag under mask, in posting order) or keeps the message as
 // unexpected until a receive asks for it, in arrival order per sender. Host memory only: the
 // backend stages device buffers through host memory (carriesDeviceMemory).
 //
-// Failure: a peer whose process exits (its pidfd turns readable) or that abortPeer() names
-// fails every request to or from it, once what it wrote before is taken; any-source
-// receives pending then fail too, as over ucx. cancel() settles in the next progress(),
-// except a send announced by reference, which the peer may still read: it stays pending
-// until the peer answers or fails (as a ucx rendezvous does).
+// Failure: a peer whose process exits (its pidfd turns readable), that abortPeer() names, or
+// that cut this rank off or destroyed its transport (RingControl::abandoned, which the
+// destructor and abortPeer() set in the peer's ring) fails every request to or from it, once
+// what it wrote before is taken; any-source receives pending then fail too, as over ucx.
+// cancel() settles a receive, or a send not yet begun, in the next progress(); a send whose
+// header is out stays pending (the receiver holds it, as a ucx peer holds an announced
+// rendezvous; one sent by reference may be read until the receiver answers).
 #pragma once
 
 #include <sys/types.h>
@@ -47,7 +51,7 @@ namespace ucxb::shm {
 // What follows the header of a message sent by reference (shm_transport.cpp).
 struct RendezvousBody {
   uint64_t address;  // of the payload, in the sender's memory
-  uint64_t cookie;   // names the send in the receiver's answer
+  uint64_t unused;   // keeps the body 16 bytes (the header's size)
 };
 
 class ShmTransport final : public Transport {
@@ -94,6 +98,7 @@ class ShmTransport final : public Transport {
     size_t bytes;
     std::unique_ptr<uint8_t[]> data;
     size_t got = 0;
+    uint64_t seq = 0;  // its number among its sender's messages (kMatchedFlag names it)
     std::shared_ptr<ShmRequest> claimedBy;  // a receive that matched it before its end
     bool byReference = false;  // nothing copied yet: read from the sender when matched
     RendezvousBody body{};
@@ -118,8 +123,12 @@ class ShmTransport final : public Transport {
     ByteRing in;                  // the peer's ring in this rank's inbox
     Inbound inbound;
     std::deque<std::shared_ptr<ShmRequest>> sends;  // in order; the front one is streaming
-    // Sent by reference, announced, not yet read by the peer.
-    std::vector<std::shared_ptr<ShmRequest>> awaitingRead;
+    // Sends longer than eagerBytes_ wholly in the ring, waiting for the peer to match them
+    // (one sent by reference: to read it).
+    std::vector<std::shared_ptr<ShmRequest>> unmatched;
+    std::deque<uint64_t> acks;     // numbers of the peer's messages matched here, to tell it
+    uint64_t sentMessages = 0;     // messages this rank started to the peer
+    uint64_t receivedMessages = 0; // messages this rank started to read from the peer
     std::string error;
     bool ringPending = false;     // published bytes since the last doorbell check
   };
@@ -129,6 +138,16 @@ class ShmTransport final : public Transport {
   void finishReceive(const std::shared_ptr<ShmRequest>& req, int source, Tag tag, size_t bytes);
   void cancelRequest(ShmRequest& req);
   bool pushSends(int peer);
+  // A send's last byte is in the ring: done, or waiting for the receiver's match.
+  void sent(Peer& p, const std::shared_ptr<ShmRequest>& req);
+  // A receive took message `seq` of `source`: tells the sender if it waits for that.
+  void matched(int source, uint64_t seq, size_t bytes);
+  // The peer matched this rank's message `seq`.
+  void takeMatch(int peer, uint64_t seq);
+  // Writes the match notices queued for the peer that fit; true if it wrote any.
+  bool writeAcks(Peer& p);
+  // Rings the peer's doorbell if it sleeps, after this rank published bytes to it.
+  void wake(Peer& p);
   bool readMessages(int peer);
   void startMessage(int peer, Tag tag, size_t bytes);
   void endMessage(int peer);
@@ -136,12 +155,14 @@ class ShmTransport final : public Transport {
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
   void startByReference(int peer, Tag tag, size_t bytes, const RendezvousBody& body);
-  // Reads a message sent by reference into `req`, answers the sender, settles `req`.
+  // Reads message `seq` of `source`, sent by reference, into `req`, tells the sender it was
+  // matched (its buffer is free from then on), settles `req`.
   void readByReference(const std::shared_ptr<ShmRequest>& req, int source, Tag tag,
-                       size_t bytes, const RendezvousBody& body);
-  // The peer answered: its read of the send named by `cookie` is over.
-  void finishedReading(int peer, uint64_t cookie);
+                       size_t bytes, const RendezvousBody& body, uint64_t seq);
   void checkPeers();
+  // The peer cut this rank off (its abortPeer) or left (destroyed its transport): fails it,
+  // and drops what it gave up on. `why`: RingControl::abandoned.
+  void takeAbandonment(int peer, uint32_t why);
   void failPeer(int peer, const std::string& why);
   void failAnySource(const std::string& why);
   std::string label(int peer) const;
@@ -150,6 +171,12 @@ class ShmTransport final : public Transport {
   const int size_;
   const std::string host_;
   const uint64_t pidNamespace_;
+  // The longest send that completes once it is in the ring: the ring's size (inbox.h). A
+  // longer one completes only once a receive has taken it, as ucx's rendezvous and udp's large
+  // messages do: a sender is never told that a message arrived that no rank asked for (a rank
+  // passed a longer tensor than its peers, a send nobody receives), and its wait(timeout)
+  // times out as it would over ucx.
+  const size_t eagerBytes_;
   SharedSegment inbox_;
   std::unique_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> address_;
@@ -158,7 +185,6 @@ class ShmTransport final : public Transport {
   std::vector<std::shared_ptr<ShmRequest>> posted_;     // receives waiting for a message
   std::deque<std::shared_ptr<Arrival>> arrivals_;       // unexpected messages, oldest first
   std::vector<std::shared_ptr<ShmRequest>> settling_;   // settled in the next progress()
-  uint64_t nextCookie_ = 0;
   bool armed_ = false;
   bool anyPeerFailed_ = false;
   std::string firstFailure_;
