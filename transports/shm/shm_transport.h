@@ -22,10 +22,10 @@
 // Failure: a peer whose process exits (its pidfd turns readable), that abortPeer() names, or
 // that cut this rank off or destroyed its transport (RingControl::abandoned, which the
 // destructor and abortPeer() set in the peer's ring) fails every request to or from it, once
-// what it wrote before is taken; any-source
-// receives pending then fail too, as over ucx. cancel() settles a receive, or a send not yet
-// begun, in the next progress(); a send whose header is out stays pending (the receiver holds
-// it, as a ucx peer holds an announced rendezvous).
+// what it wrote before is taken; any-source receives pending then fail too, as over ucx.
+// cancel() settles a receive, or a send not yet begun, in the next progress(); a send whose
+// header is out stays pending (the receiver holds it, as a ucx peer holds an announced
+// rendezvous).
 #pragma once
 
 #include <sys/types.h>
