@@ -49,13 +49,19 @@ def _no_launcher() -> dict[str, str]:
     return {"LOCAL_WORLD_SIZE": "", "OMPI_COMM_WORLD_LOCAL_SIZE": ""}
 
 
+# For the checks of the UCP context a one-host group makes: over UCX whatever the environment
+# asks (with one_host_transport=shm such a group has no UCP context; the second round, which
+# any first transport may need, is checked with whichever the environment picks).
+UCX_ONE_HOST = {"UCXBACKEND_ONE_HOST_TRANSPORT": "ucx"}
+
+
 def test_one_host_group_leaves_tcp_out() -> None:
     """3 ranks on this host, no launcher: no tcp, shared memory kept (sysv, the transport UCX
     puts same-host peers on; posix, which it never used, left out too), one exchange round."""
     skip_unless_ucx("the guess is ucx's")
     if os.environ.get("UCX_TLS"):
         pytest.skip("UCX_TLS is set here, and a user's UCX_TLS always wins over the guess")
-    for r in run_world(_reach, 3, init="tcp", env=_no_launcher(), timeout=90):
+    for r in run_world(_reach, 3, init="tcp", env={**_no_launcher(), **UCX_ONE_HOST}, timeout=90):
         assert "tcp" not in r["transports"], r
         assert "sysv" in r["transports"] and "posix" not in r["transports"], r
         assert "any_host" not in r["phases"], r
@@ -75,7 +81,7 @@ def test_user_tls_wins_over_the_guess() -> None:
     """A UCX_TLS of the user's that names TCP is kept on one host (ranks spawned: UCX reads
     its variables at import)."""
     skip_unless_ucx("the guess is ucx's")
-    env = {**_no_launcher(), "UCX_TLS": "^cma"}
+    env = {**_no_launcher(), **UCX_ONE_HOST, "UCX_TLS": "^cma"}
     for r in run_world(_reach, 2, init="tcp", env=env, timeout=120):
         assert "tcp" in r["transports"] and "cma" not in r["transports"], r
 

@@ -9,12 +9,12 @@ of UCX (docs/architecture.md#one-host-transport).
   the rest through the rings) and off (every byte through the rings). 2 ranks in the quick
   set, 4 in the slow one.
 * Each group checks ``startup_profile(group)["transports"] == ["shm"]``, so that no check here
-  can pass over UCX; a group that asks for ``ucx`` gets UCX's transports.
+  can pass over UCX; a group whose pg_options ask for ``ucx`` gets UCX's transports.
 * A peer SIGKILLed during an op fails it on the survivor with a Python exception naming the
-  op and the peer, well before the group's timeout: an all_reduce whose message streams
-  through the ring, and a receive.
-  An any-source receive that the dead peer fails names "any rank" and the peer, as over ucx.
-  A peer that destroys the group (and lives on) fails a receive waiting for it as fast.
+  op and the peer, well before the group's timeout: an all_reduce whose messages stream
+  through the rings, a receive, and an any-source receive (naming "any rank" and the peer,
+  as over ucx). A peer that destroys the group (and lives on) fails a receive waiting for it
+  as fast.
 * A send longer than the ring completes only once a receive takes it, as ucx's rendezvous:
   ranks whose tensors differ by whole chunks both fail (none returns having sent a chunk
   nobody asked for: test_chunking's world), and a send nobody receives times out, cannot be

@@ -19,6 +19,9 @@ import ucxbackend
 # 300000 int64 elements (2.4 MB) and 1.5M (12 MB, several 4 MiB chunks): sends of 256 KiB and
 # up take the lane; the small sizes keep the main worker's path in the same ops.
 SIZES = [1, 1000, 300000, 1500000]
+# The lane is a UCX worker's: over UCX whatever the environment asks (a one-host group with
+# one_host_transport=shm has no UCX worker, hence no lane).
+UCX_ONE_HOST = {"UCXBACKEND_ONE_HOST_TRANSPORT": "ucx"}
 
 
 def _every_collective(rank: int, world: int) -> tuple[int, dict[str, Any]]:
@@ -54,7 +57,7 @@ def test_idle_group_with_a_lane_sleeps() -> None:
     results = run_world(
         _idle_after_lane,
         2,
-        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        env={**UCX_ONE_HOST, "UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
         timeout=120,
     )
     for rank, (cpu, transport) in enumerate(results):
@@ -85,7 +88,7 @@ def test_peer_killed_during_lane_sends_fails_the_op_naming_it() -> None:
     results = run_world(
         _peer_killed_during_lane_sends,
         2,
-        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        env={**UCX_ONE_HOST, "UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
         expect_fail_ranks={1},
         pg_timeout=30,
         timeout=120,
@@ -130,7 +133,7 @@ def test_lane_worker_that_cannot_be_made_fails_the_op_and_destroy_returns() -> N
     results = run_world(
         _lane_worker_cannot_be_made,
         2,
-        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        env={**UCX_ONE_HOST, "UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
         pg_timeout=5,
         timeout=90,
     )
@@ -146,7 +149,7 @@ def test_forced_lane_carries_every_collective_exactly() -> None:
     results = run_world(
         _every_collective,
         2,
-        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        env={**UCX_ONE_HOST, "UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
         timeout=240,
         pg_timeout=120,
     )
@@ -160,7 +163,10 @@ def test_forced_lane_carries_every_collective_exactly() -> None:
 def test_auto_never_picks_the_lane_on_one_host(shared_memory: str) -> None:
     """Both ranks on this host: no lane is made (no counters), staging or not."""
     results = run_world(
-        _lane_counters, 2, env={"UCXBACKEND_SHARED_MEMORY": shared_memory}, timeout=120
+        _lane_counters,
+        2,
+        env={**UCX_ONE_HOST, "UCXBACKEND_SHARED_MEMORY": shared_memory},
+        timeout=120,
     )
     for rank, transport in enumerate(results):
         assert "send_lane_messages" not in transport, (rank, transport)
@@ -171,7 +177,7 @@ def test_forced_lane_is_used_on_one_host() -> None:
     results = run_world(
         _lane_counters,
         2,
-        env={"UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
+        env={**UCX_ONE_HOST, "UCXBACKEND_SEND_LANE": "on", "UCXBACKEND_SHARED_MEMORY": "off"},
         timeout=120,
     )
     for rank, transport in enumerate(results):
