@@ -26,7 +26,7 @@ void copyIn(uint8_t* ring, size_t capacity, uint64_t pos, const uint8_t* in, siz
 
 size_t ByteRing::writable() const {
   const uint64_t tail = control_->tail.load(std::memory_order_relaxed);  // ours alone
-  const uint64_t head = control_->head.load(std::memory_order_acquire);
+  const uint64_t head = control_->head.load(std::memory_order_seq_cst);
   return capacity_ - static_cast<size_t>(tail - head);
 }
 
@@ -35,12 +35,12 @@ size_t ByteRing::write(const void* data, size_t length) {
   if (n == 0) return 0;
   const uint64_t tail = control_->tail.load(std::memory_order_relaxed);
   copyIn(bytes_, capacity_, tail, static_cast<const uint8_t*>(data), n);
-  control_->tail.store(tail + n, std::memory_order_release);
+  control_->tail.store(tail + n, std::memory_order_seq_cst);
   return n;
 }
 
 size_t ByteRing::readable() const {
-  return static_cast<size_t>(control_->tail.load(std::memory_order_acquire) - readPos_);
+  return static_cast<size_t>(control_->tail.load(std::memory_order_seq_cst) - readPos_);
 }
 
 void ByteRing::peek(void* out, size_t length) const {
@@ -54,7 +54,7 @@ void ByteRing::take(void* out, size_t length) {
 
 bool ByteRing::release() {
   if (readPos_ == released_) return false;
-  control_->head.store(readPos_, std::memory_order_release);
+  control_->head.store(readPos_, std::memory_order_seq_cst);
   released_ = readPos_;
   return true;
 }

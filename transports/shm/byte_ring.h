@@ -4,8 +4,12 @@
 // The control words and the bytes live in the consumer's segment (inbox.h); both processes
 // hold a view of them. Positions count bytes since the ring was made and never wrap, so
 // "empty" (head == tail) and "full" (tail - head == capacity) need no spare byte. The
-// producer publishes bytes with a release store of `tail` after copying them; the consumer
-// frees them with a release store of `head` after copying them out.
+// producer publishes bytes with a store of `tail` after copying them; the consumer frees them
+// with a store of `head` after copying them out. Both positions are stored and loaded
+// sequentially consistent, not merely release/acquire: the sleep and wake-up handshakes
+// (shm_transport.cpp) store a flag and then load the other side's position, and only a total
+// order over those stores and loads makes sure one side sees the other (a fence would do
+// the same, but ThreadSanitizer does not model fences).
 #pragma once
 
 #include <atomic>

@@ -240,11 +240,11 @@ ShmTransport::~ShmTransport() {
   for (int q = 0; q < size_; ++q) {
     Peer& peer = peers_[static_cast<size_t>(q)];
     if (q == rank_ || !peer.out.valid() || !peer.error.empty()) continue;
-    peer.out.control().abandoned.store(kClosed, std::memory_order_release);
+    peer.out.control().abandoned.store(kClosed, std::memory_order_seq_cst);
     doorbell_->ring(peer.doorbell);
   }
-  // Ordered before the failures below release any buffer a peer may read by reference.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Those seq_cst stores come before the failures below release any buffer a peer may read
+  // by reference (readByReference's load pairs with them).
   std::vector<std::shared_ptr<ShmRequest>> left;
   for (auto& peer : peers_) {
     for (auto& r : peer.sends) left.push_back(r);
@@ -493,12 +493,11 @@ bool ShmTransport::pushSends(int peer) {
       }
     }
     // Full: ask the receiver to ring once it frees room, then look again, since it may have
-    // freed room before it could see the request (the fence pairs with the one after its
-    // release()).
+    // freed room before it could see the request (seq_cst: this store and the load of
+    // `head` in writable() pair with the receiver's store of `head` and load of the flag).
     const size_t need =
         p.sends.empty() || !p.sends.front()->headerSent_ ? kHeaderBytes : size_t{1};
-    p.out.control().producerWaiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    p.out.control().producerWaiting.store(1, std::memory_order_seq_cst);
     if (p.out.writable() < need) break;
     p.out.control().producerWaiting.store(0, std::memory_order_relaxed);
   }
@@ -519,10 +518,9 @@ bool ShmTransport::writeAcks(Peer& p) {
 }
 
 void ShmTransport::wake(Peer& p) {
-  // Pairs with the fence in the receiver's arm(): either it sees the bytes, or this sees it
-  // asleep.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (p.sleeping->load(std::memory_order_relaxed) != 0) doorbell_->ring(p.doorbell);
+  // With the seq_cst store of `tail` before it, pairs with arm()'s store of `sleeping` and
+  // load of `tail`: either the receiver sees the bytes, or this sees it asleep.
+  if (p.sleeping->load(std::memory_order_seq_cst) != 0) doorbell_->ring(p.doorbell);
 }
 
 void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
@@ -648,10 +646,9 @@ bool ShmTransport::readMessages(int peer) {
     if (s.done == s.bytes) endMessage(peer);
   }
   if (p.in.release()) {
-    // Pairs with the fence in the sender's pushSends(): either it sees the room, or this sees
-    // it waiting.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (p.in.control().producerWaiting.load(std::memory_order_relaxed) != 0) {
+    // With release()'s seq_cst store of `head`, pairs with pushSends(): either the sender
+    // sees the room, or this sees it waiting.
+    if (p.in.control().producerWaiting.load(std::memory_order_seq_cst) != 0) {
       p.in.control().producerWaiting.store(0, std::memory_order_relaxed);
       doorbell_->ring(p.doorbell);
     }
@@ -707,8 +704,7 @@ bool ShmTransport::progress() {
 bool ShmTransport::arm() {
   if (!settling_.empty()) return false;
   auto* sleeping = InboxLayout::sleeping(inbox_.data());
-  sleeping->store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  sleeping->store(1, std::memory_order_seq_cst);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || peers_[static_cast<size_t>(q)].pid == 0) continue;
     const Peer& p = peers_[static_cast<size_t>(q)];
@@ -760,8 +756,7 @@ void ShmTransport::abortPeer(int peer, const std::string& why) {
   // as given up to a peer that reads it now (readByReference checks after its read).
   Peer& p = peers_.at(static_cast<size_t>(peer));
   if (peer != rank_ && p.out.valid()) {
-    p.out.control().abandoned.store(kCutOff, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    p.out.control().abandoned.store(kCutOff, std::memory_order_seq_cst);
   }
   failPeer(peer, why);
   if (peer != rank_ && p.out.valid()) doorbell_->ring(p.doorbell);
@@ -849,10 +844,9 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
   std::string failed =
       readPeerMemory(p.pid, body.address, req->dest_, std::min(bytes, req->postedBytes()));
   // The sender sets `abandoned` before it lets the buffer go (abortPeer, its destructor): if
-  // it is still clear after the read, the read preceded any such release (the fences order
-  // the sender's store before its free, and this read before this load).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (failed.empty() && p.in.control().abandoned.load(std::memory_order_acquire) != 0) {
+  // it is still clear after the read, the read preceded any such release (the sender's
+  // seq_cst store precedes its free; this load follows the read, a system call).
+  if (failed.empty() && p.in.control().abandoned.load(std::memory_order_seq_cst) != 0) {
     failed = "the sender gave the message up while it was read";
   }
   if (!failed.empty()) {
