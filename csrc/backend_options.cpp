@@ -134,14 +134,16 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "slots, one copy less per byte than through UCX; off when UCX_TLS leaves "
                     "out shared memory"),
              &O::sharedMemory),
-      // Must agree: one rank's ucx address means nothing to another rank's shm transport.
+      // Must agree: a group whose ranks chose differently (auto reads per-rank facts) is
+      // built again over ucx for any host (transport_factory.cpp), as one spanning hosts is.
       member(config::sameOnEveryRank(choice(
-                 "one_host_transport", {"ucx", "shm"},
+                 "one_host_transport", {"auto", "ucx", "shm"},
                  "ucx backend only: what carries the messages of a group whose ranks all run "
-                 "on one host; 'ucx': UCX (its shared-memory transports, CUDA IPC); 'shm': "
-                 "the backend's own shared-memory rings, without a UCX context or worker, "
-                 "for a faster creation; host memory only (a CUDA tensor is staged through "
-                 "pinned host memory); a group that spans hosts takes UCX either way "
+                 "on one host; 'shm': the backend's own shared-memory rings, without a UCX "
+                 "context or worker, for a faster creation (host memory only: a CUDA tensor "
+                 "is staged through pinned host memory); 'ucx': UCX (its shared-memory "
+                 "transports, CUDA IPC); 'auto': shm, unless the rank carries CUDA tensors "
+                 "(cuda=1) or UCX_TLS is set; a group that spans hosts takes UCX either way "
                  "(docs/architecture.md#one-host-transport)")),
              &O::oneHostTransport),
       // Need not agree: a receiver matches a message whichever of the sender's workers sent it.

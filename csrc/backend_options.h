@@ -34,7 +34,7 @@ struct BackendOptions {
                                                         "auto", "auto", "auto"};
   std::string sharedMemory = "auto";
   std::string sendLane = "auto";  // ucx: transports/ucx/send_lane.h
-  std::string oneHostTransport = "ucx";  // ucx: transports/shm/shm_transport.h
+  std::string oneHostTransport = "auto";  // ucx: transports/shm/shm_transport.h
   std::string stagingStores = "auto";
   std::string ifname;  // read by the Python layer (interface selection, UCX_NET_DEVICES)
   std::string udpConfig;

@@ -1,6 +1,7 @@
 #include "csrc/transport_factory.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 
 #include "csrc/launcher_hosts.hpp"
@@ -10,6 +11,19 @@
 #include "transports/ucx/ucx_transport.h"
 
 namespace ucxb {
+
+namespace {
+
+// one_host_transport: "auto" takes UCX where UCX has something this transport lacks (CUDA
+// IPC for a rank that carries CUDA tensors) or where the user chose UCX's transports
+// (UCX_TLS); the backend's own shared-memory rings otherwise.
+bool wantsSharedMemoryTransport(const BackendOptions& options) {
+  if (options.oneHostTransport == "shm") return true;
+  if (options.oneHostTransport != "auto") return false;
+  return options.cuda == 0 && std::getenv("UCX_TLS") == nullptr;
+}
+
+}  // namespace
 
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
@@ -23,7 +37,7 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
         !anyHost && !launcherSpansHosts(size) && shm::hostIdentityIsUnique();
     // A host without pidfds (Linux before 5.3) keeps UCX, which watches its peers itself.
     // One that cannot be made here (/dev/shm full or missing) leaves UCX to try.
-    if (guessOneHost && options.oneHostTransport == "shm" && shm::ShmTransport::available()) {
+    if (guessOneHost && wantsSharedMemoryTransport(options) && shm::ShmTransport::available()) {
       try {
         return std::make_unique<shm::ShmTransport>(rank, size);
       } catch (const TransportError&) {

@@ -45,10 +45,11 @@ print("ok")
 def _one_rank_output(extra_env: dict[str, str]) -> str:
     """What a fresh process that made a one-rank ucx group wrote (stdout, where UCX logs, then
     stderr), in an environment without the user's UCX_MODULES, UCX_RCACHE_ENABLE and
-    UCX_LOG_LEVEL."""
+    UCX_LOG_LEVEL, over UCX whatever the default one-host transport."""
     mine = ("UCX_MODULES", "UCX_RCACHE_ENABLE", "UCX_LOG_LEVEL")
     env = {k: v for k, v in os.environ.items() if k not in mine}
-    env.update({"PYTHONPATH": str(REPO), **extra_env})
+    # UCX's own set-up is what these tests read: the one-host transport would make none.
+    env.update({"PYTHONPATH": str(REPO), "UCXBACKEND_ONE_HOST_TRANSPORT": "ucx", **extra_env})
     done = subprocess.run(
         [sys.executable, "-c", _ONE_RANK, str(free_port())],
         cwd=REPO,
