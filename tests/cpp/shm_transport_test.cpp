@@ -1,9 +1,10 @@
 // transports/shm/'s ShmTransport on its own: transports of this process talking to each other
 // (one thread drives them all through progress(), or one thread each where they sleep on their
 // event fds), and a forked child that exits while the parent still waits on it. Matching,
-// order, streaming through the 64 KiB ring, truncation, zero-length and self sends, cancel,
-// abortPeer, probe, the doorbell protocol, a dead peer, and requests that outlive their
-// transport. Built and run by tests/test_shared_memory.py, plain and under ASan/UBSan
+// order, long messages by reference (read out of the sender's memory) and streamed through the
+// 16 KiB ring (World's Path), sends that wait for their receive, truncation, zero-length and
+// self sends, cancel, abortPeer and a cut-off peer, probe, the doorbell protocol, a dead peer,
+// and requests that outlive their transport. Built and run by tests/test_shared_memory.py, plain and under ASan/UBSan
 // (tests/cpp/check.h: exits 0 when every check passed).
 #include <poll.h>
 #include <sys/wait.h>
@@ -15,12 +16,14 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/cpp/check.h"
 #include "transports/shm/inbox.h"
+#include "transports/shm/shared_segment.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tag.h"
 
@@ -83,15 +86,47 @@ bool readable(int fd, int timeoutMs = 0) {
   return ::poll(&p, 1, timeoutMs) == 1;
 }
 
+// How a message longer than the ring goes: by reference (the receiver reads the sender's
+// buffer, process_vm_readv: always allowed within one process), or streamed through the ring,
+// as between ranks whose receiver may not read the sender's memory (ptrace rules, seccomp).
+enum class Path { kByReference, kStreamed };
+
+// The name of the inbox segment in a shm transport's address (its sixth line: shm_transport.cpp,
+// packAddress).
+std::string inboxName(const std::vector<uint8_t>& address) {
+  std::string text(address.begin(), address.end()), line;
+  std::istringstream in(text);
+  for (int i = 0; i < 6; ++i) std::getline(in, line);
+  return line;
+}
+
 // Ranks 0..n-1 of a group of `size` ranks, transports of this process, each connected to
-// every other and itself (the group's other ranks are never made).
+// every other and itself (the group's other ranks are never made). kStreamed: after connect,
+// each receiver's word saying that it may read its senders' memory is cleared, as connect()
+// leaves it where its probe read fails, so that long messages stream through the rings.
 struct World {
   std::vector<std::unique_ptr<ShmTransport>> t;
 
-  explicit World(int n, int size = kWide) {
+  explicit World(int n, int size = kWide, Path path = Path::kByReference) {
+    using ucxb::shm::InboxLayout;
     for (int r = 0; r < n; ++r) t.push_back(std::make_unique<ShmTransport>(r, size));
+    // Mapped before connect(): the last peer to map an inbox removes its name.
+    std::vector<ucxb::shm::SharedSegment> inboxes;
+    if (path == Path::kStreamed) {
+      for (int r = 0; r < n; ++r) {
+        inboxes.push_back(ucxb::shm::SharedSegment::open(inboxName(t[r]->localAddress()),
+                                                         InboxLayout::bytes(size)));
+      }
+    }
     for (int r = 0; r < n; ++r) {
       for (int q = 0; q < n; ++q) t[r]->connect(q, t[q]->localAddress());
+    }
+    for (size_t r = 0; r < inboxes.size(); ++r) {
+      for (int q = 0; q < n; ++q) {
+        InboxLayout::ring(inboxes[r].data(), size, q)
+            .control()
+            .consumerReadsProducer.store(0, std::memory_order_release);
+      }
     }
   }
   ucxb::Transport& operator[](int r) { return *t[static_cast<size_t>(r)]; }
@@ -211,9 +246,10 @@ void testAnySource() {
 
 // Many messages of one tag from one sender, of sizes from 0 to several rings, half received
 // by receives posted before they came and half taken later as unexpected ones: in order,
-// intact.
-void testFifo() {
-  World w(2);
+// intact, by either path. A send longer than the ring completes only once a receive took it:
+// the unexpected ones wait for theirs.
+void testFifo(Path path) {
+  World w(2, kWide, path);
   constexpr int kMessages = 120;
   std::vector<std::vector<uint8_t>> sent, got;
   std::vector<RequestPtr> sends, recvs;
@@ -228,20 +264,27 @@ void testFifo() {
   for (int i = 0; i < kMessages; ++i) {
     sends.push_back(w[0].send(1, tagOf(9, 0), sent[i].data(), sent[i].size()));
   }
+  const auto waitsForItsReceive = [&](int i) {
+    return i >= kMessages / 2 && sent[size_t(i)].size() > kRing;
+  };
   CHECK(w.drive([&] {
-    for (const auto& s : sends) {
-      if (s->pending()) return false;
+    for (int i = 0; i < kMessages; ++i) {
+      if (!waitsForItsReceive(i) && sends[size_t(i)]->pending()) return false;
     }
     return true;
   }));
   w.spin();
+  int waiting = 0;
+  for (int i = 0; i < kMessages; ++i) waiting += waitsForItsReceive(i) && sends[size_t(i)]->pending();
+  CHECK_MSG(waiting == 4, "the long sends no receive took yet wait (" + std::to_string(waiting) +
+                              " of 4)");
   CHECK_EQ(w[1].probe(tagOf(9, 0), kFull), 0);
   for (int i = kMessages / 2; i < kMessages; ++i) {
     recvs.push_back(w[1].recv(0, tagOf(9, 0), kFull, got[i].data(), got[i].size()));
   }
   CHECK(w.drive([&] {
-    for (const auto& r : recvs) {
-      if (r->pending()) return false;
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      if (recvs[i]->pending() || sends[i]->pending()) return false;
     }
     return true;
   }));
@@ -257,10 +300,11 @@ void testFifo() {
   CHECK_EQ(wrong, 0);
 }
 
-// A message several rings long streams while the receiver copies out: the send completes only
-// once the receiver took all but the last ring's worth, whether it was posted or unexpected.
+// A message several rings long streams while the receiver copies out (the receiver may not
+// read the sender's memory): the send completes only once a receive took it, whether it was
+// posted or unexpected, or claimed while still arriving.
 void testLarge() {
-  World w(2);
+  World w(2, kWide, Path::kStreamed);
   ucxb::Transport& a = w[0];
   ucxb::Transport& b = w[1];
   const size_t n = 3 * kRing + 123;
@@ -273,15 +317,15 @@ void testLarge() {
   CHECK(w.settle({r, s}));
   CHECK(done(r) && done(s) && r->receivedBytes() == n && sameBytes(into.data(), msg, n));
 
-  // Unexpected: kept whole by the receiver until a receive asks for it.
+  // Unexpected: kept whole by the receiver until a receive asks for it; its send waits.
   auto s2 = a.send(1, tagOf(2, 0), msg.data(), n);
-  CHECK(w.settle({s2}));
-  w.spin();
+  w.spin(20);
+  CHECK_MSG(s2->pending(), "a long send that no receive took waits for one");
   CHECK_EQ(b.probe(tagOf(2, 0), kFull), 0);
   std::vector<uint8_t> into2(n, 0);
   auto r2 = b.recv(0, tagOf(2, 0), kFull, into2.data(), n);
-  CHECK(w.settle({r2}));
-  CHECK(done(r2) && r2->receivedBytes() == n && sameBytes(into2.data(), msg, n));
+  CHECK(w.settle({r2, s2}));
+  CHECK(done(r2) && done(s2) && r2->receivedBytes() == n && sameBytes(into2.data(), msg, n));
 
   // Claimed while still arriving: a receive posted after the first ring came.
   auto s3 = a.send(1, tagOf(3, 0), msg.data(), n);
@@ -291,7 +335,7 @@ void testLarge() {
   auto r3 = b.recv(0, tagOf(3, 0), kFull, into3.data(), n);
   CHECK(r3->pending());
   CHECK(w.settle({r3, s3}));
-  CHECK(done(r3) && r3->receivedBytes() == n && sameBytes(into3.data(), msg, n));
+  CHECK(done(r3) && done(s3) && r3->receivedBytes() == n && sameBytes(into3.data(), msg, n));
 }
 
 // Large messages in a 2-rank group, from 64 KiB up to several times its ring: whatever path
@@ -344,13 +388,180 @@ void testLargeMessages() {
   }
 }
 
+// ----------------------------------------------------------------------------- long messages
+
+// A message longer than the ring goes by reference where the receiver may read the sender's
+// memory: the receiver reads it out of the sender's buffer when a receive takes it (a byte
+// changed after send() arrives changed), and only then tells the sender, whose send completes
+// after the read. Posted, unexpected, truncated to a shorter receive, a cancel once its header
+// is out, and a sleeping sender woken by the match notice.
+void testByReference() {
+  World w(2);
+  ucxb::Transport& a = w[0];
+  ucxb::Transport& b = w[1];
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 21);
+
+  // Posted.
+  {
+    auto src = msg;
+    std::vector<uint8_t> in(n + 8, 0xEE);
+    auto r = b.recv(0, tagOf(1, 0), kFull, in.data(), n);
+    auto s = a.send(1, tagOf(1, 0), src.data(), n);
+    for (int i = 0; i < 20; ++i) a.progress();
+    CHECK_MSG(s->pending(), "a send by reference waits for the receiver's read");
+    src[0] ^= 0xFF;  // read at the match, not copied at send()
+    b.progress();
+    CHECK_MSG(done(r) && r->receivedBytes() == n && in[0] == src[0] &&
+                  sameBytes(in.data() + 1, std::vector<uint8_t>(src.begin() + 1, src.end()),
+                            n - 1) &&
+                  allAre(in.data() + n, 8, 0xEE),
+              "posted: read from the sender's buffer at the match: " + r->error());
+    CHECK_MSG(s->pending(), "the send completes when the sender takes the match notice");
+    a.progress();
+    CHECK(done(s) && s->error().empty());
+  }
+
+  // Unexpected: the receive reads it at once; the send waits for it until then.
+  {
+    auto src = msg;
+    std::vector<uint8_t> in(n);
+    auto s = a.send(1, tagOf(2, 0), src.data(), n);
+    w.spin(20);
+    CHECK_MSG(s->pending(), "unexpected: the send waits for a receive");
+    CHECK_EQ(b.probe(tagOf(2, 0), kFull), 0);
+    src[n - 1] ^= 0xFF;
+    auto r = b.recv(0, tagOf(2, 0), kFull, in.data(), n);
+    CHECK_MSG(done(r) && in == src, "unexpected: read when the receive takes it: " + r->error());
+    CHECK(s->pending());
+    CHECK(w.settle({s}) && done(s));
+  }
+
+  // Truncated to a shorter receive, posted and unexpected: what fits is read, no byte past
+  // the buffer, and the send completes (the receive took it).
+  for (const bool posted : {true, false}) {
+    const std::string how = posted ? "truncated, posted" : "truncated, unexpected";
+    const size_t fits = kRing + 7;
+    std::vector<uint8_t> in(fits + 64, 0xAB);
+    RequestPtr r, s;
+    if (posted) r = b.recv(0, tagOf(3, 0), kFull, in.data(), fits);
+    s = a.send(1, tagOf(3, 0), msg.data(), n);
+    w.spin();
+    if (!posted) {
+      CHECK_MSG(s->pending(), how + ": waits for a receive");
+      r = b.recv(0, tagOf(3, 0), kFull, in.data(), fits);
+    }
+    CHECK_MSG(w.settle({r, s}) && r->failed() && r->truncated() && done(s), how + ": " + r->error());
+    CHECK_MSG(contains(r->error(), "longer than") && contains(r->error(), std::to_string(n)),
+              how + ": " + r->error());
+    CHECK_MSG(sameBytes(in.data(), msg, fits) && allAre(in.data() + fits, 64, 0xAB), how);
+  }
+
+  // A cancel once its header is out withdraws nothing: the receive still takes it whole and
+  // the send completes.
+  {
+    std::vector<uint8_t> in(n);
+    auto s = a.send(1, tagOf(4, 0), msg.data(), n);
+    s->cancel();
+    w.spin();
+    CHECK_MSG(s->pending(), "a send by reference whose header is out stays pending");
+    auto r = b.recv(0, tagOf(4, 0), kFull, in.data(), n);
+    CHECK(w.settle({r, s}) && done(r) && done(s) && in == msg);
+  }
+
+  // A sender asleep on its send is woken by the match notice.
+  {
+    std::vector<uint8_t> in(n);
+    auto s = a.send(1, tagOf(5, 0), msg.data(), n);
+    a.progress();
+    CHECK(s->pending());
+    CHECK(a.arm());
+    CHECK(!readable(a.eventFd()));
+    auto r = b.recv(0, tagOf(5, 0), kFull, in.data(), n);
+    b.progress();
+    CHECK_MSG(done(r) && readable(a.eventFd(), 2000), "the match notice wakes the sender");
+    a.progress();
+    CHECK(done(s) && in == msg);
+  }
+}
+
+// A sender that gives its send by reference up before the receiver read it (abortPeer: it
+// may reuse the buffer at once) makes the receiver's read fail, whether the receiver saw the
+// abandonment before its receive or not; and where the receiver cuts the sender off first,
+// its later receive fails too (the sender failed that send and may reuse the buffer).
+void testByReferenceGivenUp() {
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 22);
+  for (const bool seen : {false, true}) {
+    const std::string how = seen ? "the receiver saw the abandonment: "
+                                 : "the receiver did not see the abandonment yet: ";
+    World w(2);
+    auto src = msg;
+    std::vector<uint8_t> in(n, 0xEE);
+    auto s = w[0].send(1, tagOf(1, 0), src.data(), n);
+    w[1].progress();  // holds the header: unexpected
+    CHECK_EQ(w[1].probe(tagOf(1, 0), kFull), 0);
+    w[0].abortPeer(1, "the sender gave up");
+    CHECK(s->failed());
+    std::fill(src.begin(), src.end(), 0);  // reused
+    if (seen) w[1].progress();
+    auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), n);
+    w[1].progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "rank 0"), how + r->error());
+    CHECK_MSG(!seen || contains(r->error(), "cut this rank off"), how + r->error());
+  }
+  {
+    World w(2);
+    auto src = msg;
+    std::vector<uint8_t> in(n, 0xEE);
+    auto s = w[0].send(1, tagOf(2, 0), src.data(), n);
+    w[1].progress();
+    w[1].abortPeer(0, "the receiver gave up");
+    w[0].progress();  // cut off: fails the send
+    CHECK_MSG(s->failed() && contains(s->error(), "cut this rank off"), s->error());
+    std::fill(src.begin(), src.end(), 0);
+    auto r = w[1].recv(0, tagOf(2, 0), kFull, in.data(), n);
+    w[1].progress();
+    CHECK_MSG(r->failed() && r->error() == "the receiver gave up",
+              "a receive after cutting the sender off does not read its buffer: " + r->error());
+  }
+}
+
+// Streamed where the receiver may not read the sender's memory: the first ring's worth is in
+// the ring once send() returns (a byte changed after it does not arrive changed), posted and
+// unexpected, and the send still waits for a receive to take it.
+void testStreamed() {
+  World w(2, kWide, Path::kStreamed);
+  ucxb::Transport& a = w[0];
+  ucxb::Transport& b = w[1];
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 23);
+  for (const bool posted : {true, false}) {
+    const std::string how = posted ? "posted: " : "unexpected: ";
+    auto src = msg;
+    std::vector<uint8_t> in(n + 8, 0xEE);
+    RequestPtr r;
+    if (posted) r = b.recv(0, tagOf(1, 0), kFull, in.data(), n);
+    auto s = a.send(1, tagOf(1, 0), src.data(), n);
+    src[0] ^= 0xFF;  // copied into the ring by send()
+    if (!posted) {
+      w.spin(20);
+      CHECK_MSG(s->pending(), how + "the send waits for a receive");
+      r = b.recv(0, tagOf(1, 0), kFull, in.data(), n);
+    }
+    CHECK_MSG(w.settle({r, s}) && done(r) && done(s) && r->receivedBytes() == n &&
+                  sameBytes(in.data(), msg, n) && allAre(in.data() + n, 8, 0xEE),
+              how + "streamed as it was at send(): " + r->error());
+  }
+}
+
 // ----------------------------------------------------------------------------- edge sizes
 
 // A message longer than the receive fails it as truncated, writes no byte past the buffer,
 // completes the send, and leaves the stream whole for the next message: posted, unexpected,
-// longer than the ring, and claimed while arriving.
-void testTruncation() {
-  World w(2);
+// longer than the ring (by either path), and claimed while arriving.
+void testTruncation(Path path) {
+  World w(2, kWide, path);
   ucxb::Transport& a = w[0];
   ucxb::Transport& b = w[1];
   const auto next = pattern(300, 9);
@@ -368,7 +579,12 @@ void testTruncation() {
       s = a.send(1, t, msg.data(), sent);
     } else if (std::string(how) == "unexpected") {
       s = a.send(1, t, msg.data(), sent);
-      CHECK_MSG(w.settle({s}), what);
+      if (sent <= kRing) {
+        CHECK_MSG(w.settle({s}), what);
+      } else {
+        w.spin(20);
+        CHECK_MSG(s->pending(), what + ": a long send waits for its receive");
+      }
       w.spin();
       CHECK_MSG(b.probe(t, kFull) == 0, what + ": here before its receive");
       r = b.recv(0, t, kFull, buf.data(), posted);
@@ -463,8 +679,9 @@ void testSelf() {
 
 // ----------------------------------------------------------------------------- cancel
 
+// Cancel, with long messages streamed (a receive mid-stream, a send behind one that streams).
 void testCancel() {
-  World w(2);
+  World w(2, kWide, Path::kStreamed);
   ucxb::Transport& a = w[0];
   ucxb::Transport& b = w[1];
   const size_t big = 3 * kRing + 40;
@@ -519,27 +736,34 @@ void testCancel() {
     CHECK(r->failed() && done(r2) && buf2 == small);
   }
 
-  // A send partly in the ring (cancelled twice before it settles): it fails, the caller may
-  // reuse its buffer at once, and the rest of the message still streams (from a copy), so
-  // that the receiver's stream stays whole.
+  // A send partly in the ring (cancelled twice): its header is out, so it cannot be withdrawn
+  // (the receiver holds it, as a ucx peer holds an announced rendezvous) and stays pending;
+  // its owner gives the peer up (abortPeer), which fails it, and the peer, cut off, drops the
+  // part it took and fails what it waits for from this rank. A pair of its own: cut off.
   {
+    World cut(2, kWide, Path::kStreamed);
+    const std::string why = "the test gave up on rank 1";
     const size_t n = 3 * kRing + 11;
     std::vector<uint8_t> src(msg.begin(), msg.begin() + n);
-    std::vector<uint8_t> buf(n), buf2(small.size());
-    auto s = a.send(1, tagOf(4, 0), src.data(), n);
+    std::vector<uint8_t> buf(n, 0xEE);
+    auto s = cut[0].send(1, tagOf(4, 0), src.data(), n);
     CHECK(s->pending());
     s->cancel();
     s->cancel();
-    a.progress();
-    CHECK(s->failed() && contains(s->error(), "cancelled") && contains(s->error(), "rank 1"));
-    std::fill(src.begin(), src.end(), 0);
-    auto s2 = a.send(1, tagOf(4, 0), small.data(), small.size());
-    auto r = b.recv(0, tagOf(4, 0), kFull, buf.data(), n);
-    auto r2 = b.recv(0, tagOf(4, 0), kFull, buf2.data(), buf2.size());
-    CHECK(w.settle({s2, r, r2}));
-    CHECK_MSG(done(r) && sameBytes(buf.data(), msg, n),
-              "the cancelled send's message arrives whole, as it was at the cancel");
-    CHECK_MSG(done(r2) && buf2 == small, "the next message arrives intact");
+    cut[0].progress();
+    cut[1].progress();  // takes the first ring's worth: the rest waits in the sender
+    CHECK_MSG(s->pending(), "a send whose header is out stays pending after a cancel");
+    CHECK_EQ(cut[1].probe(tagOf(4, 0), kFull), 0);
+    cut[0].abortPeer(1, why);
+    CHECK(s->failed() && s->error() == why);
+    std::fill(src.begin(), src.end(), 0);  // the caller may reuse its buffer now
+    auto r = cut[1].recv(0, tagOf(4, 0), kFull, buf.data(), n);
+    cut.spin();
+    CHECK_MSG(r->failed() && contains(r->error(), "rank 0") &&
+                  contains(r->error(), "cut this rank off"),
+              "the cut-off peer fails the receive of the half-sent message: " + r->error());
+    CHECK(contains(cut[1].peerError(0), "cut this rank off"));
+    CHECK_EQ(cut[1].probe(tagOf(4, 0), kFull), -1);
   }
 
   // A send queued behind another, not begun: withdrawn; the receiver never sees it.
@@ -562,11 +786,12 @@ void testCancel() {
 
 // ----------------------------------------------------------------------------- failures
 
-// abortPeer fails every request to and from the peer (and pending any-source receives) with
-// its reason, and later ones at once; other peers go on; the aborted peer's further bytes
-// are taken and dropped, so that its sends never stall on a full ring.
+// abortPeer fails every request to and from the peer (and pending any-source receives, naming
+// any rank) with its reason, and later ones at once; other peers go on; the aborted peer's
+// further bytes are taken and dropped, and the aborted peer, told that it was cut off, fails
+// what it sends to this rank. Long messages stream (mid-stream both ways).
 void testAbortPeer() {
-  World w(3);
+  World w(3, kWide, Path::kStreamed);
   ucxb::Transport& a = w[0];
   const std::string why = "the test gave up on rank 1";
   const size_t big = 3 * kRing;
@@ -585,9 +810,11 @@ void testAbortPeer() {
 
   a.abortPeer(1, why);
   a.progress();
-  for (const auto& r : {rFrom1, rAny, sTo1, rMid}) {
+  for (const auto& r : {rFrom1, sTo1, rMid}) {
     CHECK_MSG(r->failed() && r->error() == why && !r->truncated(), r->error());
   }
+  CHECK_MSG(rAny->failed() && rAny->error() == "receive from any rank failed: " + why,
+            rAny->error());
   CHECK(rFrom2->pending());
   CHECK_EQ(a.peerError(1), why);
   CHECK(a.peerError(2).empty());
@@ -598,11 +825,17 @@ void testAbortPeer() {
   CHECK(later->failed() && later->error() == why);
   CHECK(laterRecv->failed() && laterRecv->error() == why);
 
-  // Rank 2 is unaffected; rank 1's sends complete (what it wrote is taken and dropped).
+  // Rank 2 is unaffected; rank 1's sends fail once it sees that rank 0 cut it off (what it
+  // wrote before is taken and dropped).
   auto s2 = w[2].send(0, tagOf(3, 2), "fine", 5);
   auto s1b = w[1].send(0, tagOf(8, 1), msg.data(), big);
   CHECK(w.settle({s1, s1b, s2, rFrom2}));
-  CHECK(done(rFrom2) && std::string(g2) == "fine" && done(s1b));
+  CHECK(done(rFrom2) && std::string(g2) == "fine");
+  for (const auto& r : {s1, s1b}) {
+    CHECK_MSG(r->failed() && contains(r->error(), "rank 0 cut this rank off"), r->error());
+  }
+  CHECK(contains(w[1].peerError(0), "cut this rank off"));
+  CHECK(w[1].peerError(2).empty());
   CHECK_EQ(a.probe(tagOf(8, 1), kFull), -1);
   a.abortPeer(1, "again");  // a second abort keeps the first reason
   CHECK_EQ(a.peerError(1), why);
@@ -614,7 +847,7 @@ void testAbortPeer() {
 // to sleep with bytes or settlements pending, and a producer blocked on a full ring is woken
 // once the consumer frees room.
 void testArm() {
-  World w(2);
+  World w(2, kWide, Path::kStreamed);
   ucxb::Transport& a = w[0];
   ucxb::Transport& b = w[1];
   a.progress();
@@ -665,8 +898,8 @@ void testArm() {
 // finds nothing: a ping-pong of messages from zero bytes to several rings. A lost wake-up
 // (a sleeper that slept through a peer's bytes or freed room) shows as a poll that times out
 // while arm() then finds work; the test allows none.
-void testSleepers() {
-  World w(2);
+void testSleepers(Path path) {
+  World w(2, kWide, path);
   constexpr int kRounds = 240;
   const size_t sizes[] = {0, 1, 100, kRing - 16, kRing, 3 * kRing + 7};
   std::atomic<int> stalls{0};
@@ -744,8 +977,9 @@ std::vector<uint8_t> readBlob(int fd) {
 }
 
 // Rank 1 of a 2-rank group in a forked child: exchanges addresses with the parent over
-// pipes, waits for the parent's go (a byte), runs `then` and _exit()s with its status, no
-// destructor run (as a crash leaves it).
+// pipes, connects (the constructor returns once both did), waits for the parent's go (a
+// byte), runs `then` and _exit()s with its status, its transport's destructor not run (as a
+// crash leaves it: the parent learns of the exit from its pidfd, not of a rank leaving).
 struct Child {
   pid_t pid = -1;
   int toChild = -1;
@@ -764,8 +998,12 @@ struct Child {
         ShmTransport t(1, 2);
         writeBlob(up[1], t.localAddress());
         t.connect(0, readBlob(down[0]));
+        const char connected = 1;  // the parent's sends see whether this rank reads its memory
+        if (::write(up[1], &connected, 1) != 1) std::perror("write to the parent");
         char go = 0;
         if (::read(down[0], &go, 1) == 1) status = then(t);
+        // Here, in t's scope: its destructor would tell the parent that rank 1 left the group.
+        ::_exit(status);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "child: %s\n", e.what());
       }
@@ -776,9 +1014,11 @@ struct Child {
     toChild = down[1];
     parent = std::make_unique<ShmTransport>(0, 2);
     const auto childAddress = readBlob(up[0]);
-    ::close(up[0]);
     writeBlob(toChild, parent->localAddress());
     parent->connect(1, childAddress);
+    char connected = 0;
+    if (::read(up[0], &connected, 1) != 1) std::fprintf(stderr, "the child did not connect\n");
+    ::close(up[0]);
   }
   void go() {
     const char byte = 1;
@@ -871,6 +1111,57 @@ void testDeadPeer() {
   t.progress();
 }
 
+// Long messages between two processes go by reference, each way (process_vm_readv across
+// processes: a byte the sender changes after send() arrives changed); and one the child sent
+// that the parent had not read when the child exited fails the parent's receive, naming the
+// exit, instead of reading a process that is gone.
+void testByReferenceAcrossProcesses() {
+  const size_t n = 3 * ringBytes(2) + 9;
+  auto down = pattern(n, 31);
+  down[0] ^= 0xFF;  // what the child expects: the parent changes it after send()
+  const auto up = pattern(n, 32);
+  {
+    Child child([&](ucxb::Transport& t) {
+      std::vector<uint8_t> in(n);
+      auto r = t.recv(0, tagOf(1, 0), kFull, in.data(), n);
+      auto s = t.send(0, tagOf(2, 1), up.data(), n);
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while ((r->pending() || s->pending()) && Clock::now() < deadline) t.progress();
+      if (!done(r) || !done(s)) return 3;
+      return in == down ? 0 : 4;
+    });
+    ucxb::Transport& t = *child.parent;
+    auto src = pattern(n, 31);
+    std::vector<uint8_t> in(n);
+    auto s = t.send(1, tagOf(1, 0), src.data(), n);
+    auto r = t.recv(1, tagOf(2, 1), kFull, in.data(), n);
+    src[0] ^= 0xFF;
+    child.go();
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while ((r->pending() || s->pending()) && Clock::now() < deadline) t.progress();
+    CHECK_MSG(done(r) && in == up, "the child's long message: " + r->error());
+    CHECK_MSG(done(s), "the long send to the child completes once it read it: " + s->error());
+    CHECK_MSG(child.reap() == 0, "the child read the parent's buffer as it was at its receive");
+  }
+  {
+    Child child([&](ucxb::Transport& t) {
+      auto s = t.send(0, tagOf(3, 1), up.data(), n);
+      t.progress();
+      return s->pending() ? 0 : 3;  // exits with the send unread
+    });
+    ucxb::Transport& t = *child.parent;
+    child.go();
+    CHECK_EQ(child.reap(), 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (t.peerError(1).empty() && Clock::now() < deadline) t.progress();
+    std::vector<uint8_t> in(n, 0xEE);
+    auto r = t.recv(1, tagOf(3, 1), kFull, in.data(), n);
+    t.progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "rank 1") && contains(r->error(), "exited"),
+              "an exited sender's unread long message is not read: " + r->error());
+  }
+}
+
 // A sleeping rank is woken by its peer's exit alone (no message), and a peer that was aborted
 // first and exits later does not keep waking it either.
 void testPeerExitWakes() {
@@ -909,7 +1200,7 @@ void testPeerExitWakes() {
 // out, about to settle) within the bounded flush, runs their callbacks once, and a request
 // cancelled after its transport is gone is harmless.
 void testDestroy() {
-  World w(2);
+  World w(2, kWide, Path::kStreamed);
   const size_t big = 3 * kRing;
   const auto msg = pattern(big, 8);
   std::vector<uint8_t> mid(big), never(16);
@@ -962,18 +1253,25 @@ void testDestroy() {
 const ucxb::check::Group kGroups[] = {
     {"matching", testMatching, true},
     {"any_source", testAnySource, true},
-    {"fifo", testFifo, true},
+    {"fifo", [] { testFifo(Path::kByReference); }, true},
+    {"fifo_streamed", [] { testFifo(Path::kStreamed); }, true},
     {"large", testLarge, true},
     {"large_messages", testLargeMessages, true},
-    {"truncation", testTruncation, true},
+    {"by_reference", testByReference, true},
+    {"by_reference_given_up", testByReferenceGivenUp, true},
+    {"streamed", testStreamed, true},
+    {"truncation", [] { testTruncation(Path::kByReference); }, true},
+    {"truncation_streamed", [] { testTruncation(Path::kStreamed); }, true},
     {"zero_length", testZeroLength, true},
     {"self", testSelf, true},
     {"cancel", testCancel, true},
     {"abort_peer", testAbortPeer, true},
     {"arm", testArm, true},
-    {"sleepers", testSleepers, true},
+    {"sleepers", [] { testSleepers(Path::kByReference); }, true},
+    {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
+    {"by_reference_across_processes", testByReferenceAcrossProcesses, true},
     {"destroy", testDestroy, true},
 };
 

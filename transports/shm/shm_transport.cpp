@@ -800,6 +800,13 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
     arrivals_.erase(std::remove(arrivals_.begin(), arrivals_.end(), a), arrivals_.end());
     if (a->claimedBy && a->claimedBy->pending()) a->claimedBy->failWith(why);
   }
+  // Its messages sent by reference that no receive read yet cannot be read any more: it
+  // exited (its pid may name another process by now), or it fails them itself once it sees
+  // that this rank cut it off (takeAbandonment) and may reuse their buffers. A later receive
+  // then fails with `why` instead of reading them.
+  arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(),
+                                 [&](const auto& a) { return a->source == peer && a->byReference; }),
+                  arrivals_.end());
   auto sends = std::move(p.sends);
   p.sends.clear();
   sends.insert(sends.end(), p.unmatched.begin(), p.unmatched.end());
