@@ -222,6 +222,12 @@ ShmTransport::~ShmTransport() {
     for (int p = 0; p < size_; ++p) {
       Peer& peer = peers_[static_cast<size_t>(p)];
       if (p == rank_ || peer.pid == 0 || !peer.error.empty()) continue;
+      // A peer that left or cut this rank off takes nothing more: no wait for it.
+      if (const uint32_t why = peer.in.control().abandoned.load(std::memory_order_seq_cst);
+          why != 0) {
+        takeAbandonment(p, why);
+        continue;
+      }
       if (!peer.sends.empty() || !peer.acks.empty()) pushSends(p);
       // A send by reference waits for the peer's match: it may be reading the buffer now.
       const bool reading = std::any_of(peer.unmatched.begin(), peer.unmatched.end(),
