@@ -20,6 +20,11 @@ namespace ucxb {
 using Tag = uint64_t;
 constexpr int kAnySource = -1;
 
+// How a transport names a peer in its errors: "rank 3", or "any rank" for kAnySource.
+inline std::string peerLabel(int peer) {
+  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
 enum class MemoryType { kHost, kCuda };
 
 // Whether bytes in `memory` may take the paths that read and write them on the host: the

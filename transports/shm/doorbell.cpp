@@ -24,7 +24,9 @@ Doorbell::Address Doorbell::addressOf(const std::string& name) {
 
 Doorbell::Doorbell(const std::string& name) {
   fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) throw TransportError(std::string("socket(AF_UNIX) for a doorbell: ") + std::strerror(errno));
+  if (fd_ < 0) {
+    throw TransportError(std::string("socket(AF_UNIX) for a doorbell: ") + std::strerror(errno));
+  }
   const Address self = addressOf(name);
   if (::bind(fd_, reinterpret_cast<const sockaddr*>(&self.addr), self.length) != 0) {
     const int err = errno;

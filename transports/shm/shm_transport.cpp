@@ -50,10 +50,6 @@ constexpr auto kPeerCheckInterval = std::chrono::milliseconds(20);
 // its endpoints: a peer that exited cannot take them.
 constexpr auto kCloseFlush = std::chrono::milliseconds(500);
 
-std::string peerLabel(int peer) {
-  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
-}
-
 // Why an any-source receive failed: it names both, as over ucx ("receive from any rank
 // failed: connection to rank 1 failed: ..."), so that the op's error says it was waiting on
 // any rank and which one failed it.
@@ -116,7 +112,9 @@ std::string readPeerMemory(pid_t pid, uint64_t remote, void* local, size_t lengt
     iovec from{reinterpret_cast<void*>(remote + done), length - done};
     const ssize_t n = ::process_vm_readv(pid, &to, 1, &from, 1, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return std::string("process_vm_readv: ") + (n < 0 ? std::strerror(errno) : "no progress");
+    if (n <= 0) {
+      return std::string("process_vm_readv: ") + (n < 0 ? std::strerror(errno) : "no progress");
+    }
     done += static_cast<size_t>(n);
   }
   return {};
@@ -272,12 +270,10 @@ ShmTransport::~ShmTransport() {
   if (epollFd_ >= 0) ::close(epollFd_);
 }
 
-std::string ShmTransport::label(int peer) const { return peerLabel(peer); }
-
 void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   ShmAddress a;
   if (!unpackAddress(address, a) || a.ranks != size_) {
-    throw TransportError("the address of " + label(peer) + " is not a shm transport's of a " +
+    throw TransportError("the address of " + peerLabel(peer) + " is not a shm transport's of a " +
                          std::to_string(size_) + "-rank group", peer);
   }
   Peer& p = peers_.at(static_cast<size_t>(peer));
@@ -289,7 +285,7 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   InboxHeader* header = InboxLayout::header(p.inbox.data());
   if (header->magic != kInboxMagic || header->ranks != static_cast<uint32_t>(size_) ||
       header->ringBytes != ringBytesFor(size_)) {
-    throw TransportError("the shared-memory inbox of " + label(peer) + " (" + a.segment +
+    throw TransportError("the shared-memory inbox of " + peerLabel(peer) + " (" + a.segment +
                              ") has another layout",
                          peer);
   }
@@ -312,11 +308,11 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
     // Gone before this rank could watch it (killed during the group's creation): failed as a
     // peer that dies later is, so that the creation's own watch names it as over ucx, whose
     // connect() reaches no peer ("died during this creation"), or the first op does.
-    failPeer(peer, label(peer) + " (pid " + std::to_string(a.pid) + ") exited");
+    failPeer(peer, peerLabel(peer) + " (pid " + std::to_string(a.pid) + ") exited");
     return;
   }
   if (p.pidfd < 0) {
-    throw TransportError("pidfd_open of " + label(peer) + " (pid " + std::to_string(a.pid) +
+    throw TransportError("pidfd_open of " + peerLabel(peer) + " (pid " + std::to_string(a.pid) +
                              "): " + std::strerror(errno),
                          peer);
   }
@@ -324,7 +320,8 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   ev.events = EPOLLIN;
   ev.data.fd = p.pidfd;
   if (::epoll_ctl(epollFd_, EPOLL_CTL_ADD, p.pidfd, &ev) != 0) {
-    throw TransportError("epoll_ctl(pidfd of " + label(peer) + "): " + std::strerror(errno), peer);
+    throw TransportError(
+        "epoll_ctl(pidfd of " + peerLabel(peer) + "): " + std::strerror(errno), peer);
   }
 }
 
@@ -348,7 +345,7 @@ std::shared_ptr<ShmTransport::ShmRequest> ShmTransport::makeRequest(bool isSend,
 RequestPtr ShmTransport::send(int peer, Tag tag, const void* data, size_t bytes,
                               MemoryType mem) {
   if (!takesHostPaths(mem)) {
-    throw TransportError("the shm transport carries host memory only (send to " + label(peer) +
+    throw TransportError("the shm transport carries host memory only (send to " + peerLabel(peer) +
                              ")",
                          peer);
   }
@@ -356,10 +353,7 @@ RequestPtr ShmTransport::send(int peer, Tag tag, const void* data, size_t bytes,
   req->tag_ = tag;
   req->source_ = static_cast<const uint8_t*>(data);
   if (peer == rank_) {
-    auto a = std::make_shared<Arrival>();
-    a->source = rank_;
-    a->tag = tag;
-    a->bytes = bytes;
+    auto a = newArrival(rank_, tag, bytes, 0);  // no sequence: self-sends take no ring
     a->data.reset(new uint8_t[bytes ? bytes : 1]);
     if (bytes) std::memcpy(a->data.get(), data, bytes);
     a->got = bytes;
@@ -373,8 +367,8 @@ RequestPtr ShmTransport::send(int peer, Tag tag, const void* data, size_t bytes,
   }
   Peer& p = peers_.at(static_cast<size_t>(peer));
   if (!p.error.empty() || p.pid == 0) {
-    req->deferredFailure_ = p.pid == 0 ? "send to " + label(peer) + ", which was never connected"
-                                       : p.error;
+    req->deferredFailure_ =
+        p.pid == 0 ? "send to " + peerLabel(peer) + ", which was never connected" : p.error;
     settling_.push_back(req);
     return req;
   }
@@ -393,7 +387,7 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
                               MemoryType mem) {
   if (!takesHostPaths(mem)) {
     throw TransportError("the shm transport carries host memory only (receive from " +
-                             label(peer) + ")",
+                             peerLabel(peer) + ")",
                          peer);
   }
   auto req = makeRequest(false, peer, bytes);
@@ -426,7 +420,7 @@ void ShmTransport::finishReceive(const std::shared_ptr<ShmRequest>& req, int sou
                                  size_t bytes) {
   if (!req->pending()) return;
   if (bytes > req->postedBytes()) {
-    req->failTooLong("the message from " + label(source) + " (" + std::to_string(bytes) +
+    req->failTooLong("the message from " + peerLabel(source) + " (" + std::to_string(bytes) +
                      " bytes) is longer than the " + std::to_string(req->postedBytes()) +
                      " bytes posted to receive it");
   } else {
@@ -566,6 +560,16 @@ void ShmTransport::takeMatch(int peer, uint64_t seq) {
   }
 }
 
+std::shared_ptr<ShmTransport::Arrival> ShmTransport::newArrival(int source, Tag tag,
+                                                                 size_t bytes, uint64_t seq) {
+  auto a = std::make_shared<Arrival>();
+  a->seq = seq;
+  a->source = source;
+  a->tag = tag;
+  a->bytes = bytes;
+  return a;
+}
+
 void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
   const uint64_t seq = peers_[static_cast<size_t>(peer)].receivedMessages++;
   Inbound& s = peers_[static_cast<size_t>(peer)].inbound;
@@ -581,11 +585,7 @@ void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
     matched(peer, seq, bytes);
     return;
   }
-  auto a = std::make_shared<Arrival>();
-  a->seq = seq;
-  a->source = peer;
-  a->tag = tag;
-  a->bytes = bytes;
+  auto a = newArrival(peer, tag, bytes, seq);
   a->data.reset(new uint8_t[bytes ? bytes : 1]);
   s.arrival = a;
   arrivals_.push_back(std::move(a));
@@ -751,7 +751,7 @@ void ShmTransport::checkPeers() {
     const int q = who[i];
     // What it wrote before it exited is in this rank's memory: take it first.
     readMessages(q);
-    failPeer(q, label(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
+    failPeer(q, peerLabel(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
                     ") exited");
   }
 }
@@ -777,7 +777,7 @@ void ShmTransport::takeAbandonment(int peer, uint32_t why) {
                                           !a->claimedBy;
                                  }),
                   arrivals_.end());
-  failPeer(peer, label(peer) + (why == kClosed ? " left the group (destroyed it)"
+  failPeer(peer, peerLabel(peer) + (why == kClosed ? " left the group (destroyed it)"
                                                : " cut this rank off (it gave up on a message "
                                                  "it had begun to send here)"));
 }
@@ -810,8 +810,8 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
   // exited (its pid may name another process by now), or it fails them itself once it sees
   // that this rank cut it off (takeAbandonment) and may reuse their buffers. A later receive
   // then fails with `why` instead of reading them.
-  arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(),
-                                 [&](const auto& a) { return a->source == peer && a->byReference; }),
+  const auto unreadable = [&](const auto& a) { return a->source == peer && a->byReference; };
+  arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(), unreadable),
                   arrivals_.end());
   auto sends = std::move(p.sends);
   p.sends.clear();
@@ -840,11 +840,7 @@ void ShmTransport::startByReference(int peer, Tag tag, size_t bytes, const Rende
     readByReference(r, peer, tag, bytes, body, seq);
     return;
   }
-  auto a = std::make_shared<Arrival>();
-  a->seq = seq;
-  a->source = peer;
-  a->tag = tag;
-  a->bytes = bytes;
+  auto a = newArrival(peer, tag, bytes, seq);
   a->got = bytes;
   a->byReference = true;
   a->body = body;
@@ -864,7 +860,7 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
   }
   if (!failed.empty()) {
     if (req->pending()) {
-      req->failWith("the message from " + label(source) + " (" + std::to_string(bytes) +
+      req->failWith("the message from " + peerLabel(source) + " (" + std::to_string(bytes) +
                     " bytes) could not be read from its memory: " + failed);
     }
     return;
@@ -875,7 +871,7 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
 
 void ShmTransport::cancelRequest(ShmRequest& req) {
   const std::string why = std::string(req.isSend() ? "the send to " : "the receive from ") +
-                          label(req.peer()) + " was cancelled";
+                          peerLabel(req.peer()) + " was cancelled";
   if (req.isSend()) {
     // A send whose header is in the ring cannot be taken back: the receiver matches it, and a
     // later receive would take it for another message (ucx cannot take back an announced

@@ -154,6 +154,8 @@ class ShmTransport final : public Transport {
   // Takes the message `a` for `req` (complete or not): copies what is there, or attaches.
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
+  // An unexpected message's record, its contents not yet kept.
+  static std::shared_ptr<Arrival> newArrival(int source, Tag tag, size_t bytes, uint64_t seq);
   void startByReference(int peer, Tag tag, size_t bytes, const RendezvousBody& body);
   // Reads message `seq` of `source`, sent by reference, into `req`, tells the sender it was
   // matched (its buffer is free from then on), settles `req`.
@@ -165,7 +167,6 @@ class ShmTransport final : public Transport {
   void takeAbandonment(int peer, uint32_t why);
   void failPeer(int peer, const std::string& why);
   void failAnySource(const std::string& why);
-  std::string label(int peer) const;
 
   const int rank_;
   const int size_;

@@ -47,10 +47,6 @@ ucs_memory_type_t toUcs(MemoryType mem) {
   return mem == MemoryType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
 }
 
-std::string peerLabel(int peer) {
-  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
-}
-
 // What localAddress() carries: the length of this host's identity (4 bytes, little-endian),
 // the identity (shm::hostIdentity), a byte that is 1 when the worker reaches no other host
 // (Context::oneHostOnly), then the worker's UCX address. The identity tells a peer on another

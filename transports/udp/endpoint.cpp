@@ -15,10 +15,6 @@ constexpr DurationUs kAckRepeatUs = 5000;
 
 const char* const kClosing = "the udp transport was closed with the request pending";
 
-std::string peerLabel(int peer) {
-  return peer == kAnySource ? std::string("any rank") : "rank " + std::to_string(peer);
-}
-
 std::string cancelledMessage(int peer) {
   return "the receive from " + peerLabel(peer) + " was cancelled";
 }
