@@ -20,7 +20,8 @@ of UCX (docs/architecture.md#one-host-transport).
   nobody asked for: test_chunking's world), and a send nobody receives times out, cannot be
   withdrawn, and the receiver never takes it (test_lifecycle's world), over shm.
 * Ranks that disagree on ``one_host_transport`` fail the group's creation on every rank,
-  naming the setting and both values.
+  naming the setting and both values; ranks that agree on ``auto`` but choose differently
+  (``UCX_TLS`` set on one of them) build UCX for any host, and compute exactly.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ pytestmark = pytest.mark.skipif(BACKEND != "ucx", reason=f"ucx option ({BACKEND}
 
 ENV = {"UCXBACKEND_ONE_HOST_TRANSPORT": "shm"}
 DTYPES = (torch.float32, torch.int64, torch.int32, torch.uint8)
-# Bytes of each rank's input: below, just under and just over the 64 KiB ring (kRingBytes,
-# transports/shm/inbox.h) and the staging floor, and over 1 MiB.
+# Bytes of each rank's input: below and either side of the 64 KiB staging floor, and over 1 MiB,
+# which is longer than a ring (ringBytesFor, transports/shm/inbox.h: 256 KiB at 2 and 4 ranks),
+# so it goes by reference, or streams where the receiver cannot read the sender.
 SIZES = (4 << 10, (64 << 10) - 64, (64 << 10) + 64, (1 << 20) + (4 << 10))
 OPS = (
     "all_reduce",
@@ -392,3 +394,26 @@ def test_ranks_that_disagree_fail_creation_naming_the_setting() -> None:
             f"{1 - rank}"
         ) in msg, msg
         assert seconds < DEADLINE_S, (seconds, msg)
+
+
+def _auto_chooses_differently(rank: int, ws: int) -> tuple[list[str], list[int]]:
+    """A group left at ``auto`` whose rank 1 has UCX_TLS set (so it chooses ucx, rank 0 shm):
+    its transports and an int64 all_reduce."""
+    if rank == 1:
+        os.environ["UCX_TLS"] = "all"  # read when the group's transport is made
+    group = dist.new_group(backend="ucx", pg_options={"one_host_transport": "auto"})
+    t = torch.arange(1000, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t, group=group)
+    import ucxbackend
+
+    transports = list(ucxbackend.startup_profile(group)["transports"])
+    dist.destroy_process_group(group)
+    return transports, t.tolist()
+
+
+def test_ranks_that_choose_differently_under_auto_build_ucx() -> None:
+    results = run_world(_auto_chooses_differently, 2, timeout=90)
+    expected = (np.arange(1000, dtype=np.int64) * 3).tolist()
+    for transports, values in results:
+        assert transports and transports != ["shm"], transports  # UCX's own, e.g. "tcp"
+        assert values == expected
