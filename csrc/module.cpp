@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "csrc/backend_options.h"
+#include "csrc/transport_factory.hpp"
 #include "csrc/collectives/selection.h"
 #include "csrc/engine/core_yield.h"
 #include "csrc/errors.hpp"
@@ -311,6 +312,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("ucx_version", &ucxb::ucx::libraryVersion);
   m.def("ucx_library_path", &ucxb::ucx::libraryPath);
   m.def("ucx_transports", &ucxb::ucx::transports, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "one_host_transport",
+      [](const std::map<std::string, std::string>& options) {
+        const auto choice =
+            configCall([&] { return ucxb::oneHostTransport(ucxb::parseBackendOptions(options)); });
+        return py::make_tuple(choice.transport, choice.why);
+      },
+      "What carries a ucx group on one host for these options and this process's environment: "
+      "('shm' or 'ucx', why).");
   m.def("ucx_leave_device_modules_out", &ucxb::ucx::leaveDeviceModulesOut,
         "UCX_MODULES=^<kDeviceModules> for this process unless the user set UCX_MODULES "
         "(transports/ucx/ucx_context.h); whether UCX took it.");

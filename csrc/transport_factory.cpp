@@ -12,18 +12,21 @@
 
 namespace ucxb {
 
-namespace {
-
-// one_host_transport: "auto" takes UCX where UCX has something this transport lacks (CUDA
-// IPC for a rank that carries CUDA tensors) or where the user chose UCX's transports
-// (UCX_TLS); the backend's own shared-memory rings otherwise.
-bool wantsSharedMemoryTransport(const BackendOptions& options) {
-  if (options.oneHostTransport == "shm") return true;
-  if (options.oneHostTransport != "auto") return false;
-  return options.cuda == 0 && std::getenv("UCX_TLS") == nullptr;
+OneHostChoice oneHostTransport(const BackendOptions& options) {
+  const std::string& asked = options.oneHostTransport;
+  if (asked == "ucx") return {"ucx", "one_host_transport=ucx"};
+  // Without pidfds (Linux before 5.3) a dead peer would hang its receivers over shm; UCX
+  // watches its peers itself.
+  if (!shm::ShmTransport::available()) return {"ucx", "this kernel has no pidfd_open"};
+  if (asked == "shm") return {"shm", "one_host_transport=shm"};
+  // auto: UCX where it has what the rings lack (CUDA IPC, for a rank that carries CUDA
+  // tensors) or where the user chose UCX's transports.
+  if (options.cuda != 0) return {"ucx", "one_host_transport=auto and cuda=1 (UCX's cuda_ipc)"};
+  if (std::getenv("UCX_TLS") != nullptr) {
+    return {"ucx", "one_host_transport=auto and UCX_TLS is set"};
+  }
+  return {"shm", "one_host_transport=auto"};
 }
-
-}  // namespace
 
 std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank, int size,
                                          AddressExchange& exchange,
@@ -35,9 +38,8 @@ std::unique_ptr<Transport> makeTransport(const BackendOptions& options, int rank
     // group that wrongly agreed it shares a host would have no TCP between its hosts.
     const bool guessOneHost =
         !anyHost && !launcherSpansHosts(size) && shm::hostIdentityIsUnique();
-    // A host without pidfds (Linux before 5.3) keeps UCX, which watches its peers itself.
-    // One that cannot be made here (/dev/shm full or missing) leaves UCX to try.
-    if (guessOneHost && wantsSharedMemoryTransport(options) && shm::ShmTransport::available()) {
+    // An inbox that cannot be made here (/dev/shm full or missing) leaves UCX to try.
+    if (guessOneHost && oneHostTransport(options).transport == "shm") {
       try {
         return std::make_unique<shm::ShmTransport>(rank, size);
       } catch (const TransportError&) {

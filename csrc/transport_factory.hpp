@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "csrc/address_exchange.hpp"
 #include "csrc/backend_options.h"
@@ -13,6 +14,16 @@
 #include "transports/udp/datagram_auth.h"
 
 namespace ucxb {
+
+// What carries this rank's messages in a ucx group whose ranks all share its host: "shm" (the
+// backend's rings, transports/shm/) or "ucx", and why, from the group's one_host_transport,
+// its cuda option, UCX_TLS and whether the kernel lets the shm transport watch its peers.
+// makeTransport() follows it; `info` prints it.
+struct OneHostChoice {
+  std::string transport;
+  std::string why;
+};
+OneHostChoice oneHostTransport(const BackendOptions& options);
 
 // options.transport picks it; udp takes udp_config, udp_faults and udp_host. A bad udp_config
 // (against this interface's MTU) is a config::ConfigError. `opTimeout` is the group's op

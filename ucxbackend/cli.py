@@ -142,10 +142,20 @@ def collect_info(
         doctor_inputs,
     )
 
+    info["one_host"] = None
     if native is not None:  # the knobs are declared there
         info["unknown_config_env"] = cfg.unknown_env_vars(env)
         try:
-            info["config"] = cfg.Config.from_env(env).describe()
+            config = cfg.Config.from_env(env)
+            info["config"] = config.describe()
+            # The choice reads this process's UCX_TLS, as a group's creation does.
+            choice = _call(
+                lambda: native.one_host_transport(config.to_native()),
+                errors,
+                "_C.one_host_transport()",
+            )
+            if choice is not None:
+                info["one_host"] = {"transport": choice[0], "why": choice[1]}
         except ValueError as exc:
             errors.append(f"invalid configuration: {exc}")
 
@@ -277,6 +287,12 @@ def format_info(info: Mapping[str, Any]) -> str:
         transports = [(t, ", ".join(devs)) for t, devs in ucx["transports"].items()]
         lines += ["", "Transports UCX sees (transport: devices)"]
         lines += _rows(transports, "  ") if transports else ["  (none)"]
+
+    if info.get("one_host") is not None:
+        one_host = info["one_host"]
+        lines += ["", "Between the ranks of one host (docs/architecture.md#one-host-transport)"]
+        carrier = "the backend's shared-memory rings" if one_host["transport"] == "shm" else "UCX"
+        lines += _rows([("ucx groups", f"{carrier} ({one_host['why']})")], "  ")
 
     if info.get("cuda") is not None:
         lines += ["", "CUDA", *_rows(_cuda_rows(info["cuda"]), "  ")]
