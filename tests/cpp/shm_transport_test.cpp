@@ -527,6 +527,34 @@ void testByReferenceGivenUp() {
   }
 }
 
+// A streamed message longer than the ring, wholly held by the receiver, whose sender gave up
+// on it (abortPeer) before a receive asked for it: a receive posted before the receiver's
+// progress() saw the abandonment must not take it (csrc/p2p_withdraw.hpp: a retried op would
+// get the withdrawn message), as with one sent by reference (testByReferenceGivenUp).
+void testStreamedGivenUp() {
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 24);
+  for (const bool whole : {true, false}) {
+    const std::string how = whole ? "wholly arrived: " : "partly arrived: ";
+    World w(2, kWide, Path::kStreamed);
+    std::vector<uint8_t> in(n, 0xEE);
+    auto s = w[0].send(1, tagOf(1, 0), msg.data(), n);
+    if (whole) {
+      w.spin(20);  // all of it unexpected at rank 1
+    } else {
+      w[1].progress();  // its header and first ring's worth
+    }
+    CHECK_MSG(s->pending() && w[1].probe(tagOf(1, 0), kFull) == 0, how + "held unexpected");
+    w[0].abortPeer(1, "the sender gave up");
+    CHECK(s->failed());
+    auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), n);
+    w[1].progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "cut this rank off"),
+              how + "a receive does not take a message its sender gave up: " +
+                  (r->failed() ? r->error() : std::string("taken")));
+  }
+}
+
 // Streamed where the receiver may not read the sender's memory: the first ring's worth is in
 // the ring once send() returns (a byte changed after it does not arrive changed), posted and
 // unexpected, and the send still waits for a receive to take it.
@@ -1260,6 +1288,7 @@ const ucxb::check::Group kGroups[] = {
     {"by_reference", testByReference, true},
     {"by_reference_given_up", testByReferenceGivenUp, true},
     {"streamed", testStreamed, true},
+    {"streamed_given_up", testStreamedGivenUp, true},
     {"truncation", [] { testTruncation(Path::kByReference); }, true},
     {"truncation_streamed", [] { testTruncation(Path::kStreamed); }, true},
     {"zero_length", testZeroLength, true},

@@ -396,6 +396,10 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
   req->dest_ = static_cast<uint8_t*>(data);
   for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {
     if (((*it)->tag & mask) == (tag & mask)) {
+      // Its sender gave it up (abortPeer, or it left) before this rank's progress() saw that:
+      // never complete for the sender, so not taken (p2p_withdraw.hpp); takeAbandonment()
+      // drops it in the next progress() and fails this receive if it waits on that peer.
+      if (givenUp(**it)) continue;
       auto a = *it;
       arrivals_.erase(it);
       // One sent by reference is matched once it is read (readByReference).
@@ -558,6 +562,13 @@ void ShmTransport::takeMatch(int peer, uint64_t seq) {
     if (r->pending()) r->succeed(r->postedBytes(), r->tag_);
     return;
   }
+}
+
+bool ShmTransport::givenUp(const Arrival& a) const {
+  // Seq_cst, as readByReference()'s load: the sender stores it before it fails the send.
+  return a.source != rank_ && a.bytes > eagerBytes_ &&
+         peers_[static_cast<size_t>(a.source)].in.control().abandoned.load(
+             std::memory_order_seq_cst) != 0;
 }
 
 std::shared_ptr<ShmTransport::Arrival> ShmTransport::newArrival(int source, Tag tag,
