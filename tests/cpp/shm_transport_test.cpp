@@ -1224,6 +1224,32 @@ void testPeerExitWakes() {
 
 // ----------------------------------------------------------------------------- teardown
 
+// A rank forked after creation (a DataLoader worker) whose child destroys its copy of the
+// transport: the rings, the flags in the peers' inboxes and the epoll set are the parent's, so
+// the peers must not read that as the parent leaving the group, and the parent's traffic goes
+// on.
+void testForkedChildDestroys() {
+  World w(2, kWide, Path::kStreamed);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    w.t[0].reset();
+    ::_exit(0);
+  }
+  CHECK(pid > 0);
+  int status = 0;
+  CHECK(::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  w.spin();
+  CHECK_MSG(w[1].peerError(0).empty(), "the child's destruction is not the parent's: " +
+                                           w[1].peerError(0));
+  const size_t big = 3 * kRing;
+  const auto msg = pattern(big, 31);
+  std::vector<uint8_t> in(big);
+  auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), big);
+  auto s = w[0].send(1, tagOf(1, 0), msg.data(), big);
+  CHECK_MSG(w.settle({r, s}) && done(r) && done(s) && sameBytes(in.data(), msg, big),
+            "the parent's traffic goes on: " + r->error() + " / " + s->error());
+}
+
 // Destroying a transport fails whatever it still holds (posted, mid-stream, queued, streaming
 // out, about to settle) within the bounded flush, runs their callbacks once, and a request
 // cancelled after its transport is gone is harmless.
@@ -1300,6 +1326,7 @@ const ucxb::check::Group kGroups[] = {
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
+    {"forked_child_destroys", testForkedChildDestroys, true},
     {"by_reference_across_processes", testByReferenceAcrossProcesses, true},
     {"destroy", testDestroy, true},
 };

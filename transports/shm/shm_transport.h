@@ -181,6 +181,8 @@ class ShmTransport final : public Transport {
   // passed a longer tensor than its peers, a send nobody receives), and its wait(timeout)
   // times out as it would over ucx.
   const size_t eagerBytes_;
+  // The process that made it: a child forked later holds a copy that is not the rank.
+  const pid_t creatorPid_;
   SharedSegment inbox_;
   std::unique_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> address_;
