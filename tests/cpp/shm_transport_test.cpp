@@ -527,6 +527,34 @@ void testByReferenceGivenUp() {
   }
 }
 
+// A streamed message longer than the ring, wholly held by the receiver, whose sender gave up
+// on it (abortPeer) before a receive asked for it: a receive posted before the receiver's
+// progress() saw the abandonment must not take it (csrc/p2p_withdraw.hpp: a retried op would
+// get the withdrawn message), as with one sent by reference (testByReferenceGivenUp).
+void testStreamedGivenUp() {
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 24);
+  for (const bool whole : {true, false}) {
+    const std::string how = whole ? "wholly arrived: " : "partly arrived: ";
+    World w(2, kWide, Path::kStreamed);
+    std::vector<uint8_t> in(n, 0xEE);
+    auto s = w[0].send(1, tagOf(1, 0), msg.data(), n);
+    if (whole) {
+      w.spin(20);  // all of it unexpected at rank 1
+    } else {
+      w[1].progress();  // its header and first ring's worth
+    }
+    CHECK_MSG(s->pending() && w[1].probe(tagOf(1, 0), kFull) == 0, how + "held unexpected");
+    w[0].abortPeer(1, "the sender gave up");
+    CHECK(s->failed());
+    auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), n);
+    w[1].progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "cut this rank off"),
+              how + "a receive does not take a message its sender gave up: " +
+                  (r->failed() ? r->error() : std::string("taken")));
+  }
+}
+
 // Streamed where the receiver may not read the sender's memory: the first ring's worth is in
 // the ring once send() returns (a byte changed after it does not arrive changed), posted and
 // unexpected, and the send still waits for a receive to take it.
@@ -1196,6 +1224,32 @@ void testPeerExitWakes() {
 
 // ----------------------------------------------------------------------------- teardown
 
+// A rank forked after creation (a DataLoader worker) whose child destroys its copy of the
+// transport: the rings, the flags in the peers' inboxes and the epoll set are the parent's, so
+// the peers must not read that as the parent leaving the group, and the parent's traffic goes
+// on.
+void testForkedChildDestroys() {
+  World w(2, kWide, Path::kStreamed);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    w.t[0].reset();
+    ::_exit(0);
+  }
+  CHECK(pid > 0);
+  int status = 0;
+  CHECK(::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  w.spin();
+  CHECK_MSG(w[1].peerError(0).empty(), "the child's destruction is not the parent's: " +
+                                           w[1].peerError(0));
+  const size_t big = 3 * kRing;
+  const auto msg = pattern(big, 31);
+  std::vector<uint8_t> in(big);
+  auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), big);
+  auto s = w[0].send(1, tagOf(1, 0), msg.data(), big);
+  CHECK_MSG(w.settle({r, s}) && done(r) && done(s) && sameBytes(in.data(), msg, big),
+            "the parent's traffic goes on: " + r->error() + " / " + s->error());
+}
+
 // Destroying a transport fails whatever it still holds (posted, mid-stream, queued, streaming
 // out, about to settle) within the bounded flush, runs their callbacks once, and a request
 // cancelled after its transport is gone is harmless.
@@ -1260,6 +1314,7 @@ const ucxb::check::Group kGroups[] = {
     {"by_reference", testByReference, true},
     {"by_reference_given_up", testByReferenceGivenUp, true},
     {"streamed", testStreamed, true},
+    {"streamed_given_up", testStreamedGivenUp, true},
     {"truncation", [] { testTruncation(Path::kByReference); }, true},
     {"truncation_streamed", [] { testTruncation(Path::kStreamed); }, true},
     {"zero_length", testZeroLength, true},
@@ -1271,6 +1326,7 @@ const ucxb::check::Group kGroups[] = {
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
+    {"forked_child_destroys", testForkedChildDestroys, true},
     {"by_reference_across_processes", testByReferenceAcrossProcesses, true},
     {"destroy", testDestroy, true},
 };

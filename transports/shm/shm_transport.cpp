@@ -177,7 +177,7 @@ bool ShmTransport::available() {
 
 ShmTransport::ShmTransport(int rank, int size)
     : rank_(rank), size_(size), host_(hostIdentity()), pidNamespace_(currentOwner().pidNamespace),
-      eagerBytes_(ringBytesFor(size)) {
+      eagerBytes_(ringBytesFor(size)), creatorPid_(::getpid()) {
   if (!available()) {
     throw TransportError("the shm transport needs pidfd_open (Linux 5.3 or later) to watch its "
                          "peers: " + std::string(std::strerror(errno)));
@@ -212,10 +212,14 @@ ShmTransport::ShmTransport(int rank, int size)
 
 ShmTransport::~ShmTransport() {
   closing_ = "the process group was shut down (rank " + std::to_string(rank_) + ")";
+  // A forked child's copy (a DataLoader worker that destroys it): the rings it would write,
+  // the `abandoned` flags in the peers' inboxes and the epoll set are its parent's, which
+  // goes on using them. It only lets its own requests and descriptors go.
+  const bool forked = ::getpid() != creatorPid_;
   // Streams what is not in a ring yet while its peers take it, for a bounded time.
   const auto deadline = std::chrono::steady_clock::now() + kCloseFlush;
   // Sends by reference wait for the peer's answer (it may be reading their buffers now).
-  for (;;) {
+  for (; !forked;) {
     bool queued = false;
     for (int p = 0; p < size_; ++p) {
       Peer& peer = peers_[static_cast<size_t>(p)];
@@ -243,7 +247,7 @@ ShmTransport::~ShmTransport() {
   // what it sent is taken, the rest fails at once instead of at the op's timeout.
   for (int q = 0; q < size_; ++q) {
     Peer& peer = peers_[static_cast<size_t>(q)];
-    if (q == rank_ || !peer.out.valid() || !peer.error.empty()) continue;
+    if (forked || q == rank_ || !peer.out.valid() || !peer.error.empty()) continue;
     peer.out.control().abandoned.store(kClosed, std::memory_order_seq_cst);
     doorbell_->ring(peer.doorbell);
   }
@@ -396,6 +400,10 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
   req->dest_ = static_cast<uint8_t*>(data);
   for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {
     if (((*it)->tag & mask) == (tag & mask)) {
+      // Its sender gave it up (abortPeer, or it left) before this rank's progress() saw that:
+      // never complete for the sender, so not taken (p2p_withdraw.hpp); takeAbandonment()
+      // drops it in the next progress() and fails this receive if it waits on that peer.
+      if (givenUp(**it)) continue;
       auto a = *it;
       arrivals_.erase(it);
       // One sent by reference is matched once it is read (readByReference).
@@ -558,6 +566,13 @@ void ShmTransport::takeMatch(int peer, uint64_t seq) {
     if (r->pending()) r->succeed(r->postedBytes(), r->tag_);
     return;
   }
+}
+
+bool ShmTransport::givenUp(const Arrival& a) const {
+  // Seq_cst, as readByReference()'s load: the sender stores it before it fails the send.
+  return a.source != rank_ && a.bytes > eagerBytes_ &&
+         peers_[static_cast<size_t>(a.source)].in.control().abandoned.load(
+             std::memory_order_seq_cst) != 0;
 }
 
 std::shared_ptr<ShmTransport::Arrival> ShmTransport::newArrival(int source, Tag tag,

@@ -154,6 +154,9 @@ class ShmTransport final : public Transport {
   // Takes the message `a` for `req` (complete or not): copies what is there, or attaches.
   void deliver(const std::shared_ptr<Arrival>& a, const std::shared_ptr<ShmRequest>& req);
   std::shared_ptr<ShmRequest> matchPosted(int source, Tag tag);
+  // Whether the unexpected message `a` is one its sender abandoned (RingControl::abandoned),
+  // longer than eagerBytes_, so never complete for it: takeAbandonment() drops such ones.
+  bool givenUp(const Arrival& a) const;
   // An unexpected message's record, its contents not yet kept.
   static std::shared_ptr<Arrival> newArrival(int source, Tag tag, size_t bytes, uint64_t seq);
   void startByReference(int peer, Tag tag, size_t bytes, const RendezvousBody& body);
@@ -178,6 +181,8 @@ class ShmTransport final : public Transport {
   // passed a longer tensor than its peers, a send nobody receives), and its wait(timeout)
   // times out as it would over ucx.
   const size_t eagerBytes_;
+  // The process that made it: a child forked later holds a copy that is not the rank.
+  const pid_t creatorPid_;
   SharedSegment inbox_;
   std::unique_ptr<Doorbell> doorbell_;
   std::vector<uint8_t> address_;
