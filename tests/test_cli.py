@@ -82,6 +82,10 @@ class FakeNative:
         return {"ucx_home": "/fake", "torch_version": "0.0.0"}
 
     @staticmethod
+    def one_host_transport(options: dict[str, str]) -> tuple[str, str]:
+        return ("shm", f"one_host_transport={options['one_host_transport']}")
+
+    @staticmethod
     def ucx_defaults() -> list[tuple[list[str], str, str]]:
         return [
             (["UCX_FAKE_A"], "1s", "0.0"),
@@ -129,6 +133,11 @@ def test_info_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
     assert re.search(r"^\s+UCX_TLS\s+tcp,self$", out, re.M)
     assert re.search(r"^\s+spin_us\s+7\s+env\s+UCXBACKEND_SPIN_US$", out, re.M)
     assert re.search(r"^\s+progress_mode\s+sleep\s+default\s+UCXBACKEND_PROGRESS_MODE$", out, re.M)
+    assert re.search(
+        r"^\s+ucx groups\s+the backend's shared-memory rings \(one_host_transport=auto\)$",
+        out,
+        re.M,
+    )
 
 
 def test_info_json_with_stand_in(clean_env: pytest.MonkeyPatch) -> None:
@@ -447,3 +456,23 @@ def test_info_subprocess_without_native() -> None:
     assert "ucxbackend._C could not be loaded" in proc.stderr
     assert "make build" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(ucxbackend._C is None, reason="needs the native module")
+def test_info_says_what_carries_a_one_host_group(clean_env: pytest.MonkeyPatch) -> None:
+    """The factory's own rule (csrc/transport_factory.cpp oneHostTransport), through info:
+    the rings by default, UCX where the user set UCX_TLS or asked for ucx."""
+    from ucxbackend import cli
+
+    assert cli.collect_info()["one_host"] == {
+        "transport": "shm",
+        "why": "one_host_transport=auto",
+    }
+    clean_env.setenv("UCX_TLS", "all")
+    assert cli.collect_info()["one_host"] == {
+        "transport": "ucx",
+        "why": "one_host_transport=auto and UCX_TLS is set",
+    }
+    clean_env.delenv("UCX_TLS")
+    clean_env.setenv("UCXBACKEND_ONE_HOST_TRANSPORT", "ucx")
+    assert cli.collect_info()["one_host"]["transport"] == "ucx"

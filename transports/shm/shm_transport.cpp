@@ -873,6 +873,12 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
   if (failed.empty() && p.in.control().abandoned.load(std::memory_order_seq_cst) != 0) {
     failed = "the sender gave the message up while it was read";
   }
+  // A sender that exited before the read may have left its pid to another process, whose
+  // memory the read then took: its pidfd, which names the process and not the number, says.
+  if (failed.empty() && p.pidfd >= 0) {
+    pollfd exited{p.pidfd, POLLIN, 0};
+    if (::poll(&exited, 1, 0) > 0) failed = "the sender exited before its message was read";
+  }
   if (!failed.empty()) {
     if (req->pending()) {
       req->failWith("the message from " + peerLabel(source) + " (" + std::to_string(bytes) +
