@@ -875,9 +875,13 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
   }
   // A sender that exited before the read may have left its pid to another process, whose
   // memory the read then took: its pidfd, which names the process and not the number, says.
-  if (failed.empty() && p.pidfd >= 0) {
-    pollfd exited{p.pidfd, POLLIN, 0};
-    if (::poll(&exited, 1, 0) > 0) failed = "the sender exited before its message was read";
+  // Its exit is also the reason to give where the read failed for it (ESRCH), in the words
+  // the pidfd check uses, which a peer's exit fails everything else with.
+  pollfd exited{p.pidfd, POLLIN, 0};
+  if (p.pidfd >= 0 && ::poll(&exited, 1, 0) > 0) {
+    failed = peerLabel(source) + " (pid " + std::to_string(p.pid) + ") exited";
+    if (req->pending()) req->failWith(failed + " before its message was read");
+    return;
   }
   if (!failed.empty()) {
     if (req->pending()) {
