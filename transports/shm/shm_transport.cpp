@@ -680,13 +680,6 @@ bool ShmTransport::readMessages(int peer) {
 bool ShmTransport::progress() {
   bool any = false;
   const auto now = std::chrono::steady_clock::now();
-  // A peer that exited fails its requests in checkPeers(): progress, which an owner that
-  // sleeps when progress() returns false must be told of (the pidfd that woke it has left
-  // the sleep set, so it would sleep on until its own timeout).
-  const auto failedPeers = [this] {
-    return std::count_if(peers_.begin(), peers_.end(),
-                         [](const Peer& p) { return !p.error.empty(); });
-  };
   if (armed_) {
     armed_ = false;
     InboxLayout::sleeping(inbox_.data())->store(0, std::memory_order_relaxed);
@@ -694,9 +687,10 @@ bool ShmTransport::progress() {
     nextPeerCheck_ = now;  // a pidfd may be what woke it
   }
   if (now >= nextPeerCheck_) {
-    const auto before = failedPeers();
-    checkPeers();
-    any = failedPeers() != before;
+    // A peer that exited fails its requests there: progress, which an owner that sleeps when
+    // progress() returns false must be told of (the pidfd that woke it has left the sleep
+    // set, so it would sleep on until its own timeout).
+    any = checkPeers();
     nextPeerCheck_ = now + kPeerCheckInterval;
   }
   if (!settling_.empty()) {
@@ -750,7 +744,7 @@ std::string ShmTransport::peerError(int peer) const {
   return peers_.at(static_cast<size_t>(peer)).error;
 }
 
-void ShmTransport::checkPeers() {
+bool ShmTransport::checkPeers() {
   std::vector<pollfd> fds;
   std::vector<int> who;
   for (int q = 0; q < size_; ++q) {
@@ -760,7 +754,8 @@ void ShmTransport::checkPeers() {
       who.push_back(q);
     }
   }
-  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return;
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return false;
+  bool failed = false;
   for (size_t i = 0; i < fds.size(); ++i) {
     if ((fds[i].revents & POLLIN) == 0) continue;
     const int q = who[i];
@@ -768,7 +763,9 @@ void ShmTransport::checkPeers() {
     readMessages(q);
     failPeer(q, peerLabel(q) + " (pid " + std::to_string(peers_[static_cast<size_t>(q)].pid) +
                     ") exited");
+    failed = true;
   }
+  return failed;
 }
 
 void ShmTransport::abortPeer(int peer, const std::string& why) {

@@ -130,7 +130,6 @@ class ShmTransport final : public Transport {
     uint64_t sentMessages = 0;     // messages this rank started to the peer
     uint64_t receivedMessages = 0; // messages this rank started to read from the peer
     std::string error;
-    bool ringPending = false;     // published bytes since the last doorbell check
   };
 
   std::shared_ptr<ShmRequest> makeRequest(bool isSend, int peer, size_t bytes);
@@ -164,12 +163,12 @@ class ShmTransport final : public Transport {
   // matched (its buffer is free from then on), settles `req`.
   void readByReference(const std::shared_ptr<ShmRequest>& req, int source, Tag tag,
                        size_t bytes, const RendezvousBody& body, uint64_t seq);
-  void checkPeers();
+  // Fails every peer whose process exited (after taking what it wrote); true if any did.
+  bool checkPeers();
   // The peer cut this rank off (its abortPeer) or left (destroyed its transport): fails it,
   // and drops what it gave up on. `why`: RingControl::abandoned.
   void takeAbandonment(int peer, uint32_t why);
   void failPeer(int peer, const std::string& why);
-  void failAnySource(const std::string& why);
 
   const int rank_;
   const int size_;
