@@ -151,6 +151,9 @@ FILE_SECONDS = {
     "test_udp_core_sanitizers.py": 30,
     "test_split_shrink.py": 20,
     "test_algorithms_tsan.py": 30,
+    # Moved out of test_shared_memory.py (2026-11-28) so that its programs come from the
+    # prebuild too, which compiles them after the ThreadSanitizer program's units.
+    "test_shm_transport_programs.py": 10,
     "test_creation_kill.py": 15,
     "test_tutorials.py": 20,
     "test_soak.py": 20,

@@ -330,41 +330,13 @@ def test_one_host_context_without_sysv_takes_posix() -> None:
         ("shared_segment_test", []),
         ("staging_area_test", []),
         ("staged_path_test", ["csrc/collectives/staged_path.cpp"]),
-        ("shm_transport_test", []),
     ],
 )
 def test_torch_free_unit(unit: str, sources: list[str]) -> None:
-    """The segment class, the slot layout and the slots' streaming stores, the per-message
-    staging decision, and the one-host transport over shared-memory rings (shm_transport_test:
-    transports of one process and a forked child that exits), on their own
-    (tests/cpp/<unit>.cpp)."""
+    """The segment class, the slot layout and the slots' streaming stores, and the per-message
+    staging decision, on their own (tests/cpp/<unit>.cpp; the one-host transport's program is
+    tests/test_shm_transport_programs.py's)."""
     cpp_build.check_unit(unit, extra_sources=sources, groups=["shm"])
-
-
-# The one-host transport's test again under AddressSanitizer and UndefinedBehaviorSanitizer:
-# requests that outlive their transport, a send cancelled twice while partly in the ring, and
-# a receive cancelled mid-stream touch freed or overlapping memory only a sanitizer sees. The
-# shm group's objects are those of test_algorithms_asan.py's program (same flags): shared.
-SHM_TRANSPORT_ASAN = cpp_build.Program(
-    "shm_transport_asan_test",
-    "tests/cpp/shm_transport_test.cpp",
-    groups=["shm"],
-    flags=[*cpp_build.ASAN_UBSAN, "-Werror", "-pthread"],
-)
-
-
-@pytest.mark.slow
-def test_shm_transport_under_address_sanitizer() -> None:
-    env = {"ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
-    result = subprocess.run(
-        [str(SHM_TRANSPORT_ASAN.build())],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **env},
-    )
-    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert "shm_transport_test: " in result.stdout and " 0 failed" in result.stdout, result.stdout
 
 
 # ------------------------------------------------------------- the 64 KiB staging floor
