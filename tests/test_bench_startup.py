@@ -33,6 +33,12 @@ def test_startup_options() -> None:
     opts = startup_options.StartupOptions.from_args(parse_args("startup"))
     assert opts.world_sizes == (2, 4, 8, 16, 32)
     assert opts.backends == ("ucx", "udp", "gloo") and opts.repeats == 3
+    assert opts.store_host == "agent"  # as under torchrun
+    assert startup_options.StartupOptions.from_args(
+        parse_args("startup", "--store-host", "rank0")
+    ).store_host == "rank0"
+    with pytest.raises(SystemExit):  # argparse's own choices
+        parse_args("startup", "--store-host", "rank1")
     opts = startup_options.StartupOptions.from_args(
         parse_args("startup", "--world-sizes", "3,2,3", "--repeats", "1", "--backends", "gloo")
     )
@@ -80,6 +86,7 @@ def test_startup_mode_tiny_run(tmp_path: Path) -> None:
     assert_clean(proc)
     cells = _table(proc.stdout)
     report: dict[str, Any] = json.loads(out_json.read_text())
+    assert report["store_host"] == "agent"
     by = {(r["backend"], r["world_size"]): r for r in report["results"]}
     for world in (2, 3):
         ucx, gloo = by[("ucx", world)], by[("gloo", world)]

@@ -37,6 +37,7 @@ from typing import Any, Final, TextIO
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore  # torch.distributed.TCPStore, typed
 
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, BenchError, UsageError
 from .launcher import ForkedRank, RankProcess, child_env, free_port, recorded_command, supervise
@@ -50,7 +51,12 @@ REFERENCE: Final = "gloo"  # the ratio columns' denominator, when measured
 DIR_ENV: Final = "_UCXBENCH_STARTUP_DIR"
 BACKEND_ENV: Final = "_UCXBENCH_STARTUP_BACKEND"
 TIMEOUT_ENV: Final = "_UCXBENCH_STARTUP_TIMEOUT"
+# torch's own switch (torch.distributed.rendezvous): every rank connects to a Store its
+# launcher hosts, as under torchrun, instead of rank 0 starting one.
+AGENT_STORE_ENV: Final = "TORCHELASTIC_USE_AGENT_STORE"
 _BARRIER_POLL_S: Final = 0.002
+# The launcher's entry in the barrier directory once it hosts the Store (--store-host agent).
+STORE_READY: Final = "ready.store"
 # Torch's part of init_process_group: what the backend's own phases do not account for.
 TORCH_PHASE: Final = "torch"
 FIRST_OP_PHASE: Final = "first_op"
@@ -59,10 +65,11 @@ FIRST_OP_PHASE: Final = "first_op"
 # --- a rank ---------------------------------------------------------------------------------
 
 
-def _file_barrier(directory: Path, rank: int, world: int, deadline: float) -> None:
-    """Returns once all ``world`` ranks have arrived (each leaves a file ``ready.<rank>``)."""
+def _file_barrier(directory: Path, rank: int, arrivals: int, deadline: float) -> None:
+    """Returns once ``arrivals`` files ``ready.*`` are there: every rank leaves its own
+    (``ready.<rank>``), and a launcher that hosts the Store leaves :data:`STORE_READY`."""
     (directory / f"ready.{rank}").touch()
-    while sum(1 for p in directory.iterdir() if p.name.startswith("ready.")) < world:
+    while sum(1 for p in directory.iterdir() if p.name.startswith("ready.")) < arrivals:
         if time.monotonic() > deadline:
             raise BenchError(f"rank {rank}: not every rank reached the start in time")
         time.sleep(_BARRIER_POLL_S)
@@ -84,7 +91,8 @@ def run_rank() -> int:
     backend = env[BACKEND_ENV]
     timeout = float(env[TIMEOUT_ENV])
     directory = Path(env[DIR_ENV])
-    _file_barrier(directory, rank, world, time.monotonic() + timeout)
+    agent_store = env.get(AGENT_STORE_ENV) == str(True)
+    _file_barrier(directory, rank, world + agent_store, time.monotonic() + timeout)
     cpu_start = _cpu_seconds()
     start = time.perf_counter()
     dist.init_process_group(
@@ -161,11 +169,29 @@ def start_from_results(backend: str, world: int, results: Sequence[Mapping[str, 
     )
 
 
+def _host_store(port: int, world: int, timeout: float) -> TCPStore:
+    """The Store a start's ranks connect to, hosted by this process as torchrun's agent hosts
+    it: listening before any rank calls init_process_group, so no rank's connection is refused
+    and retried after torch's back-off (about 0.5 s; docs/performance.md, torch's modes)."""
+    return TCPStore(
+        "127.0.0.1",
+        port,
+        world_size=world,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+
+
 def start_once(backend: str, world: int, opts: StartupOptions, err: TextIO) -> Start:
     """Fork ``world`` ranks that start a ``backend`` group together; their slowest's figures."""
     directory = Path(tempfile.mkdtemp(prefix="ucxbench-startup-"))
+    store: TCPStore | None = None
     try:
+        # The ranks are forked before the launcher's Store exists (a process should not fork
+        # while the Store's thread runs); they leave the barrier only once it listens.
         port = free_port()
+        agent = opts.store_host == "agent"
         procs: list[RankProcess] = []
         try:
             for rank in range(world):
@@ -177,18 +203,25 @@ def start_once(backend: str, world: int, opts: StartupOptions, err: TextIO) -> S
                         TIMEOUT_ENV: str(opts.timeout),
                     }
                 )
+                if agent:
+                    env[AGENT_STORE_ENV] = str(True)
                 procs.append(ForkedRank([STARTUP], env))
-        except OSError as exc:
+            if agent:
+                store = _host_store(port, world, opts.timeout)
+                (directory / STORE_READY).touch()
+        except (OSError, RuntimeError) as exc:
             for p in procs:
                 p.kill()
                 p.wait()
-            raise BenchError(f"could not start rank {len(procs)}: {exc}") from exc
+            what = "the Store" if len(procs) == world else f"rank {len(procs)}"
+            raise BenchError(f"could not start {what}: {exc}") from exc
         code = supervise(procs, opts.timeout + 5.0, err)
         if code != EXIT_OK:
             raise BenchError(f"{backend}, {world} ranks: the start failed (status {code})")
         results = [json.loads((directory / f"result.{r}.json").read_text()) for r in range(world)]
         return start_from_results(backend, world, results)
     finally:
+        del store  # the server stops with its last reference
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -316,7 +349,9 @@ def header_lines(opts: StartupOptions) -> list[str]:
         f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{os.cpu_count()} CPUs, load average {load} at the start",
         f"# world sizes {','.join(map(str, opts.world_sizes))}; backends "
-        f"{','.join(opts.backends)}; {opts.repeats} start(s) each, backends in turn",
+        f"{','.join(opts.backends)}; {opts.repeats} start(s) each, backends in turn; the "
+        + ("launcher hosts the Store, as torchrun's agent does" if opts.store_host == "agent"
+           else "rank 0 hosts the Store (env:// without torchrun)"),
     ]
 
 
@@ -329,6 +364,7 @@ def build_report(cells: Sequence[Cell], opts: StartupOptions) -> dict[str, Any]:
         "world_sizes": list(opts.world_sizes),
         "backends": list(opts.backends),
         "repeats": opts.repeats,
+        "store_host": opts.store_host,
         "results": [
             {
                 "backend": c.backend,

@@ -16,6 +16,11 @@ STARTUP: Final = "startup"  # the positional word that selects this mode
 DEFAULT_WORLD_SIZES: Final = (2, 4, 8, 16, 32)
 DEFAULT_BACKENDS: Final = ("ucx", "udp", "gloo")
 DEFAULT_REPEATS: Final = 3
+# Who hosts the TCPStore: "agent", the launcher, before the ranks start, as torchrun's agent
+# does (TORCHELASTIC_USE_AGENT_STORE); "rank0", rank 0 inside init_process_group, as a job
+# launched without torchrun (env:// with MASTER_ADDR/MASTER_PORT) does.
+STORE_HOSTS: Final = ("agent", "rank0")
+DEFAULT_STORE_HOST: Final = "agent"
 
 
 def startup_requested(args: argparse.Namespace) -> bool:
@@ -41,6 +46,14 @@ def add_startup_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_REPEATS,
         help=f"starts per world size and backend (median, min, max) ({DEFAULT_REPEATS})",
     )
+    group.add_argument(
+        "--store-host",
+        choices=STORE_HOSTS,
+        default=DEFAULT_STORE_HOST,
+        help="who hosts the TCPStore: the launcher before the ranks start, as torchrun does "
+        "(agent), or rank 0 inside init_process_group, as env:// without torchrun does "
+        f"(rank0) ({DEFAULT_STORE_HOST})",
+    )
 
 
 def _world_sizes(text: str | None) -> tuple[int, ...]:
@@ -62,6 +75,7 @@ class StartupOptions:
     world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     repeats: int = DEFAULT_REPEATS
+    store_host: str = DEFAULT_STORE_HOST
     timeout: float = 600.0
     json: str | None = None
     plot: str | None = None
@@ -82,6 +96,7 @@ class StartupOptions:
             world_sizes=_world_sizes(args.world_sizes),
             backends=backends,
             repeats=args.repeats,
+            store_host=args.store_host,
             timeout=args.timeout,
             json=os.path.abspath(args.json) if args.json else None,
             plot=os.path.abspath(args.plot) if args.plot else None,
