@@ -27,6 +27,7 @@ import os
 import platform
 import resource
 import shutil
+import socket
 import statistics
 import tempfile
 import time
@@ -169,17 +170,37 @@ def start_from_results(backend: str, world: int, results: Sequence[Mapping[str, 
     )
 
 
-def _host_store(port: int, world: int, timeout: float) -> TCPStore:
+def _listener() -> socket.socket:
+    """The Store's listening socket: IPv4 on 127.0.0.1, bound before the ranks are forked (so
+    its port is taken, not guessed). TCPStore's own server listens on every IPv6 and IPv4
+    address, where a client on 127.0.0.1 arrives as ::ffff:127.0.0.1; the server asks the
+    resolver for that name on its one thread, and a lost DNS answer stalls every rank's
+    init_process_group for glibc's 5 s (docs/performance.md, torch's modes). 127.0.0.1 is
+    answered from /etc/hosts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _host_store(listener: socket.socket, world: int, timeout: float) -> TCPStore:
     """The Store a start's ranks connect to, hosted by this process as torchrun's agent hosts
     it: listening before any rank calls init_process_group, so no rank's connection is refused
-    and retried after torch's back-off (about 0.5 s; docs/performance.md, torch's modes)."""
+    and retried after torch's back-off (about 0.5 s; docs/performance.md, torch's modes). The
+    Store takes the listener's descriptor over."""
+    host, port = listener.getsockname()
     return TCPStore(
-        "127.0.0.1",
+        host,
         port,
         world_size=world,
         is_master=True,
         timeout=datetime.timedelta(seconds=timeout),
         wait_for_workers=False,
+        master_listen_fd=listener.detach(),
     )
 
 
@@ -187,11 +208,12 @@ def start_once(backend: str, world: int, opts: StartupOptions, err: TextIO) -> S
     """Fork ``world`` ranks that start a ``backend`` group together; their slowest's figures."""
     directory = Path(tempfile.mkdtemp(prefix="ucxbench-startup-"))
     store: TCPStore | None = None
+    agent = opts.store_host == "agent"
+    listener = _listener() if agent else None
     try:
         # The ranks are forked before the launcher's Store exists (a process should not fork
-        # while the Store's thread runs); they leave the barrier only once it listens.
-        port = free_port()
-        agent = opts.store_host == "agent"
+        # while the Store's thread runs); they leave the barrier only once it serves.
+        port = listener.getsockname()[1] if listener is not None else free_port()
         procs: list[RankProcess] = []
         try:
             for rank in range(world):
@@ -206,8 +228,8 @@ def start_once(backend: str, world: int, opts: StartupOptions, err: TextIO) -> S
                 if agent:
                     env[AGENT_STORE_ENV] = str(True)
                 procs.append(ForkedRank([STARTUP], env))
-            if agent:
-                store = _host_store(port, world, opts.timeout)
+            if listener is not None:
+                store = _host_store(listener, world, opts.timeout)
                 (directory / STORE_READY).touch()
         except (OSError, RuntimeError) as exc:
             for p in procs:
@@ -222,6 +244,8 @@ def start_once(backend: str, world: int, opts: StartupOptions, err: TextIO) -> S
         return start_from_results(backend, world, results)
     finally:
         del store  # the server stops with its last reference
+        if listener is not None:
+            listener.close()  # a no-op once the Store took it over
         shutil.rmtree(directory, ignore_errors=True)
 
 
