@@ -1139,6 +1139,66 @@ void testDeadPeer() {
   t.progress();
 }
 
+// `address` with its line `index` (from 0) replaced by `value` (shm_transport.cpp,
+// packAddress: 3 the pid, 8 the inode of its pidfds).
+std::vector<uint8_t> withLine(const std::vector<uint8_t>& address, int index,
+                              const std::string& value) {
+  std::istringstream in(std::string(address.begin(), address.end()));
+  std::string line, out;
+  for (int i = 0; std::getline(in, line); ++i) {
+    out += (i ? "\n" : "") + (i == index ? value : line);
+  }
+  return {out.begin(), out.end()};
+}
+
+// An address whose pid names a live process other than the one that wrote it, as when its
+// writer exited during the group's creation and the pid went to another process before this
+// rank opened its pidfd: connect() fails the peer as exited, naming the rank and the pid,
+// instead of watching that other process (whose pidfd would never report the writer's
+// death: the group would wait out the op's timeout). Checked by the inode of the writer's
+// pidfds where pidfds live in pidfs, else (an address without one) by the start time in its
+// inbox's name; an address of a live writer passes either way.
+void testReusedPid() {
+  // A live process that is not rank 1: a child that waits to be killed, forked a few clock
+  // ticks (10 ms) after this process started, so that its start time differs.
+  ::usleep(30000);
+  const pid_t other = ::fork();
+  if (other == 0) {
+    for (;;) ::pause();
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{other};
+  ShmTransport writer(1, kWide);
+  const auto address = writer.localAddress();
+  const std::string pid = std::to_string(other);
+  int rank = 2;
+  for (const bool byInode : {true, false}) {
+    const std::string how = byInode ? "by the pidfd's inode: " : "by the start time: ";
+    const auto own = byInode ? address : withLine(address, 8, "0");
+    {
+      ShmTransport t(rank++, kWide);
+      t.connect(1, own);
+      CHECK_MSG(t.peerError(1).empty(), how + "the writer's own address: " + t.peerError(1));
+    }
+    ShmTransport t(rank++, kWide);
+    t.connect(1, withLine(own, 3, pid));
+    const std::string error = t.peerError(1);
+    CHECK_MSG(contains(error, "rank 1 (pid " + pid + ") exited") &&
+                  contains(error, "names another process"),
+              how + "a pid that names another process fails the peer: " +
+                  (error.empty() ? std::string("watched") : error));
+    char got[4] = {};
+    auto r = static_cast<ucxb::Transport&>(t).recv(1, tagOf(1, 1), kFull, got, sizeof got);
+    t.progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "exited"), how + r->error());
+  }
+}
+
 // Long messages between two processes go by reference, each way (process_vm_readv across
 // processes: a byte the sender changes after send() arrives changed); and one the child sent
 // that the parent had not read when the child exited fails the parent's receive, naming the
@@ -1325,6 +1385,7 @@ const ucxb::check::Group kGroups[] = {
     {"sleepers", [] { testSleepers(Path::kByReference); }, true},
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
+    {"reused_pid", testReusedPid, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
     {"forked_child_destroys", testForkedChildDestroys, true},
     {"by_reference_across_processes", testByReferenceAcrossProcesses, true},
