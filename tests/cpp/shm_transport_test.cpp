@@ -3,8 +3,9 @@
 // event fds), and a forked child that exits while the parent still waits on it. Matching,
 // order, long messages by reference (read out of the sender's memory) and streamed through the
 // 16 KiB ring (World's Path), sends that wait for their receive, truncation, zero-length and
-// self sends, cancel, abortPeer and a cut-off peer, probe, the doorbell protocol, a dead peer,
-// and requests that outlive their transport. Built and run by tests/test_shared_memory.py, plain and under ASan/UBSan
+// self sends, cancel, abortPeer and a cut-off peer, a long message given up in the instant a
+// receive takes it, probe, the doorbell protocol, a dead peer, a peer whose pid names another
+// process by connect, and requests that outlive their transport. Built and run by tests/test_shared_memory.py, plain and under ASan/UBSan
 // (tests/cpp/check.h: exits 0 when every check passed).
 #include <poll.h>
 #include <sys/wait.h>
@@ -552,6 +553,91 @@ void testStreamedGivenUp() {
     CHECK_MSG(r->failed() && contains(r->error(), "cut this rank off"),
               how + "a receive does not take a message its sender gave up: " +
                   (r->failed() ? r->error() : std::string("taken")));
+  }
+}
+
+// A long message (longer than the ring: streamed) that a receive took, while the match notice
+// that tells its sender waits behind a long message of the receiver's own to the sender
+// (notices go between messages), and a sender that gives the send up (abortPeer, as a
+// timed-out wait does: csrc/p2p_withdraw.hpp) before it could read that notice: the receive
+// must not succeed with a message whose send failed; it fails, naming the cut-off. Given up
+// before the notice is out, and in the instant it goes out (the receiver's own send completes
+// just before it writes the notice, and its callback gives up for the sender there: the
+// receiver then reads the sender's mark after writing the notice). With nobody giving up, the
+// receive completes once the notice is out, and both messages arrive whole.
+void testNoticeBehindOwnMessage() {
+  const size_t n = 3 * kRing + 5;
+  const size_t back = 20 * kRing;  // the receiver's own message: out for ~20 rounds
+  const auto msg = pattern(n, 41);
+  const auto other = pattern(back, 42);
+  enum class GiveUp { kBeforeNotice, kAsNoticeGoesOut, kNever };
+  for (const GiveUp giveUp : {GiveUp::kBeforeNotice, GiveUp::kAsNoticeGoesOut, GiveUp::kNever}) {
+    const std::string how = giveUp == GiveUp::kBeforeNotice     ? "given up before the notice: "
+                            : giveUp == GiveUp::kAsNoticeGoesOut ? "given up as it goes out: "
+                                                                 : "not given up: ";
+    World w(2, kWide, Path::kStreamed);
+    ucxb::Transport& sender = w[0];
+    ucxb::Transport& receiver = w[1];
+    const std::string why = "the sender gave up";
+    std::vector<uint8_t> in(n, 0xEE), otherIn(back, 0xEE);
+    // The receiver's own long message, matched by the sender at its header (its notice goes
+    // out at once: the sender sends nothing yet), so that it completes at its last byte.
+    auto otherRecv = sender.recv(1, tagOf(9, 1), kFull, otherIn.data(), back);
+    auto otherSend = receiver.send(0, tagOf(9, 1), other.data(), back);
+    sender.progress();
+    auto r = receiver.recv(0, tagOf(1, 0), kFull, in.data(), n);
+    auto s = sender.send(1, tagOf(1, 0), msg.data(), n);
+    if (giveUp == GiveUp::kAsNoticeGoesOut) {
+      otherSend->onComplete([&](ucxb::Request&) { sender.abortPeer(1, why); });
+    }
+    for (int i = 0; i < 8; ++i) {  // the whole message is at the receiver, its own is not out
+      receiver.progress();
+      sender.progress();
+    }
+    CHECK_MSG(otherSend->pending() && s->pending(), how + "the receiver's message is still out");
+    CHECK_MSG(r->pending(), how + "the receive waits for its notice to go out");
+    if (giveUp == GiveUp::kBeforeNotice) sender.abortPeer(1, why);
+    w.settle({r, s, otherSend});
+    if (giveUp == GiveUp::kNever) {
+      CHECK_MSG(done(r) && done(s) && sameBytes(in.data(), msg, n),
+                how + "the receive completes once its notice is out: " + r->error());
+      CHECK_MSG(w.settle({otherRecv}) && done(otherSend) && done(otherRecv) &&
+                    sameBytes(otherIn.data(), other, back),
+                how + otherRecv->error());
+      continue;
+    }
+    CHECK_MSG(s->failed() && s->error() == why, how + s->error());
+    CHECK_MSG(r->failed() && contains(r->error(), "rank 0 cut this rank off"),
+              how + "a receive does not take a message whose send failed: " +
+                  (r->failed() ? r->error() : std::string("taken")));
+  }
+}
+
+// A long message a receive took, whose match notice is in the sender's ring when the sender
+// gives it up before its progress() read the notice (abortPeer, or destroying its transport):
+// the send succeeds, as the receive did (both take the notices first). Streamed and by
+// reference.
+void testNoticeUnread() {
+  const size_t n = 3 * kRing + 5;
+  const auto msg = pattern(n, 43);
+  for (const Path path : {Path::kStreamed, Path::kByReference}) {
+    for (const bool destroy : {false, true}) {
+      const std::string how = std::string(path == Path::kStreamed ? "streamed, " : "by reference, ") +
+                              (destroy ? "the sender destroyed: " : "abortPeer: ");
+      World w(2, kWide, path);
+      std::vector<uint8_t> in(n, 0xEE);
+      auto s = w[0].send(1, tagOf(1, 0), msg.data(), n);
+      w.spin(20);  // all of it at the receiver, unexpected (by reference: its header)
+      CHECK_MSG(s->pending(), how + "the send waits for a receive");
+      auto r = w[1].recv(0, tagOf(1, 0), kFull, in.data(), n);
+      CHECK_MSG(done(r) && sameBytes(in.data(), msg, n), how + r->error());
+      if (destroy) {
+        w.t[0].reset();
+      } else {
+        w[0].abortPeer(1, "the sender gave up");
+      }
+      CHECK_MSG(done(s), how + "a send whose receive took it succeeds: " + s->error());
+    }
   }
 }
 
@@ -1139,6 +1225,66 @@ void testDeadPeer() {
   t.progress();
 }
 
+// `address` with its line `index` (from 0) replaced by `value` (shm_transport.cpp,
+// packAddress: 3 the pid, 8 the inode of its pidfds).
+std::vector<uint8_t> withLine(const std::vector<uint8_t>& address, int index,
+                              const std::string& value) {
+  std::istringstream in(std::string(address.begin(), address.end()));
+  std::string line, out;
+  for (int i = 0; std::getline(in, line); ++i) {
+    out += (i ? "\n" : "") + (i == index ? value : line);
+  }
+  return {out.begin(), out.end()};
+}
+
+// An address whose pid names a live process other than the one that wrote it, as when its
+// writer exited during the group's creation and the pid went to another process before this
+// rank opened its pidfd: connect() fails the peer as exited, naming the rank and the pid,
+// instead of watching that other process (whose pidfd would never report the writer's
+// death: the group would wait out the op's timeout). Checked by the inode of the writer's
+// pidfds where pidfds live in pidfs, else (an address without one) by the start time in its
+// inbox's name; an address of a live writer passes either way.
+void testReusedPid() {
+  // A live process that is not rank 1: a child that waits to be killed, forked a few clock
+  // ticks (10 ms) after this process started, so that its start time differs.
+  ::usleep(30000);
+  const pid_t other = ::fork();
+  if (other == 0) {
+    for (;;) ::pause();
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{other};
+  ShmTransport writer(1, kWide);
+  const auto address = writer.localAddress();
+  const std::string pid = std::to_string(other);
+  int rank = 2;
+  for (const bool byInode : {true, false}) {
+    const std::string how = byInode ? "by the pidfd's inode: " : "by the start time: ";
+    const auto own = byInode ? address : withLine(address, 8, "0");
+    {
+      ShmTransport t(rank++, kWide);
+      t.connect(1, own);
+      CHECK_MSG(t.peerError(1).empty(), how + "the writer's own address: " + t.peerError(1));
+    }
+    ShmTransport t(rank++, kWide);
+    t.connect(1, withLine(own, 3, pid));
+    const std::string error = t.peerError(1);
+    CHECK_MSG(contains(error, "rank 1 (pid " + pid + ") exited") &&
+                  contains(error, "names another process"),
+              how + "a pid that names another process fails the peer: " +
+                  (error.empty() ? std::string("watched") : error));
+    char got[4] = {};
+    auto r = static_cast<ucxb::Transport&>(t).recv(1, tagOf(1, 1), kFull, got, sizeof got);
+    t.progress();
+    CHECK_MSG(r->failed() && contains(r->error(), "exited"), how + r->error());
+  }
+}
+
 // Long messages between two processes go by reference, each way (process_vm_readv across
 // processes: a byte the sender changes after send() arrives changed); and one the child sent
 // that the parent had not read when the child exited fails the parent's receive, naming the
@@ -1315,6 +1461,8 @@ const ucxb::check::Group kGroups[] = {
     {"by_reference_given_up", testByReferenceGivenUp, true},
     {"streamed", testStreamed, true},
     {"streamed_given_up", testStreamedGivenUp, true},
+    {"notice_behind_own_message", testNoticeBehindOwnMessage, true},
+    {"notice_unread", testNoticeUnread, true},
     {"truncation", [] { testTruncation(Path::kByReference); }, true},
     {"truncation_streamed", [] { testTruncation(Path::kStreamed); }, true},
     {"zero_length", testZeroLength, true},
@@ -1325,6 +1473,7 @@ const ucxb::check::Group kGroups[] = {
     {"sleepers", [] { testSleepers(Path::kByReference); }, true},
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
+    {"reused_pid", testReusedPid, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
     {"forked_child_destroys", testForkedChildDestroys, true},
     {"by_reference_across_processes", testByReferenceAcrossProcesses, true},

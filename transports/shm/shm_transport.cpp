@@ -2,8 +2,10 @@
 
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +45,7 @@ constexpr uint32_t kClosed = 2;  // its transport was destroyed (the group, on t
 // reads it back proves that it may read this process's memory.
 const uint64_t kReadableProbe = 0x7563786270726f62ULL;  // "ucxbprob"
 
-constexpr char kAddressMagic[] = "ucxb-shm-1";
+constexpr char kAddressMagic[] = "ucxb-shm-2";
 // How often a busy rank looks at its peers' pidfds; a sleeping one is woken by them.
 constexpr auto kPeerCheckInterval = std::chrono::milliseconds(20);
 // How long the destructor keeps streaming sends that are not in a ring yet, as ucx flushes
@@ -59,6 +61,23 @@ std::string anySourceFailure(const std::string& why) {
 
 int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
+// PIDFS_MAGIC (linux/magic.h): the file system pidfds live in since Linux 6.9.
+constexpr decltype(statfs::f_type) kPidfsMagic = 0x50494446;
+
+// The inode number of this process's pidfds where they live in pidfs (Linux 6.9): every pidfd
+// of a process has it, and the kernel gives it to no other process while the system runs.
+// 0 elsewhere (before pidfs all pidfds shared one anonymous inode) or where a call fails:
+// peers then check the start time in the inbox's name instead (wroteAddress).
+uint64_t ownPidfdInode() {
+  const int fd = pidfdOpen(::getpid());
+  if (fd < 0) return 0;
+  struct statfs fs {};
+  struct stat st {};
+  const bool pidfs = ::fstatfs(fd, &fs) == 0 && fs.f_type == kPidfsMagic && ::fstat(fd, &st) == 0;
+  ::close(fd);
+  return pidfs ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 // localAddress(): fields separated by newlines (none of them holds one).
 struct ShmAddress {
   std::string host;
@@ -68,6 +87,7 @@ struct ShmAddress {
   std::string segment;
   std::string doorbell;
   uint64_t probe = 0;  // the address of kReadableProbe in that process
+  uint64_t pidfdInode = 0;  // ownPidfdInode() of that process
 };
 
 std::vector<uint8_t> packAddress(const ShmAddress& a) {
@@ -79,18 +99,19 @@ std::vector<uint8_t> packAddress(const ShmAddress& a) {
       << a.ranks << '\n'
       << a.segment << '\n'
       << a.doorbell << '\n'
-      << a.probe;
+      << a.probe << '\n'
+      << a.pidfdInode;
   const std::string text = out.str();
   return {text.begin(), text.end()};
 }
 
 bool unpackAddress(const std::vector<uint8_t>& bytes, ShmAddress& a) {
   std::istringstream in(std::string(bytes.begin(), bytes.end()));
-  std::string magic, pidNs, pid, ranks, probe;
+  std::string magic, pidNs, pid, ranks, probe, pidfdInode;
   if (!std::getline(in, magic) || magic != kAddressMagic) return false;
   if (!std::getline(in, a.host) || !std::getline(in, pidNs) || !std::getline(in, pid) ||
       !std::getline(in, ranks) || !std::getline(in, a.segment) || !std::getline(in, a.doorbell) ||
-      !std::getline(in, probe)) {
+      !std::getline(in, probe) || !std::getline(in, pidfdInode)) {
     return false;
   }
   try {
@@ -98,10 +119,39 @@ bool unpackAddress(const std::vector<uint8_t>& bytes, ShmAddress& a) {
     a.pid = static_cast<pid_t>(std::stol(pid));
     a.ranks = std::stoi(ranks);
     a.probe = std::stoull(probe);
+    a.pidfdInode = std::stoull(pidfdInode);
   } catch (const std::exception&) {
     return false;
   }
   return a.pid > 0 && !a.segment.empty() && !a.doorbell.empty();
+}
+
+// Whether the process `pidfd` refers to is the one that wrote the address `a`; "" if so, else
+// why not. The pid alone cannot say: the writer may have exited after it published the
+// address and before this rank opened the pidfd, and its pid gone to another process, whose
+// pidfd would never report the writer's death (the group would wait out the op's timeout
+// instead of failing at once). Where the writer published its pidfds' inode (pidfs), one
+// fstat() of this pidfd compares them, with no race: it names the process the pidfd holds.
+// Elsewhere the start time its inbox's name records (SegmentOwner) against /proc/<pid>/stat,
+// read after pidfd_open: the same start time means the writer still held the pid then, so it
+// did when the pidfd was opened (a later process with that pid would have had to start in
+// the clock tick in which the writer started, made its inbox and exited). "" too where that
+// cannot be told (/proc unreadable, no start time recorded), as before pidfds were checked.
+// Throws TransportError naming `peer` where fstat fails.
+std::string wroteAddress(int pidfd, const ShmAddress& a, int peer) {
+  const std::string other = "pid " + std::to_string(a.pid) + " names another process now";
+  if (a.pidfdInode != 0) {
+    struct stat st {};
+    if (::fstat(pidfd, &st) != 0) {
+      throw TransportError("fstat of the pidfd of " + peerLabel(peer) + ": " + std::strerror(errno),
+                           peer);
+    }
+    return static_cast<uint64_t>(st.st_ino) == a.pidfdInode ? "" : other;
+  }
+  SegmentOwner owner;
+  if (!parseSegmentName(a.segment, owner)) return "";
+  owner.pid = a.pid;  // the pid the pidfd was opened for (the name's, in any address written)
+  return ownerLiveness(owner) == Liveness::kDead ? other : "";
 }
 
 // Copies `length` bytes at `remote` in process `pid` into `local`; "" or why not.
@@ -150,6 +200,13 @@ class ShmTransport::ShmRequest final : public Request {
   RendezvousBody body_{};
   // recv: where the message goes.
   uint8_t* dest_ = nullptr;
+  // recv of a message longer than the eager size: its match notice is queued, not yet in the
+  // ring; and once the whole message is in dest_ (then finishReceive left it pending), what it
+  // completes with when the notice is out (noticeWritten).
+  bool awaitingNotice_ = false;
+  bool whole_ = false;
+  Tag wholeTag_ = 0;
+  size_t wholeBytes_ = 0;
   // Settled by the next progress() with this reason (a cancel, a failed peer at posting).
   std::string deferredFailure_;
   std::weak_ptr<ShmRequest> self_;
@@ -207,7 +264,7 @@ ShmTransport::ShmTransport(int rank, int size)
   }
   peers_.resize(static_cast<size_t>(size));
   address_ = packAddress({host_, pidNamespace_, ::getpid(), size, inbox_.name(), bell,
-                          reinterpret_cast<uint64_t>(&kReadableProbe)});
+                          reinterpret_cast<uint64_t>(&kReadableProbe), ownPidfdInode()});
 }
 
 ShmTransport::~ShmTransport() {
@@ -249,6 +306,9 @@ ShmTransport::~ShmTransport() {
     Peer& peer = peers_[static_cast<size_t>(q)];
     if (forked || q == rank_ || !peer.out.valid() || !peer.error.empty()) continue;
     peer.out.control().abandoned.store(kClosed, std::memory_order_seq_cst);
+    // The match notices it wrote before it could see that mark: it takes those messages, so
+    // their sends succeed (abortPeer says why).
+    if (peer.in.readable() != 0) readMessages(q);
     doorbell_->ring(peer.doorbell);
   }
   // Those seq_cst stores come before the failures below release any buffer a peer may read
@@ -257,6 +317,7 @@ ShmTransport::~ShmTransport() {
   for (auto& peer : peers_) {
     for (auto& r : peer.sends) left.push_back(r);
     for (auto& r : peer.unmatched) left.push_back(r);
+    for (auto& n : peer.acks) left.push_back(n.receive);
     if (peer.inbound.target) left.push_back(peer.inbound.target);
     if (peer.inbound.arrival && peer.inbound.arrival->claimedBy) {
       left.push_back(peer.inbound.arrival->claimedBy);
@@ -319,6 +380,14 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
     throw TransportError("pidfd_open of " + peerLabel(peer) + " (pid " + std::to_string(a.pid) +
                              "): " + std::strerror(errno),
                          peer);
+  }
+  if (const std::string other = wroteAddress(p.pidfd, a, peer); !other.empty()) {
+    // Its writer exited before this rank could watch it, as ESRCH above, but its pid went to
+    // another process: the pidfd watches that one, so the peer is failed here instead.
+    ::close(p.pidfd);
+    p.pidfd = -1;
+    failPeer(peer, peerLabel(peer) + " (pid " + std::to_string(a.pid) + ") exited (" + other + ")");
+    return;
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -407,7 +476,7 @@ RequestPtr ShmTransport::recv(int peer, Tag tag, Tag mask, void* data, size_t by
       auto a = *it;
       arrivals_.erase(it);
       // One sent by reference is matched once it is read (readByReference).
-      if (!a->byReference) matched(a->source, a->seq, a->bytes);
+      if (!a->byReference) matched(req, a->source, a->seq, a->bytes);
       deliver(a, req);
       return req;
     }
@@ -431,6 +500,11 @@ void ShmTransport::finishReceive(const std::shared_ptr<ShmRequest>& req, int sou
     req->failTooLong("the message from " + peerLabel(source) + " (" + std::to_string(bytes) +
                      " bytes) is longer than the " + std::to_string(req->postedBytes()) +
                      " bytes posted to receive it");
+  } else if (req->awaitingNotice_) {
+    // Its sender has not been told yet: done once it can be (noticeWritten).
+    req->whole_ = true;
+    req->wholeTag_ = tag;
+    req->wholeBytes_ = bytes;
   } else {
     req->succeed(bytes, tag);
   }
@@ -438,6 +512,7 @@ void ShmTransport::finishReceive(const std::shared_ptr<ShmRequest>& req, int sou
 
 void ShmTransport::deliver(const std::shared_ptr<Arrival>& a,
                            const std::shared_ptr<ShmRequest>& req) {
+  if (!req->pending()) return;  // its sender gave the message up (noticeWritten)
   if (a->byReference) {
     readByReference(req, a->source, a->tag, a->bytes, a->body, a->seq);
     return;
@@ -469,7 +544,7 @@ bool ShmTransport::pushSends(int peer) {
     const bool between = p.sends.empty() || !p.sends.front()->headerSent_;
     bool full = false;
     if (between) {
-      any = writeAcks(p) || any;
+      any = writeAcks(peer) || any;
       full = !p.acks.empty();
       if (!full && p.sends.empty()) break;
     }
@@ -513,16 +588,41 @@ bool ShmTransport::pushSends(int peer) {
   return any;
 }
 
-bool ShmTransport::writeAcks(Peer& p) {
+bool ShmTransport::writeAcks(int peer) {
+  Peer& p = peers_[static_cast<size_t>(peer)];
   // Match notices go between messages, ahead of the next one.
-  bool any = false;
-  while (!p.acks.empty() && p.out.writable() >= kHeaderBytes) {
-    const WireHeader h{p.acks.front(), kMatchedFlag};
+  size_t written = 0;
+  while (written < p.acks.size() && p.out.writable() >= kHeaderBytes) {
+    const WireHeader h{p.acks[written].seq, kMatchedFlag};
     p.out.write(&h, kHeaderBytes);
-    p.acks.pop_front();
-    any = true;
+    ++written;
   }
-  return any;
+  if (written == 0) return false;
+  // Whether the sender gave up, read after the notices are in the ring (write()'s seq_cst
+  // store of `tail`), as its abortPeer() and destructor store the mark (seq_cst) before they
+  // read the ring (seq_cst load of `tail`): if this reads no mark, the sender's read comes
+  // after these notices and takes them, so their sends succeed; if it reads one, the sender
+  // may have failed them, and their receives fail (noticeWritten).
+  const uint32_t abandoned = p.in.control().abandoned.load(std::memory_order_seq_cst);
+  for (size_t i = 0; i < written; ++i) {
+    auto receive = std::move(p.acks.front().receive);
+    p.acks.pop_front();
+    noticeWritten(peer, receive, abandoned);
+  }
+  return true;
+}
+
+void ShmTransport::noticeWritten(int source, const std::shared_ptr<ShmRequest>& req,
+                                 uint32_t abandoned) {
+  req->awaitingNotice_ = false;
+  // Settled, or cancelled (settles in the next progress()).
+  if (!req->pending() || !req->deferredFailure_.empty()) return;
+  if (abandoned != 0) {
+    // The rest of its message, if any, is dropped (readMessages, endMessage: not pending).
+    req->failWith(abandonmentReason(source, abandoned));
+  } else if (req->whole_) {
+    req->succeed(req->wholeBytes_, req->wholeTag_);
+  }
 }
 
 void ShmTransport::wake(Peer& p) {
@@ -540,15 +640,19 @@ void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
   }
 }
 
-void ShmTransport::matched(int source, uint64_t seq, size_t bytes) {
+void ShmTransport::matched(const std::shared_ptr<ShmRequest>& req, int source, uint64_t seq,
+                           size_t bytes) {
   if (source == rank_ || bytes <= eagerBytes_) return;
   Peer& p = peers_.at(static_cast<size_t>(source));
+  // A failed peer whose long messages are still held exited (dropUntaken drops them
+  // otherwise): nobody is left to tell, or to think the send failed.
   if (!p.error.empty()) return;
-  p.acks.push_back(seq);
-  // Out now, before the receive completes, where no message of this rank's is half out (else
-  // after it, by progress() or the destructor): the sender must learn of the match even if
-  // this rank destroys the group as soon as its op is done.
-  if ((p.sends.empty() || !p.sends.front()->headerSent_) && writeAcks(p)) wake(p);
+  req->awaitingNotice_ = true;
+  p.acks.push_back({seq, req});
+  // Out now where no message of this rank's is half out (else after it, by progress() or the
+  // destructor): the receive completes only then, so that the sender learns of every message
+  // a receive took before it could give it up (writeAcks).
+  if ((p.sends.empty() || !p.sends.front()->headerSent_) && writeAcks(source)) wake(p);
 }
 
 void ShmTransport::takeMatch(int peer, uint64_t seq) {
@@ -597,7 +701,7 @@ void ShmTransport::startMessage(int peer, Tag tag, size_t bytes) {
   if (!peers_[static_cast<size_t>(peer)].error.empty()) return;  // aborted: dropped
   s.target = matchPosted(peer, tag);
   if (s.target) {
-    matched(peer, seq, bytes);
+    matched(s.target, peer, seq, bytes);
     return;
   }
   auto a = newArrival(peer, tag, bytes, seq);
@@ -773,25 +877,38 @@ void ShmTransport::abortPeer(int peer, const std::string& why) {
   // (p2p_withdraw.hpp), and a send by reference whose buffer failPeer() releases must read
   // as given up to a peer that reads it now (readByReference checks after its read).
   Peer& p = peers_.at(static_cast<size_t>(peer));
-  if (peer != rank_ && p.out.valid()) {
-    p.out.control().abandoned.store(kCutOff, std::memory_order_seq_cst);
-  }
+  const bool ring = peer != rank_ && p.out.valid();
+  if (ring) p.out.control().abandoned.store(kCutOff, std::memory_order_seq_cst);
+  // The match notices the peer wrote before it could see the mark: its receives take those
+  // messages, so their sends succeed here; it fails a receive whose notice it writes later
+  // (writeAcks reads the mark after writing). What else it sent before is taken too, as when
+  // it exits.
+  if (ring && p.error.empty() && p.in.readable() != 0) readMessages(peer);
   failPeer(peer, why);
-  if (peer != rank_ && p.out.valid()) doorbell_->ring(p.doorbell);
+  dropUntaken(peer);
+  if (ring) doorbell_->ring(p.doorbell);
 }
 
 void ShmTransport::takeAbandonment(int peer, uint32_t why) {
   readMessages(peer);  // what it finished sending before stays, as in checkPeers()
   // Its messages longer than eagerBytes_ that no receive took were never complete for it.
+  dropUntaken(peer);
+  failPeer(peer, abandonmentReason(peer, why));
+}
+
+std::string ShmTransport::abandonmentReason(int peer, uint32_t why) {
+  return peerLabel(peer) + (why == kClosed ? " left the group (destroyed it)"
+                                           : " cut this rank off (it gave up on a message it "
+                                             "had begun to send here)");
+}
+
+void ShmTransport::dropUntaken(int peer) {
   arrivals_.erase(std::remove_if(arrivals_.begin(), arrivals_.end(),
                                  [&](const auto& a) {
                                    return a->source == peer && a->bytes > eagerBytes_ &&
                                           !a->claimedBy;
                                  }),
                   arrivals_.end());
-  failPeer(peer, peerLabel(peer) + (why == kClosed ? " left the group (destroyed it)"
-                                               : " cut this rank off (it gave up on a message "
-                                                 "it had begun to send here)"));
 }
 
 void ShmTransport::failPeer(int peer, const std::string& why) {
@@ -829,7 +946,13 @@ void ShmTransport::failPeer(int peer, const std::string& why) {
   p.sends.clear();
   sends.insert(sends.end(), p.unmatched.begin(), p.unmatched.end());
   p.unmatched.clear();
+  // Receives whose match notice never went out: the peer cannot learn that they took its
+  // messages, and fails (or failed) their sends. A cancelled one settles as cancelled.
+  auto notices = std::move(p.acks);
   p.acks.clear();
+  for (auto& n : notices) {
+    if (n.receive->pending() && n.receive->deferredFailure_.empty()) n.receive->failWith(why);
+  }
   for (auto& r : sends) {
     if (r->pending()) r->failWith(why);
   }
@@ -887,7 +1010,7 @@ void ShmTransport::readByReference(const std::shared_ptr<ShmRequest>& req, int s
     }
     return;
   }
-  matched(source, seq, bytes);  // after the read: the sender's buffer is free from here on
+  matched(req, source, seq, bytes);  // after the read: the sender's buffer is free from here on
   finishReceive(req, source, tag, bytes);
 }
 

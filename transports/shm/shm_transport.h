@@ -14,7 +14,12 @@
 // receiver's memory: they arrive even if the sender exits); a longer one also waits until a
 // receive has taken it, which the receiver tells the sender with a header of its own in its
 // ring the other way, as ucx's rendezvous does (a send that no receive matches does not
-// complete). Such a message streams through the ring while the receiver copies out, or, where
+// complete). The receive of such a message succeeds only once that notice is in the ring and
+// the sender had not given the message up then (RingControl::abandoned, set by its
+// abortPeer() or destructor, which then take the notices already written before they fail
+// what is left): a receive never takes a message whose send failed; it fails instead, also
+// when the notice was written in the instant the sender gave up. Such a message streams
+// through the ring while the receiver copies out, or, where
 // the receiver may read the sender's memory (process_vm_readv: ptrace rules and a container's
 // seccomp decide, tried once per pair at connect), goes by reference: the header names the
 // payload's address, the receiver copies it straight into the receive's buffer, then tells
@@ -91,6 +96,12 @@ class ShmTransport final : public Transport {
   class ShmRequest;  // public for the file's helpers; its members are the transport's
 
  private:
+  // A match notice queued for the sender of message `seq`, and the receive that took it,
+  // which completes only once the notice is written (writeAcks).
+  struct MatchNotice {
+    uint64_t seq;
+    std::shared_ptr<ShmRequest> receive;
+  };
   // A message that arrived (or is arriving) before a receive asked for it.
   struct Arrival {
     int source;
@@ -126,25 +137,30 @@ class ShmTransport final : public Transport {
     // Sends longer than eagerBytes_ wholly in the ring, waiting for the peer to match them
     // (one sent by reference: to read it).
     std::vector<std::shared_ptr<ShmRequest>> unmatched;
-    std::deque<uint64_t> acks;     // numbers of the peer's messages matched here, to tell it
+    std::deque<MatchNotice> acks;  // the peer's messages matched here, to tell it
     uint64_t sentMessages = 0;     // messages this rank started to the peer
     uint64_t receivedMessages = 0; // messages this rank started to read from the peer
     std::string error;
   };
 
   std::shared_ptr<ShmRequest> makeRequest(bool isSend, int peer, size_t bytes);
-  // Settles a receive with the message it took: done, or truncated if it was longer.
+  // Settles a receive with the message it took: done, or truncated if it was longer; one whose
+  // match notice is not out yet completes when it is (noticeWritten).
   void finishReceive(const std::shared_ptr<ShmRequest>& req, int source, Tag tag, size_t bytes);
   void cancelRequest(ShmRequest& req);
   bool pushSends(int peer);
   // A send's last byte is in the ring: done, or waiting for the receiver's match.
   void sent(Peer& p, const std::shared_ptr<ShmRequest>& req);
-  // A receive took message `seq` of `source`: tells the sender if it waits for that.
-  void matched(int source, uint64_t seq, size_t bytes);
+  // `req` took message `seq` of `source`: tells the sender if it waits for that (a message
+  // longer than eagerBytes_), and then `req` completes only once the notice is out.
+  void matched(const std::shared_ptr<ShmRequest>& req, int source, uint64_t seq, size_t bytes);
   // The peer matched this rank's message `seq`.
   void takeMatch(int peer, uint64_t seq);
-  // Writes the match notices queued for the peer that fit; true if it wrote any.
-  bool writeAcks(Peer& p);
+  // Writes the match notices queued for the peer that fit, then settles their receives
+  // (noticeWritten); true if it wrote any.
+  bool writeAcks(int peer);
+  // The notice of `req`'s match is in the ring; `abandoned`: the sender's mark, read after it.
+  void noticeWritten(int source, const std::shared_ptr<ShmRequest>& req, uint32_t abandoned);
   // Rings the peer's doorbell if it sleeps, after this rank published bytes to it.
   void wake(Peer& p);
   bool readMessages(int peer);
@@ -168,6 +184,11 @@ class ShmTransport final : public Transport {
   // The peer cut this rank off (its abortPeer) or left (destroyed its transport): fails it,
   // and drops what it gave up on. `why`: RingControl::abandoned.
   void takeAbandonment(int peer, uint32_t why);
+  // The words a peer's abandonment `why` (RingControl::abandoned) fails requests with.
+  static std::string abandonmentReason(int peer, uint32_t why);
+  // Drops the peer's unexpected messages longer than eagerBytes_ that no receive took: their
+  // sender fails them (it gave up, or sees that this rank did), so none may be taken later.
+  void dropUntaken(int peer);
   void failPeer(int peer, const std::string& why);
 
   const int rank_;
