@@ -5,12 +5,12 @@ needed: shm against ucx (and one build against another), optionally next to busy
         --runs shm@new,shm@old,ucx@new --build new=$PWD --build old=/path/to/other/checkout
 
 Each run starts two fresh ranks (UCXBACKEND_ONE_HOST_TRANSPORT=<transport>, PYTHONPATH=the
-build's path) and `--hogs` processes that spin (each ends by itself after 90 s, and is killed
-at the run's end). Every rank runs `--ops` blocking all_reduces over six sizes, 8 B to 1 MiB;
-before a third of them rank 0 sleeps 1-5 ms, before another third rank 1 does (one seeded
-stream on both ranks). Per op each rank records its CLOCK_MONOTONIC start and end (one clock
-for both processes), its thread's CPU time and run-queue wait (/proc/thread-self/schedstat)
-and `wait_stats()["sleep_timeouts"]`.
+build's path, else this checkout) and `--hogs` processes that spin (each ends by itself after
+90 s, and is killed at the run's end). Every rank runs `--ops` blocking all_reduces over six
+sizes, 8 B to 1 MiB; before a third of them rank 0 sleeps 1-5 ms, before another third rank 1
+does (one seeded stream on both ranks). Per op each rank records its CLOCK_MONOTONIC start and
+end (one clock for both processes), its thread's CPU time and run-queue wait
+(/proc/thread-self/schedstat) and `wait_stats()["sleep_timeouts"]`.
 
 Printed per run: the load average at its start and end, the host's steal time, op times
 (p50/p99/max, from the rank's own start) and net times (from the later rank's start, which
@@ -126,8 +126,8 @@ def one_run(spec: str, builds: dict[str, str], hogs: int, ops: int, tmp: str) ->
     transport, _, build = spec.partition("@")
     env = dict(os.environ, UCXBACKEND_ONE_HOST_TRANSPORT=transport, OMP_NUM_THREADS="1",
                PYTHONDONTWRITEBYTECODE="1")
-    if build:
-        env["PYTHONPATH"] = builds[build]
+    # The named build, else this checkout (the ranks run this file from scripts/).
+    env["PYTHONPATH"] = builds[build] if build else str(Path(__file__).resolve().parents[1])
     busy = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
     try:
         time.sleep(0.3)
