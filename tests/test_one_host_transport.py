@@ -333,6 +333,75 @@ def test_a_peer_that_destroyed_the_group_fails_a_receive_naming_it() -> None:
 # --------------------------------------------------------------------------
 
 
+# How many irecvs _receive_after_inline_op posts, and how long rank 0 waits for each.
+LATE_ROUNDS = 20
+LATE_WAIT_S = 2.0
+
+
+def _receive_after_inline_op(rank: int, ws: int) -> dict[str, Any]:
+    """Rank 0 posts an irecv, lets its progress thread fall asleep, runs an 8-byte all_reduce
+    (inline: its own thread drives the transport meanwhile), and then waits for the message,
+    which rank 1 sends 10 ms after the all_reduce: only the progress thread completes it. Each
+    round's all_reduce also carries whether rank 0's last receive came, so both stop at once
+    after one that did not."""
+    import ucxbackend
+
+    group = dist.new_group(backend="ucx", timeout=timedelta(seconds=PG_TIMEOUT_S))
+    flag = torch.ones(2)
+    dist.all_reduce(flag, group=group)
+    inline_before = ucxbackend.inline_stats(group)["inline"]
+    waits: list[float] = []
+    failure = None
+    rounds = 0
+    for i in range(LATE_ROUNDS):
+        buf = torch.full((4,), -1.0)
+        work = dist.irecv(buf, src=1, group=group) if rank == 0 else None
+        # Rank 1 comes a little later, by steps of 50 us: its bytes reach rank 0 while rank 0's
+        # caller drives the transport, within its polling before it would sleep.
+        time.sleep(0.02 if rank == 0 else 0.02 + (i % 7) * 50e-6)
+        flag.fill_(1.0 if failure is None else 0.0)
+        dist.all_reduce(flag, group=group)
+        if flag[0].item() != 2.0:
+            break
+        rounds += 1
+        if rank == 1:
+            time.sleep(0.01)
+            dist.send(torch.full((4,), float(i)), dst=0, group=group)
+            continue
+        assert work is not None
+        start = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(seconds=LATE_WAIT_S))
+        except RuntimeError as exc:
+            failure = f"round {i}: {exc}"
+            continue
+        waits.append(time.monotonic() - start)
+        if buf.tolist() != [float(i)] * 4:
+            failure = f"round {i}: received {buf.tolist()}"
+    inline = ucxbackend.inline_stats(group)["inline"] - inline_before
+    return {
+        "transports": ucxbackend.startup_profile(group)["transports"],
+        "failure": failure,
+        "rounds": rounds,
+        "inline": inline,
+        "worst_wait": max(waits, default=0.0),
+    }
+
+
+def test_a_receive_whose_message_comes_after_an_inline_op_completes() -> None:
+    # Before 2026-11-28 the inline op's progress() cleared the transport's `sleeping` word and
+    # took its doorbell's rings while the progress thread slept on them: rank 1's send then
+    # rang nothing, and the receive waited for the next op (here: its 2 s wait ran out within
+    # a few rounds, in every run).
+    result = run_world(_receive_after_inline_op, 2, env=ENV, pg_timeout=PG_TIMEOUT_S, timeout=120)
+    r0 = result[0]
+    assert r0["transports"] == ["shm"], r0
+    assert r0["failure"] is None, r0
+    assert r0["rounds"] == LATE_ROUNDS, r0
+    # Every round's all_reduce ran inline on rank 0 (else the thread was awake anyway).
+    assert r0["inline"] == LATE_ROUNDS, r0
+
+
 def test_sizes_differing_by_whole_chunks_fail_on_both_ranks() -> None:
     # Before the match notice, rank 1 returned: the receiver kept its extra 4 MiB chunk.
     pg_timeout = 2.0

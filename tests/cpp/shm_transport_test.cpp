@@ -975,7 +975,7 @@ void testArm() {
   auto r = b.recv(0, tagOf(1, 0), kFull, g, sizeof g);
   CHECK(done(r) && done(s) && std::string(g) == "ring");
   CHECK(b.arm());
-  CHECK_MSG(!readable(b.eventFd()), "progress() took the doorbell's ring");
+  CHECK_MSG(!readable(b.eventFd()), "arm() took the doorbell's ring");
   b.progress();
 
   // Not armed: bytes in the ring make arm() refuse.
@@ -1006,6 +1006,55 @@ void testArm() {
   CHECK_MSG(readable(a.eventFd(), 2000), "the consumer freeing room wakes the producer");
   CHECK(w.settle({rb, sb, s2}));
   CHECK(done(rb) && buf == msg);
+}
+
+// The engine's progress thread arms and sleeps on eventFd() while an inline op's caller
+// borrows the transport, calls progress() and gives it back (csrc/engine/progress_engine.h):
+// the sleeper must still wake for a message that comes after that (a point-to-point receive
+// that only it completes), and a ring that came while the caller drove the transport stays
+// for it. Until 2026-11-28 progress() cleared the `sleeping` word and took the rings, and
+// the sleeper slept through such a receive.
+void testArmOutlivesProgress() {
+  World w(2);
+  ucxb::Transport& a = w[0];
+  ucxb::Transport& b = w[1];
+  a.progress();
+  b.progress();
+  CHECK(b.arm());
+  b.progress();  // the borrower, while the thread that armed sleeps
+  CHECK(!readable(b.eventFd()));
+  auto s = a.send(1, tagOf(1, 0), "late", 5);
+  CHECK_MSG(readable(b.eventFd(), 2000),
+            "a send after arm() wakes the sleeper, though progress() ran in between");
+  b.progress();  // the borrower takes the message before the sleeper runs
+  CHECK_MSG(readable(b.eventFd()), "progress() leaves the doorbell's ring to the sleeper");
+  char g[8] = {};
+  auto r = b.recv(0, tagOf(1, 0), kFull, g, sizeof g);
+  CHECK(done(r) && done(s) && std::string(g) == "late");
+  CHECK(b.arm());
+  CHECK_MSG(!readable(b.eventFd()), "arm() takes the rings");
+  b.progress();
+
+  // arm() takes rings that came before it: what they announced must still keep it awake.
+  // A producer whose full ring the consumer emptied before the producer armed (a message of
+  // a ring's length: its last 16 bytes wait for room, and no match notice comes back):
+  const size_t big = kRing;
+  const auto msg = pattern(big, 9);
+  std::vector<uint8_t> buf(big);
+  World ws(2, kWide, Path::kStreamed);
+  auto rb = ws[1].recv(0, tagOf(2, 0), kFull, buf.data(), big);
+  auto sb = ws[0].send(1, tagOf(2, 0), msg.data(), big);
+  ws[0].progress();
+  CHECK(sb->pending());
+  ws[1].progress();  // frees room and rings the producer
+  CHECK_MSG(!ws[0].arm() || readable(ws[0].eventFd()), "room freed before arm() keeps it awake");
+  CHECK(ws.settle({rb, sb}));
+  CHECK(done(rb) && buf == msg);
+  // A peer that cut this rank off before it armed:
+  a.progress();
+  b.progress();
+  a.abortPeer(1, "test");
+  CHECK_MSG(!b.arm() || readable(b.eventFd()), "a peer's abandonment before arm() keeps it awake");
 }
 
 // Two threads, each driving one transport and sleeping on its event fd whenever progress()
@@ -1470,6 +1519,7 @@ const ucxb::check::Group kGroups[] = {
     {"cancel", testCancel, true},
     {"abort_peer", testAbortPeer, true},
     {"arm", testArm, true},
+    {"arm_outlives_progress", testArmOutlivesProgress, true},
     {"sleepers", [] { testSleepers(Path::kByReference); }, true},
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},

@@ -52,8 +52,8 @@ struct InboxLayout {
     return ringsOffset(ranks) + ringBytesFor(ranks) * static_cast<size_t>(ranks);
   }
   static InboxHeader* header(uint8_t* base) { return reinterpret_cast<InboxHeader*>(base); }
-  // Nonzero while the receiver sleeps on its doorbell (or is about to): a sender that
-  // publishes bytes then rings it.
+  // Set by the receiver's arm() before it sleeps on its doorbell: the first sender that then
+  // publishes bytes clears it and rings (ShmTransport::wake).
   static std::atomic<uint32_t>* sleeping(uint8_t* base) {
     return reinterpret_cast<std::atomic<uint32_t>*>(base + kSleepingOffset);
   }

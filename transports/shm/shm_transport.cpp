@@ -537,6 +537,10 @@ std::shared_ptr<ShmTransport::ShmRequest> ShmTransport::matchPosted(int /*source
   return nullptr;
 }
 
+size_t ShmTransport::roomNeeded(const Peer& p) {
+  return p.sends.empty() || !p.sends.front()->headerSent_ ? kHeaderBytes : size_t{1};
+}
+
 bool ShmTransport::pushSends(int peer) {
   Peer& p = peers_[static_cast<size_t>(peer)];
   bool any = false;
@@ -578,8 +582,7 @@ bool ShmTransport::pushSends(int peer) {
     // Full: ask the receiver to ring once it frees room, then look again, since it may have
     // freed room before it could see the request (seq_cst: this store and the load of
     // `head` in writable() pair with the receiver's store of `head` and load of the flag).
-    const size_t need =
-        p.sends.empty() || !p.sends.front()->headerSent_ ? kHeaderBytes : size_t{1};
+    const size_t need = roomNeeded(p);
     p.out.control().producerWaiting.store(1, std::memory_order_seq_cst);
     if (p.out.writable() < need) break;
     p.out.control().producerWaiting.store(0, std::memory_order_relaxed);
@@ -627,8 +630,13 @@ void ShmTransport::noticeWritten(int source, const std::shared_ptr<ShmRequest>& 
 
 void ShmTransport::wake(Peer& p) {
   // With the seq_cst store of `tail` before it, pairs with arm()'s store of `sleeping` and
-  // load of `tail`: either the receiver sees the bytes, or this sees it asleep.
-  if (p.sleeping->load(std::memory_order_seq_cst) != 0) doorbell_->ring(p.doorbell);
+  // load of `tail`: either the receiver sees the bytes, or this sees it asleep. The sender
+  // that finds the word set clears it and rings: one ring per arm(), which stays in the
+  // doorbell until the receiver's next arm() (the load first: most sends find it clear).
+  if (p.sleeping->load(std::memory_order_seq_cst) != 0 &&
+      p.sleeping->exchange(0, std::memory_order_seq_cst) != 0) {
+    doorbell_->ring(p.doorbell);
+  }
 }
 
 void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
@@ -784,10 +792,13 @@ bool ShmTransport::readMessages(int peer) {
 bool ShmTransport::progress() {
   bool any = false;
   const auto now = std::chrono::steady_clock::now();
+  // The `sleeping` word and the doorbell's rings are left as they are: the thread that armed
+  // may still sleep on eventFd() while another drives the transport (an inline op's caller,
+  // csrc/engine/progress_engine.h), and it must wake for what arrives after this call, as a
+  // ucx worker's fd, once armed, turns readable at its next event whoever progresses it.
+  // arm() takes the rings.
   if (armed_) {
     armed_ = false;
-    InboxLayout::sleeping(inbox_.data())->store(0, std::memory_order_relaxed);
-    doorbell_->drain();
     nextPeerCheck_ = now;  // a pidfd may be what woke it
   }
   if (now >= nextPeerCheck_) {
@@ -822,14 +833,23 @@ bool ShmTransport::progress() {
 
 bool ShmTransport::arm() {
   if (!settling_.empty()) return false;
-  auto* sleeping = InboxLayout::sleeping(inbox_.data());
-  sleeping->store(1, std::memory_order_seq_cst);
+  // The rings taken here are those of events before this call; each of them is looked at
+  // below (bytes, room, an abandoned ring), so none is lost, and every ring from here on
+  // stays until the next arm(), whoever calls progress() meanwhile.
+  doorbell_->drain();
+  // Set until a sender rings (wake()); left set where this returns false: a thread that armed
+  // before may still sleep on the doorbell (progress()), and a ring too many costs a wake-up.
+  InboxLayout::sleeping(inbox_.data())->store(1, std::memory_order_seq_cst);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_ || peers_[static_cast<size_t>(q)].pid == 0) continue;
     const Peer& p = peers_[static_cast<size_t>(q)];
+    // Bytes (pairs with wake()), room for a send (with pushSends()), or a peer that gave up
+    // on this rank and was not failed for it yet (abortPeer(), the destructor: they store
+    // the word before they ring).
     if (p.in.readable() != 0 ||
-        ((!p.sends.empty() || !p.acks.empty()) && p.out.writable() >= kHeaderBytes)) {
-      sleeping->store(0, std::memory_order_relaxed);
+        ((!p.sends.empty() || !p.acks.empty()) && p.out.writable() >= roomNeeded(p)) ||
+        (p.error.empty() &&
+         p.in.control().abandoned.load(std::memory_order_seq_cst) != 0)) {
       return false;
     }
   }

@@ -35,6 +35,14 @@
 // cancel() settles a receive, or a send not yet begun, in the next progress(); a send whose
 // header is out stays pending (the receiver holds it, as a ucx peer holds an announced
 // rendezvous; one sent by reference may be read until the receiver answers).
+//
+// Sleeping: arm() takes the doorbell's rings and sets the inbox's `sleeping` word; the first
+// sender to publish after it clears the word and rings. The ring stays until the next arm(),
+// whoever calls progress() meanwhile, as a ucx worker's fd does: the engine's progress
+// thread may sleep on eventFd() while an inline op's caller drives the transport, and must
+// still wake for a message that arrives after that op (a point-to-point receive it
+// completes). Before 2026-11-28 progress() cleared the word and took the rings, and such a
+// receive waited for the next op.
 #pragma once
 
 #include <sys/types.h>
@@ -149,6 +157,9 @@ class ShmTransport final : public Transport {
   void finishReceive(const std::shared_ptr<ShmRequest>& req, int source, Tag tag, size_t bytes);
   void cancelRequest(ShmRequest& req);
   bool pushSends(int peer);
+  // The room in the peer's ring that pushSends() needs to write anything more: a header
+  // between messages (a match notice, the next message), one byte inside one.
+  static size_t roomNeeded(const Peer& p);
   // A send's last byte is in the ring: done, or waiting for the receiver's match.
   void sent(Peer& p, const std::shared_ptr<ShmRequest>& req);
   // `req` took message `seq` of `source`: tells the sender if it waits for that (a message
@@ -211,6 +222,7 @@ class ShmTransport final : public Transport {
   std::vector<std::shared_ptr<ShmRequest>> posted_;     // receives waiting for a message
   std::deque<std::shared_ptr<Arrival>> arrivals_;       // unexpected messages, oldest first
   std::vector<std::shared_ptr<ShmRequest>> settling_;   // settled in the next progress()
+  // arm() returned true since the last progress(): a pidfd may have woken the sleeper.
   bool armed_ = false;
   bool anyPeerFailed_ = false;
   std::string firstFailure_;
