@@ -402,11 +402,15 @@ std::vector<std::vector<std::vector<uint8_t>>> AddressExchange::exchange(
   }
   all[rank_] = parts;
   // The cards come in the first round's key; where hosts look alike none has a host.
-  if (const std::string host = RankCard::mine().host; !host.empty() && rounds_ == 1) {
+  if (rounds_ == 1) {
     const Cards cards = parseCards(blob, size_);
-    ranksOnHost_ = static_cast<int>(std::count_if(cards.begin(), cards.end(), [&](const auto& c) {
-      return c && c->host == host;
-    }));
+    rank0HostsStore_ = std::any_of(cards.begin(), cards.end(), [](const auto& c) {
+      return !c || !c->storeOutlivesRank0;
+    });
+    if (const std::string host = RankCard::mine().host; !host.empty()) {
+      ranksOnHost_ = static_cast<int>(std::count_if(
+          cards.begin(), cards.end(), [&](const auto& c) { return c && c->host == host; }));
+    }
   }
   return all;
 }
@@ -497,7 +501,9 @@ void AddressExchange::complete() {
     // Rank 0 returns only once every rank is done with the Store: in a short job (create,
     // exit) rank 0 often hosts the TCPStore, and its exit would otherwise cut off a slower
     // rank still cleaning up or reading its records. One wait for rank 0 alone, no barrier.
-    if (rank_ != 0) return;
+    // Under torchrun the agent hosts the Store, and rank 0 need not wait: the wait held every
+    // rank's first op behind the slowest rank's clean-up (docs/performance.md, start-up).
+    if (rank_ != 0 || !rank0HostsStore_) return;
     try {
       std::vector<uint8_t> said;
       watched("every rank to finish", released, [&] { said = get(released); });
@@ -528,7 +534,7 @@ void AddressExchange::complete() {
     }
   }
   if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
-  if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
+  if (rank_ != 0 && rank0HostsStore_) set(released, {1});  // rank 0 waits for it, deletes it
 }
 
 void AddressExchange::appendCard() {

@@ -98,7 +98,9 @@ class AddressExchange {
   // This rank has read every key of the creation it will ever read. The last rank to say so
   // deletes them all: a created group leaves only "instances" and "seen/<rank>" behind.
   // Rank 0 returns only after that (SetupError after the Store's timeout if a rank never
-  // gets here), so that no rank still uses the Store when rank 0, often its host, moves on.
+  // gets here), so that no rank still uses the Store when rank 0, often its host, moves on;
+  // where every rank's launcher hosts the Store instead (the cards of the first exchange(),
+  // RankCard::storeOutlivesRank0), rank 0 returns at once, as the others do.
   void complete();
 
   int64_t instance() const { return instance_; }
@@ -154,6 +156,10 @@ class AddressExchange {
   bool closed_ = false;  // this rank closed the instance, or found it closed
   int rounds_ = 0;  // exchange() calls so far
   int ranksOnHost_ = 1;
+  // Whether rank 0's exit may take the Store away (complete()): true unless every rank's
+  // card, read in the first exchange(), says its launcher hosts it. Every rank reads the
+  // same cards, so rank 0 and the last rank to complete agree on it.
+  bool rank0HostsStore_ = true;
   std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
   // The watch of every wait of this creation and its connection to the Store, made at the first
   // wait (watched), and made again where a watch was left behind in a Store call.

@@ -12,7 +12,7 @@ namespace ucxb {
 namespace {
 
 // "UXC2\n<host>\n<pid> <start time> <pid namespace>".
-constexpr char kCardMagic[] = "UXC2";
+constexpr char kCardMagic[] = "UXC3";
 
 }  // namespace
 
@@ -20,6 +20,8 @@ RankCard RankCard::mine() {
   RankCard card;
   if (shm::hostIdentityIsUnique()) card.host = shm::hostIdentity();
   card.process = shm::currentOwner();
+  const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  card.storeOutlivesRank0 = agentStore != nullptr && std::string(agentStore) == "True";
   return card;
 }
 
@@ -27,7 +29,8 @@ std::vector<uint8_t> RankCard::encode() const {
   const std::string text = std::string(kCardMagic) + "\n" + host + "\n" +
                            std::to_string(process.pid) + " " +
                            std::to_string(process.startTime) + " " +
-                           std::to_string(process.pidNamespace);
+                           std::to_string(process.pidNamespace) + " " +
+                           (storeOutlivesRank0 ? "1" : "0");
   return {text.begin(), text.end()};
 }
 
@@ -38,9 +41,12 @@ std::optional<RankCard> RankCard::decode(const std::vector<uint8_t>& bytes) {
   if (!std::getline(in, magic) || magic != kCardMagic || !std::getline(in, card.host)) {
     return std::nullopt;
   }
-  if (!(in >> card.process.pid >> card.process.startTime >> card.process.pidNamespace)) {
+  int outlives = 0;
+  if (!(in >> card.process.pid >> card.process.startTime >> card.process.pidNamespace >>
+        outlives)) {
     return std::nullopt;
   }
+  card.storeOutlivesRank0 = outlives == 1;
   return card;
 }
 

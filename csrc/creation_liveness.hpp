@@ -22,6 +22,10 @@ namespace ucxb {
 struct RankCard {
   std::string host;  // shm::hostIdentity(); empty where it is not unique to this machine
   shm::SegmentOwner process;
+  // Its launcher hosts the Store (torchrun's agent: TORCHELASTIC_USE_AGENT_STORE=True, which
+  // torch's own rendezvous reads), so rank 0's exit does not take the Store away
+  // (AddressExchange::complete).
+  bool storeOutlivesRank0 = false;
   // Known to the watch only, never published: the watch looks no more at this rank (it
   // finished the creation, or the wait ends without it anyway), so its exit fails nothing.
   bool settled = false;

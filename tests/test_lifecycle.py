@@ -297,7 +297,10 @@ def test_group_id_reused_after_a_rank_failed_before_the_store(
         assert r["left"] == [], (rank, r["left"])
 
 
-def _keys_after_create_and_destroy(rank: int, ws: int) -> list[str]:
+def _keys_after_create_and_destroy(rank: int, ws: int, agent_store_on: list[int]) -> list[str]:
+    # Set after the default group exists (its Store is rank 0's): what the ranks' cards say.
+    if rank in agent_store_on:
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     sub = dist.new_group(backend="ucx")
     t = torch.ones(2)
     dist.all_reduce(t, group=sub)
@@ -312,9 +315,13 @@ def _keys_after_create_and_destroy(rank: int, ws: int) -> list[str]:
     return left
 
 
-def test_created_group_leaves_no_creation_keys_in_the_store() -> None:
+@pytest.mark.parametrize("agent_store_on", [[], [0, 1, 2], [2]], ids=["rank0", "agent", "mixed"])
+def test_created_group_leaves_no_creation_keys_in_the_store(agent_store_on: list[int]) -> None:
+    """Also where every rank's launcher hosts the Store (rank 0 does not wait for the others to
+    finish, and the last one does not release it) and where only some say so (rank 0 waits,
+    as every rank can tell from the cards): no key left, no rank waiting for a key never set."""
     skip_unless_ucx("reads the ucx backend's Store keys")
-    res = run_world(_keys_after_create_and_destroy, 3, timeout=90)
+    res = run_world(_keys_after_create_and_destroy, 3, args=(agent_store_on,), timeout=90)
     assert res == [[], [], []], res
 
 
