@@ -184,6 +184,7 @@ PYBIND11_MODULE(_C, m) {
         out["yields"] = c.yields;
         out["lost_yields"] = c.lostYields;
         out["crowded_spells"] = c.spells;
+        out["start_spells"] = c.startSpells;
         out["yields_when_crowded"] = c.yieldsWhenCrowded;
         out["sleeps"] = c.sleeps;
         out["sleep_timeouts"] = c.sleepTimeouts;
@@ -193,7 +194,8 @@ PYBIND11_MODULE(_C, m) {
       "This process's polling waits since it started, every group together: sched_yield calls "
       "('yields'), those that lost the core to a thread that kept it for over a millisecond "
       "('lost_yields'), crowded spells begun when lost yields added up ('crowded_spells'; waits "
-      "then sleep instead of polling for 100 ms), yields begun in such a spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
+      "then sleep instead of polling for 100 ms), spells begun by a group's creation on a host "
+      "with more of its ranks than this process has cores ('start_spells'), yields begun in such a spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
       "and of idle progress threads ('sleeps'), those that ended by their timeout, with no "
       "event ('sleep_timeouts'), and the threads of the largest group's ranks on this host "
       "that a lost yield counts as the group's own ('group_threads_on_host').");

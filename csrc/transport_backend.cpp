@@ -275,6 +275,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     testKillPoint("before_complete");
     exchange.complete();  // the last rank here deletes the creation's Store keys
     clock.mark("cleanup");
+    crowdAtStart(exchange.ranksOnHost());
   } catch (const config::ConfigError& e) {
     throwBadOption(backendName_, e.what());  // e.g. udp_config against the interface's MTU
   } catch (const TransportError& e) {

@@ -101,3 +101,30 @@ def test_lost_time_budget_unit() -> None:
     """When lost yields begin a spell, on recorded patterns (tests/cpp/core_yield_test.cpp):
     next to a spinning thread at the second lost yield, among busy ranks' turns never."""
     cpp_build.check_unit("core_yield_test", extra_sources=["csrc/engine/core_yield.cpp"])
+
+
+def _spells_of_a_creation(rank: int, ws: int) -> dict[str, Any]:
+    import ucxbackend
+
+    before = ucxbackend.wait_stats()["start_spells"]
+    group = dist.new_group(backend="ucx")
+    after = ucxbackend.wait_stats()["start_spells"]
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    dist.destroy_process_group(group)
+    return {"spells": after - before, "sum": t.tolist(), "cores": len(os.sched_getaffinity(0))}
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_a_creation_with_more_ranks_than_cores_starts_a_spell(ws: int) -> None:
+    """A group whose ranks on this host outnumber the cores starts a crowded spell as its
+    creation ends (its ranks reach the first op one by one, and a polling wait takes the core
+    a late one needs); one with as many ranks as cores or fewer does not. On this project's
+    2-core host: 3 ranks do, 2 do not. The first op's result is exact either way."""
+    if BACKEND != "ucx":
+        pytest.skip("creates ucx groups")
+    res = run_world(_spells_of_a_creation, ws, timeout=90.0)
+    for rank, r in enumerate(res):
+        expected = 1 if ws > r["cores"] else 0
+        assert r["spells"] == expected, (rank, r)
+        assert r["sum"] == [float(ws * (ws + 1) // 2)] * 2, (rank, r)

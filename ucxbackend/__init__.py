@@ -374,13 +374,16 @@ def inline_stats(group: dist.ProcessGroup | None = None) -> dict[str, int]:
 def wait_stats() -> dict[str, int]:
     """How this process's polling waits went, every ``ucx`` and ``udp`` group together.
 
-    Returns ``{"yields", "lost_yields", "crowded_spells", "yields_when_crowded", "sleeps",
-    "sleep_timeouts", "group_threads_on_host"}`` counts: the ``sched_yield`` calls of the waits
-    that poll (the progress thread within and after an op, ``Work.wait()``, an inline caller),
-    those that lost the core for over a millisecond, the crowded spells lost yields began (at
-    once when the host ran more threads than this host's ranks do, else once they added up to
-    more than 6 ms beyond a fifth of the time: a thread that keeps the core, not the turns of
-    the group's own busy ranks; waits then sleep instead of polling for 100 ms), yields begun in
+    Returns ``{"yields", "lost_yields", "crowded_spells", "start_spells",
+    "yields_when_crowded", "sleeps", "sleep_timeouts", "group_threads_on_host"}`` counts: the
+    ``sched_yield`` calls of the waits that poll (the progress thread within and after an op,
+    ``Work.wait()``, an inline caller), those that lost the core for over a millisecond, the
+    crowded spells lost yields began (at once when the host ran more threads than this host's
+    ranks do, else once they added up to more than 6 ms beyond a fifth of the time: a thread
+    that keeps the core, not the turns of the group's own busy ranks; waits then sleep instead
+    of polling for 100 ms), the spells begun by a group's creation where more of its ranks run
+    on this host than this process has cores (its ranks reach the first op one by one, and a
+    polling wait takes the core a late one needs), yields begun in
     such a spell anyway (none but a race), the sleeps of waits and of idle progress threads, the
     sleeps that ended by their timeout rather than by an event, and the threads that a lost
     yield counts as the group's own (two per rank of the largest group on this host, three with
@@ -394,6 +397,7 @@ def wait_stats() -> dict[str, int]:
         "yields",
         "lost_yields",
         "crowded_spells",
+        "start_spells",
         "yields_when_crowded",
         "sleeps",
         "sleep_timeouts",

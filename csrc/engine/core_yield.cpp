@@ -40,6 +40,7 @@ std::atomic<uint64_t> sleeps{0};
 std::atomic<uint64_t> sleepTimeouts{0};
 
 std::atomic<uint64_t> spells{0};
+std::atomic<uint64_t> startSpells{0};
 
 // Process-wide: either thread of a rank may be the one next to the busy thread. Touched only
 // after a lost yield, a few hundred times a second at most.
@@ -64,6 +65,16 @@ bool outsiderRunnable() {
   const long runnable = runnableInLoadavg(text);
   if (runnable < 0) return true;
   return runnable > groupThreadsOnHost.load(std::memory_order_relaxed) + kKernelThreads;
+}
+
+// Makes the crowded spell last until `until` at least.
+void extendSpell(Clock::time_point until) {
+  // Only ever later: another thread's spell may have set a later end already.
+  const int64_t end = toNs(until);
+  int64_t seen = crowdedUntilNs.load(std::memory_order_relaxed);
+  while (seen < end &&
+         !crowdedUntilNs.compare_exchange_weak(seen, end, std::memory_order_relaxed)) {
+  }
 }
 
 bool spellBegins(Clock::time_point before, Clock::time_point after) {
@@ -112,12 +123,7 @@ Clock::time_point yieldCoreFrom(Clock::time_point before) {
   lostYields.fetch_add(1, std::memory_order_relaxed);
   if (!spellBegins(before, after)) return after;
   spells.fetch_add(1, std::memory_order_relaxed);
-  // Only ever later: another thread's spell may have set a later end already.
-  const int64_t until = toNs(after + kCrowdedFor);
-  int64_t seen = crowdedUntilNs.load(std::memory_order_relaxed);
-  while (seen < until &&
-         !crowdedUntilNs.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
-  }
+  extendSpell(after + kCrowdedFor);
   return after;
 }
 
@@ -136,16 +142,35 @@ void noteRanksOnHost(int ranks, int threadsPerRank) {
 
 bool crowded() { return toNs(Clock::now()) < crowdedUntilNs.load(std::memory_order_relaxed); }
 
+bool oversubscribedAtStart(int ranksOnHost, int cores) { return cores > 0 && ranksOnHost > cores; }
+
+bool crowdAtStart(int ranksOnHost) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  // The cores this process may run on (taskset, a cgroup's cpuset), not the machine's.
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (!oversubscribedAtStart(ranksOnHost, cores)) return false;
+  startSpells.fetch_add(1, std::memory_order_relaxed);
+  extendSpell(Clock::now() + kCrowdedFor);
+  return true;
+}
+
 void countSleep(bool timedOut) {
   sleeps.fetch_add(1, std::memory_order_relaxed);
   if (timedOut) sleepTimeouts.fetch_add(1, std::memory_order_relaxed);
 }
 
 WaitCounts waitCounts() {
-  return {yields.load(std::memory_order_relaxed), lostYields.load(std::memory_order_relaxed),
-          spells.load(std::memory_order_relaxed), yieldsWhenCrowded.load(std::memory_order_relaxed),
-          sleeps.load(std::memory_order_relaxed), sleepTimeouts.load(std::memory_order_relaxed),
-          static_cast<uint64_t>(groupThreadsOnHost.load(std::memory_order_relaxed))};
+  WaitCounts c;
+  c.yields = yields.load(std::memory_order_relaxed);
+  c.lostYields = lostYields.load(std::memory_order_relaxed);
+  c.spells = spells.load(std::memory_order_relaxed);
+  c.startSpells = startSpells.load(std::memory_order_relaxed);
+  c.yieldsWhenCrowded = yieldsWhenCrowded.load(std::memory_order_relaxed);
+  c.sleeps = sleeps.load(std::memory_order_relaxed);
+  c.sleepTimeouts = sleepTimeouts.load(std::memory_order_relaxed);
+  c.groupThreadsOnHost = static_cast<uint64_t>(groupThreadsOnHost.load(std::memory_order_relaxed));
+  return c;
 }
 
 }  // namespace ucxb

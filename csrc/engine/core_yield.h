@@ -77,6 +77,17 @@ void noteRanksOnHost(int ranks, int threadsPerRank);
 // Whether the process is in a crowded spell: polling waits should sleep.
 bool crowded();
 
+// Whether a group just created with `ranksOnHost` ranks on this host, which gives this process
+// `cores` cores, starts a crowded spell: where the ranks outnumber the cores. Its ranks reach
+// the group's first op over milliseconds as each finishes its creation, and a wait that polls
+// for its late peers takes the core one of them needs to get there (8 ranks on 2 cores: the
+// first 8-byte all_reduce took 16 ms of a 31 ms start polling, 11 ms sleeping; docs/
+// performance.md, start-up). Pure, for tests (tests/cpp/core_yield_test.cpp).
+bool oversubscribedAtStart(int ranksOnHost, int cores);
+// Starts that spell where oversubscribedAtStart(ranksOnHost, this process's cores) holds;
+// returns whether it did. Called once a group's creation is complete.
+bool crowdAtStart(int ranksOnHost);
+
 // A polling wait that sleeps instead of yielding: counted, with whether the sleep ended by
 // its timeout rather than by an event (for wait_stats()).
 void countSleep(bool timedOut);
@@ -89,6 +100,7 @@ struct WaitCounts {
   uint64_t yields = 0;
   uint64_t lostYields = 0;
   uint64_t spells = 0;
+  uint64_t startSpells = 0;  // begun by crowdAtStart, not among `spells`
   uint64_t yieldsWhenCrowded = 0;
   uint64_t sleeps = 0;
   uint64_t sleepTimeouts = 0;

@@ -4,6 +4,8 @@
 // outside the group seen runnable.
 #include "csrc/engine/core_yield.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "tests/cpp/check.h"
@@ -76,12 +78,36 @@ void testLoadavg() {
   CHECK_EQ(ucxb::runnableInLoadavg("0.35 0.79 1.47 x3/512 1"), -1L);
 }
 
+// A group's creation starts a spell only where its ranks on this host outnumber the cores
+// (cores 0: unknown, never).
+void testStartSpell() {
+  CHECK(ucxb::oversubscribedAtStart(3, 2));
+  CHECK(ucxb::oversubscribedAtStart(32, 16));
+  CHECK(!ucxb::oversubscribedAtStart(2, 2));
+  CHECK(!ucxb::oversubscribedAtStart(8, 64));
+  CHECK(!ucxb::oversubscribedAtStart(1, 1));
+  CHECK(!ucxb::oversubscribedAtStart(8, 0));
+  // Where it holds here, the spell is on at once and counted apart from lost yields'.
+  const ucxb::WaitCounts before = ucxb::waitCounts();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+  const int cores = CPU_COUNT(&set);
+  CHECK(!ucxb::crowdAtStart(cores));
+  CHECK(ucxb::crowdAtStart(cores + 1));
+  CHECK(ucxb::crowded());
+  const ucxb::WaitCounts after = ucxb::waitCounts();
+  CHECK_EQ(after.startSpells - before.startSpells, uint64_t{1});
+  CHECK_EQ(after.spells, before.spells);
+}
+
 const ucxb::check::Group kGroups[] = {
     {"spinning_neighbour", testSpinningNeighbour, true},
     {"busy_ranks", testBusyRanks, true},
     {"drain", testDrain, true},
     {"outsider", testOutsider, true},
     {"loadavg", testLoadavg, true},
+    {"start_spell", testStartSpell, true},
 };
 
 }  // namespace
