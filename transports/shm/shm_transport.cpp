@@ -10,10 +10,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <thread>
 
+#include "transports/entropy.h"
 #include "transports/shm/inbox.h"
 
 namespace ucxb::shm {
@@ -182,8 +182,7 @@ ShmTransport::ShmTransport(int rank, int size)
     throw TransportError("the shm transport needs pidfd_open (Linux 5.3 or later) to watch its "
                          "peers: " + std::string(std::strerror(errno)));
   }
-  std::random_device entropy;
-  const uint64_t nonce = (uint64_t{entropy()} << 32) ^ entropy();
+  const uint64_t nonce = randomWord();
   const SegmentOwner owner = currentOwner();
   inbox_ = SharedSegment::create(segmentName(owner, nonce, rank), InboxLayout::bytes(size),
                                  SIZE_MAX, static_cast<size_t>(size));
