@@ -1,7 +1,6 @@
 #include "csrc/staging_setup.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,18 +11,6 @@
 namespace ucxb {
 
 namespace {
-
-// In a segment's header page (StagingLayout::kHeaderBytes, reserved at creation), after the
-// cookie (offset 0) and the core word (StagingLayout::kCoreWordOffset), on a cache line of
-// its own: how many peers mapped the segment, where no Store round counts them (agreeing
-// without a round, below). The peer whose mapping makes it size - 1 removes the name.
-constexpr size_t kMappedCountOffset = StagingLayout::kCoreWordOffset + 64;
-static_assert(kMappedCountOffset + sizeof(uint32_t) <= StagingLayout::kHeaderBytes);
-
-std::atomic<uint32_t>& mappedCount(const shm::SharedSegment& segment) {
-  static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared between processes");
-  return *reinterpret_cast<std::atomic<uint32_t>*>(segment.data() + kMappedCountOffset);
-}
 
 // A rank's offer (StagingOffer::text), read back.
 struct Offer {
@@ -87,7 +74,7 @@ StagingOffer offerStaging(const BackendOptions& options, const Transport& transp
 
 std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, StagingOffer mine,
                                           const std::vector<std::string>& offers, int rank,
-                                          AddressExchange& exchange, bool transportMappedPeers) {
+                                          AddressExchange& exchange) {
   // Is every rank on this host and willing? Every rank read the same offers.
   const std::string myHost = Offer::parse(mine.text).host;
   for (const auto& o : offers) {
@@ -102,45 +89,6 @@ std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, Staging
   // peer killed after its offer leaves nothing behind either.
   const int size = static_cast<int>(offers.size());
   std::vector<shm::SharedSegment> peers(size);
-  if (transportMappedPeers) {
-    // Agreeing without a round: the group's transport (the one-host transport) mapped every
-    // peer's inbox from the same /dev/shm, by the same kind of name, as this rank's user, or
-    // the creation failed there. A staging segment that cannot be mapped after that is the
-    // same failure, and fails the creation the same way, on this rank, whose record the others
-    // then find given up (~AddressExchange). So every rank that gets past this point staged,
-    // and no Store round is needed to agree on it: two Store calls less per rank, and the
-    // deletion of two keys less for the last one (docs/performance.md, "Start-up"). Each
-    // segment's name goes with its last peer's mapping, as an inbox's does (inbox.h); until
-    // then its creator's own release() removes it (a failed creation), or, if the creator is
-    // killed first, the next creation's sweep on the host.
-    for (int p = 0; p < size; ++p) {
-      if (p == rank) continue;
-      const Offer o = Offer::parse(offers[p]);
-      try {
-        peers[p] = shm::SharedSegment::open(o.name, mine.layout.segmentBytes());
-      } catch (const TransportError& e) {
-        // Gone: only its creator's failed creation or, once the creator died, a sweep
-        // removes a name that this rank has not mapped yet.
-        throw TransportError("the shared-memory staging segment of rank " + std::to_string(p) +
-                                 " could not be mapped (did it fail or die during this "
-                                 "creation?): " + e.what(),
-                             p);
-      }
-      uint64_t found = 0;
-      std::memcpy(&found, peers[p].data(), sizeof(found));
-      if (found != o.cookie) {
-        throw TransportError("the staging segment " + o.name + " of rank " + std::to_string(p) +
-                                 " holds another cookie: not the segment it offered",
-                             p);
-      }
-      if (mappedCount(peers[p]).fetch_add(1, std::memory_order_acq_rel) + 1 ==
-          static_cast<uint32_t>(size - 1)) {
-        peers[p].removeName();
-      }
-    }
-    return std::make_unique<StagingArea>(mine.layout, std::move(mine.segment), std::move(peers),
-                                         options.slotStores());
-  }
   bool mapped = true;
   for (int p = 0; p < size && mapped; ++p) {
     if (p == rank) continue;

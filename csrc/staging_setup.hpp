@@ -38,11 +38,9 @@ StagingOffer offerStaging(const BackendOptions& options, const Transport& transp
 // otherwise. All ranks reach the same answer: they agree through one Store counter
 // (AddressExchange::everyoneSays). options.staging_stores says how this rank writes its
 // slots. Which messages then go through the slots is decided per message, by
-// collectives/staged_path.h. `transportMappedPeers`: the group's transport mapped every peer's
-// shared memory in connect() (the one-host transport), so a segment that cannot be mapped
-// fails the creation (TransportError) and the Store round is not needed.
+// collectives/staged_path.h.
 std::unique_ptr<StagingArea> setUpStaging(const BackendOptions& options, StagingOffer mine,
                                           const std::vector<std::string>& offers, int rank,
-                                          AddressExchange& exchange, bool transportMappedPeers);
+                                          AddressExchange& exchange);
 
 }  // namespace ucxb

@@ -17,7 +17,6 @@
 #include "csrc/handshake.h"
 #include "csrc/p2p_withdraw.hpp"
 #include "csrc/staging_setup.hpp"
-#include "transports/shm/shm_transport.h"
 #include "csrc/transport_factory.hpp"
 #include "csrc/udp_auth_setup.hpp"
 #include "transports/tag.h"
@@ -271,8 +270,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     // Whose threads a lost yield counts as ours: this host's ranks, each with its transport's
     // own (a send lane exists from connect on).
     noteRanksOnHost(exchange.ranksOnHost(), kThreadsPerRank + transport->threadsOfItsOwn());
-    staging = setUpStaging(options_, std::move(offer), offers, rank, exchange,
-                           dynamic_cast<const shm::ShmTransport*>(transport.get()) != nullptr);
+    staging = setUpStaging(options_, std::move(offer), offers, rank, exchange);
     clock.mark("shm_agree");
     testKillPoint("before_complete");
     exchange.complete();  // the last rank here deletes the creation's Store keys
