@@ -7,9 +7,9 @@
 #include <array>
 #include <bit>
 #include <cstring>
-#include <random>
 
 #include "csrc/creation_watch.hpp"
+#include "transports/entropy.h"
 
 namespace ucxb {
 
@@ -211,12 +211,8 @@ AddressExchange::AddressExchange(c10d::Store& store, const std::string& groupId,
   // With the token, the creation's salt for the udp transport's authenticated mode
   // (transports/udp/auth_keys.h): public, but new for every creation.
   if (rank_ == 0) {
-    std::random_device entropy;
     tokenRecord_.resize(sizeof(uint64_t) + kCreationSaltBytes);
-    for (size_t i = 0; i < tokenRecord_.size(); i += sizeof(uint32_t)) {
-      const uint32_t word = entropy();
-      std::memcpy(tokenRecord_.data() + i, &word, sizeof word);
-    }
+    fillRandom(tokenRecord_.data(), tokenRecord_.size());
     set(scope_ + "token", tokenRecord_);
   }
   // Before this rank waits for anyone, so that a rank that dies from here on is found by the

@@ -4,18 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "csrc/creation_liveness.hpp"
+#include "transports/entropy.h"
 
 namespace ucxb {
 
 namespace {
-
-uint64_t randomWord() {
-  std::random_device entropy;
-  return (uint64_t{entropy()} << 32) ^ entropy();
-}
 
 // A rank's offer (StagingOffer::text), read back.
 struct Offer {

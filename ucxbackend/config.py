@@ -437,7 +437,11 @@ class Options:
 
     def resolve(self, env: Mapping[str, str] | None = None) -> Config:
         """The full config: these options over the environment over the defaults."""
-        return Config.from_env(env).with_options(self)
+        config = Config.from_env(env)
+        # No pg_options (the default group's case): the environment's config as it is, not a
+        # copy rebuilt knob by knob, which in a forked rank's first creation is mostly
+        # copy-on-write faults (docs/performance.md#start-up).
+        return config.with_options(self) if self._set else config
 
 
 def _rebuild_options(values: dict[str, Any]) -> Options:

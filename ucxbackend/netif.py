@@ -70,6 +70,12 @@ _SIOCGIFADDR: Final = 0x8915
 _IFREQ_SIZE: Final = 40  # struct ifreq: the name (16 bytes), then a 24-byte union
 # The name Linux gives the loopback device of every network namespace.
 _LOOPBACK_NAME: Final = "lo"
+# The rendezvous host as one-host launchers spell it (torchrun's default MASTER_ADDR for a
+# standalone job, `bench`'s): known to be loopback without parsing it. In a forked rank the
+# parse (ipaddress) and the loopback test cost about 0.2-0.3 ms of CPU, almost all of it
+# copy-on-write faults on the code and objects that a first run writes to
+# (docs/performance.md#start-up).
+_LOOPBACK_LITERAL: Final = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -434,8 +440,13 @@ def ucx_net_devices_env(
     explicit = spec is not None and bool(spec.strip())
     if not explicit and not rendezvous_host:
         return {}
-    host_ip = resolve(rendezvous_host) if rendezvous_host else None
-    if not explicit and host_ip is not None and ipaddress.IPv4Address(host_ip).is_loopback:
+    if not explicit and rendezvous_host == _LOOPBACK_LITERAL:
+        host_ip: str | None = _LOOPBACK_LITERAL
+    else:
+        host_ip = resolve(rendezvous_host) if rendezvous_host else None
+    if not explicit and host_ip is not None and (
+        host_ip == _LOOPBACK_LITERAL or ipaddress.IPv4Address(host_ip).is_loopback
+    ):
         # The answer is known before any interface is listed: getifaddrs through ctypes and an
         # MTU ioctl per interface cost each rank's first ucx group about 1.3 ms of CPU.
         log.info(

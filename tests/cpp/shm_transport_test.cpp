@@ -7,7 +7,12 @@
 // receive takes it, probe, the doorbell protocol, a dead peer, a peer whose pid names another
 // process by connect, and requests that outlive their transport. Built and run by tests/test_shared_memory.py, plain and under ASan/UBSan
 // (tests/cpp/check.h: exits 0 when every check passed).
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1499,7 +1504,102 @@ void testDestroy() {
   held.back()->cancel();
 }
 
+// ----------------------------------------------------------------------------- ring pages
+
+// Bytes of /dev/shm the object behind `fd` holds.
+size_t allocatedBytes(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? static_cast<size_t>(st.st_blocks) * 512 : SIZE_MAX;
+}
+
+// A receiver reserves only its inbox's header; each sender populates its own ring a step at a
+// time before writing there (InboxHeader::sendersPopulate), so a group's first small message
+// does not pay for the whole inbox (1 MiB zeroed per rank before).
+void testSendersPopulate() {
+  using ucxb::shm::InboxLayout;
+  constexpr int kRanks = 8;  // 128 KiB rings: several steps
+  ShmTransport ra(0, kRanks), rb(1, kRanks);
+  ucxb::Transport& a = ra;
+  ucxb::Transport& b = rb;
+  // Opened before connect(): the last peer to map an inbox removes its name.
+  const int fd = ::shm_open(inboxName(a.localAddress()).c_str(), O_RDONLY, 0);
+  CHECK(fd >= 0);
+  const size_t header = InboxLayout::ringsOffset(kRanks);
+  CHECK_MSG(allocatedBytes(fd) == header, "the receiver reserves its header only (holds " +
+                                              std::to_string(allocatedBytes(fd)) + " bytes)");
+  for (int q = 0; q < 2; ++q) {
+    a.connect(q, (q == 0 ? a : b).localAddress());
+    b.connect(q, (q == 0 ? a : b).localAddress());
+  }
+  CHECK_EQ(allocatedBytes(fd), header);
+  uint64_t sent = 42, got = 0;
+  auto r = a.recv(1, tagOf(1, 1), kFull, &got, sizeof got);
+  auto s = b.send(0, tagOf(1, 1), &sent, sizeof sent);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while ((r->pending() || s->pending()) && Clock::now() < deadline) {
+    a.progress();
+    b.progress();
+  }
+  CHECK(done(r) && done(s) && got == 42);
+  CHECK_MSG(allocatedBytes(fd) == header + ucxb::shm::kPopulateStep,
+            "an 8-byte message populates one step of its sender's ring (the inbox holds " +
+                std::to_string(allocatedBytes(fd)) + " bytes)");
+  ::close(fd);
+}
+
+// Where /dev/shm fills up after the group's creation, a send whose ring pages cannot be
+// populated fails the peer with an error that says so, instead of its write dying of SIGBUS.
+// In a child with a mount namespace of its own and a small tmpfs on /dev/shm (root only;
+// elsewhere the check is skipped).
+void testFullDevShm() {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=24m") != 0) {
+      ::_exit(77);  // no privilege for a tmpfs of our own: nothing to check here
+    }
+    int failures = 0;
+    {
+      ShmTransport ra(0, 8), rb(1, 8);  // the creation checks room for 8 inboxes: 8 MiB
+      ucxb::Transport& a = ra;
+      ucxb::Transport& b = rb;
+      for (int q = 0; q < 2; ++q) {
+        a.connect(q, (q == 0 ? a : b).localAddress());
+        b.connect(q, (q == 0 ? a : b).localAddress());
+      }
+      // Fill what is left.
+      const int fill = ::open("/dev/shm/fill", O_RDWR | O_CREAT, 0600);
+      for (off_t off = 0; fill >= 0 && ::posix_fallocate(fill, off, 4096) == 0; off += 4096) {
+      }
+      std::vector<uint8_t> msg(64 << 10, 7), in(64 << 10);
+      auto r = a.recv(1, tagOf(2, 1), kFull, in.data(), in.size());
+      auto s = b.send(0, tagOf(2, 1), msg.data(), msg.size());
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (s->pending() && Clock::now() < deadline) {
+        a.progress();
+        b.progress();
+      }
+      if (!s->failed() || !contains(s->error(), "is /dev/shm full?")) {
+        std::fprintf(stderr, "FAILED: the send into a full /dev/shm: %s\n",
+                     s->failed() ? s->error().c_str() : "did not fail");
+        ++failures;
+      }
+      r->cancel();
+    }
+    ::_exit(failures == 0 ? 0 : 1);
+  }
+  int status = 0;
+  CHECK(::waitpid(child, &status, 0) == child);
+  CHECK_MSG(WIFEXITED(status), "the child died of signal " +
+                                   std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0));
+  CHECK_MSG(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 77),
+            "exit status " + std::to_string(WEXITSTATUS(status)));
+}
+
 const ucxb::check::Group kGroups[] = {
+    {"senders_populate", testSendersPopulate, true},
+    {"full_dev_shm", testFullDevShm, true},
     {"matching", testMatching, true},
     {"any_source", testAnySource, true},
     {"fifo", [] { testFifo(Path::kByReference); }, true},

@@ -29,6 +29,10 @@ constexpr size_t ringBytesFor(int ranks) {
   while (ring > kMinRingBytes && ring * static_cast<size_t>(ranks) > kInboxBytes) ring /= 2;
   return ring;
 }
+// How far ahead a sender populates its ring where InboxHeader::sendersPopulate says so
+// (ShmTransport::populateOut): a page at a time would take a call per 4 KiB of a ring's first
+// pass; the smallest ring is 16 KiB.
+constexpr size_t kPopulateStep = size_t{16} << 10;
 constexpr uint64_t kInboxMagic = 0x75636b62696e6278ULL;  // "ucxbinbx"
 
 struct InboxHeader {
@@ -38,6 +42,13 @@ struct InboxHeader {
   // Peers that mapped this inbox: the one that makes it size - 1 removes the name
   // (SharedSegment::removeName), so that nothing of it outlives a crash in /dev/shm.
   std::atomic<uint32_t> mapped;
+  // Nonzero when the receiver reserved only [0, ringsOffset) and each sender populates the
+  // pages of its own ring before it first writes them (madvise MADV_POPULATE_WRITE, which
+  // fails with an error where /dev/shm is full instead of a write's SIGBUS). Reserving the
+  // whole inbox at creation zeroed 1 MiB per rank, about 0.2 ms of CPU, for rings of which
+  // a group's first small op touches one page each (docs/performance.md, "Start-up"). Zero
+  // where the kernel has no MADV_POPULATE_WRITE (before 5.14): the receiver reserved it all.
+  uint32_t sendersPopulate;
 };
 
 // Where each part of an inbox for `ranks` ranks lies.
@@ -57,11 +68,14 @@ struct InboxLayout {
   static std::atomic<uint32_t>* sleeping(uint8_t* base) {
     return reinterpret_cast<std::atomic<uint32_t>*>(base + kSleepingOffset);
   }
+  // The bytes of the ring `sender` writes into this inbox (page-aligned).
+  static uint8_t* ringBytes(uint8_t* base, int ranks, int sender) {
+    return base + ringsOffset(ranks) + ringBytesFor(ranks) * static_cast<size_t>(sender);
+  }
   // The ring `sender` writes into this inbox.
   static ByteRing ring(uint8_t* base, int ranks, int sender) {
     auto* controls = reinterpret_cast<RingControl*>(base + kControlsOffset);
-    const size_t ring = ringBytesFor(ranks);
-    return ByteRing(controls + sender, base + ringsOffset(ranks) + ring * sender, ring);
+    return ByteRing(controls + sender, ringBytes(base, ranks, sender), ringBytesFor(ranks));
   }
 };
 

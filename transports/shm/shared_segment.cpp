@@ -12,7 +12,6 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -157,17 +156,24 @@ void SharedSegment::release() noexcept {
 
 namespace {
 
-std::string bootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string boot;
-  std::getline(in, boot);
+// Read once per process: the boot id cannot change while a process runs, and a group's
+// creation asks for it about five times (host identity, liveness cards, the transport's
+// guess), each an ifstream of /proc that cost 6-20 us (docs/performance.md, "The creation's
+// entropy and /proc reads"). A forked child inherits the answer, which is still true for it.
+const std::string& bootId() {
+  static const std::string boot = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(in, id);
+    return id;
+  }();
   return boot;
 }
 
 }  // namespace
 
 std::string hostIdentity() {
-  const std::string boot = bootId();
+  const std::string& boot = bootId();
   return (boot.empty() ? "?" : boot) + "/mnt:" + namespaceOf("mnt") + "/net:" + namespaceOf("net");
 }
 
@@ -185,19 +191,25 @@ int readProcStat(long pid, uint64_t& startTime, char& state) {
   char buf[1024];
   const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
   if (n <= 0) return n < 0 ? errno : EIO;
-  const std::string line(buf, static_cast<size_t>(n));
-  // "pid (comm) state ppid ...": comm may hold spaces and ')', so fields start after the last ')'.
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return EIO;
-  std::istringstream fields(line.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 3) state = field[0];
+  buf[n] = '\0';
+  // "pid (comm) state ppid ...": comm may hold spaces and ')', so fields start after the last
+  // ')'. Split in place (no istringstream: the orphan sweep reads one such file per segment
+  // in /dev/shm, every other rank's of the group being created included).
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return EIO;
+  ++p;
+  for (int i = 3; i <= 22; ++i) {
+    while (*p == ' ') ++p;
+    if (*p == '\0' || *p == '\n') return EIO;
+    const char* fieldEnd = p;
+    while (*fieldEnd != ' ' && *fieldEnd != '\0' && *fieldEnd != '\n') ++fieldEnd;
+    if (i == 3) state = *p;
     if (i == 22) {
       char* end = nullptr;
-      startTime = std::strtoull(field.c_str(), &end, 10);
-      return *end == '\0' ? 0 : EIO;
+      startTime = std::strtoull(p, &end, 10);
+      return end == fieldEnd && end != p ? 0 : EIO;
     }
+    p = fieldEnd;
   }
   return EIO;
 }
@@ -226,11 +238,18 @@ constexpr char kSegmentPrefix[] = "ucxb-";
 }  // namespace
 
 SegmentOwner currentOwner() {
+  // Asked three or four times per creation (segment names, the liveness card): kept per
+  // thread for the process that asked, so that a forked child (another pid) asks again. Per
+  // thread, not behind a lock, which a fork while another thread held it would leave locked.
+  thread_local SegmentOwner cached;
+  const long pid = static_cast<long>(getpid());
+  if (cached.pid == pid) return cached;
   SegmentOwner me;
-  me.pid = static_cast<long>(getpid());
+  me.pid = pid;
   char state = '?';
   if (readProcStat(me.pid, me.startTime, state) != 0) me.startTime = 0;
   me.pidNamespace = pidNamespaceInode();
+  cached = me;
   return me;
 }
 
@@ -257,8 +276,9 @@ bool parseSegmentName(const std::string& name, SegmentOwner& owner) {
   return true;
 }
 
-Liveness ownerLiveness(const SegmentOwner& owner) {
-  const uint64_t ns = pidNamespaceInode();
+namespace {
+
+Liveness ownerLivenessIn(const SegmentOwner& owner, uint64_t ns) {
   if (ns == 0 || owner.pidNamespace != ns || owner.pid <= 0) return Liveness::kUnknown;
   uint64_t start = 0;
   char state = '?';
@@ -271,18 +291,37 @@ Liveness ownerLiveness(const SegmentOwner& owner) {
   return state == 'Z' || state == 'X' ? Liveness::kDead : Liveness::kAlive;
 }
 
+}  // namespace
+
+Liveness ownerLiveness(const SegmentOwner& owner) {
+  return ownerLivenessIn(owner, pidNamespaceInode());
+}
+
 size_t removeOrphanedSegments(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   std::vector<std::string> dead;
+  // While a group is being created, /dev/shm holds its other ranks' segments (an inbox and a
+  // staging segment each): every sweep of the creation meets them, so what a live segment
+  // costs is what the sweep costs. Each owner's liveness is read from /proc once per sweep,
+  // not once per segment, and only a dead owner's segment is stat'ed (the checks that keep
+  // the sweep off another user's files and off anything but a regular file).
+  const uint64_t ns = pidNamespaceInode();
+  std::vector<std::pair<SegmentOwner, Liveness>> seen;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     SegmentOwner owner;
     if (!parseSegmentName(name, owner)) continue;
+    auto known = std::find_if(seen.begin(), seen.end(),
+                              [&owner](const auto& s) { return s.first == owner; });
+    if (known == seen.end()) {
+      known = seen.insert(seen.end(), {owner, ownerLivenessIn(owner, ns)});
+    }
+    if (known->second != Liveness::kDead) continue;
     struct stat st {};
     if (::fstatat(::dirfd(d), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;  // never another user's
-    if (ownerLiveness(owner) == Liveness::kDead) dead.push_back(name);
+    dead.push_back(name);
   }
   ::closedir(d);
   size_t removed = 0;

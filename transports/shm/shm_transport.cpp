@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -12,10 +13,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <thread>
 
+#include "transports/entropy.h"
 #include "transports/shm/inbox.h"
 
 namespace ucxb::shm {
@@ -57,6 +58,20 @@ constexpr auto kCloseFlush = std::chrono::milliseconds(500);
 // any rank and which one failed it.
 std::string anySourceFailure(const std::string& why) {
   return "receive from any rank failed: " + why;
+}
+
+// Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14): asked once per process, of a page
+// of its own.
+bool sendersCanPopulate() {
+  static const bool ok = [] {
+    const size_t page = 4096;
+    void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    const bool works = ::madvise(p, page, MADV_POPULATE_WRITE) == 0;
+    ::munmap(p, page);
+    return works;
+  }();
+  return ok;
 }
 
 int pidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
@@ -239,15 +254,20 @@ ShmTransport::ShmTransport(int rank, int size)
     throw TransportError("the shm transport needs pidfd_open (Linux 5.3 or later) to watch its "
                          "peers: " + std::string(std::strerror(errno)));
   }
-  std::random_device entropy;
-  const uint64_t nonce = (uint64_t{entropy()} << 32) ^ entropy();
+  const uint64_t nonce = randomWord();
   const SegmentOwner owner = currentOwner();
+  // The rings' pages are left to their senders where the kernel lets them populate pages with
+  // an error instead of a SIGBUS (InboxHeader::sendersPopulate); /dev/shm must still have
+  // room for every rank's whole inbox now (SharedSegment::create checks).
+  const bool sendersPopulate = sendersCanPopulate();
   inbox_ = SharedSegment::create(segmentName(owner, nonce, rank), InboxLayout::bytes(size),
-                                 SIZE_MAX, static_cast<size_t>(size));
+                                 sendersPopulate ? InboxLayout::ringsOffset(size) : SIZE_MAX,
+                                 static_cast<size_t>(size));
   InboxHeader* header = InboxLayout::header(inbox_.data());
   header->magic = kInboxMagic;
   header->ranks = static_cast<uint32_t>(size);
   header->ringBytes = static_cast<uint32_t>(ringBytesFor(size));
+  header->sendersPopulate = sendersPopulate ? 1 : 0;
   if (size == 1) inbox_.unlink();
   const std::string bell = "ucxb-" + std::to_string(::getpid()) + "-" + std::to_string(nonce) +
                            "-r" + std::to_string(rank);
@@ -360,6 +380,8 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
     p.inbox.removeName();
   }
   p.out = InboxLayout::ring(p.inbox.data(), size_, rank_);
+  p.outBytes = InboxLayout::ringBytes(p.inbox.data(), size_, rank_);
+  p.outPopulated = header->sendersPopulate != 0 ? 0 : ringBytesFor(size_);
   // Whether this rank may read the peer's memory (ptrace rules, a container's seccomp):
   // tried once, told to the peer through its ring in this rank's inbox.
   uint64_t probe = 0;
@@ -543,6 +565,17 @@ size_t ShmTransport::roomNeeded(const Peer& p) {
 
 bool ShmTransport::pushSends(int peer) {
   Peer& p = peers_[static_cast<size_t>(peer)];
+  if (p.outPopulated < eagerBytes_) {
+    // The ring's first pass: its pages are populated before anything is written into them.
+    size_t pending = p.acks.size() * kHeaderBytes;
+    for (const auto& r : p.sends) {
+      pending += (r->headerSent_ ? 0 : kHeaderBytes) + r->streamBytes() - r->written_;
+    }
+    if (std::string why = populateOut(p, pending); !why.empty()) {
+      failPeer(peer, why);
+      return false;
+    }
+  }
   bool any = false;
   for (;;) {
     const bool between = p.sends.empty() || !p.sends.front()->headerSent_;
@@ -589,6 +622,25 @@ bool ShmTransport::pushSends(int peer) {
   }
   if (any) wake(p);
   return any;
+}
+
+std::string ShmTransport::populateOut(Peer& p, size_t bytes) {
+  if (p.outPopulated >= eagerBytes_) return {};
+  // The producer's own position: until it passes the ring's size, positions are offsets.
+  const uint64_t tail = p.out.control().tail.load(std::memory_order_relaxed);
+  if (tail + bytes <= p.outPopulated) return {};
+  const size_t upTo = static_cast<size_t>(
+      std::min<uint64_t>(eagerBytes_, (tail + bytes + kPopulateStep - 1) / kPopulateStep *
+                                          kPopulateStep));
+  while (::madvise(p.outBytes + p.outPopulated, upTo - p.outPopulated, MADV_POPULATE_WRITE) != 0) {
+    if (errno == EINTR) continue;
+    return "cannot populate the shared-memory ring to rank " + std::to_string(&p - peers_.data()) +
+           " (" + std::to_string(upTo - p.outPopulated) + " bytes at offset " +
+           std::to_string(p.outPopulated) + " of its inbox's ring; is /dev/shm full?): " +
+           std::strerror(errno);
+  }
+  p.outPopulated = upTo;
+  return {};
 }
 
 bool ShmTransport::writeAcks(int peer) {
@@ -660,7 +712,12 @@ void ShmTransport::matched(const std::shared_ptr<ShmRequest>& req, int source, u
   // Out now where no message of this rank's is half out (else after it, by progress() or the
   // destructor): the receive completes only then, so that the sender learns of every message
   // a receive took before it could give it up (writeAcks).
-  if ((p.sends.empty() || !p.sends.front()->headerSent_) && writeAcks(source)) wake(p);
+  // Where the ring's pages for it cannot be populated now, the notice stays queued:
+  // pushSends fails the peer, naming why.
+  if ((p.sends.empty() || !p.sends.front()->headerSent_) &&
+      populateOut(p, p.acks.size() * kHeaderBytes).empty() && writeAcks(source)) {
+    wake(p);
+  }
 }
 
 void ShmTransport::takeMatch(int peer, uint64_t seq) {

@@ -137,6 +137,8 @@ class ShmTransport final : public Transport {
     int pidfd = -1;
     SharedSegment inbox;          // the peer's inbox, mapped
     ByteRing out;                 // this rank's ring in it
+    uint8_t* outBytes = nullptr;  // that ring's bytes, and how many of them are populated
+    size_t outPopulated = 0;      // (InboxHeader::sendersPopulate; the ring's size if not)
     std::atomic<uint32_t>* sleeping = nullptr;
     Doorbell::Address doorbell;
     ByteRing in;                  // the peer's ring in this rank's inbox
@@ -172,6 +174,10 @@ class ShmTransport final : public Transport {
   bool writeAcks(int peer);
   // The notice of `req`'s match is in the ring; `abandoned`: the sender's mark, read after it.
   void noticeWritten(int source, const std::shared_ptr<ShmRequest>& req, uint32_t abandoned);
+  // Populates this rank's ring in the peer's inbox for `bytes` more past its tail (the pages
+  // of the ring's first pass that the receiver left to its senders): "" or why it could not
+  // (/dev/shm full), in which case nothing may be written there.
+  std::string populateOut(Peer& p, size_t bytes);
   // Rings the peer's doorbell if it sleeps, after this rank published bytes to it.
   void wake(Peer& p);
   bool readMessages(int peer);
