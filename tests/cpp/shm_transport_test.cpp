@@ -1339,6 +1339,33 @@ void testReusedPid() {
   }
 }
 
+// A peer that destroyed its transport before this rank connected (its inbox's name is gone
+// with it) is failed as one that left, naming it; connect() does not throw, so the creation
+// goes on, and a receive from it fails with that reason.
+void testLeftBeforeConnect() {
+  std::vector<uint8_t> address;
+  {
+    ShmTransport gone(1, kWide);
+    address = gone.localAddress();
+  }
+  ShmTransport t(2, kWide);
+  bool threw = false;
+  try {
+    t.connect(1, address);
+  } catch (const ucxb::TransportError& e) {
+    threw = true;
+    CHECK_MSG(false, std::string("connect threw: ") + e.what());
+  }
+  CHECK(!threw);
+  const std::string error = t.peerError(1);
+  CHECK_MSG(contains(error, "rank 1 (pid ") && contains(error, "left the group before"),
+            error.empty() ? std::string("not failed") : error);
+  char got[4] = {};
+  auto r = static_cast<ucxb::Transport&>(t).recv(1, tagOf(1, 1), kFull, got, sizeof got);
+  t.progress();
+  CHECK_MSG(r->failed() && contains(r->error(), "left the group"), r->error());
+}
+
 // Long messages between two processes go by reference, each way (process_vm_readv across
 // processes: a byte the sender changes after send() arrives changed); and one the child sent
 // that the parent had not read when the child exited fails the parent's receive, naming the
@@ -1624,6 +1651,7 @@ const ucxb::check::Group kGroups[] = {
     {"sleepers_streamed", [] { testSleepers(Path::kStreamed); }, true},
     {"dead_peer", testDeadPeer, true},
     {"reused_pid", testReusedPid, true},
+    {"left_before_connect", testLeftBeforeConnect, true},
     {"peer_exit_wakes", testPeerExitWakes, true},
     {"forked_child_destroys", testForkedChildDestroys, true},
     {"by_reference_across_processes", testByReferenceAcrossProcesses, true},

@@ -100,7 +100,15 @@ void SharedSegment::reserve(size_t offset, size_t length) {
 }
 
 SharedSegment SharedSegment::open(const std::string& name, size_t bytes) {
+  auto segment = openIfPresent(name, bytes);
+  if (!segment) fail("shm_open " + name, ENOENT);
+  return std::move(*segment);
+}
+
+std::optional<SharedSegment> SharedSegment::openIfPresent(const std::string& name,
+                                                          size_t bytes) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0 && errno == ENOENT) return std::nullopt;
   if (fd < 0) fail("shm_open " + name, errno);
   FdCloser closer{fd};
   struct stat st {};

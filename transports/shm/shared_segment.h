@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ucxb::shm {
@@ -29,6 +30,8 @@ class SharedSegment {
                               size_t reservedBytes = SIZE_MAX, size_t segmentsAlike = 1);
   // Maps an existing object; throws TransportError if it is missing or smaller than `bytes`.
   static SharedSegment open(const std::string& name, size_t bytes);
+  // open(), but nullopt where no object has the name (ENOENT): its creator removed it.
+  static std::optional<SharedSegment> openIfPresent(const std::string& name, size_t bytes);
 
   ~SharedSegment();
   SharedSegment(SharedSegment&& other) noexcept;

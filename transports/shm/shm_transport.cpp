@@ -366,7 +366,18 @@ void ShmTransport::connect(int peer, const std::vector<uint8_t>& address) {
   p.pid = a.pid;
   p.in = InboxLayout::ring(inbox_.data(), size_, peer);
   if (peer == rank_) return;  // messages to itself do not take a ring
-  p.inbox = SharedSegment::open(a.segment, InboxLayout::bytes(size_));
+  auto inbox = SharedSegment::openIfPresent(a.segment, InboxLayout::bytes(size_));
+  if (!inbox) {
+    // Its name went before this rank mapped it, which only its creator's destructor (or the
+    // sweep of a dead rank's segments) does: the peer destroyed its group as soon as its own
+    // creation ended, or died. It takes no part, as a peer that leaves later does; the
+    // creation goes on (a peer's failure is its ops' to report, naming it, not an shm_open
+    // error of the whole creation).
+    failPeer(peer, peerLabel(peer) + " (pid " + std::to_string(a.pid) +
+                       ") left the group before this rank connected to it");
+    return;
+  }
+  p.inbox = std::move(*inbox);
   InboxHeader* header = InboxLayout::header(p.inbox.data());
   if (header->magic != kInboxMagic || header->ranks != static_cast<uint32_t>(size_) ||
       header->ringBytes != ringBytesFor(size_)) {
