@@ -517,20 +517,33 @@ void AddressExchange::complete() {
   // Every rank has read all it will: delete this instance's keys, and those of the instances
   // that failed since the last completed one (no rank is in them any more: every rank is here).
   const int64_t cleaned = add(base_ + "cleaned", 0);
+  DeferredCleanup cleanup{{}, base_ + "cleaned", std::max<int64_t>(0, instance_ - cleaned)};
   for (int64_t inst = cleaned + 1; inst <= instance_; ++inst) {
     const std::string prefix = base_ + std::to_string(inst) + "/";
-    for (const char* single : kSingles) deleteKey(prefix + single);
+    for (const char* single : kSingles) cleanup.keys.push_back(prefix + single);
     // This creation's rounds are known; a failed one may have reached any of them.
     for (int round = 0; round < (inst == instance_ ? rounds_ : kMaxRounds); ++round) {
-      for (const char* name : kRoundKeys) deleteKey(prefix + roundKey(name, round));
+      for (const char* name : kRoundKeys) cleanup.keys.push_back(prefix + roundKey(name, round));
     }
     for (const char* question : kQuestions) {
-      deleteKey(prefix + question + "_yes");
-      deleteKey(prefix + question + "_answer");
+      cleanup.keys.push_back(prefix + question + "_yes");
+      cleanup.keys.push_back(prefix + question + "_answer");
     }
   }
-  if (instance_ > cleaned) add(base_ + "cleaned", instance_ - cleaned);
-  if (rank_ != 0 && rank0HostsStore_) set(released, {1});  // rank 0 waits for it, deletes it
+  if (!rank0HostsStore_) {
+    // Nobody waits for them: they leave the creation's critical path (this rank is the
+    // slowest to finish it, and every rank's first op waits for the slowest).
+    deferred_ = std::move(cleanup);
+    return;
+  }
+  for (const auto& key : cleanup.keys) deleteKey(key);
+  if (cleanup.cleanedBy > 0) add(cleanup.cleanedKey, cleanup.cleanedBy);
+  if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
+}
+
+void AddressExchange::runCleanup(c10d::Store& store, const DeferredCleanup& cleanup) {
+  for (const auto& key : cleanup.keys) store.deleteKey(key);
+  if (cleanup.cleanedBy > 0) store.add(cleanup.cleanedKey, cleanup.cleanedBy);
 }
 
 void AddressExchange::appendCard() {

@@ -32,8 +32,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/startup_profile.hpp"
@@ -103,6 +105,20 @@ class AddressExchange {
   // RankCard::storeOutlivesRank0), rank 0 returns at once, as the others do.
   void complete();
 
+  // The last rank's deletions, where rank 0 does not wait for them (every rank's launcher
+  // hosts the Store): complete() leaves them to the caller, who runs them (runCleanup) off
+  // the creation's critical path, before the group is destroyed. The keys of this instance
+  // and of the instances that failed since the last completed one, and what "cleaned" then
+  // counts up by.
+  struct DeferredCleanup {
+    std::vector<std::string> keys;
+    std::string cleanedKey;
+    int64_t cleanedBy = 0;
+  };
+  std::optional<DeferredCleanup> takeDeferredCleanup() { return std::exchange(deferred_, {}); }
+  // Deletes the keys and counts "cleaned" up; throws what the Store throws.
+  static void runCleanup(c10d::Store& store, const DeferredCleanup& cleanup);
+
   int64_t instance() const { return instance_; }
   // How many ranks of the group run on this host, this one included, from the cards of the
   // first exchange() (each rank's host identity); 1 before it, or where hosts cannot be told
@@ -160,6 +176,7 @@ class AddressExchange {
   // card, read in the first exchange(), says its launcher hosts it. Every rank reads the
   // same cards, so rank 0 and the last rank to complete agree on it.
   bool rank0HostsStore_ = true;
+  std::optional<DeferredCleanup> deferred_;
   std::vector<std::string> said_;  // the questions this rank answered (everyoneSays)
   // The watch of every wait of this creation and its connection to the Store, made at the first
   // wait (watched), and made again where a watch was left behind in a Store call.

@@ -167,6 +167,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   }
   std::unique_ptr<Transport> transport;
   std::unique_ptr<StagingArea> staging;
+  std::optional<AddressExchange::DeferredCleanup> cleanup;
   PhaseClock clock(profile_);
   try {
     AddressExchange exchange(*store_, groupId_, rank, size, profile_.store);
@@ -274,6 +275,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     clock.mark("shm_agree");
     testKillPoint("before_complete");
     exchange.complete();  // the last rank here deletes the creation's Store keys
+    cleanup = exchange.takeDeferredCleanup();  // or leaves them to the thread below
     clock.mark("cleanup");
     crowdAtStart(exchange.ranksOnHost());
   } catch (const config::ConfigError& e) {
@@ -312,6 +314,17 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
         return e->waitingFor();
       });
   clock.mark("engine");
+  if (cleanup) {
+    // Off the first op's critical path; joined before the group goes (shutdown).
+    storeCleanup_ = std::thread([store = store_, keys = std::move(*cleanup)] {
+      try {
+        AddressExchange::runCleanup(*store, keys);
+      } catch (const std::exception&) {
+        // The Store is gone (its host exited): the keys went with it, and the group exists,
+        // so there is nothing to fail and nobody to tell.
+      }
+    });
+  }
 }
 
 TransportBackend::~TransportBackend() { shutdown(); }
@@ -328,6 +341,7 @@ void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
+  if (storeCleanup_.joinable()) storeCleanup_.join();
 }
 
 void TransportBackend::abort() {

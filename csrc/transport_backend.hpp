@@ -15,6 +15,7 @@
 #include <mutex>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -268,6 +269,9 @@ class TransportBackend : public c10d::Backend {
                                               const c10::intrusive_ptr<Options>& opts);
 
   c10::intrusive_ptr<c10d::Store> store_;
+  // The last rank's deletion of its creation's Store keys, where nobody waits for it
+  // (AddressExchange::takeDeferredCleanup); joined by shutdown().
+  std::thread storeCleanup_;
   // The options as given at creation, handed to split and shrink children unchanged.
   const std::map<std::string, std::string> rawOptions_;
   const BackendOptions options_;
