@@ -316,9 +316,9 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   clock.mark("engine");
   if (cleanup) {
     // Off the first op's critical path; joined before the group goes (shutdown).
-    storeCleanup_ = std::thread([store = store_, keys = std::move(*cleanup)] {
+    storeCleanup_ = std::thread([store = store_, deferred = std::move(*cleanup)] {
       try {
-        AddressExchange::runCleanup(*store, keys);
+        AddressExchange::runCleanup(*store, deferred);
       } catch (const std::exception&) {
         // The Store is gone (its host exited): the keys went with it, and the group exists,
         // so there is nothing to fail and nobody to tell.

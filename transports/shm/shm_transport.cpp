@@ -645,7 +645,8 @@ std::string ShmTransport::populateOut(Peer& p, size_t bytes) {
                                           kPopulateStep));
   while (::madvise(p.outBytes + p.outPopulated, upTo - p.outPopulated, MADV_POPULATE_WRITE) != 0) {
     if (errno == EINTR) continue;
-    return "cannot populate the shared-memory ring to rank " + std::to_string(&p - peers_.data()) +
+    return "cannot populate the shared-memory ring to " +
+           peerLabel(static_cast<int>(&p - peers_.data())) +
            " (" + std::to_string(upTo - p.outPopulated) + " bytes at offset " +
            std::to_string(p.outPopulated) + " of its inbox's ring; is /dev/shm full?): " +
            std::strerror(errno);
