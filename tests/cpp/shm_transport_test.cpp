@@ -1575,7 +1575,8 @@ void testSendersPopulate() {
 }
 
 // Where /dev/shm fills up after the group's creation, a send whose ring pages cannot be
-// populated fails the peer with an error that says so, instead of its write dying of SIGBUS.
+// populated fails the peer with an error that says so, instead of its write dying of SIGBUS,
+// and the peer's receive from it fails at once too, naming it and why.
 // In a child with a mount namespace of its own and a small tmpfs on /dev/shm (root only;
 // elsewhere the check is skipped).
 void testFullDevShm() {
@@ -1610,6 +1611,19 @@ void testFullDevShm() {
       if (!s->failed() || !contains(s->error(), "is /dev/shm full?")) {
         std::fprintf(stderr, "FAILED: the send into a full /dev/shm: %s\n",
                      s->failed() ? s->error().c_str() : "did not fail");
+        ++failures;
+      }
+      // The receiver learns of it too, at once, naming the sender: nothing of rank 1 can
+      // reach it any more, and its receive would otherwise wait out the op's timeout.
+      const auto told = Clock::now() + std::chrono::seconds(5);
+      while (r->pending() && Clock::now() < told) {
+        a.progress();
+        b.progress();
+      }
+      if (!r->failed() || !contains(r->error(), "rank 1") ||
+          !contains(r->error(), "/dev/shm")) {
+        std::fprintf(stderr, "FAILED: the receive from the sender that could not write: %s\n",
+                     r->failed() ? r->error().c_str() : "still pending after 5 s");
         ++failures;
       }
       r->cancel();
