@@ -646,7 +646,11 @@ std::string ShmTransport::populateOut(Peer& p, size_t bytes) {
   const size_t upTo = static_cast<size_t>(
       std::min<uint64_t>(eagerBytes_, (tail + bytes + kPopulateStep - 1) / kPopulateStep *
                                           kPopulateStep));
-  while (::madvise(p.outBytes + p.outPopulated, upTo - p.outPopulated, MADV_POPULATE_WRITE) != 0) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  uint8_t* const inbox = p.inbox.data();
+  const PopulateSpan span =
+      populateSpan(static_cast<size_t>(p.outBytes - inbox), p.outPopulated, upTo, page);
+  while (::madvise(inbox + span.offset, span.length, MADV_POPULATE_WRITE) != 0) {
     if (errno == EINTR) continue;
     return "cannot populate the shared-memory ring to " +
            peerLabel(static_cast<int>(&p - peers_.data())) +
