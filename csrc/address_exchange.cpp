@@ -1,11 +1,14 @@
 #include "csrc/address_exchange.hpp"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 
 #include "csrc/creation_watch.hpp"
@@ -127,6 +130,27 @@ Cards parseCards(const std::vector<uint8_t>& blob, int size) {
     at += n;
   }
   return cards;
+}
+
+// Whether `store` (under its prefixes) may be a TCPStore that rank 0's process hosts, so that
+// rank 0's exit takes it away whatever TORCHELASTIC_USE_AGENT_STORE says: that variable says
+// only that torch's rendezvous connects to the agent's TCPStore, at MASTER_ADDR:MASTER_PORT,
+// instead of starting one in rank 0; a group over a TCPStore the program made itself (hosted
+// by its rank 0, as frameworks that make groups of their own do) is not served by the agent.
+// Other Stores (a FileStore outlives any rank) are left to the variable.
+bool maybeRank0sTcpStore(c10d::Store& store) {
+  c10d::Store* inner = &store;
+  c10::intrusive_ptr<c10d::Store> held;  // keeps `inner` alive below the first prefix
+  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(inner)) {
+    held = prefixed->getUnderlyingStore();
+    inner = held.get();
+  }
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(inner);
+  if (tcp == nullptr) return false;
+  const char* host = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  return host == nullptr || port == nullptr || tcp->getHost() != host ||
+         std::to_string(tcp->getPort()) != port;
 }
 
 std::string deathOf(int rank, const RankCard& card, const std::string& waiting) {
@@ -548,7 +572,9 @@ void AddressExchange::runCleanup(c10d::Store& store, const DeferredCleanup& clea
 
 void AddressExchange::appendCard() {
   std::vector<uint8_t> entry;
-  const auto bytes = RankCard::mine().encode();
+  RankCard card = RankCard::mine();
+  if (card.storeOutlivesRank0 && maybeRank0sTcpStore(store_)) card.storeOutlivesRank0 = false;
+  const auto bytes = card.encode();
   putU32(entry, kCardEntry | static_cast<uint32_t>(rank_));
   putU32(entry, bytes.size());
   entry.insert(entry.end(), bytes.begin(), bytes.end());

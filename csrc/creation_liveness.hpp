@@ -24,7 +24,8 @@ struct RankCard {
   shm::SegmentOwner process;
   // Its launcher hosts the Store (torchrun's agent: TORCHELASTIC_USE_AGENT_STORE=True, which
   // torch's own rendezvous reads), so rank 0's exit does not take the Store away
-  // (AddressExchange::complete).
+  // (AddressExchange::complete). mine() reads the variable; AddressExchange clears it where
+  // the group's Store is a TCPStore other than the agent's (maybeRank0sTcpStore).
   bool storeOutlivesRank0 = false;
   // Known to the watch only, never published: the watch looks no more at this rank (it
   // finished the creation, or the wait ends without it anyway), so its exit fails nothing.

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -24,7 +27,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from conftest import is_ucx, skip_unless_ucx
-from dist_harness import run_world, timed_failure
+from dist_harness import free_port, run_world, timed_failure
 from world_pool import pooled
 
 PG_TIMEOUT = 20.0  # the Store's timeout: how long the survivors waited before
@@ -98,6 +101,102 @@ def test_survivors_name_the_killed_rank_at_once(
     for r, (elapsed, msg) in failed.items():
         assert f"rank {victim} (pid " in msg and "died during this creation" in msg, (r, msg)
         assert elapsed < FAST, (r, elapsed, msg)
+
+
+def _create_over_rank0s_store_while_one_dies(rank: int, ws: int, victim: int) -> Any:
+    # The default group's Store is a TCPStore in rank 0's process (init "tcp"); the launcher's
+    # flag is set only now, as in a program under torchrun that makes a group over a Store of
+    # its own, hosted by its rank 0.
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    if rank == victim:
+        os.environ[VICTIM_ENV] = "before_complete"
+    return timed_failure(lambda: dist.new_group(backend="ucx"))
+
+
+def test_rank0_waits_for_the_others_on_a_store_of_its_own_under_a_launcher() -> None:
+    """TORCHELASTIC_USE_AGENT_STORE=True says that torchrun's agent hosts the Store that torch's
+    rendezvous makes, not every Store: over a TCPStore that rank 0 hosts itself, rank 0 still
+    waits for every rank to finish the creation (its exit would take the Store from a slower
+    rank), and so names a rank that died before it finished, as where no launcher hosts one."""
+    skip_unless_ucx("the group's creation is the extension's")
+    res = run_world(
+        _create_over_rank0s_store_while_one_dies,
+        3,
+        args=(2,),
+        init="tcp",
+        pg_timeout=PG_TIMEOUT,
+        expect_fail_ranks={2},
+        timeout=120,
+    )
+    assert res[2] is None, res  # it died
+    elapsed, msg = res[0]
+    assert msg is not None, res  # rank 0 returned without waiting for rank 2
+    assert "rank 2 (pid " in msg and "died during this creation" in msg, msg
+    assert elapsed < FAST, (elapsed, msg)
+
+
+# A rank of a job whose launcher hosts the Store, as torchrun's agent does: torch's rendezvous
+# connects to it at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True). Prints what
+# creating a ucx group raised, or "created".
+_AGENT_RANK = """
+import os, sys
+from datetime import timedelta
+import torch.distributed as dist
+import ucxbackend  # noqa: F401
+dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+if dist.get_rank() == 2:
+    os.environ["UCXBACKEND_TEST_KILL_AT"] = "before_complete"
+try:
+    dist.new_group(backend="ucx")
+    print("created", flush=True)
+except RuntimeError as e:
+    print(str(e), flush=True)
+os._exit(0)
+"""
+
+
+def test_rank0_does_not_wait_on_the_launchers_store() -> None:
+    """The counterpart of the test above: over the Store that the launcher hosts (torch's
+    rendezvous connected to it), rank 0 waits for nobody, and a rank that dies before it
+    finished the creation fails no survivor's creation."""
+    skip_unless_ucx("the group's creation is the extension's")
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 3, is_master=True, wait_for_workers=False)
+    procs = []
+    try:
+        for rank in range(3):
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "3",
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _AGENT_RANK],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        deadline = time.monotonic() + 60
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append((p.returncode, out.strip(), err[-2000:]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        del store
+    assert outs[2][0] == -signal.SIGKILL, outs  # it died
+    assert outs[0][1] == "created" and outs[1][1] == "created", outs
 
 
 def _create_without_one(rank: int, ws: int, backend: str, victim: int) -> Any:

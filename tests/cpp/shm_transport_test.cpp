@@ -1574,8 +1574,47 @@ void testSendersPopulate() {
   ::close(fd);
 }
 
+// A ring's first bytes need not start on a page (rings are 4 KiB-aligned; arm64 kernels have
+// 16 or 64 KiB pages): the span a sender populates starts on one anyway, since madvise takes
+// no other address, and covers the bytes asked for. Checked against this kernel with a ring
+// half a page into a segment, where madvise at the ring's own address fails (EINVAL).
+void testPopulateSpan() {
+  using ucxb::shm::populateSpan;
+  for (const size_t page : {size_t{4096}, size_t{16384}, size_t{65536}}) {
+    for (const size_t ring : {size_t{4096}, size_t{4096} + 3 * (size_t{128} << 10)}) {
+      for (const auto& [from, upTo] : {std::pair<size_t, size_t>{0, 16384},
+                                       {16384, 32768},
+                                       {40960, 131072}}) {
+        const auto span = populateSpan(ring, from, upTo, page);
+        const std::string what = "page " + std::to_string(page) + ", ring at " +
+                                 std::to_string(ring) + ", bytes " + std::to_string(from) +
+                                 ".." + std::to_string(upTo);
+        CHECK_MSG(span.offset % page == 0, what + ": starts on a page");
+        CHECK_MSG(span.offset <= ring + from, what + ": starts at or before the bytes");
+        CHECK_MSG(span.offset + span.length == ring + upTo, what + ": ends with them");
+      }
+    }
+  }
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const int fd = ::memfd_create("populate_span", MFD_CLOEXEC);
+  CHECK(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(4 * page)) == 0);
+  auto* base = static_cast<uint8_t*>(
+      ::mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  CHECK(base != MAP_FAILED);
+  const size_t ring = page / 2;
+  CHECK_MSG(::madvise(base + ring, page, MADV_POPULATE_WRITE) != 0 && errno == EINVAL,
+            "this kernel refuses to populate from inside a page");
+  const auto span = populateSpan(ring, 0, 2 * page, page);
+  CHECK_MSG(::madvise(base + span.offset, span.length, MADV_POPULATE_WRITE) == 0,
+            std::string("the span populates: ") + std::strerror(errno));
+  CHECK_EQ(allocatedBytes(fd), 3 * page);
+  ::munmap(base, 4 * page);
+  ::close(fd);
+}
+
 // Where /dev/shm fills up after the group's creation, a send whose ring pages cannot be
-// populated fails the peer with an error that says so, instead of its write dying of SIGBUS.
+// populated fails the peer with an error that says so, instead of its write dying of SIGBUS,
+// and the peer's receive from it fails at once too, naming it and why.
 // In a child with a mount namespace of its own and a small tmpfs on /dev/shm (root only;
 // elsewhere the check is skipped).
 void testFullDevShm() {
@@ -1612,6 +1651,19 @@ void testFullDevShm() {
                      s->failed() ? s->error().c_str() : "did not fail");
         ++failures;
       }
+      // The receiver learns of it too, at once, naming the sender: nothing of rank 1 can
+      // reach it any more, and its receive would otherwise wait out the op's timeout.
+      const auto told = Clock::now() + std::chrono::seconds(5);
+      while (r->pending() && Clock::now() < told) {
+        a.progress();
+        b.progress();
+      }
+      if (!r->failed() || !contains(r->error(), "rank 1") ||
+          !contains(r->error(), "/dev/shm")) {
+        std::fprintf(stderr, "FAILED: the receive from the sender that could not write: %s\n",
+                     r->failed() ? r->error().c_str() : "still pending after 5 s");
+        ++failures;
+      }
       r->cancel();
     }
     ::_exit(failures == 0 ? 0 : 1);
@@ -1627,6 +1679,7 @@ void testFullDevShm() {
 const ucxb::check::Group kGroups[] = {
     {"senders_populate", testSendersPopulate, true},
     {"full_dev_shm", testFullDevShm, true},
+    {"populate_span", testPopulateSpan, true},
     {"matching", testMatching, true},
     {"any_source", testAnySource, true},
     {"fifo", [] { testFifo(Path::kByReference); }, true},

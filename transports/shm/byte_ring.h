@@ -29,8 +29,8 @@ struct RingControl {
   // attach, process_vm_readv): the producer may then send a large message by reference.
   std::atomic<uint32_t> consumerReadsProducer;
   // Set by a producer that is done with the consumer (ShmTransport: it cut the consumer off,
-  // or left): the messages it sent that no receive took yet are void, as a closed ucx
-  // endpoint's announcements are; nothing more comes.
+  // could not populate this ring's pages, or left): the messages it sent that no receive took
+  // yet are void, as a closed ucx endpoint's announcements are; nothing more comes.
   std::atomic<uint32_t> abandoned;
   alignas(64) std::atomic<uint64_t> head;  // written by the consumer
 };

@@ -33,6 +33,21 @@ constexpr size_t ringBytesFor(int ranks) {
 // (ShmTransport::populateOut): a page at a time would take a call per 4 KiB of a ring's first
 // pass; the smallest ring is 16 KiB.
 constexpr size_t kPopulateStep = size_t{16} << 10;
+// What a sender gives madvise(MADV_POPULATE_WRITE) to populate bytes [from, upTo) of its ring,
+// which starts `ringOffset` bytes into the inbox: the offset (into the inbox, whose mapping
+// starts on a page) and length of a span that starts on a page of `page` bytes, since madvise
+// takes no other address. The layout aligns rings to 4 KiB only, and kPopulateStep is 16 KiB:
+// under 16 or 64 KiB pages (arm64 kernels) a ring's bytes start inside a page. The span may
+// then begin in the page's bytes of the header or of another sender's ring: populating a page
+// writes nothing into it.
+struct PopulateSpan {
+  size_t offset;
+  size_t length;
+};
+constexpr PopulateSpan populateSpan(size_t ringOffset, size_t from, size_t upTo, size_t page) {
+  const size_t start = (ringOffset + from) / page * page;
+  return {start, ringOffset + upTo - start};
+}
 constexpr uint64_t kInboxMagic = 0x75636b62696e6278ULL;  // "ucxbinbx"
 
 struct InboxHeader {

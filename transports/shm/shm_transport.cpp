@@ -42,6 +42,9 @@ constexpr uint64_t kLengthBits = kByReference - 1;
 // RingControl::abandoned: why the producer is done with this consumer.
 constexpr uint32_t kCutOff = 1;  // abortPeer(): it gave up on a message it had begun to send
 constexpr uint32_t kClosed = 2;  // its transport was destroyed (the group, on that rank)
+// pushSends(): its ring in the consumer's inbox could not be populated (/dev/shm full), so
+// nothing more of it can reach the consumer, which would otherwise wait out the op's timeout.
+constexpr uint32_t kNoRoom = 3;
 // What every process of the backend has at the address its localAddress() names: a peer that
 // reads it back proves that it may read this process's memory.
 const uint64_t kReadableProbe = 0x7563786270726f62ULL;  // "ucxbprob"
@@ -583,7 +586,7 @@ bool ShmTransport::pushSends(int peer) {
       pending += (r->headerSent_ ? 0 : kHeaderBytes) + r->streamBytes() - r->written_;
     }
     if (std::string why = populateOut(p, pending); !why.empty()) {
-      failPeer(peer, why);
+      cutOff(peer, kNoRoom, why);
       return false;
     }
   }
@@ -643,7 +646,11 @@ std::string ShmTransport::populateOut(Peer& p, size_t bytes) {
   const size_t upTo = static_cast<size_t>(
       std::min<uint64_t>(eagerBytes_, (tail + bytes + kPopulateStep - 1) / kPopulateStep *
                                           kPopulateStep));
-  while (::madvise(p.outBytes + p.outPopulated, upTo - p.outPopulated, MADV_POPULATE_WRITE) != 0) {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  uint8_t* const inbox = p.inbox.data();
+  const PopulateSpan span =
+      populateSpan(static_cast<size_t>(p.outBytes - inbox), p.outPopulated, upTo, page);
+  while (::madvise(inbox + span.offset, span.length, MADV_POPULATE_WRITE) != 0) {
     if (errno == EINTR) continue;
     return "cannot populate the shared-memory ring to " +
            peerLabel(static_cast<int>(&p - peers_.data())) +
@@ -961,13 +968,15 @@ bool ShmTransport::checkPeers() {
   return failed;
 }
 
-void ShmTransport::abortPeer(int peer, const std::string& why) {
+void ShmTransport::abortPeer(int peer, const std::string& why) { cutOff(peer, kCutOff, why); }
+
+void ShmTransport::cutOff(int peer, uint32_t mark, const std::string& why) {
   // Tells the peer first: it must not take a message this rank gave up on
   // (p2p_withdraw.hpp), and a send by reference whose buffer failPeer() releases must read
   // as given up to a peer that reads it now (readByReference checks after its read).
   Peer& p = peers_.at(static_cast<size_t>(peer));
   const bool ring = peer != rank_ && p.out.valid();
-  if (ring) p.out.control().abandoned.store(kCutOff, std::memory_order_seq_cst);
+  if (ring) p.out.control().abandoned.store(mark, std::memory_order_seq_cst);
   // The match notices the peer wrote before it could see the mark: its receives take those
   // messages, so their sends succeed here; it fails a receive whose notice it writes later
   // (writeAcks reads the mark after writing). What else it sent before is taken too, as when
@@ -986,9 +995,13 @@ void ShmTransport::takeAbandonment(int peer, uint32_t why) {
 }
 
 std::string ShmTransport::abandonmentReason(int peer, uint32_t why) {
-  return peerLabel(peer) + (why == kClosed ? " left the group (destroyed it)"
-                                           : " cut this rank off (it gave up on a message it "
-                                             "had begun to send here)");
+  if (why == kClosed) return peerLabel(peer) + " left the group (destroyed it)";
+  if (why == kNoRoom) {
+    return peerLabel(peer) + " could not write into this rank's shared-memory inbox (is " +
+           "/dev/shm full?)";
+  }
+  return peerLabel(peer) + " cut this rank off (it gave up on a message it had begun to send "
+                           "here)";
 }
 
 void ShmTransport::dropUntaken(int peer) {

@@ -29,9 +29,10 @@
 // backend stages device buffers through host memory (carriesDeviceMemory).
 //
 // Failure: a peer whose process exits (its pidfd turns readable), that abortPeer() names, or
-// that cut this rank off or destroyed its transport (RingControl::abandoned, which the
-// destructor and abortPeer() set in the peer's ring) fails every request to or from it, once
-// what it wrote before is taken; any-source receives pending then fail too, as over ucx.
+// that cut this rank off, could not populate its ring here (/dev/shm full) or destroyed its
+// transport (RingControl::abandoned, which the destructor, abortPeer() and a failed populate
+// set in the peer's ring) fails every request to or from it, once what it wrote before is
+// taken; any-source receives pending then fail too, as over ucx.
 // cancel() settles a receive, or a send not yet begun, in the next progress(); a send whose
 // header is out stays pending (the receiver holds it, as a ucx peer holds an announced
 // rendezvous; one sent by reference may be read until the receiver answers).
@@ -198,6 +199,8 @@ class ShmTransport final : public Transport {
                        size_t bytes, const RendezvousBody& body, uint64_t seq);
   // Fails every peer whose process exited (after taking what it wrote); true if any did.
   bool checkPeers();
+  // abortPeer() with the mark `mark` (RingControl::abandoned) that tells the peer why.
+  void cutOff(int peer, uint32_t mark, const std::string& why);
   // The peer cut this rank off (its abortPeer) or left (destroyed its transport): fails it,
   // and drops what it gave up on. `why`: RingControl::abandoned.
   void takeAbandonment(int peer, uint32_t why);
