@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <system_error>
 
 namespace ucxb {
 
@@ -67,6 +68,14 @@ std::string RankCard::where() const {
 void testKillPoint(const char* point) {
   const char* v = std::getenv("UCXBACKEND_TEST_KILL_AT");
   if (v != nullptr && std::strcmp(v, point) == 0) ::kill(::getpid(), SIGKILL);
+}
+
+void testThreadStartPoint(const char* point) {
+  const char* v = std::getenv("UCXBACKEND_TEST_THREAD_FAILS");
+  if (v != nullptr && std::strcmp(v, point) == 0) {
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            "UCXBACKEND_TEST_THREAD_FAILS");
+  }
 }
 
 }  // namespace ucxb

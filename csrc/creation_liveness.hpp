@@ -46,5 +46,9 @@ struct RankCard {
 // UCXBACKEND_TEST_KILL_AT=<point> (a test-only hook, docs/testing.md#test-only-hooks): this
 // process dies by SIGKILL at that point of a group's creation, as a rank killed there would.
 void testKillPoint(const char* point);
+// UCXBACKEND_TEST_THREAD_FAILS=<point> (test-only, the same page): starting the thread at that
+// point throws std::system_error (EAGAIN), as std::thread does where the process is at its
+// thread limit.
+void testThreadStartPoint(const char* point);
 
 }  // namespace ucxb

@@ -303,8 +303,27 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
                               work->context(), std::make_exception_ptr(PeerFailed(reason))));
                         }
                       }};
-  engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging),
-                                  std::move(notices));
+  // Where no thread can be had (the process is at its thread limit), the keys left to the
+  // clean-up thread below are deleted here, on the critical path, as where rank 0 hosts the Store.
+  const auto cleanUpNow = [&] {
+    if (!cleanup) return;
+    try {
+      AddressExchange::runCleanup(*store_, *cleanup);
+    } catch (const std::exception&) {
+      // The Store is gone with its host: so are the keys.
+    }
+  };
+  try {
+    testThreadStartPoint("progress");
+    engine_ = ProgressEngine::start(std::move(transport), engineConfig_, std::move(staging),
+                                    std::move(notices));
+  } catch (const std::system_error& e) {
+    cleanUpNow();
+    throwSetupFailed(backendName_, groupId_, rank,
+                     std::string("could not start the group's progress thread (") + e.what() +
+                         "): is the process at its thread limit (ulimit -u, a cgroup's "
+                         "pids.max)?");
+  }
   probe_ = std::make_shared<const TransportWork::Probe>(
       [engine = std::weak_ptr<ProgressEngine>(engine_),
        running = running_](const TransportWork& work) -> std::string {
@@ -315,15 +334,21 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       });
   clock.mark("engine");
   if (cleanup) {
-    // Off the first op's critical path; joined before the group goes (shutdown).
-    storeCleanup_ = std::thread([store = store_, deferred = std::move(*cleanup)] {
-      try {
-        AddressExchange::runCleanup(*store, deferred);
-      } catch (const std::exception&) {
-        // The Store is gone (its host exited): the keys went with it, and the group exists,
-        // so there is nothing to fail and nobody to tell.
-      }
-    });
+    // Off the first op's critical path; joined before the group goes (shutdown). The keys are
+    // copied into the thread, so that they are still here if it cannot be started.
+    try {
+      testThreadStartPoint("store_cleanup");
+      storeCleanup_ = std::thread([store = store_, deferred = *cleanup] {
+        try {
+          AddressExchange::runCleanup(*store, deferred);
+        } catch (const std::exception&) {
+          // The Store is gone (its host exited): the keys went with it, and the group exists,
+          // so there is nothing to fail and nobody to tell.
+        }
+      });
+    } catch (const std::system_error&) {
+      cleanUpNow();  // the group works without the thread: only its start is slower
+    }
   }
 }
 
@@ -341,6 +366,8 @@ void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
+  // shutdown() and the destructor may run on two threads at once; std::thread::join may not.
+  std::lock_guard<std::mutex> lock(storeCleanupMu_);
   if (storeCleanup_.joinable()) storeCleanup_.join();
 }
 

@@ -272,6 +272,7 @@ class TransportBackend : public c10d::Backend {
   // The last rank's deletion of its creation's Store keys, where nobody waits for it
   // (AddressExchange::takeDeferredCleanup); joined by shutdown().
   std::thread storeCleanup_;
+  std::mutex storeCleanupMu_;  // one join of storeCleanup_ at a time
   // The options as given at creation, handed to split and shrink children unchanged.
   const std::map<std::string, std::string> rawOptions_;
   const BackendOptions options_;

@@ -325,6 +325,42 @@ def test_created_group_leaves_no_creation_keys_in_the_store(agent_store_on: list
     assert res == [[], [], []], res
 
 
+def _thread_cannot_start(rank: int, ws: int, point: str) -> dict[str, Any]:
+    """A 1-rank group over a Store its launcher hosts (so its creation's keys go to a clean-up
+    thread) whose thread at `point` cannot be started (UCXBACKEND_TEST_THREAD_FAILS)."""
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    os.environ["UCXBACKEND_TEST_THREAD_FAILS"] = point
+    store = dist.PrefixStore("threads/", dist.distributed_c10d._get_default_store())
+    out: dict[str, Any] = {"error": None, "ok": None}
+    try:
+        backend = _create(store, rank, ws, "t", {"transport": "ucx"})
+        out["ok"] = _allreduce_ok(backend, ws)
+        backend.shutdown()
+    except RuntimeError as exc:
+        out["error"] = str(exc)
+    finally:
+        del os.environ["UCXBACKEND_TEST_THREAD_FAILS"]
+    out["left"] = _leftover_keys(store, "t", ws)
+    return out
+
+
+@pytest.mark.parametrize("point", ["progress", "store_cleanup"])
+def test_a_thread_that_cannot_start_leaves_no_keys(point: str) -> None:
+    """No progress thread: the creation fails naming the thread limit, and deletes the keys it
+    would have left to its clean-up thread (they stayed in the Store). No clean-up thread: the
+    group works, and its keys are deleted at once."""
+    skip_unless_ucx("creates ucx backends directly")
+    (res,) = run_world(_thread_cannot_start, 1, args=(point,), timeout=60)
+    assert res["left"] == [], res
+    if point == "progress":
+        assert res["ok"] is None, res
+        msg = res["error"]
+        assert msg is not None and "could not start the group's progress thread" in msg, res
+        assert "thread limit" in msg and "rank 0" in msg, msg
+    else:
+        assert res == {"error": None, "ok": True, "left": []}, res
+
+
 def _output_references_after_ops(rank: int, ws: int) -> dict[str, list[int]]:
     """How many references to an op's output tensor remain once the op and its Work are gone,
     per backend, after 1, 2 and 3 ops (with a plain and a gathered output)."""
