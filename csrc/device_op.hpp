@@ -9,10 +9,12 @@
 //   reductions are ATen ops on it (device_memory.hpp), and the transport moves the bytes.
 //   The stream is drained before the op's Work completes, so a completed op's outputs are
 //   final for every stream.
-// * Wait (caller's thread): Work.wait() on a collective makes the caller's current stream wait
-//   for the op's end on the device, through the group's StreamGate (stream_gate.hpp), and
-//   returns without blocking the host; where the driver offers no gate it blocks the host
-//   until the op has ended, as Gloo's does.
+// * Wait (caller's thread): Work.wait() blocks the host until the op has ended, as Gloo's does
+//   (cuda_wait=host, the default). With cuda_wait=stream, on a collective, it makes the
+//   caller's current stream wait for the op's end on the device through the group's
+//   StreamGate (stream_gate.hpp) and returns at once, except where the driver offers no gate
+//   or the stream is the legacy default one or some group's internal stream
+//   (transport_work.cpp, holdAtGate): there it blocks the host as with cuda_wait=host.
 #pragma once
 
 #include <c10/core/Device.h>

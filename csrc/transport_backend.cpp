@@ -825,8 +825,13 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
       work->checkTensorsFit();
       at::Tensor staged = tensor.is_contiguous() ? tensor : tensor.contiguous();
       if (hostStaged) {
+        // Pinned, and copied without blocking: the host then waits for the copy only in
+        // drain(), by the deadline. A blocking copy (Tensor::to) waited on the internal stream
+        // with no bound, and into pageable memory (to() pins only non-blocking copies).
         const auto pinned = at::TensorOptions().dtype(tensor.scalar_type()).pinned_memory(true);
-        staged = isSend ? staged.to(pinned.device(at::kCPU)) : at::empty(tensor.sizes(), pinned);
+        at::Tensor host = at::empty(tensor.sizes(), pinned);
+        if (isSend) host.copy_(staged, /*non_blocking=*/true);
+        staged = host;
       }
       scope.drain();  // the bytes are final before the transport reads them
       const size_t bytes = staged.nbytes();
@@ -872,7 +877,9 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
             work->setSourceRank(static_cast<int>(tag::source(r.senderTag())));
             if (!staged.is_same(tensor)) {
               at::NoGradGuard g;
-              tensor.copy_(staged);
+              // Not blocking: drain() waits for it, by the deadline (a blocking copy from
+              // udp's pinned staging waited on the internal stream with no bound).
+              tensor.copy_(staged, /*non_blocking=*/deviceOp.has_value());
             }
             scope->drain();
           }

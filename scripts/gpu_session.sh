@@ -84,8 +84,9 @@ facts() {
     date -u +"date %Y-%m-%d %H:%M:%S UTC"
     uname -r
     nproc
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
-        echo "nvidia-smi failed"
+    # compute_mode: the two ranks share GPU 0, which Exclusive_Process refuses to the second.
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_mode \
+        --format=csv,noheader || echo "nvidia-smi failed"
     "$PYTHON" - <<'EOF'
 import importlib.metadata as md
 import sys

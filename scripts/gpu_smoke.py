@@ -20,6 +20,17 @@ every Python thread's stack (``faulthandler``) and exits; this process kills wha
 at ``--timeout``, and the other rank 10 s after one has failed. A crash (SIGSEGV) prints the
 Python stack of the crashing thread.
 
+What settles how UCX moves device memory, printed before the first op: the CUDA init stage
+names torch's allocator backend (``native``; ``cudaMallocAsync`` pools, and
+``expandable_segments`` in ``PYTORCH_CUDA_ALLOC_CONF``, are memory that cuda_ipc may fail to
+export) and the UCX variables set; the init stage names the transports below the group (UCX's
+list, ``cuda_ipc`` among them, or ``shm``: not UCX). UCX prints every protocol it selects
+(``UCX_PROTO_INFO=y``, unless set otherwise): a CUDA send must read "from cuda/GPU0" (with
+"from host memory" UCX took the tensor for host memory: a crash or a hang in a host copy) and
+its rendezvous rows name the transport (``cuda_ipc`` zero-copy, or staging through host
+buffers). The ranks' C ``stdout`` is line-buffered so that those lines survive a rank killed
+at the deadline.
+
 Exit status: 0 every stage passed on both ranks; 1 a stage failed, a rank crashed or hung;
 77 (SKIP) no CUDA here (torch without CUDA, or no device): nothing ran. The environment passes
 to the ranks: ``UCXBACKEND_PROGRESS_MODE=poll``, ``UCXBACKEND_CUDA_WAIT``, ``UCX_TLS=^cuda_ipc``
@@ -29,6 +40,7 @@ and the like apply to both.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
 import multiprocessing as mp
 import os
@@ -57,6 +69,11 @@ SLEEP_MS = 500.0
 CYCLES_PER_MS = 2_000_000
 PG_TIMEOUT_S = 20.0
 DEVICE = "cuda:0"
+# What the ranks get unless the caller set it: UCX prints each protocol it selects, with the
+# memory type it detected (module docstring).
+RANK_ENV_DEFAULTS = {"UCX_PROTO_INFO": "y"}
+# The UCX variables worth naming in the log when set (the ranks inherit them).
+UCX_FACTS = ("UCX_TLS", "UCX_MEMTYPE_CACHE", "UCX_RNDV_SCHEME", "UCX_PROTO_ENABLE", "UCX_MODULES")
 
 
 class StageFailed(Exception):
@@ -66,6 +83,19 @@ class StageFailed(Exception):
 def expect(ok: bool, what: str) -> None:
     if not ok:
         raise StageFailed(what)
+
+
+def line_buffer_c_stdout() -> None:
+    """Make this process's C ``stdout`` line-buffered. UCX prints with C stdio, which buffers
+    fully into a pipe or a file; a rank that ends in ``os._exit`` (a failed stage, the hang
+    deadline) would lose what UCX printed. Must run before anything writes to C ``stdout``
+    (Python's own ``sys.stdout`` does not go through it)."""
+    try:
+        libc = ctypes.CDLL(None)
+        stream = ctypes.c_void_p.in_dll(libc, "stdout")
+        libc.setvbuf(stream, None, 1, 0)  # _IOLBF
+    except (OSError, ValueError, AttributeError):
+        pass  # not glibc: UCX's lines may then come late or not at all
 
 
 def free_port() -> int:
@@ -79,6 +109,7 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
     # deadline, then exits (status 1).
     faulthandler.enable(all_threads=True)
     faulthandler.dump_traceback_later(max(1.0, deadline_at - time.monotonic()), exit=True)
+    line_buffer_c_stdout()
     os.environ["UCXBACKEND_CUDA"] = "1"
     # all_gather_into_tensor is the name torch 2.11 has; newer ones call it deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.* is deprecated")
@@ -123,11 +154,18 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
         torch.cuda.set_device(0)
         torch.zeros(1, device=dev)
         torch.cuda.synchronize()
-        return torch.cuda.get_device_name(0)
+        ucx = [f"{k}={os.environ[k]}" for k in (*UCX_FACTS, *RANK_ENV_DEFAULTS) if k in os.environ]
+        return (
+            f"{torch.cuda.get_device_name(0)}; allocator {torch.cuda.get_allocator_backend()}, "
+            f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}; "
+            f"{' '.join(ucx) or 'no UCX variables set'}"
+        )
 
     stage("CUDA init (GPU 0)", cuda_init)
 
-    def init() -> None:
+    def init() -> str:
+        import ucxbackend
+
         dist.init_process_group(
             "ucx",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -135,6 +173,8 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
             world_size=WORLD,
             timeout=timedelta(seconds=PG_TIMEOUT_S),
         )
+        # cuda_ipc must be among them, and not "shm" (the one-host transport, host memory only).
+        return f"transports {ucxbackend.startup_profile()['transports']}"
 
     stage('init_process_group("ucx")', init)
     total = float(sum(range(1, WORLD + 1)))  # rank r contributes r + 1
@@ -306,6 +346,8 @@ def main() -> int:
 
     os.environ["UCXBACKEND_CUDA"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in RANK_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     port = free_port()
     # CLOCK_MONOTONIC is one clock for every process of the machine: the ranks read this deadline.
     rank_deadline = start + max(5.0, args.timeout - 5.0)

@@ -4,7 +4,7 @@
   and both reduce right; ``"cuda:ucx"`` alone serves CUDA tensors (``"ucx"`` itself: the matrix
   worlds, ``test_cuda_reductions.py`` / ``test_cuda_movement.py``).
 * ``udp`` on CUDA tensors (staged through pinned host memory): test_collectives' all_reduce,
-  broadcast and all_gather families, every dtype, against numpy.
+  broadcast, all_gather and p2p families, every dtype, against numpy.
 * Without ``UCXBACKEND_CUDA`` a CUDA tensor raises ValueError naming the op and the variable,
   on ucx and on udp, and the group still works for CPU tensors afterwards; a group created with
   ``pg_options={"cuda": "1"}`` takes CUDA tensors without the variable; one op mixing CPU and
@@ -213,7 +213,10 @@ def refusal_main(rank: int, ws: int) -> dict[str, Any]:
     return out.results
 
 
-UDP_FAMILIES = ("all_reduce", "broadcast", "all_gather")
+# p2p: udp stages a point-to-point op's CUDA tensor itself (transport_backend.cpp,
+# enqueueP2P: pinned host copies waited for by the op's deadline), apart from the collectives'
+# staging (device_memory.cpp); the movement matrix runs p2p on ucx only.
+UDP_FAMILIES = ("all_reduce", "broadcast", "all_gather", "p2p")
 
 
 def _without_opt_in() -> list[Any]:
