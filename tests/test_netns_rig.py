@@ -111,9 +111,10 @@ def test_newest_is_the_rig_made_last_not_the_largest_name() -> None:
     assert newest_name(["ucxb999a", "ucxb1000a"], {"ucxb999a": 1, "ucxb1000a": 2}.get) == (
         "ucxb1000a"
     )
-    with NetnsRig.create(tag=f"{os.getpid()}z") as older, NetnsRig.create(
-        tag=f"{os.getpid()}k"
-    ) as newer:
+    with (
+        NetnsRig.create(tag=f"{os.getpid()}z") as older,
+        NetnsRig.create(tag=f"{os.getpid()}k") as newer,
+    ):
         assert sorted([older.ns_a, newer.ns_a])[-1] == older.ns_a
         assert newest_name([older.ns_a, newer.ns_a]) == newer.ns_a
 
