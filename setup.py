@@ -131,8 +131,7 @@ def main() -> None:
     )
     setup(
         name="ucxbackend",
-        packages=["ucxbackend", "ucxbackend.bench"],
-        package_data={"ucxbackend": ["py.typed"]},
+        # packages and package data: pyproject.toml's [tool.setuptools] (one list, not two)
         ext_modules=[ext],
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     )

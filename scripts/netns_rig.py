@@ -64,6 +64,7 @@ __all__ = [
     "available",
     "cleanup_dead",
     "cleanup_stale",
+    "newest_name",
 ]
 
 log = logging.getLogger("ucxbackend.netns_rig")
@@ -439,11 +440,25 @@ def _rig_from_env() -> NetnsRig | None:
     return NetnsRig(ns_a[len(PREFIX) : -1], ns_a, ns_b, if_a, if_b, addr_a, addr_b)
 
 
+def _created_ns(name: str) -> int:
+    """When namespace `name` was made (its nsfs inode's mtime under /run/netns), 0 if unknown."""
+    try:
+        return os.stat(f"/run/netns/{name}").st_mtime_ns
+    except OSError:
+        return 0
+
+
+def newest_name(names: Sequence[str], created: Callable[[str], int] = _created_ns) -> str:
+    """The name made last. Not the largest name: tags are pids, and `ucxb999a` sorts after
+    `ucxb1000a`, which would send `exec` into an older rig, perhaps another session's."""
+    return max(names, key=lambda n: (created(n), n))
+
+
 def _newest_rig() -> NetnsRig:
-    names = sorted(n for n in _rig_namespaces() if n.endswith("a"))
+    names = [n for n in _rig_namespaces() if n.endswith("a")]
     if not names:
         raise RigError("no rig exists (create one with `netns_rig.py create`)")
-    ns_a = names[-1]
+    ns_a = newest_name(names)
     tag = ns_a[len(PREFIX) : -1]
     addrs = {}
     for host in ("a", "b"):

@@ -1,4 +1,5 @@
-"""README.md and docs/: every relative link resolves, every page is reachable from the README,
+"""README.md, docs/ and docker/*.md: every relative link resolves (link text wrapped over lines
+included), every page is reachable from the README,
 each page opens with its title and one paragraph, and the knob reference keeps the markers
 that the generated table will replace. Reads files only; needs no build."""
 
@@ -20,7 +21,8 @@ _EXTERNAL = ("http://", "https://", "mailto:")
 
 
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    """Every page a user reads: the README, docs/, and the Markdown next to the Docker files."""
+    return [README, *sorted(DOCS.glob("*.md")), *sorted((REPO / "docker").glob("*.md"))]
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
@@ -61,12 +63,19 @@ def anchors(path: Path) -> set[str]:
     return result
 
 
+# Inline code, which may wrap onto the next line of its paragraph but not past a blank line.
+_INLINE_CODE = re.compile(r"`(?:[^`\n]|\n(?![ \t]*\n))*`")
+
+
 def links(path: Path) -> list[tuple[int, str]]:
-    found: list[tuple[int, str]] = []
-    for number, line in prose_lines(path.read_text(encoding="utf-8")):
-        line = re.sub(r"`[^`]*`", "``", line)  # inline code is not a link
-        found.extend((number, m.group(1)) for m in _LINK.finditer(line))
-    return found
+    """(line number, target) of every link outside code, the text of a link wrapped over
+    several lines included (the line is the one its '[' is on)."""
+    text = path.read_text(encoding="utf-8")
+    prose = dict(prose_lines(text))
+    lines = [prose.get(n, "") for n in range(1, len(text.splitlines()) + 1)]
+    # inline code is not a link; keep its line breaks so that line numbers stay right
+    body = _INLINE_CODE.sub(lambda m: "``" + "\n" * m.group(0).count("\n"), "\n".join(lines))
+    return [(body.count("\n", 0, m.start()) + 1, m.group(1)) for m in _LINK.finditer(body)]
 
 
 def broken_links(path: Path, root: Path = REPO) -> list[str]:
@@ -108,11 +117,13 @@ def test_link_check_can_fail(tmp_path: Path) -> None:
         "# Page\n\n[ok](other.md#a-code-heading-yes) [self](#page) [web](https://x.org/#y)\n"
         "`[not a link](nowhere.md)`\n```\n[in a fence](nowhere.md)\n```\n"
         "[gone](missing.md) [bad anchor](other.md#nope)\n"
+        "text wrapped [over a\nline break](other.md#wrapped) and `code\nwrapped [x](nowhere.md)`\n"
     )
     problems = broken_links(page, root=tmp_path)
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert "missing.md: no such file" in problems[0]
     assert "no heading with anchor #nope" in problems[1]
+    assert "page.md:9: other.md#wrapped: no heading" in problems[2]
 
 
 def test_readme_links_every_docs_page() -> None:
@@ -154,3 +165,14 @@ def test_knob_reference_is_marked_for_generation() -> None:
     for knob in ("UCXBACKEND_PROGRESS_MODE", "UCXBACKEND_IFNAME", "UCXBACKEND_UDP_CONFIG"):
         assert knob in table
     assert text.count("<!-- knobs:begin -->") == 1 and text.count("<!-- knobs:end -->") == 1
+
+
+def test_testing_page_describes_every_test_file() -> None:
+    """docs/testing.md's "What each file checks" names every tests/test_*.py (eight had
+    gone undescribed)."""
+    text = (DOCS / "testing.md").read_text(encoding="utf-8")
+    section = text[text.index("## What each file checks") :]
+    missing = [
+        p.name for p in sorted((REPO / "tests").glob("test_*.py")) if f"`{p.name}`" not in section
+    ]
+    assert not missing, f"test files docs/testing.md does not describe: {missing}"

@@ -103,6 +103,22 @@ def test_exec_under_run_uses_runs_rig_not_the_newest() -> None:
         assert proc.stdout.strip() == mine.ns_a, (proc.stdout, mine.ns_a, newer.ns_a)
 
 
+def test_newest_is_the_rig_made_last_not_the_largest_name() -> None:
+    """`exec` outside `run` goes to the newest rig. Tags are pids, so names do not sort by
+    age (ucxb999a > ucxb1000a): the rig made second, whose name sorts first, must win."""
+    from netns_rig import newest_name  # importable once rig_harness has put scripts/ on the path
+
+    assert newest_name(["ucxb999a", "ucxb1000a"], {"ucxb999a": 1, "ucxb1000a": 2}.get) == (
+        "ucxb1000a"
+    )
+    with (
+        NetnsRig.create(tag=f"{os.getpid()}z") as older,
+        NetnsRig.create(tag=f"{os.getpid()}k") as newer,
+    ):
+        assert sorted([older.ns_a, newer.ns_a])[-1] == older.ns_a
+        assert newest_name([older.ns_a, newer.ns_a]) == newer.ns_a
+
+
 def test_dead_sweep_removes_a_killed_runs_rig_only() -> None:
     # A `run` SIGKILLed while its command runs leaves its rig: nothing ran its cleanup.
     killed = subprocess.Popen(

@@ -23,6 +23,10 @@ Commands:
     ``/dev/shm`` segments over time, and a verdict: flat or growing (exit 1). Implemented in
     :mod:`ucxbackend.soak`.
 
+``config``
+    The reference of every knob, as Markdown, from the schema the backend parses with;
+    ``--write PATH`` replaces the generated block of ``docs/configuration.md`` instead.
+
 ``doctor``
     Preflight for multi-node runs: the interface chosen and its MTU, UCX built with verbs when
     RDMA devices exist, the RoCE v2 GID index (``UCX_IB_GID_INDEX``), the memlock limit,

@@ -14,8 +14,8 @@ they pass straight through to UCX.
 
 Values are validated eagerly, by the same C++ parser the group uses; a bad value raises
 :class:`ValueError` naming the variable (or option), the bad value and the allowed values.
-``docs/configuration.md`` is generated from the same schema (``python -m ucxbackend config
---markdown``).
+``docs/configuration.md``'s knob reference is generated from the same schema (``python -m
+ucxbackend config --write docs/configuration.md``).
 """
 
 from __future__ import annotations
