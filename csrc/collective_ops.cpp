@@ -98,7 +98,7 @@ ReductionSpec reductionFor(const Checker& c, const std::vector<at::Tensor>& ts,
              describe(t));
     }
   }
-  return {c.reduction(dt, op), dt};
+  return {c.reduction(dt, op, ts[0]), dt};
 }
 
 int rootOf(const Checker& c, int64_t root) {

@@ -256,7 +256,8 @@ at::ScalarType scalarTypeOf(DType dtype) {
   return at::kByte;  // unreachable: every DType is listed
 }
 
-Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
+Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op,
+                              const at::Tensor& like) const {
   ReduceKind kind;
   std::string name;
   switch (op.op_) {
@@ -272,18 +273,19 @@ Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
       const char* which = op.op_ == c10d::ReduceOp::AVG ? "AVG" : "PREMUL_SUM";
       if (dtype == DType::kBool || (dtype >= DType::kInt8 && dtype <= DType::kInt64)) {
         fail(std::string(which) + " is not supported for integer or bool dtype " +
-             dtypeName(dtype) + "; use SUM and divide");
+             dtypeName(dtype) + " (tensor " + describe(like) + "); use SUM and divide");
       }
       kind = ReduceKind::kSum;
       break;
     }
     default:
-      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");
+      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported (tensor " +
+           describe(like) + ")");
   }
   const Reduction red = makeReduction(dtype, kind);
   if (red.fn == nullptr) {
     fail(std::string("reduce op ") + reduceName(kind) + " is not defined for dtype " +
-         dtypeName(dtype));
+         dtypeName(dtype) + " (tensor " + describe(like) + ")");
   }
   return red;
 }

@@ -82,7 +82,8 @@ struct Checker {
   // device (DeviceMemory::copy). A strided input is read once, into a copy, first.
   void ownBlockOrApart(const at::Tensor& input, const at::Tensor& output, int self) const;
   // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
-  Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
+  // `like` is one of the op's tensors, which a refusal names (dtype and shape).
+  Reduction reduction(DType dtype, const c10d::ReduceOp& op, const at::Tensor& like) const;
 
   // What tensor() has seen so far (public only so that Checker stays an aggregate).
   mutable std::optional<c10::Device> device_{};

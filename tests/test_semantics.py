@@ -441,6 +441,16 @@ def _local_validation(rank: int, ws: int) -> dict[str, Any]:
         out["all_gather_coalesced output on another device"] = timed(
             lambda: dist.all_gather_coalesced(metas, [torch.ones(2)])
         )
+    if UCX or BACKEND == "udp":
+        # A reduce op the dtype does not have: the error names the tensor's shape too.
+        out["all_reduce AVG int8"] = timed(
+            lambda: dist.all_reduce(torch.ones(3, 2, dtype=torch.int8), op=dist.ReduceOp.AVG)
+        )
+        out["reduce_scatter_tensor BAND float32"] = timed(
+            lambda: dist.reduce_scatter_tensor(
+                torch.empty(3, 2), torch.ones(3 * ws, 2), op=dist.ReduceOp.BAND
+            )
+        )
     # the group still works afterwards
     good = [torch.empty(2) for _ in range(ws)]
     dist.all_gather(good, torch.full((2,), float(rank)))
@@ -461,6 +471,17 @@ def test_bad_input_local_validation() -> None:
             assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
             msg = out["all_gather_coalesced output on another device"][2]
             assert "output" in msg and "unsupported device" in msg, msg
+        if UCX or BACKEND == "udp":
+            for what, words in (
+                ("all_reduce AVG int8", ("allreduce", "AVG", "int8", "[3, 2]")),
+                # (the input's shape: 2 ranks)
+                (
+                    "reduce_scatter_tensor BAND float32",
+                    ("reduce_scatter", "BAND", "float32", "[6, 2]"),
+                ),
+            ):
+                msg = out[what][2]
+                assert all(w in msg for w in words) and names_rank(msg, rank), (what, msg)
 
 
 def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
