@@ -498,6 +498,18 @@ def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
     out["expanded input"] = all(
         torch.equal(g, torch.full((4,), float(j))) for j, g in enumerate(gathered)
     )
+    # reduce_scatter reads its inputs only, as Gloo does: they may be expanded too (they were
+    # refused as if written into).
+    total = torch.full((2,), float(ws * (ws + 1) // 2))
+    single = torch.empty(2)
+    listed = torch.empty(2)
+    out["expanded reduce_scatter input"] = timed(
+        lambda: dist.reduce_scatter_tensor(single, torch.full((1,), rank + 1.0).expand(2 * ws))
+    )
+    out["expanded reduce_scatter inputs"] = timed(
+        lambda: dist.reduce_scatter(listed, [torch.full((1,), rank + 1.0).expand(2)] * ws)
+    )
+    out["reduce_scattered"] = (single.tolist(), listed.tolist(), total.tolist())
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     out["still usable"] = torch.equal(t, torch.full((4,), float(ws * (ws + 1) // 2)))
@@ -515,6 +527,11 @@ def test_overlapping_output_is_refused() -> None:
     for rank, out in enumerate(res):
         assert out.pop("still usable"), f"rank {rank}: group broken after rejected calls"
         assert out.pop("expanded input"), f"rank {rank}: expanded input gathered wrong"
+        for what in ("expanded reduce_scatter input", "expanded reduce_scatter inputs"):
+            _, exc, msg = out.pop(what)
+            assert exc is None, (rank, what, exc, msg)
+        single, listed, total = out.pop("reduce_scattered")
+        assert single == total and listed == total, (rank, single, listed, total)
         for what, (elapsed, exc, msg) in out.items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)  # refused, not run into a timeout
