@@ -68,6 +68,15 @@ std::string describe(const std::vector<at::Tensor>& ts) {
 void Checker::fail(const std::string& problem) const { throwInvalid(op, rank, problem, backend); }
 
 DType Checker::tensor(const at::Tensor& t, const char* role) const {
+  carried(t, role);
+  auto dt = toDType(t.scalar_type());
+  if (!dt) {
+    fail(std::string(role) + " has unsupported dtype " + describe(t));
+  }
+  return *dt;
+}
+
+void Checker::carried(const at::Tensor& t, const char* role) const {
   if (!t.defined()) {
     fail(std::string(role) + " is undefined");
   }
@@ -104,11 +113,6 @@ DType Checker::tensor(const at::Tensor& t, const char* role) const {
     fail(std::string(role) + " " + describe(t) + " has elements that share memory (an " +
          "expanded view?) and the op writes into it; pass a tensor of its own (.clone())");
   }
-  auto dt = toDType(t.scalar_type());
-  if (!dt) {
-    fail(std::string(role) + " has unsupported dtype " + describe(t));
-  }
-  return *dt;
 }
 
 void Checker::single(const std::vector<at::Tensor>& ts, const char* role) const {

@@ -57,6 +57,10 @@ struct Checker {
   // Dense, a supported dtype, on the CPU or (with `cuda`) a CUDA device, and on the same
   // device as every tensor checked before it.
   DType tensor(const at::Tensor& t, const char* role = "tensor") const;
+  // Every check of tensor() but the dtype's: for send and recv, which carry a tensor's bytes
+  // without reading them as numbers, so that any dtype goes (uint16/32/64, the float8
+  // types), as with Gloo.
+  void carried(const at::Tensor& t, const char* role = "tensor") const;
   // The CUDA device of the tensors checked so far; none when they are CPU tensors.
   std::optional<c10::Device> device() const { return device_; }
   void single(const std::vector<at::Tensor>& ts, const char* role = "tensors") const;

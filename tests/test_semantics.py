@@ -694,13 +694,15 @@ def test_world_size_one() -> None:
 
 def _failed_batch_then_collectives(rank: int, ws: int) -> None:
     peer = (rank + 1) % ws
-    bad = torch.zeros(4, dtype=torch.uint32)  # a dtype the backend rejects
+    # A receive into an expanded view (its four elements one memory location): refused. (Not
+    # a dtype: send and recv take any.)
+    bad = torch.zeros(1).expand(4)
     try:
-        dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer)])
+        dist.batch_isend_irecv([dist.P2POp(dist.irecv, bad, peer)])
     except (ValueError, RuntimeError):
         pass
     else:
-        raise AssertionError("a batch with an unsupported dtype was accepted")
+        raise AssertionError("a batch receiving into an expanded view was accepted")
     # The group must still run every later op, not queue it silently.
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
