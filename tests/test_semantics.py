@@ -510,6 +510,16 @@ def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
         lambda: dist.reduce_scatter(listed, [torch.full((1,), rank + 1.0).expand(2)] * ws)
     )
     out["reduce_scattered"] = (single.tolist(), listed.tolist(), total.tolist())
+    # Elements that overlap without a zero stride, where torch's own check cannot tell: the
+    # op ran and each shared element kept whichever value was copied into it last.
+    overlapping = torch.zeros(4).as_strided((3, 2), (1, 1))
+    out["all_reduce as_strided"] = timed(lambda: dist.all_reduce(overlapping))
+    # A layout made by hand that overlaps nowhere (offsets 0, 3, 2, 5, 4, 7) still runs.
+    base = torch.zeros(8)
+    apart = base.as_strided((3, 2), (2, 3))
+    apart.fill_(rank + 1.0)
+    dist.all_reduce(apart)
+    out["as_strided apart"] = (base.tolist(), [float(ws * (ws + 1) // 2)] * 8)
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     out["still usable"] = torch.equal(t, torch.full((4,), float(ws * (ws + 1) // 2)))
@@ -532,13 +542,18 @@ def test_overlapping_output_is_refused() -> None:
             assert exc is None, (rank, what, exc, msg)
         single, listed, total = out.pop("reduce_scattered")
         assert single == total and listed == total, (rank, single, listed, total)
+        got, want = out.pop("as_strided apart")
+        want[1] = want[6] = 0.0  # not in the view
+        assert got == want, (rank, got, want)
         for what, (elapsed, exc, msg) in out.items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)  # refused, not run into a timeout
-            described = "Float[2, 4]" if what == "all_reduce" else "Float[4]"
+            shapes = {"all_reduce": "Float[2, 4]", "all_reduce as_strided": "Float[3, 2]"}
+            described = shapes.get(what, "Float[4]")
             assert "share memory" in msg and described in msg, (rank, what, msg)
             assert names_rank(msg, rank), (rank, what, msg)
         assert names(out["all_reduce"][2], OP_ALL_REDUCE), out
+        assert names(out["all_reduce as_strided"][2], OP_ALL_REDUCE), out
 
 
 def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
