@@ -468,6 +468,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
+  if (!ins.empty()) {
+    // At the root, an input for another rank that shares memory with the output is sent
+    // while the root's own block is copied over it: that rank got the old data, the new, or
+    // (a large message on ucx) some of each. Its own input may be the output (in place).
+    std::vector<at::Tensor> outs(ins.size(), at::empty({0}, out.options()));
+    outs[root] = out;
+    c.inputsApart(ins, outs, root);
+  }
   return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs,
                  OpInputs(out).agreeing(-1, root),
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {

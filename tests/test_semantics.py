@@ -615,8 +615,26 @@ def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
     gathered[4 * rank : 4 * rank + 4].copy_(mine)
     dist.all_gather_into_tensor(gathered, gathered[4 * rank : 4 * rank + 4])
     out["flat in place"] = gathered.view(ws, 4).tolist()
+    # scatter with the root's own block in place (its input for itself is its output): exact.
+    got = torch.full((4,), 100 + rank, dtype=torch.int64)
+    blocks = None
+    if rank == 0:
+        got.fill_(1)  # the root's own block
+        blocks = [got] + [torch.full((4,), j + 1, dtype=torch.int64) for j in range(1, ws)]
+    dist.scatter(got, blocks, src=0)
+    out["scatter in place"] = got.tolist()
     if rank == 0:  # last, and the root alone: only the root passes outputs (and is refused)
         refused["gather same tensor twice"] = timed(lambda: dist.gather(mine, [t] * ws, dst=0))
+        # The root's input for rank 1 is its own output, which its own block overwrites while
+        # that input is sent: rank 1 got the old data, the new, or (1 MiB on ucx) some of each.
+        # A slice of it too.
+        own = torch.zeros(8, dtype=torch.int64)
+        for what, peer_block in (("is", own[:4]), ("overlaps", own[2:6])):
+            ins = [torch.full((4,), j, dtype=torch.int64) for j in range(ws)]
+            ins[1] = peer_block
+            refused[f"scatter input for a peer {what} the output"] = timed(
+                lambda ins=ins: dist.scatter(own[:4], ins, src=0)
+            )
     return out
 
 
@@ -633,7 +651,9 @@ def test_outputs_sharing_memory_are_refused() -> None:
         # rank j sent rank `rank` the value 10 * j + rank
         a2a_want = [[10 * j + rank] * 2 for j in range(ws)]
         assert out["a2a own block in place"] == a2a_want, (rank, out["a2a own block in place"])
+        assert out["scatter in place"] == want[rank], (rank, out["scatter in place"])
         assert ("gather same tensor twice" in out["refused"]) == (rank == 0), out
+        assert ("scatter input for a peer is the output" in out["refused"]) == (rank == 0), out
         for what, (elapsed, exc, msg) in out["refused"].items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)
