@@ -87,18 +87,20 @@ struct ReductionSpec {
   DType dtype;
 };
 
+// `role` "input" for tensors the op only reads (reduce_scatter's), which may then be
+// expanded views; else the op writes its result into them.
 ReductionSpec reductionFor(const Checker& c, const std::vector<at::Tensor>& ts,
-                           const c10d::ReduceOp& op) {
+                           const c10d::ReduceOp& op, const char* role = "tensor") {
   if (ts.empty()) c.fail("expects at least one tensor");
-  const DType dt = c.tensor(ts[0]);
+  const DType dt = c.tensor(ts[0], role);
   for (const auto& t : ts) {
-    c.tensor(t);
+    c.tensor(t, role);
     if (t.scalar_type() != ts[0].scalar_type()) {
       c.fail("all tensors must have the same dtype, got " + describe(ts[0]) + " and " +
              describe(t));
     }
   }
-  return {c.reduction(dt, op), dt};
+  return {c.reduction(dt, op, ts[0]), dt};
 }
 
 int rootOf(const Checker& c, int64_t root) {
@@ -466,6 +468,14 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
   c.tensor(out, "output");
   const int root = rootOf(c, opts.rootRank);
   const std::vector<at::Tensor> ins = rootList(c, root, inputs, out, "input");
+  if (!ins.empty()) {
+    // At the root, an input for another rank that shares memory with the output is sent
+    // while the root's own block is copied over it: that rank got the old data, the new, or
+    // (a large message on ucx) some of each. Its own input may be the output (in place).
+    std::vector<at::Tensor> outs(ins.size(), at::empty({0}, out.options()));
+    outs[root] = out;
+    c.inputsApart(ins, outs, root);
+  }
   return enqueue("scatter", c10d::OpType::SCATTER, c.device(), outputs,
                  OpInputs(out).agreeing(-1, root),
                  timeoutFor(opts.timeout), [out, ins, root](Comm& comm) {
@@ -512,7 +522,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
              "x the elements of output " + describe(outputs[i]));
     }
   }
-  const auto spec = reductionFor(c, all, reduceOp);
+  // Read, never written (the result goes to the outputs): an expanded input is fine.
+  const auto spec = reductionFor(c, all, reduceOp, "input");
   const int size = getSize();
   // The ring receives into the output while it still reads the inputs: an output that is
   // (part of) an input, as in NCCL-style in-place reduce_scatter, goes the packed way.

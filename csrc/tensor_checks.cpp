@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstdint>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "csrc/errors.hpp"
 
@@ -65,9 +67,62 @@ std::string describe(const std::vector<at::Tensor>& ts) {
   return s;
 }
 
+namespace {
+
+// Whether two elements of `t` are one memory location. torch's has_internal_overlap answers
+// yes only for a zero stride (an expanded view) and "too hard" for every other layout that
+// is not dense, among them views whose elements overlap without a zero stride
+// (as_strided({3, 2}, {1, 1})), which a recv or all_reduce wrote element by element, the
+// last copy winning. Decided here: a layout whose dims, taken by stride, each step past
+// the extent of the smaller ones overlaps nowhere (slices, transposes, strided views: no
+// cost beyond the sort of a few dims); what is left, a layout made by hand, has every
+// element's offset compared.
+bool sharesElements(const at::Tensor& t) {
+  const auto overlap = at::has_internal_overlap(t);
+  if (overlap != at::MemOverlap::TooHard || t.numel() == 0) {
+    return overlap == at::MemOverlap::Yes;
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 0;  // the offsets the dims so far reach lie in [0, extent]
+  bool apart = true;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= extent) {
+      apart = false;
+      break;
+    }
+    extent += stride * (size - 1);
+  }
+  if (apart) return false;
+  std::vector<int64_t> offsets{0};
+  offsets.reserve(static_cast<size_t>(t.numel()));
+  for (const auto& [stride, size] : dims) {
+    const size_t n = offsets.size();
+    for (int64_t i = 1; i < size; ++i) {
+      for (size_t j = 0; j < n; ++j) offsets.push_back(offsets[j] + i * stride);
+    }
+  }
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end();
+}
+
+}  // namespace
+
 void Checker::fail(const std::string& problem) const { throwInvalid(op, rank, problem, backend); }
 
 DType Checker::tensor(const at::Tensor& t, const char* role) const {
+  carried(t, role);
+  auto dt = toDType(t.scalar_type());
+  if (!dt) {
+    fail(std::string(role) + " has unsupported dtype " + describe(t));
+  }
+  return *dt;
+}
+
+void Checker::carried(const at::Tensor& t, const char* role) const {
   if (!t.defined()) {
     fail(std::string(role) + " is undefined");
   }
@@ -98,17 +153,13 @@ DType Checker::tensor(const at::Tensor& t, const char* role) const {
   }
   // The op writes into every tensor but an input (and send's): one whose elements share
   // memory (an expanded view) could only be written on the progress thread, after the
-  // exchange, where torch refuses and the group fails with a message naming no op.
-  if (std::string_view(role) != "input" && op != "send" &&
-      at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+  // exchange, where torch refuses and the group fails with a message naming no op (or,
+  // where torch cannot tell, keeps whichever element was copied last).
+  if (std::string_view(role) != "input" && op != "send" && sharesElements(t)) {
     fail(std::string(role) + " " + describe(t) + " has elements that share memory (an " +
-         "expanded view?) and the op writes into it; pass a tensor of its own (.clone())");
+         "expanded or as_strided view?) and the op writes into it; pass a tensor of its own " +
+         "(.clone())");
   }
-  auto dt = toDType(t.scalar_type());
-  if (!dt) {
-    fail(std::string(role) + " has unsupported dtype " + describe(t));
-  }
-  return *dt;
 }
 
 void Checker::single(const std::vector<at::Tensor>& ts, const char* role) const {
@@ -256,7 +307,8 @@ at::ScalarType scalarTypeOf(DType dtype) {
   return at::kByte;  // unreachable: every DType is listed
 }
 
-Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
+Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op,
+                              const at::Tensor& like) const {
   ReduceKind kind;
   std::string name;
   switch (op.op_) {
@@ -272,18 +324,19 @@ Reduction Checker::reduction(DType dtype, const c10d::ReduceOp& op) const {
       const char* which = op.op_ == c10d::ReduceOp::AVG ? "AVG" : "PREMUL_SUM";
       if (dtype == DType::kBool || (dtype >= DType::kInt8 && dtype <= DType::kInt64)) {
         fail(std::string(which) + " is not supported for integer or bool dtype " +
-             dtypeName(dtype) + "; use SUM and divide");
+             dtypeName(dtype) + " (tensor " + describe(like) + "); use SUM and divide");
       }
       kind = ReduceKind::kSum;
       break;
     }
     default:
-      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");
+      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported (tensor " +
+           describe(like) + ")");
   }
   const Reduction red = makeReduction(dtype, kind);
   if (red.fn == nullptr) {
     fail(std::string("reduce op ") + reduceName(kind) + " is not defined for dtype " +
-         dtypeName(dtype));
+         dtypeName(dtype) + " (tensor " + describe(like) + ")");
   }
   return red;
 }

@@ -57,6 +57,10 @@ struct Checker {
   // Dense, a supported dtype, on the CPU or (with `cuda`) a CUDA device, and on the same
   // device as every tensor checked before it.
   DType tensor(const at::Tensor& t, const char* role = "tensor") const;
+  // Every check of tensor() but the dtype's: for send and recv, which carry a tensor's bytes
+  // without reading them as numbers, so that any dtype goes (uint16/32/64, the float8
+  // types), as with Gloo.
+  void carried(const at::Tensor& t, const char* role = "tensor") const;
   // The CUDA device of the tensors checked so far; none when they are CPU tensors.
   std::optional<c10::Device> device() const { return device_; }
   void single(const std::vector<at::Tensor>& ts, const char* role = "tensors") const;
@@ -82,7 +86,8 @@ struct Checker {
   // device (DeviceMemory::copy). A strided input is read once, into a copy, first.
   void ownBlockOrApart(const at::Tensor& input, const at::Tensor& output, int self) const;
   // The reduction for (dtype, op); for AVG and PREMUL_SUM the SUM (the backend scales).
-  Reduction reduction(DType dtype, const c10d::ReduceOp& op) const;
+  // `like` is one of the op's tensors, which a refusal names (dtype and shape).
+  Reduction reduction(DType dtype, const c10d::ReduceOp& op, const at::Tensor& like) const;
 
   // What tensor() has seen so far (public only so that Checker stays an aggregate).
   mutable std::optional<c10::Device> device_{};

@@ -922,7 +922,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::send(std::vector<at::Tensor>& t
                                                      int tag) {
   const auto c = checker("send");
   c.single(tensors);
-  c.tensor(tensors[0]);
+  c.carried(tensors[0]);
   c.rank_(dstRank, "destination rank");
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(getRank()));
   return enqueueP2P("send", c10d::OpType::SEND, c.device(), tensors[0], dstRank, t,
@@ -933,7 +933,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recv(std::vector<at::Tensor>& t
                                                      int tag) {
   const auto c = checker("recv");
   c.single(tensors);
-  c.tensor(tensors[0]);
+  c.carried(tensors[0]);
   c.rank_(srcRank, "source rank");
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), static_cast<uint32_t>(srcRank));
   return enqueueP2P("recv", c10d::OpType::RECV, c.device(), tensors[0], srcRank, t,
@@ -944,7 +944,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::recvAnysource(std::vector<at::T
                                                               int tag) {
   const auto c = checker("recvAnysource");
   c.single(tensors);
-  c.tensor(tensors[0]);
+  c.carried(tensors[0]);
   const uint64_t t = tag::p2p(groupHash_, checkedUserTag(c, tag), 0);
   return enqueueP2P("recvAnysource", c10d::OpType::RECVANYSOURCE, c.device(), tensors[0],
                     kAnySource, t, tag::kAnySourceMask);

@@ -441,6 +441,16 @@ def _local_validation(rank: int, ws: int) -> dict[str, Any]:
         out["all_gather_coalesced output on another device"] = timed(
             lambda: dist.all_gather_coalesced(metas, [torch.ones(2)])
         )
+    if UCX or BACKEND == "udp":
+        # A reduce op the dtype does not have: the error names the tensor's shape too.
+        out["all_reduce AVG int8"] = timed(
+            lambda: dist.all_reduce(torch.ones(3, 2, dtype=torch.int8), op=dist.ReduceOp.AVG)
+        )
+        out["reduce_scatter_tensor BAND float32"] = timed(
+            lambda: dist.reduce_scatter_tensor(
+                torch.empty(3, 2), torch.ones(3 * ws, 2), op=dist.ReduceOp.BAND
+            )
+        )
     # the group still works afterwards
     good = [torch.empty(2) for _ in range(ws)]
     dist.all_gather(good, torch.full((2,), float(rank)))
@@ -461,6 +471,17 @@ def test_bad_input_local_validation() -> None:
             assert names(out["all_gather list length"][2], OP_ALL_GATHER), out
             msg = out["all_gather_coalesced output on another device"][2]
             assert "output" in msg and "unsupported device" in msg, msg
+        if UCX or BACKEND == "udp":
+            for what, words in (
+                ("all_reduce AVG int8", ("allreduce", "AVG", "int8", "[3, 2]")),
+                # (the input's shape: 2 ranks)
+                (
+                    "reduce_scatter_tensor BAND float32",
+                    ("reduce_scatter", "BAND", "float32", "[6, 2]"),
+                ),
+            ):
+                msg = out[what][2]
+                assert all(w in msg for w in words) and names_rank(msg, rank), (what, msg)
 
 
 def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
@@ -477,6 +498,28 @@ def _overlapping_outputs(rank: int, ws: int) -> dict[str, Any]:
     out["expanded input"] = all(
         torch.equal(g, torch.full((4,), float(j))) for j, g in enumerate(gathered)
     )
+    # reduce_scatter reads its inputs only, as Gloo does: they may be expanded too (they were
+    # refused as if written into).
+    total = torch.full((2,), float(ws * (ws + 1) // 2))
+    single = torch.empty(2)
+    listed = torch.empty(2)
+    out["expanded reduce_scatter input"] = timed(
+        lambda: dist.reduce_scatter_tensor(single, torch.full((1,), rank + 1.0).expand(2 * ws))
+    )
+    out["expanded reduce_scatter inputs"] = timed(
+        lambda: dist.reduce_scatter(listed, [torch.full((1,), rank + 1.0).expand(2)] * ws)
+    )
+    out["reduce_scattered"] = (single.tolist(), listed.tolist(), total.tolist())
+    # Elements that overlap without a zero stride, where torch's own check cannot tell: the
+    # op ran and each shared element kept whichever value was copied into it last.
+    overlapping = torch.zeros(4).as_strided((3, 2), (1, 1))
+    out["all_reduce as_strided"] = timed(lambda: dist.all_reduce(overlapping))
+    # A layout made by hand that overlaps nowhere (offsets 0, 3, 2, 5, 4, 7) still runs.
+    base = torch.zeros(8)
+    apart = base.as_strided((3, 2), (2, 3))
+    apart.fill_(rank + 1.0)
+    dist.all_reduce(apart)
+    out["as_strided apart"] = (base.tolist(), [float(ws * (ws + 1) // 2)] * 8)
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     out["still usable"] = torch.equal(t, torch.full((4,), float(ws * (ws + 1) // 2)))
@@ -494,13 +537,23 @@ def test_overlapping_output_is_refused() -> None:
     for rank, out in enumerate(res):
         assert out.pop("still usable"), f"rank {rank}: group broken after rejected calls"
         assert out.pop("expanded input"), f"rank {rank}: expanded input gathered wrong"
+        for what in ("expanded reduce_scatter input", "expanded reduce_scatter inputs"):
+            _, exc, msg = out.pop(what)
+            assert exc is None, (rank, what, exc, msg)
+        single, listed, total = out.pop("reduce_scattered")
+        assert single == total and listed == total, (rank, single, listed, total)
+        got, want = out.pop("as_strided apart")
+        want[1] = want[6] = 0.0  # not in the view
+        assert got == want, (rank, got, want)
         for what, (elapsed, exc, msg) in out.items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)  # refused, not run into a timeout
-            described = "Float[2, 4]" if what == "all_reduce" else "Float[4]"
+            shapes = {"all_reduce": "Float[2, 4]", "all_reduce as_strided": "Float[3, 2]"}
+            described = shapes.get(what, "Float[4]")
             assert "share memory" in msg and described in msg, (rank, what, msg)
             assert names_rank(msg, rank), (rank, what, msg)
         assert names(out["all_reduce"][2], OP_ALL_REDUCE), out
+        assert names(out["all_reduce as_strided"][2], OP_ALL_REDUCE), out
 
 
 def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
@@ -562,8 +615,26 @@ def _outputs_sharing_memory(rank: int, ws: int) -> dict[str, Any]:
     gathered[4 * rank : 4 * rank + 4].copy_(mine)
     dist.all_gather_into_tensor(gathered, gathered[4 * rank : 4 * rank + 4])
     out["flat in place"] = gathered.view(ws, 4).tolist()
+    # scatter with the root's own block in place (its input for itself is its output): exact.
+    got = torch.full((4,), 100 + rank, dtype=torch.int64)
+    blocks = None
+    if rank == 0:
+        got.fill_(1)  # the root's own block
+        blocks = [got] + [torch.full((4,), j + 1, dtype=torch.int64) for j in range(1, ws)]
+    dist.scatter(got, blocks, src=0)
+    out["scatter in place"] = got.tolist()
     if rank == 0:  # last, and the root alone: only the root passes outputs (and is refused)
         refused["gather same tensor twice"] = timed(lambda: dist.gather(mine, [t] * ws, dst=0))
+        # The root's input for rank 1 is its own output, which its own block overwrites while
+        # that input is sent: rank 1 got the old data, the new, or (1 MiB on ucx) some of each.
+        # A slice of it too.
+        own = torch.zeros(8, dtype=torch.int64)
+        for what, peer_block in (("is", own[:4]), ("overlaps", own[2:6])):
+            ins = [torch.full((4,), j, dtype=torch.int64) for j in range(ws)]
+            ins[1] = peer_block
+            refused[f"scatter input for a peer {what} the output"] = timed(
+                lambda ins=ins: dist.scatter(own[:4], ins, src=0)
+            )
     return out
 
 
@@ -580,7 +651,9 @@ def test_outputs_sharing_memory_are_refused() -> None:
         # rank j sent rank `rank` the value 10 * j + rank
         a2a_want = [[10 * j + rank] * 2 for j in range(ws)]
         assert out["a2a own block in place"] == a2a_want, (rank, out["a2a own block in place"])
+        assert out["scatter in place"] == want[rank], (rank, out["scatter in place"])
         assert ("gather same tensor twice" in out["refused"]) == (rank == 0), out
+        assert ("scatter input for a peer is the output" in out["refused"]) == (rank == 0), out
         for what, (elapsed, exc, msg) in out["refused"].items():
             assert exc == "ValueError", f"rank {rank} {what}: {exc} {msg}"
             assert elapsed < 10, (rank, what, elapsed)
@@ -656,13 +729,15 @@ def test_world_size_one() -> None:
 
 def _failed_batch_then_collectives(rank: int, ws: int) -> None:
     peer = (rank + 1) % ws
-    bad = torch.zeros(4, dtype=torch.uint32)  # a dtype the backend rejects
+    # A receive into an expanded view (its four elements one memory location): refused. (Not
+    # a dtype: send and recv take any.)
+    bad = torch.zeros(1).expand(4)
     try:
-        dist.batch_isend_irecv([dist.P2POp(dist.isend, bad, peer)])
+        dist.batch_isend_irecv([dist.P2POp(dist.irecv, bad, peer)])
     except (ValueError, RuntimeError):
         pass
     else:
-        raise AssertionError("a batch with an unsupported dtype was accepted")
+        raise AssertionError("a batch receiving into an expanded view was accepted")
     # The group must still run every later op, not queue it silently.
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
