@@ -76,7 +76,10 @@ namespace {
 // last copy winning. Decided here: a layout whose dims, taken by stride, each step past
 // the extent of the smaller ones overlaps nowhere (slices, transposes, strided views: no
 // cost beyond the sort of a few dims); what is left, a layout made by hand, has every
-// element's offset compared.
+// element's offset compared, up to kOffsetsCompared elements: past that (a 32 MiB list of
+// offsets) it is taken as torch takes "too hard", as not shared.
+constexpr int64_t kOffsetsCompared = int64_t{1} << 22;
+
 bool sharesElements(const at::Tensor& t) {
   const auto overlap = at::has_internal_overlap(t);
   if (overlap != at::MemOverlap::TooHard || t.numel() == 0) {
@@ -96,7 +99,7 @@ bool sharesElements(const at::Tensor& t) {
     }
     extent += stride * (size - 1);
   }
-  if (apart) return false;
+  if (apart || t.numel() > kOffsetsCompared) return false;
   std::vector<int64_t> offsets{0};
   offsets.reserve(static_cast<size_t>(t.numel()));
   for (const auto& [stride, size] : dims) {
