@@ -706,6 +706,24 @@ void testLinger() {
     CHECK(net.runUntil([&] { return net.gone(0); }, kSecond));
     CHECK_EQ(net.lingerEndedUs(0) - closedAt, bounded.lingerMaxUs);
   }
+  // An any-source receive pending at close fails inside close() too, and a matching message
+  // that arrives while the endpoint lingers goes nowhere near its buffer (which may be gone):
+  // until 2026-11-28 close() cut off only the connections with requests bound to them, and
+  // the next completeRequests() bound such a receive to the message and wrote it there.
+  {
+    EndpointNetwork net(2, options);
+    Inbox inbox(100);
+    auto pending = net.endpoint(0)->recv(kAnySource, 66, ~Tag{0}, inbox.data.data(),
+                                         inbox.capacity());
+    net.close(0);
+    CHECK(pending->failed());
+    CHECK_EQ(pending->error(), std::string("the udp transport was closed with the request pending"));
+    auto out = message(1, 66, 50);
+    auto send = net.endpoint(1)->send(0, 66, out.data(), out.size());
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK(inbox.untouched());
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
+  }
   // The destructor fails what is still pending, an any-source receive too.
   {
     Inbox inbox(10);
