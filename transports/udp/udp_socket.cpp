@@ -120,11 +120,14 @@ size_t UdpSocket::sendBatch(std::span<Datagram> batch) {
     if (err == EAGAIN || err == EWOULDBLOCK) break;
     // A device that cannot checksum a train rejects it (EIO), and so does the stack a train
     // whose datagrams are larger than the path's MTU (EMSGSIZE: mtu_payload above the
-    // interface's, or above a smaller MTU the path reported), which it would fragment if they
-    // went one by one: the train is lost (the protocol resends it) and trains are not tried
-    // again. Left on, every train met the same error, and a 16 MB all_reduce with jumbo
-    // datagrams over a 1500-byte path resent 99% of its datagrams, taking 3 s, not 0.1 s.
-    if ((err == EIO || err == EMSGSIZE) && batch[done].segmentSize != 0) {
+    // interface's, or above a smaller MTU the path reported; EINVAL on kernels before 6.14
+    // without its backport, "udp: gso: do not drop small packets when PMTU reduces"), which it
+    // would fragment if they went one by one:
+    // the train is lost (the protocol resends it) and trains are not tried again. Left on,
+    // every train met the same error, and a 16 MB all_reduce with jumbo datagrams over a
+    // 1500-byte path resent 99% of its datagrams, taking 3 s, not 0.1 s; and EINVAL, taken
+    // for a broken socket, failed the group.
+    if ((err == EIO || err == EMSGSIZE || err == EINVAL) && batch[done].segmentSize != 0) {
       gso_ = false;
       ++done;
       continue;
