@@ -31,6 +31,7 @@ using namespace ucxb;
 namespace {
 int gFailErrno = 0;
 bool gFailSends = false;
+bool gFailReceives = false;  // the same for recvmmsg
 }  // namespace
 
 extern "C" int sendmmsg(int fd, struct mmsghdr* messages, unsigned int count, int flags) {
@@ -40,6 +41,16 @@ extern "C" int sendmmsg(int fd, struct mmsghdr* messages, unsigned int count, in
     return -1;
   }
   return static_cast<int>(::syscall(SYS_sendmmsg, fd, messages, count, flags));
+}
+
+extern "C" int recvmmsg(int fd, struct mmsghdr* messages, unsigned int count, int flags,
+                        struct timespec* timeout) {
+  if (gFailReceives) {
+    gFailReceives = false;
+    errno = gFailErrno;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_recvmmsg, fd, messages, count, flags, timeout));
 }
 
 namespace {
@@ -400,6 +411,57 @@ void testSendErrors() {
   gFailSends = false;
 }
 
+// The errors an ICMP report leaves on a socket (IP_RECVERR: the kernel reports it to the next
+// send or receive, whatever datagram that is about) are about an earlier datagram, never the
+// socket: a parameter problem (EPROTO), protocol unreachable (ENOPROTOOPT), source route
+// failed (EOPNOTSUPP), host isolated (ENONET), and IPv6's administratively prohibited
+// (EACCES). The receive goes on (the datagram waiting is still taken) and a send loses only the
+// datagram it was about. Until 2026-11-28 they were thrown as socket failures and failed the
+// group: a router's ICMP, or anyone's forged one, authenticated mode or not. (The kernel's
+// answer is real: in a network namespace a raw ICMP parameter problem about a datagram of a
+// socket with IP_RECVERR makes its next recv fail with EPROTO.)
+void testIcmpErrors() {
+  udp::UdpSocket tx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  udp::UdpSocket rx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  std::vector<uint8_t> bytes(100, 0x3c), in(64 * 1024);
+  for (const int err : {EPROTO, ENOPROTOOPT, EOPNOTSUPP, ENONET, EACCES}) {
+    const std::string name = std::strerror(err);
+    udp::Datagram out;
+    out.data = bytes.data();
+    out.length = bytes.size();
+    out.peer = rx.localAddress();
+    std::vector<udp::Datagram> batch = {out, out};
+    gFailErrno = err;
+    gFailSends = true;
+    std::string error;
+    size_t sent = 0;
+    try {
+      sent = tx.sendBatch(batch);
+    } catch (const TransportError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.empty(), name + ": " + error);
+    CHECK_MSG(sent == 2, name);
+    udp::Datagram d;
+    d.data = in.data();
+    d.capacity = in.size();
+    gFailErrno = err;
+    gFailReceives = true;
+    size_t got = 0;
+    error.clear();
+    try {
+      got = rx.receiveBatch(std::span<udp::Datagram>(&d, 1));
+    } catch (const TransportError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.empty(), name + ": " + error);
+    CHECK_MSG(got == 1 && d.length == bytes.size(), name);  // the one the send did not lose
+    CHECK_MSG(rx.errorsReported(), name);
+    CHECK_EQ(rx.receiveBatch(std::span<udp::Datagram>(&d, 1)), size_t{0});
+  }
+  gFailSends = gFailReceives = false;
+}
+
 // An address blob that is not one (truncated, or of an unknown family: a Store record
 // damaged or written by something else) fails connect() naming the rank that published it.
 void testBadAddress() {
@@ -446,6 +508,7 @@ int main(int argc, char** argv) {
       {"balance", testBalance, true},
       {"bad_address", testBadAddress, true},
       {"send_errors", testSendErrors, true},
+      {"icmp_errors", testIcmpErrors, true},
       {"dead_peer", testDeadPeer, true},
   };
   // The arguments are the faults and the MTU, not group names: run every group.

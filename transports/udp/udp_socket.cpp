@@ -19,6 +19,10 @@ namespace {
 }
 
 // Errors a datagram send can meet that say nothing about our socket: the datagram is lost.
+// With IP_RECVERR the kernel also hands every ICMP error about an earlier datagram to the next
+// send or receive, whatever datagram that is about: each errno an ICMP or ICMPv6 report maps
+// to is here (icmp_err_convert, icmpv6_err_convert), since a router's report, or anyone's
+// forged one, must not fail the socket (it did for EPROTO and the next four until 2026-11-28).
 bool isPerDatagramError(int err) {
   switch (err) {
     case ECONNREFUSED:   // an ICMP port unreachable from an earlier datagram (peer gone)
@@ -29,6 +33,11 @@ bool isPerDatagramError(int err) {
     case EPERM:          // a firewall rule dropped it (iptables on OUTPUT)
     case EMSGSIZE:       // larger than the path allows: configuration, reported by the RTO
     case ENOBUFS:
+    case EPROTO:         // ICMP parameter problem
+    case ENOPROTOOPT:    // ICMP protocol unreachable
+    case EOPNOTSUPP:     // ICMP source route failed
+    case ENONET:         // ICMP host isolated
+    case EACCES:         // ICMPv6 administratively prohibited, policy failure, reject route
       return true;
     default:
       return false;
