@@ -1822,6 +1822,62 @@ void testMatching() {
   }
 }
 
+// A CTS naming a rendezvous message whose RTS has not gone out yet: no honest receiver can send
+// one (it learns of the message from the RTS). Until 2026-11-28 the sender took it as the
+// message's clearance, sent the RTS and then ignored the receiver's real CTS as a repeat, and
+// the send waited forever; now it is dropped as a protocol violation, like a CTS for a message
+// never sent, and the exchange completes.
+void testCtsBeforeRts() {
+  UdpConfig c;
+  c.eagerMaxBytes = 1000;  // both messages go by rendezvous
+  const uint64_t token = 0x5151;
+  PeerConnection tx(c, PeerIdentity{0, 1, token});
+  PeerConnection rx(c, PeerIdentity{1, 0, token});
+  std::vector<uint8_t> first(5000), second(5000);
+  fillPattern(first.data(), first.size(), 41);
+  fillPattern(second.data(), second.size(), 42);
+  GuardedBuffer in1(5000), in2(5000);
+  rx.postReceive(1, ~Tag{0}, in1.data(), in1.cap);
+  rx.postReceive(2, ~Tag{0}, in2.data(), in2.cap);
+  tx.send(1, first.data(), first.size());
+  tx.send(2, second.data(), second.size());
+  std::vector<uint8_t> out(c.mtuPayload);
+  // The first RTS goes out (and is held back); the second message is admitted, its RTS not sent.
+  std::vector<uint8_t> heldRts(out.begin(),
+                               out.begin() + static_cast<std::ptrdiff_t>(tx.pollTransmit(0, out)));
+  PacketHeader h;
+  h.sourceRank = 1;
+  h.token = token;
+  const MessageId early = 1;
+  std::vector<uint8_t> cts(ctsBytes(1));
+  encodeCts(cts, h, 1000, std::span<const MessageId>(&early, 1));
+  const Stats before = tx.stats();
+  tx.onDatagram(cts, 0);
+  CHECK_EQ(tx.stats().dropped(DropReason::kProtocol) - before.dropped(DropReason::kProtocol),
+           uint64_t{1});
+  CHECK_EQ(tx.stats().datagramsAccepted, before.datagramsAccepted);
+  // Then the honest exchange runs by hand: both sends and both receives complete.
+  rx.onDatagram(heldRts, 0);
+  int sent = 0, received = 0;
+  TimeUs now = 0;
+  for (int round = 0; round < 10'000 && (sent < 2 || received < 2); ++round, now += 50) {
+    for (PeerConnection* from : {&tx, &rx}) {
+      PeerConnection* to = from == &tx ? &rx : &tx;
+      if (const auto t = from->nextTimeout(); t && *t <= now) from->onTimeout(now);
+      while (const size_t n = from->pollTransmit(now, out)) {
+        to->onDatagram(std::span<const uint8_t>(out.data(), n), now);
+      }
+    }
+    while (const auto e = tx.pollEvent()) sent += e->kind == EventKind::kSendCompleted;
+    while (const auto e = rx.pollEvent()) received += e->kind == EventKind::kMessageReceived;
+  }
+  CHECK_EQ(sent, 2);
+  CHECK_EQ(received, 2);
+  CHECK_EQ(firstPatternMismatch(in1.data(), 5000, 41), uint64_t{5000});
+  CHECK_EQ(firstPatternMismatch(in2.data(), 5000, 42), uint64_t{5000});
+  CHECK(in1.guardsIntact() && in2.guardsIntact());
+}
+
 void testSecurity() {
   // Captures real traffic, then replays tampered copies of it to the receiving side.
   Simulator sim(2, UdpConfig{}, LinkConfig{}, /*token=*/0xabcdef);
@@ -1922,6 +1978,7 @@ void testSecurity() {
   for (const auto& b : fromSender) stranger.onDatagram(b, 1);
   CHECK_EQ(stranger.stats().dropped(DropReason::kBadToken), uint64_t(fromSender.size()));
   CHECK_EQ(stranger.stats().datagramsAccepted, uint64_t{0});
+  testCtsBeforeRts();
 }
 
 void testFuzz() {

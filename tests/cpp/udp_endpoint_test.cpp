@@ -533,6 +533,34 @@ void testKilledPeer() {
   CHECK(quiet.runUntil([&] { return !send->pending(); }, 20 * kSecond));
   CHECK(quiet.nowUs() - sentAt < 1000);  // one round trip of 2 x 50 us
   CHECK_MSG(check::contains(send->error(), "is closed (ICMP port unreachable)"), send->error());
+
+  // A peer killed in the middle of a message: the receive fails within a keepalive or so,
+  // naming the peer, and completes with none of it (what arrived stays in the buffer, which
+  // a failed receive does not vouch for), and nothing is written after it failed.
+  EndpointNetwork mid(3, silenceOptions(20 * kSecond));
+  FaultConfig slow;
+  slow.rateMbps = 10;  // 60 KB take about 50 ms: time to kill the sender half-way
+  slow.queue = 1000;
+  mid.setFaults(2, 0, slow);
+  const std::vector<uint8_t> big = message(2, 83, 60'000);
+  Inbox partly(60'000);
+  auto halfway = mid.endpoint(0)->recv(2, 83, ~Tag{0}, partly.data.data(), partly.capacity());
+  auto bigSend = mid.endpoint(2)->send(0, 83, big.data(), big.size());
+  CHECK(mid.runUntil([&] { return mid.endpoint(0)->peerStats(2).payloadBytesReceived > 10'000; },
+                     kSecond));
+  const uint64_t before = mid.endpoint(0)->peerStats(2).payloadBytesReceived;
+  CHECK_MSG(before < 60'000, std::to_string(before));
+  mid.kill(2);
+  const TimeUs killedAt = mid.nowUs();
+  CHECK(mid.runUntil([&] { return !halfway->pending(); }, 20 * kSecond));
+  CHECK_MSG(mid.nowUs() - killedAt < 150'000, std::to_string(mid.nowUs() - killedAt));
+  CHECK(halfway->failed());
+  CHECK_MSG(check::contains(halfway->error(), "udp: connection to rank 2 failed: its port"),
+            halfway->error());
+  CHECK(partly.canariesIntact());
+  const auto snapshot = partly.data;
+  CHECK(!mid.runUntil([] { return false; }, 200'000));
+  CHECK(partly.data == snapshot);
 }
 
 void testKilledPeerAnySource() {
@@ -705,6 +733,24 @@ void testLinger() {
     net.close(0);
     CHECK(net.runUntil([&] { return net.gone(0); }, kSecond));
     CHECK_EQ(net.lingerEndedUs(0) - closedAt, bounded.lingerMaxUs);
+  }
+  // An any-source receive pending at close fails inside close() too, and a matching message
+  // that arrives while the endpoint lingers goes nowhere near its buffer (which may be gone):
+  // until 2026-11-28 close() cut off only the connections with requests bound to them, and
+  // the next completeRequests() bound such a receive to the message and wrote it there.
+  {
+    EndpointNetwork net(2, options);
+    Inbox inbox(100);
+    auto pending = net.endpoint(0)->recv(kAnySource, 66, ~Tag{0}, inbox.data.data(),
+                                         inbox.capacity());
+    net.close(0);
+    CHECK(pending->failed());
+    CHECK_EQ(pending->error(), std::string("the udp transport was closed with the request pending"));
+    auto out = message(1, 66, 50);
+    auto send = net.endpoint(1)->send(0, 66, out.data(), out.size());
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK(inbox.untouched());
+    CHECK(net.runUntil([&] { return net.gone(0); }, 10 * kSecond));
   }
   // The destructor fails what is still pending, an any-source receive too.
   {

@@ -4,7 +4,10 @@
 // Usage: udp_transport_test [faults [mtu_payload]]   (faults e.g. "drop=0.1,dup=0.01,seed=3")
 // Its groups (tests/cpp/check.h) run in order on the same three transports; it prints PASS
 // when every check passed.
+#include <netinet/udp.h>
 #include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,9 +19,39 @@
 
 #include "tests/cpp/check.h"
 #include "transports/tag.h"
+#include "transports/udp/udp_socket.h"
 #include "transports/udp/udp_transport.h"
 
 using namespace ucxb;
+
+// The socket layer's send errors, made on demand: this program's sendmmsg stands in for
+// libc's (the UDP sockets are linked into it, so their calls bind here) and, while
+// gFailSends is set, fails the next call with gFailErrno, once; otherwise it makes the
+// system call itself.
+namespace {
+int gFailErrno = 0;
+bool gFailSends = false;
+bool gFailReceives = false;  // the same for recvmmsg
+}  // namespace
+
+extern "C" int sendmmsg(int fd, struct mmsghdr* messages, unsigned int count, int flags) {
+  if (gFailSends) {
+    gFailSends = false;
+    errno = gFailErrno;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_sendmmsg, fd, messages, count, flags));
+}
+
+extern "C" int recvmmsg(int fd, struct mmsghdr* messages, unsigned int count, int flags,
+                        struct timespec* timeout) {
+  if (gFailReceives) {
+    gFailReceives = false;
+    errno = gFailErrno;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_recvmmsg, fd, messages, count, flags, timeout));
+}
 
 namespace {
 
@@ -304,6 +337,131 @@ void testDeadPeer() {
   }
 }
 
+// UdpSocket::sendBatch when the kernel refuses a send. A train (UDP_SEGMENT) refused with
+// EINVAL, as kernels before 6.14 (unless they have its backport) answer one whose datagrams
+// exceed the path's MTU (newer ones say EMSGSIZE), is lost, like one refused with EMSGSIZE,
+// and no train is tried again: until 2026-11-28 it was thrown as a socket failure and failed
+// the group. ENOBUFS loses only the datagram it was about; EAGAIN ends the batch there; an
+// EINVAL for a single datagram is still a failure (nothing the network does causes one).
+void testSendErrors() {
+  udp::UdpSocket tx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  udp::UdpSocket rx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  if (!tx.segmentationOffload()) {
+    std::printf("skipped send_errors: no UDP_SEGMENT on this kernel\n");
+    return;
+  }
+  std::vector<uint8_t> bytes(4000, 0x5a);
+  const auto datagram = [&](size_t length, uint16_t segment) {
+    udp::Datagram d;
+    d.data = bytes.data();
+    d.length = length;
+    d.peer = rx.localAddress();
+    d.segmentSize = segment;
+    return d;
+  };
+  const auto received = [&] {
+    std::vector<uint8_t> in(64 * 1024);
+    size_t n = 0;
+    for (;;) {
+      udp::Datagram d;
+      d.data = in.data();
+      d.capacity = in.size();
+      if (rx.receiveBatch(std::span<udp::Datagram>(&d, 1)) == 0) return n;
+      n += d.segmentSize != 0 ? (d.length + d.segmentSize - 1) / d.segmentSize : 1;
+    }
+  };
+  // ENOBUFS on the first datagram: it is lost, the other two go.
+  std::vector<udp::Datagram> batch = {datagram(100, 0), datagram(200, 0), datagram(300, 0)};
+  gFailErrno = ENOBUFS;
+  gFailSends = true;
+  CHECK_EQ(tx.sendBatch(batch), size_t{3});
+  CHECK_EQ(received(), size_t{2});
+  // EAGAIN: nothing went, nothing is lost; the caller tries the batch again later.
+  gFailErrno = EAGAIN;
+  gFailSends = true;
+  CHECK_EQ(tx.sendBatch(batch), size_t{0});
+  CHECK_EQ(tx.sendBatch(batch), size_t{3});
+  CHECK_EQ(received(), size_t{3});
+  // A train refused with EINVAL: lost, trains off, the single datagram behind it goes.
+  batch = {datagram(2000, 1000), datagram(100, 0)};
+  gFailErrno = EINVAL;
+  gFailSends = true;
+  size_t sent = 0;
+  std::string error;
+  try {
+    sent = tx.sendBatch(batch);
+  } catch (const TransportError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(error.empty(), error);
+  CHECK_EQ(sent, size_t{2});
+  CHECK(!tx.segmentationOffload());
+  CHECK_EQ(received(), size_t{1});
+  // EINVAL for one datagram is a bug somewhere, not the network: it still throws.
+  batch = {datagram(100, 0)};
+  gFailErrno = EINVAL;
+  gFailSends = true;
+  error.clear();
+  try {
+    tx.sendBatch(batch);
+  } catch (const TransportError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(error.find("Invalid argument") != std::string::npos, error);
+  gFailSends = false;
+}
+
+// The errors an ICMP report leaves on a socket (IP_RECVERR: the kernel reports it to the next
+// send or receive, whatever datagram that is about) are about an earlier datagram, never the
+// socket: a parameter problem (EPROTO), protocol unreachable (ENOPROTOOPT), source route
+// failed (EOPNOTSUPP), host isolated (ENONET), and IPv6's administratively prohibited
+// (EACCES). The receive goes on (the datagram waiting is still taken) and a send loses only the
+// datagram it was about. Until 2026-11-28 they were thrown as socket failures and failed the
+// group: a router's ICMP, or anyone's forged one, authenticated mode or not. (The kernel's
+// answer is real: in a network namespace a raw ICMP parameter problem about a datagram of a
+// socket with IP_RECVERR makes its next recv fail with EPROTO.)
+void testIcmpErrors() {
+  udp::UdpSocket tx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  udp::UdpSocket rx(udp::SocketAddress::parse("127.0.0.1", 0), 1 << 20);
+  std::vector<uint8_t> bytes(100, 0x3c), in(64 * 1024);
+  for (const int err : {EPROTO, ENOPROTOOPT, EOPNOTSUPP, ENONET, EACCES}) {
+    const std::string name = std::strerror(err);
+    udp::Datagram out;
+    out.data = bytes.data();
+    out.length = bytes.size();
+    out.peer = rx.localAddress();
+    std::vector<udp::Datagram> batch = {out, out};
+    gFailErrno = err;
+    gFailSends = true;
+    std::string error;
+    size_t sent = 0;
+    try {
+      sent = tx.sendBatch(batch);
+    } catch (const TransportError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.empty(), name + ": " + error);
+    CHECK_MSG(sent == 2, name);
+    udp::Datagram d;
+    d.data = in.data();
+    d.capacity = in.size();
+    gFailErrno = err;
+    gFailReceives = true;
+    size_t got = 0;
+    error.clear();
+    try {
+      got = rx.receiveBatch(std::span<udp::Datagram>(&d, 1));
+    } catch (const TransportError& e) {
+      error = e.what();
+    }
+    CHECK_MSG(error.empty(), name + ": " + error);
+    CHECK_MSG(got == 1 && d.length == bytes.size(), name);  // the one the send did not lose
+    CHECK_MSG(rx.errorsReported(), name);
+    CHECK_EQ(rx.receiveBatch(std::span<udp::Datagram>(&d, 1)), size_t{0});
+  }
+  gFailSends = gFailReceives = false;
+}
+
 // An address blob that is not one (truncated, or of an unknown family: a Store record
 // damaged or written by something else) fails connect() naming the rank that published it.
 void testBadAddress() {
@@ -349,6 +507,8 @@ int main(int argc, char** argv) {
       {"window", testWindow, true},
       {"balance", testBalance, true},
       {"bad_address", testBadAddress, true},
+      {"send_errors", testSendErrors, true},
+      {"icmp_errors", testIcmpErrors, true},
       {"dead_peer", testDeadPeer, true},
   };
   // The arguments are the faults and the MTU, not group names: run every group.

@@ -606,6 +606,13 @@ void Endpoint::close(TimeUs now) {
     if (!peer.sends.empty() || !peer.receives.empty()) failPeer(p, kClosing);
   }
   handleEvents();
+  // An any-source receive not yet bound is on no connection: cut off here, or the linger's
+  // completeRequests() would bind it to a message arriving meanwhile and write that into a
+  // buffer that may be gone.
+  auto anySource = std::move(anySource_);
+  anySource_.clear();
+  for (auto& r : anySource) r->failNow(kClosing);
+  watchAnySource();
   linger_ = Linger{now, now, std::nullopt, options_.lingerQuietUs, heard()};
 }
 

@@ -153,8 +153,9 @@ class Endpoint {
   // possibly already past; nullopt for nothing scheduled.
   std::optional<TimeUs> nextTimeout() const;
 
-  // Closes the group: connections with requests still pending are cut off (their buffers are
-  // about to go), then the linger starts.
+  // Closes the group: connections with requests still pending are cut off and every pending
+  // request fails, any-source receives included (their buffers are about to go), then the
+  // linger starts.
   void close(TimeUs now);
   bool closing() const { return linger_.has_value(); }
   // Call after each round of driving while closing: notes what arrived since the last call;

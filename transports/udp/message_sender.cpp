@@ -113,6 +113,13 @@ bool MessageSender::onCreditLimit(uint64_t limit) {
   return true;
 }
 
+bool MessageSender::ctsPlausible(MessageId id) const {
+  if (id >= nextId_) return false;
+  const auto it = messages_.find(id);
+  if (it == messages_.end()) return true;  // completed: a CTS sent again meanwhile
+  return it->second.rendezvous && it->second.rtsSent;
+}
+
 void MessageSender::onClearToSend(MessageId id) {
   auto it = messages_.find(id);
   if (it == messages_.end()) return;  // a CTS sent again after the message completed

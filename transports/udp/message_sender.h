@@ -46,8 +46,12 @@ class MessageSender {
   // The receiver's cumulative credit limit, from an ACK (only ever raises it). Returns true
   // if it grew.
   bool onCreditLimit(uint64_t limit);
-  // False if `id` names a message never sent (a protocol violation). Duplicates are fine.
-  bool ctsPlausible(MessageId id) const { return id < nextId_; }
+  // False for a CTS no honest receiver sends (a protocol violation): one naming a message
+  // never sent, an eager one, or a rendezvous one whose RTS has not gone out (the receiver
+  // learns of it from the RTS; taking such a CTS as its clearance made the real one look like
+  // a repeat, and the message's data never went). Duplicates, and CTSs for a message that is
+  // over, are fine.
+  bool ctsPlausible(MessageId id) const;
   void onClearToSend(MessageId id);
   void onAcked(const PacketContent& content);
   void onLost(PacketContent content);

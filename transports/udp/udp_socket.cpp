@@ -19,6 +19,10 @@ namespace {
 }
 
 // Errors a datagram send can meet that say nothing about our socket: the datagram is lost.
+// With IP_RECVERR the kernel also hands every ICMP error about an earlier datagram to the next
+// send or receive, whatever datagram that is about: each errno an ICMP or ICMPv6 report maps
+// to is here (icmp_err_convert, icmpv6_err_convert), since a router's report, or anyone's
+// forged one, must not fail the socket (it did for EPROTO and the next four until 2026-11-28).
 bool isPerDatagramError(int err) {
   switch (err) {
     case ECONNREFUSED:   // an ICMP port unreachable from an earlier datagram (peer gone)
@@ -29,6 +33,11 @@ bool isPerDatagramError(int err) {
     case EPERM:          // a firewall rule dropped it (iptables on OUTPUT)
     case EMSGSIZE:       // larger than the path allows: configuration, reported by the RTO
     case ENOBUFS:
+    case EPROTO:         // ICMP parameter problem
+    case ENOPROTOOPT:    // ICMP protocol unreachable
+    case EOPNOTSUPP:     // ICMP source route failed
+    case ENONET:         // ICMP host isolated
+    case EACCES:         // ICMPv6 administratively prohibited, policy failure, reject route
       return true;
     default:
       return false;
@@ -120,11 +129,14 @@ size_t UdpSocket::sendBatch(std::span<Datagram> batch) {
     if (err == EAGAIN || err == EWOULDBLOCK) break;
     // A device that cannot checksum a train rejects it (EIO), and so does the stack a train
     // whose datagrams are larger than the path's MTU (EMSGSIZE: mtu_payload above the
-    // interface's, or above a smaller MTU the path reported), which it would fragment if they
-    // went one by one: the train is lost (the protocol resends it) and trains are not tried
-    // again. Left on, every train met the same error, and a 16 MB all_reduce with jumbo
-    // datagrams over a 1500-byte path resent 99% of its datagrams, taking 3 s, not 0.1 s.
-    if ((err == EIO || err == EMSGSIZE) && batch[done].segmentSize != 0) {
+    // interface's, or above a smaller MTU the path reported; EINVAL on kernels before 6.14
+    // without its backport, "udp: gso: do not drop small packets when PMTU reduces"), which it
+    // would fragment if they went one by one:
+    // the train is lost (the protocol resends it) and trains are not tried again. Left on,
+    // every train met the same error, and a 16 MB all_reduce with jumbo datagrams over a
+    // 1500-byte path resent 99% of its datagrams, taking 3 s, not 0.1 s; and EINVAL, taken
+    // for a broken socket, failed the group.
+    if ((err == EIO || err == EMSGSIZE || err == EINVAL) && batch[done].segmentSize != 0) {
       gso_ = false;
       ++done;
       continue;
