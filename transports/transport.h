@@ -55,6 +55,10 @@ class Request {
   bool isSend() const { return isSend_; }
   // The peer given when posting (kAnySource for a wildcard receive).
   int peer() const { return peer_; }
+  // The peer whose bytes the request moves: peer(), or for a wildcard receive the peer whose
+  // message it has begun to take (kAnySource while none). Whom a request that cannot be
+  // withdrawn ties to it (csrc/p2p_withdraw.hpp cuts that peer off).
+  virtual int boundPeer() const { return peer_; }
   size_t postedBytes() const { return postedBytes_; }
   // For receives: the bytes that actually arrived and the sender's full tag.
   size_t receivedBytes() const { return receivedBytes_; }

@@ -460,10 +460,11 @@ void ProgressEngine::abandonPending(const std::vector<RequestPtr>& requests) {
   // Cancel cannot stop a send or a receive already matched to a rendezvous: the op's buffers
   // are about to be freed, so cut those peers off (the group is unusable with them anyway).
   for (const auto& r : requests) {
-    if (r->pending() && r->peer() >= 0) {
+    const int peer = r->boundPeer();  // an any-source receive's, once it has taken a message
+    if (r->pending() && peer >= 0) {
       try {
-        transport_->abortPeer(r->peer(), "connection to rank " + std::to_string(r->peer()) +
-                                             " was closed after an earlier op on it failed");
+        transport_->abortPeer(peer, "connection to rank " + std::to_string(peer) +
+                                        " was closed after an earlier op on it failed");
       } catch (const std::exception& e) {
         recordFailure("abortPeer()", e);
       }

@@ -824,8 +824,11 @@ void testCancel() {
     CHECK(r->failed());
   }
 
-  // A receive mid-stream: the rest of its message is dropped (its buffer is not written
-  // after the cancel), the send completes, and the next message arrives intact.
+  // A receive mid-stream cannot be withdrawn: its sender's send completes once it is matched,
+  // so dropping the rest lost a message the sender counts as received, and the next receive
+  // took the next message in its place (until 2026-11-28). It stays pending (its owner cuts
+  // the peer off: p2p_withdraw.hpp) and, nobody doing so here, takes its whole message; the
+  // next message goes to the next receive.
   {
     std::vector<uint8_t> buf(big, 0xEE), buf2(small.size());
     auto r = b.recv(0, tagOf(2, 0), kFull, buf.data(), big);
@@ -833,26 +836,29 @@ void testCancel() {
     b.progress();
     CHECK(buf[0] == msg[0] && r->pending());
     r->cancel();
+    b.progress();
+    CHECK_MSG(r->pending(), "a receive that has begun to take a message stays pending");
+    CHECK_EQ(r->boundPeer(), 0);
     auto s2 = a.send(1, tagOf(2, 0), small.data(), small.size());
     auto r2 = b.recv(0, tagOf(2, 0), kFull, buf2.data(), buf2.size());
     CHECK(w.settle({r, s, s2, r2}));
-    CHECK(r->failed() && contains(r->error(), "cancelled"));
-    CHECK(done(s) && done(s2) && done(r2) && buf2 == small);
-    CHECK_MSG(allAre(buf.data() + big - kRing, kRing, 0xEE),
-              "a cancelled receive's buffer is not written after the cancel");
+    CHECK(done(r) && buf == msg && done(s) && done(s2) && done(r2) && buf2 == small);
   }
 
-  // A receive that claimed an unexpected message still arriving.
+  // The same for an any-source receive that claimed an unexpected message still arriving: it
+  // names the sender it is tied to (boundPeer), whom its owner cuts off.
   {
     std::vector<uint8_t> buf(big), buf2(small.size());
     auto s = a.send(1, tagOf(3, 0), msg.data(), big);
     b.progress();
-    auto r = b.recv(0, tagOf(3, 0), kFull, buf.data(), big);
+    auto r = b.recv(ucxb::kAnySource, tagOf(3, 0), kFull, buf.data(), big);
     r->cancel();
+    b.progress();
+    CHECK(r->pending() && r->boundPeer() == 0);
     auto s2 = a.send(1, tagOf(3, 0), small.data(), small.size());
     auto r2 = b.recv(0, tagOf(3, 0), kFull, buf2.data(), buf2.size());
     CHECK(w.settle({r, s, s2, r2}));
-    CHECK(r->failed() && done(r2) && buf2 == small);
+    CHECK(done(r) && buf == msg && done(r2) && buf2 == small);
   }
 
   // A send partly in the ring (cancelled twice): its header is out, so it cannot be withdrawn

@@ -80,6 +80,7 @@ class ShmTransport::ShmRequest final : public Request {
     if (pending() && owner_ != nullptr) owner_->cancelRequest(*this);
   }
 
+  int boundPeer() const override { return matchedFrom_ >= 0 ? matchedFrom_ : peer(); }
   void succeed(size_t bytes, Tag tag) { complete(bytes, tag); }
   void failWith(std::string why) { fail(std::move(why)); }
   void failTooLong(std::string why) { failTruncated(std::move(why)); }
@@ -99,6 +100,9 @@ class ShmTransport::ShmRequest final : public Request {
   RendezvousBody body_{};
   // recv: where the message goes.
   uint8_t* dest_ = nullptr;
+  // recv: the peer whose message it has begun to take (matched); -1 before. From then on it
+  // cannot be withdrawn (cancelRequest).
+  int matchedFrom_ = -1;
   // recv of a message longer than the eager size: its match notice is queued, not yet in the
   // ring; and once the whole message is in dest_ (then finishReceive left it pending), what it
   // completes with when the notice is out (noticeWritten).
@@ -430,6 +434,7 @@ void ShmTransport::finishReceive(const std::shared_ptr<ShmRequest>& req, int sou
 void ShmTransport::deliver(const std::shared_ptr<Arrival>& a,
                            const std::shared_ptr<ShmRequest>& req) {
   if (!req->pending()) return;  // its sender gave the message up (noticeWritten)
+  req->matchedFrom_ = a->source;
   if (a->byReference) {
     readByReference(req, a->source, a->tag, a->bytes, a->body, a->seq);
     return;
@@ -602,6 +607,7 @@ void ShmTransport::sent(Peer& p, const std::shared_ptr<ShmRequest>& req) {
 
 void ShmTransport::matched(const std::shared_ptr<ShmRequest>& req, int source, uint64_t seq,
                            size_t bytes) {
+  req->matchedFrom_ = source;
   if (source == rank_ || bytes <= eagerBytes_) return;
   Peer& p = peers_.at(static_cast<size_t>(source));
   // A failed peer whose long messages are still held exited (dropUntaken drops them
@@ -1013,15 +1019,15 @@ void ShmTransport::cancelRequest(ShmRequest& req) {
                   sends.end());
     }
   } else {
+    // A receive that has begun to take a message (streaming into its buffer, claiming one
+    // still arriving, or waiting for its match notice to go out) cannot be taken back either:
+    // dropping the rest lost a message whose sender had been told it was received, and a
+    // retried receive took the next one in its place (until 2026-11-28). It stays pending;
+    // its owner fails the group and cuts the peer off (boundPeer()).
+    if (req.matchedFrom_ >= 0) return;
     posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
                                  [&](const auto& r) { return r.get() == &req; }),
                   posted_.end());
-    for (auto& peer : peers_) {
-      if (peer.inbound.target.get() == &req) peer.inbound.target.reset();  // rest dropped
-      if (peer.inbound.arrival && peer.inbound.arrival->claimedBy.get() == &req) {
-        peer.inbound.arrival->claimedBy.reset();
-      }
-    }
   }
   if (req.deferredFailure_.empty()) req.deferredFailure_ = why;
   // Settled in the next progress(), as ucx settles a cancel: the caller holds the request.

@@ -62,6 +62,7 @@ class Endpoint::EndpointRequest final : public Request {
   void cancel() override {
     if (owner_ != nullptr && pending()) owner_->cancelRequest(*this);
   }
+  int boundPeer() const override { return boundPeer_ >= 0 ? boundPeer_ : peer(); }
 
  private:
   friend class Endpoint;

@@ -52,18 +52,11 @@ bool MessageReceiver::cancelReceive(ReceiveId id) {
       return true;
     }
   }
-  for (auto& [msgId, m] : active_) {
-    if (m.destination && m.destination->id == id) {
-      // Matched and partly written: stop writing. The rest of the message is still received
-      // (and acknowledged) so that the sender completes, but goes nowhere.
-      m.destination.reset();
-      m.discarding = true;
-      e.tag = m.tag;
-      e.bytes = m.length;
-      events_.push_back(std::move(e));
-      return true;
-    }
-  }
+  // Matched and partly written: not withdrawn. Dropping the rest would complete the sender's
+  // send for a message nobody received, and a retried receive would take the next message in
+  // its place: the same message lost on one side and delivered on the other, without an error.
+  // It stays pending; its owner fails the group and cuts the peer off (csrc/p2p_withdraw.hpp),
+  // as for a send that cannot be withdrawn and as ucx does for a matched receive.
   return false;
 }
 
@@ -102,7 +95,7 @@ MessageReceiver::Verdict MessageReceiver::onData(const DataHeader& h,
     matchNewlyOrdered(now);
     it = active_.find(id);
     if (it == active_.end()) return Verdict::kAccepted;  // (not reachable: nothing arrived yet)
-    if (!it->second.destination && !it->second.discarding) ++stats_.unexpectedMessages;
+    if (!it->second.destination) ++stats_.unexpectedMessages;
   } else {
     const Incoming& m = it->second;
     if (m.tag != h.tag || m.length != h.messageLength || m.rendezvous != rendezvous) {
@@ -119,8 +112,8 @@ MessageReceiver::Verdict MessageReceiver::onData(const DataHeader& h,
     finishIfComplete(id, now);  // a 0-byte rendezvous message is complete once matched
     return Verdict::kAccepted;
   }
-  // Rendezvous data flows only after our CTS, i.e. into a posted buffer (or a cancelled one).
-  if (rendezvous && !m.destination && !m.discarding) return Verdict::kViolation;
+  // Rendezvous data flows only after our CTS, i.e. into a posted buffer.
+  if (rendezvous && !m.destination) return Verdict::kViolation;
   if (h.fragmentLength == 0) {
     if (m.emptyFragmentSeen) {
       ++stats_.duplicateFragments;
@@ -146,7 +139,6 @@ MessageReceiver::Verdict MessageReceiver::onData(const DataHeader& h,
 }
 
 void MessageReceiver::writeBytes(Incoming& m, uint64_t begin, uint64_t end, const uint8_t* src) {
-  if (m.discarding) return;
   if (m.destination) return deliverBytes(*m.destination, begin, end, src);
   // Unmatched eager message: its length is within eager_max_bytes and charged to the budget.
   if (m.unexpected.size() != m.length) m.unexpected.resize(m.length);
@@ -207,23 +199,21 @@ void MessageReceiver::finishIfComplete(MessageId id, TimeUs now) {
   Incoming& m = it->second;
   bool complete;
   if (m.rendezvous) {
-    complete = m.requestSeen && (m.destination || m.discarding) && m.receivedBytes == m.length;
+    complete = m.requestSeen && m.destination && m.receivedBytes == m.length;
   } else {
     complete = m.length == 0 ? m.emptyFragmentSeen : m.receivedBytes == m.length;
   }
-  if (!complete || (!m.destination && !m.discarding)) return;  // unexpected: wait for a receive
-  if (m.destination) {
-    Event e;
-    e.kind = EventKind::kMessageReceived;
-    e.id = m.destination->id;
-    e.tag = m.tag;
-    e.bytes = m.length;
-    e.truncated = m.length > m.destination->capacity;
-    events_.push_back(std::move(e));
-    ++stats_.messagesReceived;
-    stats_.bytesDelivered += std::min(m.length, m.destination->capacity);
-    stats_.lastDeliveryUs = now;
-  }
+  if (!complete || !m.destination) return;  // unexpected: wait for a receive
+  Event e;
+  e.kind = EventKind::kMessageReceived;
+  e.id = m.destination->id;
+  e.tag = m.tag;
+  e.bytes = m.length;
+  e.truncated = m.length > m.destination->capacity;
+  events_.push_back(std::move(e));
+  ++stats_.messagesReceived;
+  stats_.bytesDelivered += std::min(m.length, m.destination->capacity);
+  stats_.lastDeliveryUs = now;
   release(m, m.chargeHeld);
   finished_.insert(id);
   active_.erase(it);
@@ -232,7 +222,7 @@ void MessageReceiver::finishIfComplete(MessageId id, TimeUs now) {
 bool MessageReceiver::receiving() const {
   return std::any_of(active_.begin(), active_.end(), [](const auto& entry) {
     const Incoming& m = entry.second;
-    const bool dataAsked = !m.rendezvous || m.destination || m.discarding;
+    const bool dataAsked = !m.rendezvous || m.destination;
     return dataAsked && m.receivedBytes < m.length;
   });
 }

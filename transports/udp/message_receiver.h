@@ -52,9 +52,9 @@ class MessageReceiver {
   // must stay valid as the buffer would.
   ReceiveId postReceive(Tag tag, Tag mask, uint8_t* buffer, uint64_t capacity, TimeUs now,
                         ReceiveSink* sink = nullptr);
-  // Stops the receive: it gets a kReceiveCancelled event and its buffer is never written
-  // again (the rest of a message already flowing into it is discarded). False if the receive
-  // already completed or is unknown.
+  // Stops a receive that no message has matched yet: it gets a kReceiveCancelled event and its
+  // buffer is never written. False if the receive already completed, is unknown, or has begun
+  // to take a message (it cannot be withdrawn then: see the definition).
   bool cancelReceive(ReceiveId id);
   // Whether a receive posted now with (tag, mask) would match a message that already arrived
   // (any-source receives use it to pick the peer to post on).
@@ -114,7 +114,6 @@ class MessageReceiver {
     RangeSet received;               // byte ranges that arrived
     uint64_t receivedBytes = 0;
     std::optional<Posted> destination;
-    bool discarding = false;         // its receive was cancelled: bytes are dropped
     std::vector<uint8_t> unexpected;  // eager and not yet matched: the bytes so far
     uint64_t chargeHeld = 0;         // what it still holds of the unexpected budget
   };
@@ -143,7 +142,7 @@ class MessageReceiver {
   ReceiveId nextReceiveId_ = 0;
   std::deque<Posted> posted_;             // unmatched receives, in post order
   std::map<MessageId, Incoming> active_;  // seen and not finished
-  std::set<MessageId> unmatched_;         // active, no destination, not discarding
+  std::set<MessageId> unmatched_;         // active, no destination
   RangeSet seen_;                         // message ids with at least one fragment arrived
   RangeSet finished_;                     // message ids delivered or discarded
   MessageId orderedUpTo_ = 0;             // every id below has been seen
