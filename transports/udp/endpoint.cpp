@@ -636,11 +636,12 @@ bool Endpoint::lingerDone(TimeUs now) {
   if (!linger_) return false;
   Linger& l = *linger_;
   const Heard h = heard();
-  if (h.heard != l.seen.heard) l.lastHeard = now;
+  // Growth only: a connection that fails leaves the sums (heard()), which is no news.
+  if (h.heard > l.seen.heard) l.lastHeard = now;
   // Once a peer has retransmitted something we already had (our ACK was lost), or something
   // go-back-N made us discard, its timer may back off up to rto_max: stay until it has been
   // quiet that long.
-  if (h.duplicates != l.seen.duplicates) l.quiet = std::max(l.quiet, options_.config.rtoMaxUs);
+  if (h.duplicates > l.seen.duplicates) l.quiet = std::max(l.quiet, options_.config.rtoMaxUs);
   l.seen = h;
   if (now - l.start >= options_.lingerMaxUs) return true;
   return allIdle() && now - l.lastHeard >= l.quiet;
