@@ -166,9 +166,9 @@ def _get_error_timeout(rank: int, backend: str) -> dict[str, Any]:
         out["after_abort"] = _error_name(sub)
     dist.barrier()
     if rank == 1:
-        # Closing the udp group would linger its longest (lingerMaxUs, 5 s) over rank 0's
-        # timed-out all_reduce, a message that arrived here and was never matched; an aborted
-        # group closes at once. Rank 0 is done with the group.
+        # An aborted group closes at once. (Closing the udp group lingered its longest,
+        # lingerMaxUs, 5 s, over rank 0's timed-out all_reduce until 2026-11-28:
+        # tests/test_group_lifecycle.py.) Rank 0 is done with the group.
         sub.abort()
     dist.destroy_process_group(sub)
     return out
@@ -190,8 +190,8 @@ def _error_at_once(rank: int, backend: str) -> dict[str, Any]:
 
     def close(sub: Any) -> None:
         dist.barrier()
-        # udp would linger over rank 0's unacknowledged send, and over its messages left
-        # unmatched on rank 1 (above); an aborted group closes at once.
+        # An aborted group closes at once (udp lingered over rank 0's unacknowledged send
+        # until 2026-11-28: tests/test_group_lifecycle.py).
         sub.abort()
         dist.destroy_process_group(sub)
 

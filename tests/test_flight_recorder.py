@@ -90,9 +90,9 @@ def _hang_and_dump(rank: int, world: int) -> dict[str, Any]:
     out["version"] = final["version"]
     dist.barrier(group=gloo)
     if rank == 1:
-        # Rank 0 is done with the groups. Closing the udp group here would linger its longest
-        # (EndpointOptions::lingerMaxUs, 5 s) over rank 0's hung all_reduce, a message that
-        # arrived and was never matched; an aborted group closes at once.
+        # Rank 0 is done with the groups; an aborted group closes at once. (Closing the udp
+        # group here lingered its longest, EndpointOptions::lingerMaxUs, 5 s, over rank 0's
+        # hung all_reduce until 2026-11-28: tests/test_group_lifecycle.py.)
         groups["udp"].abort()
     return out
 

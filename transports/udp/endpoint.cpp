@@ -303,8 +303,10 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   const int peer = it->second.peer;
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
-  // An any-source receive pending could come from this peer: it waits on it too.
-  if (p.sends.empty() && p.receives.empty() && anySource_.empty()) return false;
+  // An any-source receive pending could come from this peer: it waits on it too. A closing
+  // group's linger waits on every connection still receiving: once the peer's port is closed,
+  // nobody is left to send the rest of a message or to hear our ACKs.
+  if (p.sends.empty() && p.receives.empty() && anySource_.empty() && !closing()) return false;
   if (p.opener) {
     // Pinged once per suspicion: a dead peer's port answers every PING with another ICMP.
     if (!p.unreachableSince) {
@@ -332,7 +334,7 @@ bool Endpoint::failUnreachable(TimeUs now) {
     if (!p.unreachableSince || now - *p.unreachableSince < unreachableGraceUs()) continue;
     p.unreachableSince.reset();
     if (!p.error.empty() || p.connection->failed()) continue;
-    if (p.sends.empty() && p.receives.empty() && anySource_.empty()) continue;
+    if (p.sends.empty() && p.receives.empty() && anySource_.empty() && !closing()) continue;
     p.connection->fail("its port " + p.addresses.front().toString() +
                        " is closed (ICMP port unreachable) and nothing authenticated came from "
                        "it for " + std::to_string(unreachableGraceUs() / 1000) +
@@ -620,6 +622,10 @@ void Endpoint::close(TimeUs now) {
 Endpoint::Heard Endpoint::heard() const {
   Heard h;
   for (const auto& peer : peers_) {
+    // A failed connection (close() fails those with requests pending) drops what its peer
+    // sends and acknowledges nothing: hearing from that peer is no reason to stay. Counting
+    // it kept both ends of an abandoned send for the whole linger cap, each hearing the other.
+    if (peer.connection->failed()) continue;
     const Stats s = peer.connection->stats();
     h.heard += s.datagramsReceived - s.ackPacketsReceived;
     h.duplicates += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
@@ -638,11 +644,12 @@ bool Endpoint::lingerDone(TimeUs now) {
   if (!linger_) return false;
   Linger& l = *linger_;
   const Heard h = heard();
-  if (h.heard != l.seen.heard) l.lastHeard = now;
+  // Growth only: a connection that fails leaves the sums (heard()), which is no news.
+  if (h.heard > l.seen.heard) l.lastHeard = now;
   // Once a peer has retransmitted something we already had (our ACK was lost), or something
   // go-back-N made us discard, its timer may back off up to rto_max: stay until it has been
   // quiet that long.
-  if (h.duplicates != l.seen.duplicates) l.quiet = std::max(l.quiet, options_.config.rtoMaxUs);
+  if (h.duplicates > l.seen.duplicates) l.quiet = std::max(l.quiet, options_.config.rtoMaxUs);
   l.seen = h;
   if (now - l.start >= options_.lingerMaxUs) return true;
   return allIdle() && now - l.lastHeard >= l.quiet;
