@@ -105,7 +105,16 @@ bool TransportWork::wait(std::chrono::milliseconds timeout) {
     }
     if (!ended) {
       lock.unlock();
-      if (onWaitTimeout_) onWaitTimeout_();
+      if (onWaitTimeout_) {
+        onWaitTimeout_();
+        // The withdrawal found the request done: it completed between this wait's deadline
+        // and its withdrawal (a receive whose message was already in). The op succeeded and
+        // its tensor holds the message: raising now would have the caller's retried recv
+        // take the sender's next message in its place.
+        lock.lock();
+        if (completed_ && !exception_) return true;
+        lock.unlock();
+      }
       throwWaitTimeout(ctx_, limit.count(), probe_ ? (*probe_)(*this) : std::string());
     }
     if (exception_) {

@@ -160,6 +160,63 @@ def test_send_that_cannot_be_withdrawn_fails_the_group(backend: str, tmp_path: A
     assert recv_error is not None or received == [2.0], (recv_error, received)
 
 
+def _retry_after_partial_recv(rank: int, ws: int, n: int) -> Any:
+    """Rank 1 sends two messages of `n` floats (all 1.0, then all 2.0); rank 0's irecv gives up
+    once the first has begun to arrive, and rank 0 receives again."""
+    if rank == 1:
+        works = [dist.isend(torch.full((n,), v), dst=0, tag=7) for v in (1.0, 2.0)]
+        errors = []
+        for w in works:
+            try:
+                w.wait()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        return errors
+    first = torch.full((n,), -5.0)
+    work = dist.irecv(first, src=1, tag=7)
+    deadline = time.monotonic() + 20
+    while first[0].item() == -5.0 and not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.0002)  # until its first bytes are in
+    try:
+        work.wait(timeout=timedelta(milliseconds=1))
+        gave_up = None
+    except RuntimeError as exc:
+        gave_up = str(exc)
+    retry = torch.full((n,), -5.0)
+    try:
+        dist.recv(retry, src=1, tag=7)
+        retry_error = None
+    except RuntimeError as exc:
+        retry_error = str(exc)
+    return gave_up, retry_error, sorted(set(first.tolist())), sorted(set(retry.tolist()))
+
+
+@pytest.mark.parametrize("backend", ["ucx", "udp"])
+def test_recv_that_has_begun_to_arrive_is_not_withdrawn(backend: str) -> None:
+    """A receive whose wait() gives up after its message began to arrive cannot be withdrawn:
+    its sender counts the message as received. Until 2026-11-28 udp (and the one-host
+    transport, where a message streams through the ring) dropped the rest, and the retried
+    recv took the sender's next message ([2.0]) in its place, with no error anywhere. Now
+    either the wait ended with the whole message, or the group failed naming the receive;
+    never the next message in the first one's place (docs/failure-model.md)."""
+    n = 8 << 20  # 32 MiB: tens of milliseconds through udp on loopback
+    res = run_world(
+        _retry_after_partial_recv, 2, backend=backend, pg_timeout=10, timeout=120, args=(n,)
+    )
+    (gave_up, retry_error, first, retry), _sender_errors = res
+    if gave_up is None:  # the whole message came within the wait
+        assert first == [1.0], first
+        assert retry_error is None and retry == [2.0], (retry_error, retry)
+        return
+    assert "timed out" in gave_up or "gave up" in gave_up, gave_up
+    assert retry != [2.0], "the retried recv took the next message in the first one's place"
+    if retry_error is None:  # withdrawn before any byte came: the retry takes the first
+        assert retry == [1.0], retry
+    else:
+        assert "could not be withdrawn" in retry_error, retry_error
+        assert "receive from rank 1" in retry_error, retry_error
+
+
 def _edge_shapes(rank: int, ws: int) -> Any:
     out: dict[str, Any] = {}
     empty_out = torch.zeros(0)
