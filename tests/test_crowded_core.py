@@ -115,6 +115,41 @@ def _spells_of_a_creation(rank: int, ws: int) -> dict[str, Any]:
     return {"spells": after - before, "sum": t.tolist(), "cores": len(os.sched_getaffinity(0))}
 
 
+CPU_V1 = "/sys/fs/cgroup/cpu"
+
+
+def _spells_in_a_cgroup(rank: int, ws: int, cgroup: str) -> dict[str, Any]:
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))  # the whole process, every thread
+    return _spells_of_a_creation(rank, ws)
+
+
+def test_a_cpu_quota_counts_as_fewer_cores(tmp_path: Any) -> None:
+    """Two ranks whose cgroup's CPU quota is one CPU (as `docker --cpus 1` sets, which
+    sched_getaffinity does not show) start a crowded spell at their group's creation, where
+    two ranks with the machine's cores do not (the test above)."""
+    if BACKEND != "ucx":
+        pytest.skip("creates ucx groups")
+    cgroup = os.path.join(CPU_V1, f"ucxb-test-{os.getpid()}")
+    try:
+        os.mkdir(cgroup)
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup v1 cpu group here ({exc})")
+    try:
+        with open(os.path.join(cgroup, "cpu.cfs_period_us"), "w") as f:
+            f.write("100000")
+        with open(os.path.join(cgroup, "cpu.cfs_quota_us"), "w") as f:
+            f.write("100000")  # one CPU
+        res = run_world(_spells_in_a_cgroup, 2, timeout=90.0, args=(cgroup,))
+    finally:
+        os.rmdir(cgroup)  # its processes have exited
+    if any(r["cores"] < 2 for r in res):
+        pytest.skip("a one-core process: its affinity alone makes two ranks crowded")
+    for rank, r in enumerate(res):
+        assert r["spells"] == 1, (rank, r)
+        assert r["sum"] == [3.0, 3.0], (rank, r)
+
+
 @pytest.mark.parametrize("ws", [2, 3])
 def test_a_creation_with_more_ranks_than_cores_starts_a_spell(ws: int) -> None:
     """A group whose ranks on this host outnumber the cores starts a crowded spell as its

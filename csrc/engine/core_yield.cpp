@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 
 namespace ucxb {
 
@@ -144,11 +146,104 @@ bool crowded() { return toNs(Clock::now()) < crowdedUntilNs.load(std::memory_ord
 
 bool oversubscribedAtStart(int ranksOnHost, int cores) { return cores > 0 && ranksOnHost > cores; }
 
+namespace {
+
+// ceil(quota / period) for a quota and period in the same unit; 0 for no quota or nonsense.
+int cpusOfQuota(long long quota, long long period) {
+  if (quota <= 0 || period <= 0) return 0;
+  return static_cast<int>(std::min<long long>((quota + period - 1) / period, 1 << 20));
+}
+
+long long parseCount(const std::string& text) {
+  std::istringstream in(text);
+  long long v = 0;
+  std::string rest;
+  if (!(in >> v) || (in >> rest)) return -1;  // one integer, nothing after it
+  return v;
+}
+
+std::string readFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The cgroup path of this process in the v1 hierarchy that has the cpu controller, or in
+// the v2 one (/proc/self/cgroup: "<id>:<controllers>:<path>", v2's "0::<path>").
+bool ownCgroup(bool v2, std::string& path) {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    bool cpu = false;
+    std::istringstream names(controllers);
+    for (std::string n; std::getline(names, n, ',');) cpu = cpu || n == "cpu";
+    if (v2 ? (line.compare(0, a, "0") == 0 && controllers.empty()) : cpu) {
+      path = line.substr(b + 1);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Calls `quotaAt(dir)` for the cgroup directory `root` + `path` and each ancestor up to
+// `root`, and returns the smallest nonzero answer (0 for none).
+template <typename QuotaAt>
+int smallestUp(const std::string& root, std::string path, QuotaAt quotaAt) {
+  int best = 0;
+  for (;;) {
+    const int cpus = quotaAt(root + path);
+    if (cpus > 0 && (best == 0 || cpus < best)) best = cpus;
+    if (path.empty() || path == "/") return best;
+    const size_t slash = path.find_last_of('/');
+    path = slash == std::string::npos || slash == 0 ? std::string("/") : path.substr(0, slash);
+  }
+}
+
+}  // namespace
+
+int cpusOfCpuMax(const std::string& cpuMax) {
+  std::istringstream in(cpuMax);
+  std::string quota, period, rest;
+  if (!(in >> quota >> period) || (in >> rest) || quota == "max") return 0;
+  return cpusOfQuota(parseCount(quota), parseCount(period));
+}
+
+int cpusOfCfsQuota(const std::string& quotaUs, const std::string& periodUs) {
+  return cpusOfQuota(parseCount(quotaUs), parseCount(periodUs));
+}
+
+int quotaCpus() {
+  std::string path;
+  if (ownCgroup(/*v2=*/true, path)) {
+    const int cpus = smallestUp("/sys/fs/cgroup", path, [](const std::string& dir) {
+      return cpusOfCpuMax(readFirstLine(dir + "/cpu.max"));
+    });
+    if (cpus > 0) return cpus;
+  }
+  if (ownCgroup(/*v2=*/false, path)) {
+    // Where the v1 cpu hierarchy is mounted: alone, or with cpuacct.
+    for (const char* root : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+      const int cpus = smallestUp(root, path, [](const std::string& dir) {
+        return cpusOfCfsQuota(readFirstLine(dir + "/cpu.cfs_quota_us"),
+                              readFirstLine(dir + "/cpu.cfs_period_us"));
+      });
+      if (cpus > 0) return cpus;
+    }
+  }
+  return 0;
+}
+
 bool crowdAtStart(int ranksOnHost) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  // The cores this process may run on (taskset, a cgroup's cpuset), not the machine's.
-  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  // The cores this process may run on (taskset, a cgroup's cpuset), not the machine's, and
+  // no more than its cgroup's CPU quota lets it use at once.
+  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (const int quota = quotaCpus(); quota > 0 && (cores == 0 || quota < cores)) cores = quota;
   if (!oversubscribedAtStart(ranksOnHost, cores)) return false;
   startSpells.fetch_add(1, std::memory_order_relaxed);
   extendSpell(Clock::now() + kCrowdedFor);

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace ucxb {
 
@@ -85,8 +86,20 @@ bool crowded();
 // performance.md, start-up). Pure, for tests (tests/cpp/core_yield_test.cpp).
 bool oversubscribedAtStart(int ranksOnHost, int cores);
 // Starts that spell where oversubscribedAtStart(ranksOnHost, this process's cores) holds;
-// returns whether it did. Called once a group's creation is complete.
+// returns whether it did. Called once a group's creation is complete. This process's cores:
+// those it may run on (sched_getaffinity: taskset, a cpuset), and no more than a CPU quota of
+// its cgroup leaves it (quotaCpus: docker --cpus, a Kubernetes CPU limit), which affinity
+// does not show.
 bool crowdAtStart(int ranksOnHost);
+
+// The CPUs a cgroup CPU quota leaves, rounded up: cgroup v2's cpu.max ("<quota> <period>",
+// "max <period>" for none) and cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us (quota -1
+// for none). 0 where there is no quota or the text does not parse. Pure, for tests.
+int cpusOfCpuMax(const std::string& cpuMax);
+int cpusOfCfsQuota(const std::string& quotaUs, const std::string& periodUs);
+// The smallest such quota over this process's cgroup and its ancestors (both versions);
+// 0 where none applies or none can be read.
+int quotaCpus();
 
 // A polling wait that sleeps instead of yielding: counted, with whether the sleep ended by
 // its timeout rather than by an event (for wait_stats()).

@@ -78,6 +78,26 @@ void testLoadavg() {
   CHECK_EQ(ucxb::runnableInLoadavg("0.35 0.79 1.47 x3/512 1"), -1L);
 }
 
+// A cgroup's CPU quota, in CPUs rounded up: what `docker --cpus` leaves a container, which
+// sched_getaffinity does not show (none: 0).
+void testQuotaCpus() {
+  CHECK_EQ(ucxb::cpusOfCpuMax("max 100000"), 0);
+  CHECK_EQ(ucxb::cpusOfCpuMax("200000 100000"), 2);
+  CHECK_EQ(ucxb::cpusOfCpuMax("150000 100000"), 2);
+  CHECK_EQ(ucxb::cpusOfCpuMax("50000 100000\n"), 1);
+  CHECK_EQ(ucxb::cpusOfCpuMax(""), 0);
+  CHECK_EQ(ucxb::cpusOfCpuMax("100000"), 0);
+  CHECK_EQ(ucxb::cpusOfCpuMax("1x 100000"), 0);
+  CHECK_EQ(ucxb::cpusOfCpuMax("100000 0"), 0);
+  CHECK_EQ(ucxb::cpusOfCpuMax("100000 100000 7"), 0);
+  CHECK_EQ(ucxb::cpusOfCfsQuota("-1", "100000"), 0);
+  CHECK_EQ(ucxb::cpusOfCfsQuota("100000", "100000"), 1);
+  CHECK_EQ(ucxb::cpusOfCfsQuota("250000", "100000"), 3);
+  CHECK_EQ(ucxb::cpusOfCfsQuota("", "100000"), 0);
+  CHECK_EQ(ucxb::cpusOfCfsQuota("100000", "x"), 0);
+  CHECK(ucxb::quotaCpus() >= 0);  // whatever this host's cgroup says
+}
+
 // A group's creation starts a spell only where its ranks on this host outnumber the cores
 // (cores 0: unknown, never).
 void testStartSpell() {
@@ -108,6 +128,7 @@ const ucxb::check::Group kGroups[] = {
     {"outsider", testOutsider, true},
     {"loadavg", testLoadavg, true},
     {"start_spell", testStartSpell, true},
+    {"quota_cpus", testQuotaCpus, true},
 };
 
 }  // namespace
