@@ -193,6 +193,20 @@ def test_unrelated_env_ignored() -> None:
     assert cfg.unknown_env_vars(env) == ["UCXBACKEND_SPINUS"]
 
 
+def test_every_documented_test_hook_is_known() -> None:
+    """The test-only hooks docs/testing.md lists are not knobs, and not typos either: a rank
+    that sets one (a test does) must not be warned about an unknown UCXBACKEND_ variable.
+    UCXBACKEND_TEST_KILL_AT was missing from the list until 2026-11-28."""
+    import re
+
+    page = (REPO / "docs" / "testing.md").read_text()
+    section = page.split("## Test-only hooks", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(UCXBACKEND_[A-Z_]+)", section, flags=re.M))
+    assert "UCXBACKEND_TEST_KILL_AT" in documented, documented
+    assert documented <= cfg.TEST_HOOK_ENV_VARS, documented - cfg.TEST_HOOK_ENV_VARS
+    assert cfg.unknown_env_vars({name: "1" for name in documented}) == []
+
+
 BAD_ENV = [
     ("UCXBACKEND_PROGRESS_MODE", "fast", "'sleep', 'poll'"),
     ("UCXBACKEND_PROGRESS_MODE", "sleep,poll", "'sleep', 'poll'"),

@@ -57,6 +57,8 @@ TEST_HOOK_ENV_VARS: Final = frozenset(
         "UCXBACKEND_TEST_SEQ_BITS",
         "UCXBACKEND_TEST_FAULT_INJECTION",
         "UCXBACKEND_TEST_ANY_HOST",
+        "UCXBACKEND_TEST_KILL_AT",
+        "UCXBACKEND_TEST_THREAD_FAILS",
     }
 )
 # Kinds whose values are numbers in Python (the schema's "integer" and "bytes").
