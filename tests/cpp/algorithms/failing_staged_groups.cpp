@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
@@ -216,10 +217,62 @@ void testPairSlotFailsOnOneRank() {
   checkRetiredGroup(world, k, "a pair exchange failed on rank 1");
 }
 
+// A staged all_to_all whose rank 0 fails because rank 1 sent its own block whole (a tripwire
+// for rank 1 caught it: the ranks passed different sizes), while rank 1 still reads the block
+// that rank 0 staged for it, late. Rank 0's credits from rank 1 are outstanding, so it must
+// retire its slots: rank 1 may read them after rank 0's op is gone, and the tripwire that
+// failed it was not rank 1's refusal of the staged block (it refused nothing).
+void testAlltoallTripFromReader() {
+  const size_t bytes = size_t{256} << 10;  // staged: one piece
+  const size_t count = bytes / sizeof(int32_t);
+  ThreadWorld world(pairWorld());
+  int k = 0;
+  Outcomes o;
+  const std::string report = world.run([&](Comm& c) -> std::string {
+    const int r = c.rank();
+    if (r == 0) {
+      std::vector<int32_t> send(count), mine(count), recv(count);
+      for (size_t i = 0; i < count; ++i) send[i] = value(0, k, i);
+      o[0] = outcome(
+          [&] {
+            algo::alltoall(c, {mine.data(), send.data()}, {bytes, bytes},
+                           {mine.data(), recv.data()}, {bytes, bytes});
+          },
+          {}, [](size_t) { return 0; });
+      return "";
+    }
+    // Rank 1 reads the block as stagedExchange would, but late: it takes rank 0's notice,
+    // sends its own (empty, so unstaged) block whole, which fails rank 0, and only then reads
+    // rank 0's slot. (Through stagedExchange the in-memory transport would withdraw rank 0's
+    // notice as rank 0 gives it up; over UCX a notice once sent stays sent.)
+    std::vector<int32_t> recv(count);
+    o[1] = outcome(
+        [&] {
+          algo::detail::StagedNotice notice{};
+          c.wait({c.recv(0, 0, &notice, sizeof(notice))});
+          if (notice.bytes != bytes) throw OpFailed("not rank 0's one-piece block");
+          c.wait({c.send(0, algo::detail::kWholeMessage, nullptr, 0)});
+          std::this_thread::sleep_for(kOpTimeout / 4);  // rank 0 fails meanwhile
+          std::memcpy(recv.data(), c.staging()->peerSlot(0, 0), bytes);
+        },
+        recv, [&](size_t i) { return value(0, k, i); });
+    return "";
+  });
+  ++k;
+  CHECK_MSG(report.empty(), report);
+  CHECK_MSG(o[0] == "sizes" && o[1] == "ok", "the all_to_all: " + show(o));
+  const size_t pair = (size_t{64} << 10) / sizeof(int32_t);
+  const Outcomes after = allreduceOp(world, k++, {pair, pair});
+  CHECK_MSG(after[0] == "retired" && after[1] == "timeout",
+            "the pair exchange after the all_to_all: " + show(after));
+  checkRetiredGroup(world, k, "an all_to_all that rank 1's whole block failed");
+}
+
 void testStagedFailures() {
   testStagedPairFails();
   testStagedPairSizeMismatch();
   testPairSlotFailsOnOneRank();
+  testAlltoallTripFromReader();
 }
 
 }  // namespace ucxb::algotest
