@@ -268,11 +268,45 @@ void testAlltoallTripFromReader() {
   checkRetiredGroup(world, k, "an all_to_all that rank 1's whole block failed");
 }
 
+// The one failure that spares the slots: a staged broadcast whose child refuses the parent's
+// message at its first notice (the ranks passed different sizes). The child reads none of the
+// parent's slots and tells it so (refuseStaged); the parent fails at once, not at its
+// deadline, and both keep their slots: the next staged ops are exact.
+void testBroadcastRefusalKeepsSlots() {
+  ThreadWorld world(pairWorld());
+  int k = 0;
+  Outcomes o;
+  const auto started = std::chrono::steady_clock::now();
+  const std::string report = world.run([&](Comm& c) -> std::string {
+    const int r = c.rank();
+    // Both stage (from 64 KiB); the child expects half of what the root sends.
+    const size_t count = (r == 0 ? size_t{256} << 10 : size_t{128} << 10) / sizeof(int32_t);
+    std::vector<int32_t> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = value(r, k, i);
+    o[r] = outcome([&] { algo::broadcast(c, data.data(), count * sizeof(int32_t), 0); }, data,
+                   [&](size_t i) { return value(0, k, i); });
+    return "";
+  });
+  const auto took = std::chrono::steady_clock::now() - started;
+  ++k;
+  CHECK_MSG(report.empty(), report);
+  CHECK_MSG(o[0] == "sizes" && o[1] == "sizes", "the broadcast: " + show(o));
+  CHECK_MSG(took < kOpTimeout / 2, "the refused broadcast waited for its deadline");
+  for (const size_t bytes : {size_t{64} << 10, size_t{512} << 10, size_t{2} << 20}) {
+    const size_t count = bytes / sizeof(int32_t);
+    const Outcomes after = allreduceOp(world, k++, {count, count});
+    CHECK_MSG(after[0] == "ok" && after[1] == "ok",
+              "a " + std::to_string(bytes) + "-byte all_reduce after the refusal: " +
+                  show(after));
+  }
+}
+
 void testStagedFailures() {
   testStagedPairFails();
   testStagedPairSizeMismatch();
   testPairSlotFailsOnOneRank();
   testAlltoallTripFromReader();
+  testBroadcastRefusalKeepsSlots();
 }
 
 }  // namespace ucxb::algotest
