@@ -28,7 +28,7 @@ using inproc::ThreadWorld;
 
 namespace {
 
-constexpr auto kOpTimeout = std::chrono::milliseconds(400);
+constexpr auto kOpTimeout = std::chrono::milliseconds(600);
 // A step no staged all_reduce uses, for the test's own messages.
 constexpr uint32_t kSyncStep = static_cast<uint32_t>(tag::kMaxSteps - 1);
 const char* const kRetired = "stopped using its shared-memory slots";
