@@ -25,6 +25,7 @@ GROUPS = [
     "allreduce_pair_slots",
     "allreduce_fused_pair",
     "allreduce_half_made",
+    "staged_failures",
     "abandoned_wire",
     "abandoned_receive",
     "reduce_scatter_ring",

@@ -130,10 +130,11 @@ RequestPtr Comm::tripwire(int peer, uint32_t step, void* data, size_t bytes,
   Request* self = wire.get();
   // Runs on the owner thread during progress(), until the wire is given up: abandon() (which
   // the destructor calls for what is still pending) drops it from a wire it could not stop.
-  wire->onComplete([this, self, why = std::move(why)](Request& r) {
+  wire->onComplete([this, self, step, why = std::move(why)](Request& r) {
     if (!caught(r) || !tripped_.empty()) return;
     tripped_ = why(r);
     trippedBy_ = r.peer();
+    trippedStep_ = step;
     for (const auto& other : posted_) {
       if (other.get() != self && other->pending()) other->cancel();
     }

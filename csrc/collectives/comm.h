@@ -91,6 +91,11 @@ class Comm {
   }
   // The peer of the tripwire of this Comm that caught a message, or -1.
   int trippedBy() const { return trippedBy_; }
+  // Whether the tripwire that caught a message is the one for `peer`'s message at `step`:
+  // an op may watch one peer with several wires that mean different things.
+  bool trippedAt(int peer, uint32_t step) const {
+    return trippedBy_ == peer && trippedStep_ == step;
+  }
   // Clears that failure, so that the op can go on with its other peers (an algorithm whose
   // peer refused its message serves the rest before it fails), and returns it.
   std::string untrip() {
@@ -144,6 +149,7 @@ class Comm {
   // Set by a tripwire that caught a message of the other path: what wait() throws.
   std::string tripped_;
   int trippedBy_ = -1;
+  uint32_t trippedStep_ = 0;  // of that tripwire, while trippedBy_ >= 0
   void track(const RequestPtr& request);
   // What abandon() does to each of `requests` that the driver could not stop (UCX cannot
   // cancel a receive matched to an eager message whose last fragments are still arriving):

@@ -105,7 +105,7 @@ std::optional<std::string> stageToChild(Comm& c, int child, const uint8_t* data,
     stagedExchange(c, child, data, bytes, -1, nullptr, 0, firstStep, nullptr, plan.pieces);
   } catch (const OpFailed&) {
     c.abandon({wire});
-    if (c.trippedBy() != child) throw;
+    if (!refusedBy(c, child)) throw;
     return c.untrip();
   } catch (...) {
     c.abandon({wire});

@@ -83,6 +83,8 @@ RequestPtr refusalWire(Comm& c, int to, size_t sendBytes, StagedRefusal& into) {
   });
 }
 
+bool refusedBy(const Comm& c, int to) { return c.trippedAt(to, kRefusedStep); }
+
 void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int from, uint8_t* dst,
                     size_t recvBytes, uint32_t firstStep, const Reduction* red, PieceSize pieces) {
   StagingArea& st = *c.staging();
@@ -138,7 +140,7 @@ void stagedExchange(Comm& c, int to, const uint8_t* src, size_t sendBytes, int f
     // A credit that never arrived (still pending, or failed: a timeout cancels it) means `to`
     // may yet read that slot, even after this op is gone; unless a tripwire for `to` caught
     // its refusal (refusalWire): it refused at our first notice, and reads none.
-    if (outstanding(credits) && c.trippedBy() != to) {
+    if (outstanding(credits) && !refusedBy(c, to)) {
       st.retire(slotsInUse(c.rank(), to));
     }
     throw;

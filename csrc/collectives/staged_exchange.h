@@ -52,6 +52,10 @@ void refuseStaged(Comm& c, int from, size_t expected) noexcept;
 // and its wait() throws an error naming both lengths. Post it before the exchange, abandon it
 // (Comm::abandon) once the exchange has returned or thrown; `into` outlives it.
 RequestPtr refusalWire(Comm& c, int to, size_t sendBytes, StagedRefusal& into);
+// Whether `to`'s refusal, caught by refusalWire, is what failed this op: `to` then refused at
+// our first notice and reads none of our slots. Any other tripwire for `to` (another path's
+// message from it: a mismatch in the other direction) says nothing of what it reads.
+bool refusedBy(const Comm& c, int to);
 
 // Sends `sendBytes` of `src` to `to` while receiving `recvBytes` from `from` into `dst`:
 // folded into it with `red`, or copied when `red` is null. Either direction may be absent

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       {"allreduce_pair_slots", testAllreducePairSlots, true},
       {"allreduce_fused_pair", testAllreduceFusedPairSlowPeer, true},
       {"allreduce_half_made", testAllreduceHalfMade, true},
+      {"staged_failures", testStagedFailures, true},
       {"abandoned_wire", testAbandonedWireOutlivesItsComm, true},
       {"abandoned_receive", testAbandonedReceiveKeepsItsBuffer, true},
       {"reduce_scatter_ring", testReduceScatterRing, true},

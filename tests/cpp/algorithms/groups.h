@@ -11,6 +11,8 @@ void testAllreducePairSlots();
 void testAllreduceFusedPairSlowPeer();
 // failing_post_groups.cpp: a posted all_reduce that fails part-way through posting.
 void testAllreduceHalfMade();
+// failing_staged_groups.cpp: staged ops of a 2-rank group that fail part-way, and the ops after.
+void testStagedFailures();
 // abandoned_wire_groups.cpp: a tripwire given up that catches a message later.
 void testAbandonedWireOutlivesItsComm();
 // ... and a receive given up that writes into its op's buffer after the op (Comm::keep).
