@@ -152,8 +152,13 @@ void testStagedPairFails() {
       CHECK_MSG(report.empty(), report);
       const Outcomes o = allreduceOp(world, k++, {count, count}, red);
       const std::string rank1 = stall ? "timeout" : "injected";
-      CHECK_MSG(o[0] == "timeout" && o[1] == rank1, label + ": " + show(o));
-      checkRetiredGroup(world, k, label);
+      // Rank 1, giving up, may find a request to rank 0 it cannot withdraw and close the
+      // connection (abandon), which rank 0 sees before its own deadline when the threads are
+      // slow (1 run in 25 with two busy processes on 2 cores): rank 0 still did not complete,
+      // and a closed connection leaves no later op to check.
+      const bool cutOff = o[0].rfind("error: rank 1 closed its connection", 0) == 0;
+      CHECK_MSG((o[0] == "timeout" || cutOff) && o[1] == rank1, label + ": " + show(o));
+      if (!cutOff) checkRetiredGroup(world, k, label);
     }
   }
 }
