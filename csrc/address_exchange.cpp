@@ -565,9 +565,13 @@ void AddressExchange::complete() {
   if (rank_ != 0) set(released, {1});  // rank 0 waits for it and deletes it
 }
 
-void AddressExchange::runCleanup(c10d::Store& store, const DeferredCleanup& cleanup) {
-  for (const auto& key : cleanup.keys) store.deleteKey(key);
-  if (cleanup.cleanedBy > 0) store.add(cleanup.cleanedKey, cleanup.cleanedBy);
+void AddressExchange::runCleanup(c10d::Store& store, const DeferredCleanup& cleanup) noexcept {
+  try {
+    for (const auto& key : cleanup.keys) store.deleteKey(key);
+    if (cleanup.cleanedBy > 0) store.add(cleanup.cleanedKey, cleanup.cleanedBy);
+  } catch (const std::exception&) {
+    // The Store is gone (see the declaration).
+  }
 }
 
 void AddressExchange::appendCard() {

@@ -116,8 +116,10 @@ class AddressExchange {
     int64_t cleanedBy = 0;
   };
   std::optional<DeferredCleanup> takeDeferredCleanup() { return std::exchange(deferred_, {}); }
-  // Deletes the keys and counts "cleaned" up; throws what the Store throws.
-  static void runCleanup(c10d::Store& store, const DeferredCleanup& cleanup);
+  // Deletes the keys and counts "cleaned" up. A Store that fails meanwhile (its host exited)
+  // took the keys with it, and the group exists: nothing to fail, nobody to tell, so this
+  // throws nothing.
+  static void runCleanup(c10d::Store& store, const DeferredCleanup& cleanup) noexcept;
 
   int64_t instance() const { return instance_; }
   // How many ranks of the group run on this host, this one included, from the cards of the

@@ -472,7 +472,7 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
     // At the root, an input for another rank that shares memory with the output is sent
     // while the root's own block is copied over it: that rank got the old data, the new, or
     // (a large message on ucx) some of each. Its own input may be the output (in place).
-    std::vector<at::Tensor> outs(ins.size(), at::empty({0}, out.options()));
+    std::vector<at::Tensor> outs(ins.size());  // none but the root's own block: no allocation
     outs[root] = out;
     c.inputsApart(ins, outs, root);
   }

@@ -197,7 +197,7 @@ struct Span {
 };
 
 std::optional<Span> spanOf(const at::Tensor& t, size_t index) {
-  if (t.numel() == 0 || !t.is_non_overlapping_and_dense()) return std::nullopt;
+  if (!t.defined() || t.numel() == 0 || !t.is_non_overlapping_and_dense()) return std::nullopt;
   const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
   return Span{t.storage().unsafeGetStorageImpl(), begin, begin + t.nbytes(), index};
 }

@@ -75,7 +75,8 @@ struct Checker {
                 const at::Tensor* input = nullptr, int inputSlot = -1) const;
   // No input of an all_to_all shares memory with an output (the receive from rank j may write
   // it while the send to rank i still reads), but input `self` may be output `self` itself
-  // (this rank's own block, in place). `outputs` must have passed disjoint() already.
+  // (this rank's own block, in place). `outputs` must have passed disjoint() already; an
+  // undefined one stands for none (scatter passes only the root's own output).
   // O(n log n) in the world size.
   void inputsApart(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                    int self) const;

@@ -306,12 +306,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   // Where no thread can be had (the process is at its thread limit), the keys left to the
   // clean-up thread below are deleted here, on the critical path, as where rank 0 hosts the Store.
   const auto cleanUpNow = [&] {
-    if (!cleanup) return;
-    try {
-      AddressExchange::runCleanup(*store_, *cleanup);
-    } catch (const std::exception&) {
-      // The Store is gone with its host: so are the keys.
-    }
+    if (cleanup) AddressExchange::runCleanup(*store_, *cleanup);
   };
   try {
     testThreadStartPoint("progress");
@@ -338,14 +333,8 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
     // copied into the thread, so that they are still here if it cannot be started.
     try {
       testThreadStartPoint("store_cleanup");
-      storeCleanup_ = std::thread([store = store_, deferred = *cleanup] {
-        try {
-          AddressExchange::runCleanup(*store, deferred);
-        } catch (const std::exception&) {
-          // The Store is gone (its host exited): the keys went with it, and the group exists,
-          // so there is nothing to fail and nobody to tell.
-        }
-      });
+      storeCleanup_ = std::thread(
+          [store = store_, deferred = *cleanup] { AddressExchange::runCleanup(*store, deferred); });
     } catch (const std::system_error&) {
       cleanUpNow();  // the group works without the thread: only its start is slower
     }
