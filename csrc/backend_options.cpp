@@ -143,7 +143,8 @@ std::vector<config::Field<BackendOptions>> fields() {
                  "context or worker, for a faster creation (host memory only: a CUDA tensor "
                  "is staged through pinned host memory); 'ucx': UCX (its shared-memory "
                  "transports, CUDA IPC); 'auto': shm, unless the rank carries CUDA tensors "
-                 "(cuda=1) or UCX_TLS is set; a group that spans hosts takes UCX either way "
+                 "(cuda=1) and sees a GPU, or UCX_TLS is set; a group that spans hosts takes "
+                 "UCX either way "
                  "(docs/architecture.md#one-host-transport)")),
              &O::oneHostTransport),
       // Need not agree: a receiver matches a message whichever of the sender's workers sent it.
@@ -205,9 +206,10 @@ std::vector<config::Field<BackendOptions>> fields() {
              &O::secretFile),
       // Per rank: a rank's choice of device is its own (like NCCL, a group may mix devices).
       member(config::integer("cuda", 0, 1,
-                             "1: carry CUDA tensors (experimental; ucx moves device memory "
-                             "itself, udp stages it through pinned host memory); 0: a CUDA "
-                             "tensor is a ValueError. docs/cuda.md"),
+                             "1: carry CUDA tensors (ucx moves device memory itself, udp "
+                             "stages it through pinned host memory); 0: a CUDA tensor is a "
+                             "ValueError, and a one-host group keeps the shm rings on a GPU "
+                             "host too. docs/cuda.md"),
              &O::cuda),
       member(choice("cuda_wait", {"host", "stream"},
                     "what Work.wait() on a CUDA collective blocks: 'host' waits until the op "

@@ -40,7 +40,7 @@ struct BackendOptions {
   std::string udpConfig;
   std::string udpFaults;
   std::string secretFile;  // udp: authenticated mode (csrc/udp_auth_setup.hpp)
-  uint64_t cuda = 0;  // 1: carry CUDA tensors (opt-in until verified on a GPU)
+  uint64_t cuda = 1;  // 1: carry CUDA tensors (verified on a GPU, docs/cuda.md#status)
   std::string cudaWait = "host";  // what Work.wait() on a CUDA collective blocks
 
   // What the engine, the algorithms and staging take from these.

@@ -1,5 +1,7 @@
 #include "csrc/device_op.hpp"
 
+#include "csrc/device_presence.hpp"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -29,6 +31,13 @@ void noteInternal(const c10::Stream& stream) {
 }
 
 }  // namespace
+
+bool cudaDeviceVisible() {
+  // The guard is registered only where libtorch_cuda is loaded; its deviceCount() answers 0,
+  // not an exception, where the driver is missing or sees no device.
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return false;
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0;
+}
 
 bool isInternalStream(const c10::Stream& stream) {
   std::lock_guard<std::mutex> lock(internalMu);

@@ -132,8 +132,8 @@ void Checker::carried(const at::Tensor& t, const char* role) const {
   if (t.is_cuda()) {
     if (!cuda) {
       fail(std::string(role) + " " + describe(t) + " is a CUDA tensor; the " + backend +
-           " backend carries CUDA tensors only when asked to (experimental): set "
-           "UCXBACKEND_CUDA=1 or the option cuda=1");
+           " backend was told to refuse CUDA tensors (UCXBACKEND_CUDA=0 or the option "
+           "cuda=0): unset it, or set it to 1");
     }
     if (sawCpu_ || (device_ && *device_ != t.device())) {
       fail(std::string(role) + " " + describe(t) + " is on another device than the op's " +

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstdint>
 
+#include "csrc/device_presence.hpp"
 #include "csrc/launcher_hosts.hpp"
 #include "transports/shm/shared_segment.h"
 #include "transports/shm/shm_transport.h"
@@ -20,8 +21,11 @@ OneHostChoice oneHostTransport(const BackendOptions& options) {
   if (!shm::ShmTransport::available()) return {"ucx", "this kernel has no pidfd_open"};
   if (asked == "shm") return {"shm", "one_host_transport=shm"};
   // auto: UCX where it has what the rings lack (CUDA IPC, for a rank that carries CUDA
-  // tensors) or where the user chose UCX's transports.
-  if (options.cuda != 0) return {"ucx", "one_host_transport=auto and cuda=1 (UCX's cuda_ipc)"};
+  // tensors and has a GPU to make them on) or where the user chose UCX's transports. A host
+  // without a GPU keeps the rings: no CUDA tensor can reach the group there.
+  if (options.cuda != 0 && cudaDeviceVisible()) {
+    return {"ucx", "one_host_transport=auto, cuda=1 and a GPU is visible (UCX's cuda_ipc)"};
+  }
   if (std::getenv("UCX_TLS") != nullptr) {
     return {"ucx", "one_host_transport=auto and UCX_TLS is set"};
   }

@@ -3,7 +3,7 @@
     python scripts/gpu_smoke.py [--timeout 55]
 
 Two ranks, started with multiprocessing's "spawn" (fresh interpreters: nothing of this
-process's CUDA state reaches them), share GPU 0 with ``UCXBACKEND_CUDA=1`` and rendezvous over
+process's CUDA state reaches them), share GPU 0 with the backend's defaults and rendezvous over
 ``tcp://`` on a port picked at run time. Each rank prints every stage as it ends, with the
 stage's time and the time since the rank started, so the last line of a rank that hangs or
 crashes says where it stopped: ``init_process_group("ucx")``, a CPU all_reduce, a CUDA
@@ -110,7 +110,6 @@ def rank_main(rank: int, port: int, deadline_at: float) -> None:
     faulthandler.enable(all_threads=True)
     faulthandler.dump_traceback_later(max(1.0, deadline_at - time.monotonic()), exit=True)
     line_buffer_c_stdout()
-    os.environ["UCXBACKEND_CUDA"] = "1"
     # all_gather_into_tensor is the name torch 2.11 has; newer ones call it deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.* is deprecated")
     started = time.monotonic()
@@ -344,7 +343,6 @@ def main() -> int:
         )
         return SKIP
 
-    os.environ["UCXBACKEND_CUDA"] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for name, value in RANK_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)

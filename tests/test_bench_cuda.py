@@ -1,8 +1,8 @@
 """``--device cuda`` of the bench, on the CPU: the options (default columns, validation that
-leaves CUDA uninitialised for the launcher's fork), the rank's GPU and ``UCXBACKEND_CUDA``
-opt-in, the nccl skip decision, Gloo's host staging, and the table and JSON with the
-``gloo(host-staged)`` label, a skipped nccl column and the d2d copy limit column, from fake
-measurements. What needs a GPU (the copy timed with CUDA events, real CUDA runs) is not here.
+leaves CUDA uninitialised for the launcher's fork), the rank's GPU, the nccl skip decision,
+Gloo's host staging, and the table and JSON with the ``gloo(host-staged)`` label, a skipped
+nccl column and the d2d copy limit column, from fake measurements. What needs a GPU (the copy
+timed with CUDA events, real CUDA runs) is not here.
 """
 
 from __future__ import annotations
@@ -61,20 +61,11 @@ def test_cuda_environment_validation(monkeypatch: pytest.MonkeyPatch) -> None:
         bench_options.validate_environment(options("--backends", "ucx,nccl"), 2)
 
 
-def test_rank_gpu_and_cuda_opt_in() -> None:
+def test_rank_gpu() -> None:
     assert [bench_runner.cuda_index(r, 1) for r in range(3)] == [0, 0, 0]
     assert [bench_runner.cuda_index(r, 2) for r in range(4)] == [0, 1, 0, 1]
     with pytest.raises(bench_common.UsageError, match="no GPU"):
         bench_runner.cuda_index(0, 0)
-    env: dict[str, str] = {}
-    bench_runner.cuda_env(env, "cuda")
-    assert env == {"UCXBACKEND_CUDA": "1"}
-    env = {"UCXBACKEND_CUDA": "0"}
-    bench_runner.cuda_env(env, "cuda")
-    assert env == {"UCXBACKEND_CUDA": "0"}  # the user's choice stands
-    env = {}
-    bench_runner.cuda_env(env, "cpu")
-    assert env == {}
 
 
 def _rank(rank: int, gpu: str, host: str = "h", device: str = "cuda:0") -> dict[str, Any]:

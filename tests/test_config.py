@@ -50,7 +50,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "udp_config": "",
     "udp_faults": "",
     "secret_file": "",
-    "cuda": 0,
+    "cuda": 1,
     "cuda_wait": "host",
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}

@@ -22,6 +22,8 @@ of UCX (docs/architecture.md#one-host-transport).
 * Ranks that disagree on ``one_host_transport`` fail the group's creation on every rank,
   naming the setting and both values; ranks that agree on ``auto`` but choose differently
   (``UCX_TLS`` set on one of them) build UCX for any host, and compute exactly.
+* On a host without a GPU, ``auto`` keeps the rings whatever ``cuda`` says (no CUDA tensor can
+  reach the group); tests/gpu/test_cuda_routing.py checks that a GPU host takes UCX.
 """
 
 from __future__ import annotations
@@ -486,3 +488,19 @@ def test_ranks_that_choose_differently_under_auto_build_ucx() -> None:
     for transports, values in results:
         assert transports and transports != ["shm"], transports  # UCX's own, e.g. "tcp"
         assert values == expected
+
+
+@pytest.mark.skipif(
+    torch.backends.cuda.is_built(), reason="a CUDA torch: tests/gpu/test_cuda_routing.py checks it"
+)
+def test_auto_keeps_the_rings_where_no_gpu_can_make_cuda_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # cuda=1 (the default) asks for UCX's cuda_ipc only where a GPU is visible: on a host
+    # without one no CUDA tensor can reach the group, and the rings start faster.
+    from ucxbackend import _C
+
+    monkeypatch.delenv("UCX_TLS", raising=False)
+    chosen = {str(o): _C.one_host_transport(o)[0] for o in ({}, {"cuda": "1"}, {"cuda": "0"})}
+    assert chosen == dict.fromkeys(chosen, "shm")
+    assert _C.one_host_transport({"cuda": "1", "one_host_transport": "ucx"})[0] == "ucx"

@@ -73,3 +73,11 @@ def _pytest_process_stays_free_of_cuda():
     assert not torch.cuda.is_initialized(), (
         "the pytest process initialised CUDA; ranks forked after that cannot use it"
     )
+
+
+@pytest.fixture(autouse=True)
+def _default_cuda_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worlds (started inside a test, with this process's environment) run on the
+    backends' default for CUDA tensors, whatever the shell exported; a world that tests the
+    knob sets it itself (``test_cuda_routing.py``)."""
+    monkeypatch.delenv("UCXBACKEND_CUDA", raising=False)

@@ -1,4 +1,4 @@
-"""What the CUDA tests share: worlds with CUDA opted in, GPU sleeps, per-check outcomes.
+"""What the CUDA tests share: two-rank worlds on GPU 0, GPU sleeps, per-check outcomes.
 
 Every world has two ranks on GPU 0 (``torch.cuda.set_device(0)`` in each rank; cuda_ipc
 between them). A rank returns ``{check name: {"ok": bool, "detail": str}}`` and the parent turns
@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 from dist_harness import run_world
 
-# The opt-in the ucx and udp backends need before they take CUDA tensors.
-CUDA_ENV = {"UCXBACKEND_CUDA": "1"}
 WORLD = 2
 # A hung world costs GPU time that is counted: fail it early. UCXB_GPU_WORLD_TIMEOUT (seconds)
 # shortens it further where a session's device time is short (scripts/gpu_session.sh).
@@ -33,17 +31,16 @@ def cuda_world(
     backend: str = "ucx",
     env: Mapping[str, str] | None = None,
     args: tuple[Any, ...] = (),
-    opt_in: bool = True,
     world_size: int = WORLD,
     timeout: float = WORLD_TIMEOUT,
 ) -> list[Any]:
-    """``run_world`` with ``UCXBACKEND_CUDA=1`` (unless ``opt_in`` is False) on ``backend``."""
-    extra = {**(CUDA_ENV if opt_in else {}), **(env or {})}
+    """``run_world`` on ``backend`` with the backends' defaults (CUDA tensors carried) unless
+    ``env`` says otherwise."""
     return run_world(
         fn,
         world_size,
         backend=backend,
-        env=extra,
+        env=dict(env or {}),
         args=args,
         timeout=timeout,
         pg_timeout=PG_TIMEOUT,
@@ -126,8 +123,3 @@ class WorldCache:
             pytest.fail(f"the world failed:\n{self._error}", pytrace=False)
         return self._value
 
-
-def without_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remove the CUDA opt-in from this process's environment (the ranks get a copy of it)."""
-    for name in [k for k in os.environ if k == "UCXBACKEND_CUDA"]:
-        monkeypatch.delenv(name)

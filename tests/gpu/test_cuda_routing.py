@@ -5,10 +5,12 @@
   worlds, ``test_cuda_reductions.py`` / ``test_cuda_movement.py``).
 * ``udp`` on CUDA tensors (staged through pinned host memory): test_collectives' all_reduce,
   broadcast, all_gather and p2p families, every dtype, against numpy.
-* Without ``UCXBACKEND_CUDA`` a CUDA tensor raises ValueError naming the op and the variable,
+* By default a one-host ucx group of a rank that sees a GPU runs on UCX (its ``cuda_ipc``), and
+  with ``cuda=0`` on the shm rings (``_C.one_host_transport``).
+* With ``UCXBACKEND_CUDA=0`` a CUDA tensor raises ValueError naming the op and the variable,
   on ucx and on udp, and the group still works for CPU tensors afterwards; a group created with
-  ``pg_options={"cuda": "1"}`` takes CUDA tensors without the variable; one op mixing CPU and
-  CUDA tensors is a ValueError.
+  ``pg_options={"cuda": "1"}`` takes CUDA tensors all the same; one op mixing CPU and CUDA
+  tensors is a ValueError.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from gpu.cuda_harness import (
     cuda_world,
     evaluate,
     use_gpu0,
-    without_opt_in,
 )
 
 N = 1000
@@ -79,6 +80,19 @@ def cuda_only_main(rank: int, ws: int) -> dict[str, Any]:
 
     out = Outcomes(rank)
 
+    def one_host() -> None:
+        import ucxbackend
+
+        chosen = {
+            knob: ucxbackend._C.one_host_transport({"cuda": knob} if knob else {})
+            for knob in ("", "0")
+        }
+        out.check(
+            "one host with a GPU: ucx by default, shm with cuda=0",
+            chosen[""][0] == "ucx" and chosen["0"][0] == "shm",
+            f"{chosen}",
+        )
+
     def run() -> None:
         dev = use_gpu0()
         name = dist.group.WORLD._get_backend(torch.device("cuda")).name()
@@ -91,6 +105,7 @@ def cuda_only_main(rank: int, ws: int) -> dict[str, Any]:
         )
 
     out.run("cuda:ucx: a CUDA tensor reduces on ucx", run)
+    out.run("one host with a GPU: ucx by default, shm with cuda=0", one_host)
     return out.results
 
 
@@ -154,8 +169,8 @@ def refusal_main(rank: int, ws: int) -> dict[str, Any]:
 
     out = Outcomes(rank)
     out.check(
-        "the ranks run without UCXBACKEND_CUDA",
-        "UCXBACKEND_CUDA" not in os.environ,
+        "the ranks run with UCXBACKEND_CUDA=0",
+        os.environ.get("UCXBACKEND_CUDA") == "0",
         f"UCXBACKEND_CUDA={os.environ.get('UCXBACKEND_CUDA')!r}",
     )
 
@@ -164,13 +179,13 @@ def refusal_main(rank: int, ws: int) -> dict[str, Any]:
         udp = dist.new_group(backend="udp")
         for backend, group in (("ucx", None), ("udp", udp)):
             for op, thunk in _cuda_ops(dev, rank, ws, group).items():
-                ok, why = _refused(thunk, OPS_NAMED[op], ("UCXBACKEND_CUDA",))
-                out.check(f"without the opt-in: {backend} refuses CUDA tensors", ok, f"{op}: {why}")
+                ok, why = _refused(thunk, OPS_NAMED[op], ("UCXBACKEND_CUDA=0",))
+                out.check(f"with cuda=0: {backend} refuses CUDA tensors", ok, f"{op}: {why}")
             # the group still works for CPU tensors
             cpu = torch.full((5,), rank + 1.0)
             dist.all_reduce(cpu, group=group)
             out.check(
-                f"without the opt-in: {backend} still reduces CPU tensors",
+                f"with cuda=0: {backend} still reduces CPU tensors",
                 torch.equal(cpu, torch.full((5,), float(sum(range(1, ws + 1))))),
                 f"got {cpu.tolist()}",
             )
@@ -208,7 +223,7 @@ def refusal_main(rank: int, ws: int) -> dict[str, Any]:
             out.check("one op mixing CPU and CUDA tensors is a ValueError", ok, f"{op}: {why}")
         dist.barrier(group=group)
 
-    out.run("without the opt-in: ucx refuses CUDA tensors", refused)
+    out.run("with cuda=0: ucx refuses CUDA tensors", refused)
     out.run('pg_options={"cuda": "1"} takes CUDA tensors', pg_option)
     return out.results
 
@@ -219,10 +234,8 @@ def refusal_main(rank: int, ws: int) -> dict[str, Any]:
 UDP_FAMILIES = ("all_reduce", "broadcast", "all_gather", "p2p")
 
 
-def _without_opt_in() -> list[Any]:
-    with pytest.MonkeyPatch.context() as mp:
-        without_opt_in(mp)
-        return cuda_world(refusal_main, opt_in=False)
+def _refusing() -> list[Any]:
+    return cuda_world(refusal_main, env={"UCXBACKEND_CUDA": "0"})
 
 
 _mixed = WorldCache(lambda: cuda_world(mixed_main, backend="cpu:gloo,cuda:ucx"))
@@ -230,7 +243,7 @@ _cuda_only = WorldCache(lambda: cuda_world(cuda_only_main, backend="cuda:ucx"))
 _udp = WorldCache(
     lambda: cuda_world(cuda_matrix.matrix_main, backend="udp", args=(UDP_FAMILIES, "cuda:0", "udp"))
 )
-_refusal = WorldCache(_without_opt_in)
+_refusal = WorldCache(_refusing)
 
 MIXED_CHECKS = (
     "cpu:gloo,cuda:ucx: cpu -> gloo, cuda -> ucx",
@@ -240,10 +253,10 @@ MIXED_CHECKS = (
 )
 REFUSAL_CHECKS = (
     "the ranks run without UCXBACKEND_CUDA",
-    "without the opt-in: ucx refuses CUDA tensors",
-    "without the opt-in: ucx still reduces CPU tensors",
-    "without the opt-in: udp refuses CUDA tensors",
-    "without the opt-in: udp still reduces CPU tensors",
+    "with cuda=0: ucx refuses CUDA tensors",
+    "with cuda=0: ucx still reduces CPU tensors",
+    "with cuda=0: udp refuses CUDA tensors",
+    "with cuda=0: udp still reduces CPU tensors",
     'pg_options={"cuda": "1"} takes CUDA tensors',
     "one op mixing CPU and CUDA tensors is a ValueError",
 )
@@ -258,6 +271,10 @@ def test_cuda_ucx_alone() -> None:
     evaluate(_cuda_only.get(), "cuda:ucx: a CUDA tensor reduces on ucx")
 
 
+def test_one_host_transport_follows_the_gpu() -> None:
+    evaluate(_cuda_only.get(), "one host with a GPU: ucx by default, shm with cuda=0")
+
+
 def test_udp_takes_cuda_tensors() -> None:
     cuda_matrix.check_facts(_udp.get(), "cuda:0", "udp")
 
@@ -268,5 +285,5 @@ def test_udp_on_cuda(family: str, case: str) -> None:
 
 
 @pytest.mark.parametrize("check", REFUSAL_CHECKS)
-def test_cuda_tensors_need_the_opt_in(check: str) -> None:
+def test_cuda_tensors_refused_with_cuda_0(check: str) -> None:
     evaluate(_refusal.get(), check)

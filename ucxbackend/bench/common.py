@@ -58,7 +58,6 @@ MPI: Final = "mpi"
 CORRUPT_ENV: Final = "UCXBACKEND_BENCH_CORRUPT"
 ARGV_ENV: Final = "_UCXBENCH_COMMAND"  # the user's command line, handed to the ranks we start
 LAUNCH_ENV: Final = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-CUDA_ENV: Final = "UCXBACKEND_CUDA"  # the ucx backend's CUDA opt-in; --device cuda sets it to 1
 NCCL: Final = "nccl"
 # torch's fake backend: every op returns a completed Work without moving a byte, so its time
 # is torch's own dispatch, the floor under any c10d backend. Its results are never checked.

@@ -286,8 +286,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("cpu", "cuda"),
         default="cpu",
         help="tensor device (cpu); cuda: cuda:<local rank %% GPUs> (ranks may share a GPU), "
-        "UCXBACKEND_CUDA=1 unless set, a d2d copy limit column; nccl is skipped, with the "
-        "reason, where ranks share a GPU or torch has no NCCL",
+        "a d2d copy limit column; nccl is skipped, with the reason, where ranks share a GPU "
+        "or torch has no NCCL",
     )
     parser.add_argument(
         "--nproc",

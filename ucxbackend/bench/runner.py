@@ -14,7 +14,7 @@ with ``--device cuda`` the d2d copy limit timed; rank 0 prints the table as it g
 turns failures into the bench's exit statuses.
 
 ``--device cuda``: rank r uses ``cuda:(LOCAL_RANK % GPUs)`` (:func:`cuda_index`; ranks may
-share a GPU) and gets ``UCXBACKEND_CUDA=1`` unless the user set it (:func:`cuda_env`).
+share a GPU).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import os
 import platform
 import socket
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, TextIO
 
@@ -35,7 +35,6 @@ import torch.distributed as dist
 from .cases import make_case_data
 from .common import (
     ARGV_ENV,
-    CUDA_ENV,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -131,13 +130,6 @@ def cuda_index(local_rank: int, count: int) -> int:
     if count < 1:
         raise UsageError("--device cuda: this host has no GPU (torch.cuda.device_count() 0)")
     return local_rank % count
-
-
-def cuda_env(env: MutableMapping[str, str], device: str) -> None:
-    """``--device cuda`` opts the ucx backend into CUDA tensors (``UCXBACKEND_CUDA=1``)
-    unless the user set the variable (to anything, 0 included)."""
-    if device == "cuda":
-        env.setdefault(CUDA_ENV, "1")
 
 
 def _device(opts: BenchOptions, local_rank: int) -> tuple[torch.device, Callable[[], None]]:
@@ -349,7 +341,6 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
         logger.warning("--nproc %d ignored: the launcher started %d ranks", opts.nproc, world)
     validate_environment(opts, world)  # importing this module registered "ucx"
     start_watchdog(opts.timeout, rank, err)
-    cuda_env(os.environ, opts.device)  # read when the ucx groups are created
     device, sync = _device(opts, local_rank)
     timeout = timedelta(seconds=opts.timeout)
     dist.init_process_group("gloo", init_method="env://", timeout=timeout)
