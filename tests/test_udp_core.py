@@ -159,6 +159,7 @@ ENDPOINT_GROUPS = [
     "killed_peer",
     "killed_peer_any_source",
     "linger",
+    "linger_close",
     "transmit_turns",
     "faults",
     "credit_downlink",

@@ -766,6 +766,130 @@ void testLinger() {
   }
 }
 
+// ------------------------------------------------------------------------ linger close
+
+// Each node of `net` sends `bytes` to every other node and receives from each; all done.
+void exchangeAll(EndpointNetwork& net, size_t bytes, Tag tag, DurationUs limit) {
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<RequestPtr> requests;
+  for (int a = 0; a < net.nodes(); ++a) {
+    for (int b = 0; b < net.nodes(); ++b) {
+      if (a == b) continue;
+      inboxes.push_back(std::make_unique<Inbox>(bytes));
+      requests.push_back(net.endpoint(b)->recv(a, tag, ~Tag{0}, inboxes.back()->data.data(), bytes));
+      outs.push_back(message(a, tag, bytes));
+      requests.push_back(net.endpoint(a)->send(b, tag, outs.back().data(), bytes));
+    }
+  }
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, limit), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+}
+
+// A group whose ranks all close ends its linger as soon as each has heard every peer's CLOSE
+// (nothing of the peer's unacknowledged) and sent its own (nothing of ours unacknowledged):
+// about one one-way delay, where it used to wait out lingerQuietUs after the last datagram
+// (0.1 s per group, per destroy_process_group). Loss safety stays: a rank whose last ACK was
+// lost stays until the peer's CLOSE says the peer has it.
+void testLingerClose() {
+  const EndpointOptions options = smallOptions();
+  constexpr DurationUs kDelay = 50;  // EndpointNetwork's one-way delay
+  // Idle after an exchange, every node closing at once: each is gone within a few one-way
+  // delays, not after the quiet time.
+  {
+    EndpointNetwork net(3, options, kDelay);
+    exchangeAll(net, 3000, 70, kSecond);
+    CHECK(net.runUntil([] { return false; }, 10'000) == false);  // ACKs settle
+    const TimeUs closedAt = net.nowUs();
+    for (int n = 0; n < 3; ++n) net.close(n);
+    CHECK(net.runUntil([&] { return net.gone(0) && net.gone(1) && net.gone(2); }, kSecond));
+    for (int n = 0; n < 3; ++n) {
+      const DurationUs lingered = net.lingerEndedUs(n) - closedAt;
+      CHECK_MSG(lingered <= 4 * kDelay, "node " + std::to_string(n) + " lingered " +
+                                            std::to_string(lingered) + " us");
+    }
+  }
+  // Every ACK of rank 1's message to rank 0 is lost, and rank 0 closes once it has the
+  // message: rank 0 must stay until rank 1 has the ACK (rank 1's CLOSE says so), however
+  // long that takes, and both go at once after rank 1 closes too.
+  {
+    EndpointNetwork net(2, options, kDelay);
+    Inbox inbox(3000);
+    auto out = message(1, 71, 3000);
+    auto receive = net.endpoint(0)->recv(1, 71, ~Tag{0}, inbox.data.data(), inbox.capacity());
+    net.setLinkUp(0, 1, false);
+    auto send = net.endpoint(1)->send(0, 71, out.data(), out.size());
+    CHECK(net.runUntil([&] { return !receive->pending(); }, kSecond));
+    CHECK_MSG(receive->state() == RequestState::kDone, receive->error());
+    net.close(0);
+    CHECK(net.runUntil([] { return false; }, 300'000) == false);
+    CHECK(!net.gone(0));
+    net.setLinkUp(0, 1, true);
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK_MSG(send->state() == RequestState::kDone, send->error());
+    CHECK(!net.gone(0));
+    const TimeUs closedAt = net.nowUs();
+    net.close(1);
+    CHECK(net.runUntil([&] { return net.gone(0) && net.gone(1); }, kSecond));
+    CHECK_MSG(net.lingerEndedUs(0) - closedAt <= 4 * kDelay,
+              std::to_string(net.lingerEndedUs(0) - closedAt));
+    CHECK_MSG(net.lingerEndedUs(1) - closedAt <= 4 * kDelay,
+              std::to_string(net.lingerEndedUs(1) - closedAt));
+  }
+  // 30% of the datagrams on every link are lost, CLOSEs too: each rank closes the moment its
+  // own requests are done, and every send still completes (no rank leaves a peer waiting for
+  // an ACK), and every linger still ends well before linger_max (a lost CLOSE is repeated
+  // with the ACKs every 5 ms).
+  {
+    EndpointNetwork net(3, options, kDelay);
+    FaultConfig lossy;
+    lossy.drop = 0.3;
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 0; b < 3; ++b) {
+        lossy.seed = static_cast<uint64_t>(11 + 3 * a + b);
+        if (a != b) net.setFaults(a, b, lossy);
+      }
+    }
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<std::unique_ptr<Inbox>> inboxes;
+    std::vector<std::vector<RequestPtr>> mine(3);
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 0; b < 3; ++b) {
+        if (a == b) continue;
+        inboxes.push_back(std::make_unique<Inbox>(20'000));
+        mine[static_cast<size_t>(b)].push_back(
+            net.endpoint(b)->recv(a, 72, ~Tag{0}, inboxes.back()->data.data(), 20'000));
+        outs.push_back(message(a, 72, 20'000));
+        mine[static_cast<size_t>(a)].push_back(
+            net.endpoint(a)->send(b, 72, outs.back().data(), 20'000));
+      }
+    }
+    const TimeUs start = net.nowUs();
+    std::vector<bool> closed(3, false);
+    CHECK_MSG(net.runUntil(
+                  [&] {
+                    for (int n = 0; n < 3; ++n) {
+                      if (!closed[static_cast<size_t>(n)] &&
+                          allDone(mine[static_cast<size_t>(n)])) {
+                        net.close(n);
+                        closed[static_cast<size_t>(n)] = true;
+                      }
+                    }
+                    return net.gone(0) && net.gone(1) && net.gone(2);
+                  },
+                  10 * kSecond),
+              net.stuckReason());
+    for (const auto& list : mine) {
+      for (const auto& r : list) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    }
+    for (int n = 0; n < 3; ++n) {
+      CHECK_MSG(net.lingerEndedUs(n) - start < options.lingerMaxUs / 10,
+                "node " + std::to_string(n) + " ended at " +
+                    std::to_string(net.lingerEndedUs(n) - start) + " us");
+    }
+  }
+}
+
 // ------------------------------------------------------------------------ transmit turns
 
 void testTransmitTurns() {
@@ -1683,6 +1807,7 @@ const check::Group kGroups[] = {
     {"killed_peer", testKilledPeer, true},
     {"killed_peer_any_source", testKilledPeerAnySource, true},
     {"linger", testLinger, true},
+    {"linger_close", testLingerClose, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},

@@ -98,6 +98,8 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
           deriveDirectionKey(*options_.groupKey, rank_, p), id.localRank, id.peerRank);
       peer.opener = std::make_unique<DatagramOpener>(
           deriveDirectionKey(*options_.groupKey, p, rank_), id.peerRank, id.localRank);
+      // The peer's replay window covers so many datagrams, of whatever size.
+      peer.connection->limitPacketsInFlight(ReplayWindow::kInFlightLimit);
     }
   }
   const uint32_t paths = options_.config.paths;
@@ -165,9 +167,8 @@ void Endpoint::connect(int peer, std::span<const SocketAddress> addresses,
   p.connected = true;
   // Every other rank of the group may send to the peer at once.
   if (receiveBufferBytes) {
-    p.connection->setSendWindowBytes(sendWindowFor(options_.config, *receiveBufferBytes,
-                                                   std::max(size_ - 1, 1),
-                                                   options_.groupKey.has_value()));
+    p.connection->setSendWindowBytes(
+        sendWindowFor(options_.config, *receiveBufferBytes, std::max(size_ - 1, 1)));
   }
 }
 
@@ -380,7 +381,9 @@ bool Endpoint::handleTimeout(TimeUs now) {
   if (failUnreachable(now)) delivered = true;
   if (linger_ && (!linger_->lastAckRepeat || now - *linger_->lastAckRepeat >= kAckRepeatUs)) {
     for (auto& peer : peers_) {
-      if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
+      if (!peer.connected || peer.connection->failed()) continue;
+      peer.connection->acknowledgeAgain();
+      peer.connection->announceClose();
     }
     linger_->lastAckRepeat = now;
   }
@@ -627,7 +630,7 @@ Endpoint::Heard Endpoint::heard() const {
     // it kept both ends of an abandoned send for the whole linger cap, each hearing the other.
     if (peer.connection->failed()) continue;
     const Stats s = peer.connection->stats();
-    h.heard += s.datagramsReceived - s.ackPacketsReceived;
+    h.heard += s.datagramsReceived - s.ackPacketsReceived - s.closePacketsReceived;
     h.duplicates += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
   }
   return h;
@@ -640,8 +643,22 @@ bool Endpoint::allIdle() const {
   return true;
 }
 
+bool Endpoint::allClosedAndSettled() const {
+  for (const auto& peer : peers_) {
+    if (!peer.connected || peer.connection->failed()) continue;
+    const PeerConnection& c = *peer.connection;
+    if (!c.peerClosed() || !c.sendSettled() || !c.closeSent()) return false;
+  }
+  return true;
+}
+
 bool Endpoint::lingerDone(TimeUs now) {
   if (!linger_) return false;
+  // Every peer has closed and needs nothing more from us (its CLOSE), we need nothing more
+  // from it, and it has been told so (our CLOSE, sent at least once): nobody is left for the
+  // linger to answer. A peer whose copy of our CLOSE was lost still ends: it lingers the
+  // quiet time as before, or sooner, when its repeats meet our closed port.
+  if (allClosedAndSettled()) return true;
   Linger& l = *linger_;
   const Heard h = heard();
   // Growth only: a connection that fails leaves the sums (heard()), which is no news.

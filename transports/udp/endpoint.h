@@ -242,6 +242,8 @@ class Endpoint {
   bool completeCancelled();
   Heard heard() const;
   bool allIdle() const;
+  // Every live connection: the peer's CLOSE came, ours went, nothing of ours unacknowledged.
+  bool allClosedAndSettled() const;
 
   const int rank_;
   const int size_;
