@@ -158,6 +158,7 @@ ENDPOINT_GROUPS = [
     "silent_peer",
     "killed_peer",
     "killed_peer_any_source",
+    "multipath_unreachable",
     "linger",
     "linger_close",
     "transmit_turns",

@@ -611,6 +611,72 @@ void testKilledPeerAnySource() {
   CHECK_EQ(idle.refusals(), uint64_t{0});
 }
 
+// A peer unreachable over two paths: the error names both paths and what each met (the
+// ICMP port unreachable, the packets sent and lost for a timeout), where it named one port
+// only, and the authenticated mode always path 0's, whichever path's port was refused.
+void testMultipathUnreachable() {
+  const auto twoPaths = [](DurationUs opTimeout) {
+    EndpointOptions o = silenceOptions(opTimeout);
+    o.config = parseUdpConfig("paths=2,path_policy=spray", o.config);
+    return o;
+  };
+  const auto path = [](int node, uint32_t p) {
+    return "path " + std::to_string(p) + " to " +
+           SocketAddress::parse("10.0.0." + std::to_string(node + 1),
+                                static_cast<uint16_t>(7000 + p))
+               .toString() +
+           ": ";
+  };
+  auto out = message(0, 90, 20'000);
+  // Killed: the first refusal fails the connection; the error reports both paths.
+  {
+    EndpointNetwork net(2, twoPaths(20 * kSecond));
+    auto send = net.endpoint(0)->send(1, 90, out.data(), out.size());
+    net.kill(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    CHECK_MSG(check::contains(e, "is closed (ICMP port unreachable)"), e);
+    CHECK_MSG(check::contains(e, path(1, 0)) && check::contains(e, path(1, 1)), e);
+    CHECK_MSG(check::contains(e, ": ICMP port unreachable, "), e);
+  }
+  // Silent (no ICMP comes back): the timeout's error reports every path's lost packets.
+  {
+    EndpointNetwork net(2, twoPaths(0));
+    auto send = net.endpoint(0)->send(1, 91, out.data(), out.size());
+    net.destroy(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    CHECK_MSG(check::contains(e, "retransmission timeouts"), e);
+    for (uint32_t p = 0; p < 2; ++p) {
+      const std::string at = path(1, p);
+      CHECK_MSG(check::contains(e, at) &&
+                    e.find("declared lost", e.find(at)) != std::string::npos &&
+                    e.find(at + "ICMP") == std::string::npos,
+                e);
+    }
+  }
+  // Authenticated: the reports of both paths' ports within the grace period, both named.
+  if (authAvailable()) {
+    EndpointOptions o = twoPaths(20 * kSecond);
+    o.groupKey = AuthKey{};
+    o.groupKey->fill(0x42);
+    EndpointNetwork net(2, o);
+    auto send = net.endpoint(0)->send(1, 92, out.data(), out.size());
+    net.kill(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    const std::string p0 = SocketAddress::parse("10.0.0.2", 7000).toString();
+    const std::string p1 = SocketAddress::parse("10.0.0.2", 7001).toString();
+    CHECK_MSG(check::contains(e, "its ports " + p0 + " and " + p1 + " are closed"), e);
+    CHECK_MSG(check::contains(e, path(1, 0) + "ICMP") && check::contains(e, path(1, 1) + "ICMP"), e);
+  } else {
+    std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+  }
+}
+
 // -------------------------------------------------------------------------------- linger
 
 void testLinger() {
@@ -1806,6 +1872,7 @@ const check::Group kGroups[] = {
     {"silent_peer", testSilentPeer, true},
     {"killed_peer", testKilledPeer, true},
     {"killed_peer_any_source", testKilledPeerAnySource, true},
+    {"multipath_unreachable", testMultipathUnreachable, true},
     {"linger", testLinger, true},
     {"linger_close", testLingerClose, true},
     {"transmit_turns", testTransmitTurns, true},

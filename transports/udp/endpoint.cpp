@@ -304,6 +304,7 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   const int peer = it->second.peer;
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
+  p.refusedPaths |= uint32_t{1} << it->second.path;
   // An any-source receive pending could come from this peer: it waits on it too. A closing
   // group's linger waits on every connection still receiving: once the peer's port is closed,
   // nobody is left to send the rest of a message or to hear our ACKs.
@@ -322,6 +323,33 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   return true;
 }
 
+std::string Endpoint::refusedPorts(const Peer& p) const {
+  std::string out;
+  size_t count = 0;
+  for (size_t i = 0; i < p.addresses.size(); ++i) {
+    if (!(p.refusedPaths >> i & 1u)) continue;
+    out += (count++ == 0 ? "" : " and ") + p.addresses[i].toString();
+  }
+  if (count == 0) return "port " + p.addresses.front().toString() + " is";
+  return (count == 1 ? "port " : "ports ") + out + (count == 1 ? " is" : " are");
+}
+
+std::string Endpoint::pathReport(const Peer& p) const {
+  const uint32_t paths = options_.config.paths;
+  if (paths <= 1) return {};
+  std::string out = " [";
+  for (uint32_t i = 0; i < paths; ++i) {
+    const size_t a = p.addresses.size() == 1 ? 0 : i;
+    const PathStats& s = p.connection->pathSelector().stats(i);
+    out += (i == 0 ? "path " : "; path ") + std::to_string(i) + " to " +
+           p.addresses[a].toString() + ": ";
+    if (p.refusedPaths >> a & 1u) out += "ICMP port unreachable, ";
+    out += std::to_string(s.packetsSent) + " packets sent, " + std::to_string(s.acked) +
+           " acknowledged, " + std::to_string(s.lost) + " declared lost";
+  }
+  return out + "]";
+}
+
 DurationUs Endpoint::unreachableGraceUs() const {
   // A live peer acknowledges the PING within an RTT; keepalive_us is how long silence is
   // tolerated before a PING anyway.
@@ -336,8 +364,8 @@ bool Endpoint::failUnreachable(TimeUs now) {
     p.unreachableSince.reset();
     if (!p.error.empty() || p.connection->failed()) continue;
     if (p.sends.empty() && p.receives.empty() && anySource_.empty() && !closing()) continue;
-    p.connection->fail("its port " + p.addresses.front().toString() +
-                       " is closed (ICMP port unreachable) and nothing authenticated came from "
+    p.connection->fail("its " + refusedPorts(p) +
+                       " closed (ICMP port unreachable) and nothing authenticated came from "
                        "it for " + std::to_string(unreachableGraceUs() / 1000) +
                        " ms after a PING: the process is gone");
     failed = true;
@@ -355,7 +383,11 @@ void Endpoint::deliver(int peer, uint32_t path, std::span<const uint8_t> bytes, 
     }
     bytes = bytes.first(bytes.size() - kAuthTrailerBytes);
     p.unreachableSince.reset();  // it is alive: whatever the ICMP said was not from it
+    p.refusedPaths = 0;
   }
+  // Whatever came over this path came from an open port. With one address for every path,
+  // the ICMP reports count against path 0 (handlePortUnreachable's route).
+  p.refusedPaths &= ~(uint32_t{1} << (p.addresses.size() == 1 ? 0 : path));
   p.connection->onDatagram(bytes, now, path);
   if (trace_) trace_->sampleConnection(now, peer, *p.connection);
 }
@@ -452,7 +484,8 @@ bool Endpoint::handleEvents() {
       switch (e->kind) {
         case EventKind::kPeerFailed:
           if (peer.error.empty()) {
-            peer.error = "udp: connection to rank " + std::to_string(p) + " failed: " + e->error;
+            peer.error = "udp: connection to rank " + std::to_string(p) + " failed: " + e->error +
+                         pathReport(peer);
           }
           failures_.push_back(PeerFailure{p, peer.error});
           break;

@@ -190,6 +190,9 @@ class Endpoint {
     // Authenticated mode: when an ICMP port unreachable named this peer's port, while nothing
     // authenticated has come from it since (handlePortUnreachable).
     std::optional<TimeUs> unreachableSince;
+    // The paths (bit p: path p) whose port an ICMP port unreachable named since a datagram
+    // last came over them: what a failure's message reports per path (pathReport).
+    uint32_t refusedPaths = 0;
     std::vector<SocketAddress> addresses;  // one per path (or one for all)
     bool connected = false;
     std::string error;  // why the connection failed (empty while healthy)
@@ -230,6 +233,12 @@ class Endpoint {
   // Authenticated mode: fails the peers whose closed port no authenticated datagram
   // contradicted within unreachableGraceUs(); returns whether one failed.
   bool failUnreachable(TimeUs now);
+  // The ports of `peer` that an ICMP port unreachable named, with the verb ("port A is",
+  // "ports A and B are"); path 0's if none did.
+  std::string refusedPorts(const Peer& peer) const;
+  // Several paths: what each path to `peer` met, appended to a failure's message, so that it
+  // names every path and why it failed, not the first only ("" with one path).
+  std::string pathReport(const Peer& peer) const;
   DurationUs unreachableGraceUs() const;
   bool handleEvents();
   // Binds any-source receives to the first peer holding a matching message; fails them once
