@@ -10,7 +10,8 @@ namespace {
 
 // While lingering our last ACK to a peer may have been lost, and its timer may have backed
 // off: the ACK is repeated this often (cheap, and at 30% loss the chance that every copy is
-// lost is nil), rather than counting on answering its retransmission.
+// lost is nil), rather than counting on answering its retransmission. So is the CLOSE, which
+// lets a peer that has everything from us stop lingering.
 constexpr DurationUs kAckRepeatUs = 5000;
 
 const char* const kClosing = "the udp transport was closed with the request pending";
