@@ -74,3 +74,33 @@ def test_closing_after_a_timed_out_op_does_not_linger() -> None:
     that had reached rank 1 (which is why tests/test_abort.py aborts such groups first)."""
     took = run_world(_close_after_a_timed_out_op, 2, backend="udp", timeout=60)
     assert all(t < CLOSE_LIMIT_S for t in took), took
+
+
+# Ten idle 2-rank groups: a close that waited out the 100 ms quiet time took at least 1 s for
+# all of them, one after the other; closing on the peers' CLOSE takes milliseconds each.
+IDLE_GROUPS = 10
+IDLE_CLOSE_LIMIT_S = 0.5
+
+
+def _close_idle_groups(rank: int, ws: int) -> list[float]:
+    """Creates and uses IDLE_GROUPS subgroups, then destroys them one after the other, as
+    both ranks do at the end of a job. Returns each destroy_process_group's duration."""
+    groups = [dist.new_group([0, 1]) for _ in range(IDLE_GROUPS)]
+    for group in groups:
+        dist.all_reduce(torch.ones(4), group=group)
+    dist.barrier()
+    took = []
+    for group in groups:
+        start = time.monotonic()
+        dist.destroy_process_group(group)
+        took.append(time.monotonic() - start)
+    return took
+
+
+def test_closing_idle_groups_does_not_wait_out_the_quiet_time() -> None:
+    """Before, every idle udp group's close lingered the 100 ms quiet time (lingerQuietUs) in
+    case a peer still needed an ACK: 0.1 s per group at destroy_process_group or at exit. Now
+    each rank's CLOSE tells its peers that it needs nothing more, and a rank that has heard
+    every peer's goes at once (docs/udp-protocol.md, Closing)."""
+    took = run_world(_close_idle_groups, 2, backend="udp", timeout=120)
+    assert all(sum(t) < IDLE_CLOSE_LIMIT_S for t in took), took

@@ -611,6 +611,72 @@ void testKilledPeerAnySource() {
   CHECK_EQ(idle.refusals(), uint64_t{0});
 }
 
+// A peer unreachable over two paths: the error names both paths and what each met (the
+// ICMP port unreachable, the packets sent and lost for a timeout), where it named one port
+// only, and the authenticated mode always path 0's, whichever path's port was refused.
+void testMultipathUnreachable() {
+  const auto twoPaths = [](DurationUs opTimeout) {
+    EndpointOptions o = silenceOptions(opTimeout);
+    o.config = parseUdpConfig("paths=2,path_policy=spray", o.config);
+    return o;
+  };
+  const auto path = [](int node, uint32_t p) {
+    return "path " + std::to_string(p) + " to " +
+           SocketAddress::parse("10.0.0." + std::to_string(node + 1),
+                                static_cast<uint16_t>(7000 + p))
+               .toString() +
+           ": ";
+  };
+  auto out = message(0, 90, 20'000);
+  // Killed: the first refusal fails the connection; the error reports both paths.
+  {
+    EndpointNetwork net(2, twoPaths(20 * kSecond));
+    auto send = net.endpoint(0)->send(1, 90, out.data(), out.size());
+    net.kill(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    CHECK_MSG(check::contains(e, "is closed (ICMP port unreachable)"), e);
+    CHECK_MSG(check::contains(e, path(1, 0)) && check::contains(e, path(1, 1)), e);
+    CHECK_MSG(check::contains(e, ": ICMP port unreachable, "), e);
+  }
+  // Silent (no ICMP comes back): the timeout's error reports every path's lost packets.
+  {
+    EndpointNetwork net(2, twoPaths(0));
+    auto send = net.endpoint(0)->send(1, 91, out.data(), out.size());
+    net.destroy(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    CHECK_MSG(check::contains(e, "retransmission timeouts"), e);
+    for (uint32_t p = 0; p < 2; ++p) {
+      const std::string at = path(1, p);
+      CHECK_MSG(check::contains(e, at) &&
+                    e.find("declared lost", e.find(at)) != std::string::npos &&
+                    e.find(at + "ICMP") == std::string::npos,
+                e);
+    }
+  }
+  // Authenticated: the reports of both paths' ports within the grace period, both named.
+  if (authAvailable()) {
+    EndpointOptions o = twoPaths(20 * kSecond);
+    o.groupKey = AuthKey{};
+    o.groupKey->fill(0x42);
+    EndpointNetwork net(2, o);
+    auto send = net.endpoint(0)->send(1, 92, out.data(), out.size());
+    net.kill(1);
+    CHECK(net.runUntil([&] { return !send->pending(); }, 20 * kSecond));
+    const std::string& e = send->error();
+    std::printf("%s\n", e.c_str());
+    const std::string p0 = SocketAddress::parse("10.0.0.2", 7000).toString();
+    const std::string p1 = SocketAddress::parse("10.0.0.2", 7001).toString();
+    CHECK_MSG(check::contains(e, "its ports " + p0 + " and " + p1 + " are closed"), e);
+    CHECK_MSG(check::contains(e, path(1, 0) + "ICMP") && check::contains(e, path(1, 1) + "ICMP"), e);
+  } else {
+    std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+  }
+}
+
 // -------------------------------------------------------------------------------- linger
 
 void testLinger() {
@@ -763,6 +829,130 @@ void testLinger() {
     CHECK(orphan->failed());
     CHECK_EQ(orphan->error(), std::string("the udp transport was closed with the request pending"));
     orphan->cancel();  // after the endpoint is gone: nothing happens
+  }
+}
+
+// ------------------------------------------------------------------------ linger close
+
+// Each node of `net` sends `bytes` to every other node and receives from each; all done.
+void exchangeAll(EndpointNetwork& net, size_t bytes, Tag tag, DurationUs limit) {
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  std::vector<RequestPtr> requests;
+  for (int a = 0; a < net.nodes(); ++a) {
+    for (int b = 0; b < net.nodes(); ++b) {
+      if (a == b) continue;
+      inboxes.push_back(std::make_unique<Inbox>(bytes));
+      requests.push_back(net.endpoint(b)->recv(a, tag, ~Tag{0}, inboxes.back()->data.data(), bytes));
+      outs.push_back(message(a, tag, bytes));
+      requests.push_back(net.endpoint(a)->send(b, tag, outs.back().data(), bytes));
+    }
+  }
+  CHECK_MSG(net.runUntil([&] { return allDone(requests); }, limit), net.stuckReason());
+  for (const auto& r : requests) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+}
+
+// A group whose ranks all close ends its linger as soon as each has heard every peer's CLOSE
+// (nothing of the peer's unacknowledged) and sent its own (nothing of ours unacknowledged):
+// about one one-way delay, where it used to wait out lingerQuietUs after the last datagram
+// (0.1 s per group, per destroy_process_group). Loss safety stays: a rank whose last ACK was
+// lost stays until the peer's CLOSE says the peer has it.
+void testLingerClose() {
+  const EndpointOptions options = smallOptions();
+  constexpr DurationUs kDelay = 50;  // EndpointNetwork's one-way delay
+  // Idle after an exchange, every node closing at once: each is gone within a few one-way
+  // delays, not after the quiet time.
+  {
+    EndpointNetwork net(3, options, kDelay);
+    exchangeAll(net, 3000, 70, kSecond);
+    CHECK(net.runUntil([] { return false; }, 10'000) == false);  // ACKs settle
+    const TimeUs closedAt = net.nowUs();
+    for (int n = 0; n < 3; ++n) net.close(n);
+    CHECK(net.runUntil([&] { return net.gone(0) && net.gone(1) && net.gone(2); }, kSecond));
+    for (int n = 0; n < 3; ++n) {
+      const DurationUs lingered = net.lingerEndedUs(n) - closedAt;
+      CHECK_MSG(lingered <= 4 * kDelay, "node " + std::to_string(n) + " lingered " +
+                                            std::to_string(lingered) + " us");
+    }
+  }
+  // Every ACK of rank 1's message to rank 0 is lost, and rank 0 closes once it has the
+  // message: rank 0 must stay until rank 1 has the ACK (rank 1's CLOSE says so), however
+  // long that takes, and both go at once after rank 1 closes too.
+  {
+    EndpointNetwork net(2, options, kDelay);
+    Inbox inbox(3000);
+    auto out = message(1, 71, 3000);
+    auto receive = net.endpoint(0)->recv(1, 71, ~Tag{0}, inbox.data.data(), inbox.capacity());
+    net.setLinkUp(0, 1, false);
+    auto send = net.endpoint(1)->send(0, 71, out.data(), out.size());
+    CHECK(net.runUntil([&] { return !receive->pending(); }, kSecond));
+    CHECK_MSG(receive->state() == RequestState::kDone, receive->error());
+    net.close(0);
+    CHECK(net.runUntil([] { return false; }, 300'000) == false);
+    CHECK(!net.gone(0));
+    net.setLinkUp(0, 1, true);
+    CHECK(net.runUntil([&] { return !send->pending(); }, kSecond));
+    CHECK_MSG(send->state() == RequestState::kDone, send->error());
+    CHECK(!net.gone(0));
+    const TimeUs closedAt = net.nowUs();
+    net.close(1);
+    CHECK(net.runUntil([&] { return net.gone(0) && net.gone(1); }, kSecond));
+    CHECK_MSG(net.lingerEndedUs(0) - closedAt <= 4 * kDelay,
+              std::to_string(net.lingerEndedUs(0) - closedAt));
+    CHECK_MSG(net.lingerEndedUs(1) - closedAt <= 4 * kDelay,
+              std::to_string(net.lingerEndedUs(1) - closedAt));
+  }
+  // 30% of the datagrams on every link are lost, CLOSEs too: each rank closes the moment its
+  // own requests are done, and every send still completes (no rank leaves a peer waiting for
+  // an ACK), and every linger still ends well before linger_max (a lost CLOSE is repeated
+  // with the ACKs every 5 ms).
+  {
+    EndpointNetwork net(3, options, kDelay);
+    FaultConfig lossy;
+    lossy.drop = 0.3;
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 0; b < 3; ++b) {
+        lossy.seed = static_cast<uint64_t>(11 + 3 * a + b);
+        if (a != b) net.setFaults(a, b, lossy);
+      }
+    }
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<std::unique_ptr<Inbox>> inboxes;
+    std::vector<std::vector<RequestPtr>> mine(3);
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 0; b < 3; ++b) {
+        if (a == b) continue;
+        inboxes.push_back(std::make_unique<Inbox>(20'000));
+        mine[static_cast<size_t>(b)].push_back(
+            net.endpoint(b)->recv(a, 72, ~Tag{0}, inboxes.back()->data.data(), 20'000));
+        outs.push_back(message(a, 72, 20'000));
+        mine[static_cast<size_t>(a)].push_back(
+            net.endpoint(a)->send(b, 72, outs.back().data(), 20'000));
+      }
+    }
+    const TimeUs start = net.nowUs();
+    std::vector<bool> closed(3, false);
+    CHECK_MSG(net.runUntil(
+                  [&] {
+                    for (int n = 0; n < 3; ++n) {
+                      if (!closed[static_cast<size_t>(n)] &&
+                          allDone(mine[static_cast<size_t>(n)])) {
+                        net.close(n);
+                        closed[static_cast<size_t>(n)] = true;
+                      }
+                    }
+                    return net.gone(0) && net.gone(1) && net.gone(2);
+                  },
+                  10 * kSecond),
+              net.stuckReason());
+    for (const auto& list : mine) {
+      for (const auto& r : list) CHECK_MSG(r->state() == RequestState::kDone, r->error());
+    }
+    for (int n = 0; n < 3; ++n) {
+      CHECK_MSG(net.lingerEndedUs(n) - start < options.lingerMaxUs / 10,
+                "node " + std::to_string(n) + " ended at " +
+                    std::to_string(net.lingerEndedUs(n) - start) + " us");
+    }
   }
 }
 
@@ -1682,7 +1872,9 @@ const check::Group kGroups[] = {
     {"silent_peer", testSilentPeer, true},
     {"killed_peer", testKilledPeer, true},
     {"killed_peer_any_source", testKilledPeerAnySource, true},
+    {"multipath_unreachable", testMultipathUnreachable, true},
     {"linger", testLinger, true},
+    {"linger_close", testLingerClose, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},

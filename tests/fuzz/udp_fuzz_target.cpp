@@ -247,6 +247,9 @@ void checkDecoded(std::span<const uint8_t> datagram, const DecodedPacket& p) {
       FUZZ_CHECK((p.credit.flags & ~credit_flags::kKnown) == 0, hex(datagram));
       m = encodeCredit(again, p.header, p.credit);
       break;
+    case PacketType::kClose:
+      m = encodeClose(again, p.header);
+      break;
     default:
       FUZZ_CHECK(false, "decoded an unknown packet type: " + hex(datagram));
   }
@@ -579,7 +582,7 @@ class Harness {
     checkDecoded(d, p);
     FUZZ_CHECK(p.header.token == kToken && p.header.sourceRank == me.rank, what());
     if (p.header.type != PacketType::kAck && p.header.type != PacketType::kNack &&
-        p.header.type != PacketType::kCredit) {
+        p.header.type != PacketType::kCredit && p.header.type != PacketType::kClose) {
       // One number per reliable packet, retransmissions included, never reused.
       FUZZ_CHECK(p.packetNumber == me.nextPacketNumber,
                  "expected packet number " + std::to_string(me.nextPacketNumber) + ": " + what());
@@ -612,7 +615,8 @@ class Harness {
         }
         break;
       case PacketType::kPing:
-      case PacketType::kCredit: break;
+      case PacketType::kCredit:
+      case PacketType::kClose: break;
       case PacketType::kNack:
         if (!tainted_) {
           for (uint16_t i = 0; i < p.nack.count; ++i) {

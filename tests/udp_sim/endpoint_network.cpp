@@ -104,7 +104,10 @@ void EndpointNetwork::round() {
       const int sender = nodeAt(a.from);
       if (to.refuses && sender >= 0) {
         ++refusals_;
-        arrivals_.push(Arrival{nowUs_ + delayUs_, sequence_++, to.address, sender, {}, true});
+        // The kernel's report names the port the datagram was sent to: its path's.
+        arrivals_.push(Arrival{nowUs_ + delayUs_, sequence_++,
+                               to.paths[std::min<size_t>(a.path, to.paths.size() - 1)], sender,
+                               {}, true});
       }
     }
   }
@@ -132,7 +135,7 @@ void EndpointNetwork::round() {
       for (auto& d : deliveries_) {
         arrivals_.push(Arrival{nowUs_ + delayUs_ + d.extraDelayUs, sequence_++,
                                nodes_[static_cast<size_t>(n)].paths[path], dest,
-                               std::move(d.bytes)});
+                               std::move(d.bytes), false, path});
       }
     }
     e->completeRequests();

@@ -88,6 +88,7 @@ class EndpointNetwork {
     int to;
     std::vector<uint8_t> bytes;
     bool refusal = false;  // an ICMP port unreachable for a datagram `to` sent to `from`
+    uint32_t path = 0;     // the path it took: the receiving node's socket of that index
     bool operator>(const Arrival& o) const {
       return timeUs != o.timeUs ? timeUs > o.timeUs : sequence > o.sequence;
     }

@@ -10,7 +10,8 @@ namespace {
 
 // While lingering our last ACK to a peer may have been lost, and its timer may have backed
 // off: the ACK is repeated this often (cheap, and at 30% loss the chance that every copy is
-// lost is nil), rather than counting on answering its retransmission.
+// lost is nil), rather than counting on answering its retransmission. So is the CLOSE, which
+// lets a peer that has everything from us stop lingering.
 constexpr DurationUs kAckRepeatUs = 5000;
 
 const char* const kClosing = "the udp transport was closed with the request pending";
@@ -98,6 +99,8 @@ Endpoint::Endpoint(int rank, int size, EndpointOptions options)
           deriveDirectionKey(*options_.groupKey, rank_, p), id.localRank, id.peerRank);
       peer.opener = std::make_unique<DatagramOpener>(
           deriveDirectionKey(*options_.groupKey, p, rank_), id.peerRank, id.localRank);
+      // The peer's replay window covers so many datagrams, of whatever size.
+      peer.connection->limitPacketsInFlight(ReplayWindow::kInFlightLimit);
     }
   }
   const uint32_t paths = options_.config.paths;
@@ -165,9 +168,8 @@ void Endpoint::connect(int peer, std::span<const SocketAddress> addresses,
   p.connected = true;
   // Every other rank of the group may send to the peer at once.
   if (receiveBufferBytes) {
-    p.connection->setSendWindowBytes(sendWindowFor(options_.config, *receiveBufferBytes,
-                                                   std::max(size_ - 1, 1),
-                                                   options_.groupKey.has_value()));
+    p.connection->setSendWindowBytes(
+        sendWindowFor(options_.config, *receiveBufferBytes, std::max(size_ - 1, 1)));
   }
 }
 
@@ -303,6 +305,7 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   const int peer = it->second.peer;
   Peer& p = peers_[static_cast<size_t>(peer)];
   if (!p.error.empty() || p.connection->failed()) return false;
+  p.refusedPaths |= uint32_t{1} << it->second.path;
   // An any-source receive pending could come from this peer: it waits on it too. A closing
   // group's linger waits on every connection still receiving: once the peer's port is closed,
   // nobody is left to send the rest of a message or to hear our ACKs.
@@ -321,6 +324,33 @@ bool Endpoint::handlePortUnreachable(TimeUs now, const SocketAddress& to) {
   return true;
 }
 
+std::string Endpoint::refusedPorts(const Peer& p) const {
+  std::string out;
+  size_t count = 0;
+  for (size_t i = 0; i < p.addresses.size(); ++i) {
+    if (!(p.refusedPaths >> i & 1u)) continue;
+    out += (count++ == 0 ? "" : " and ") + p.addresses[i].toString();
+  }
+  if (count == 0) return "port " + p.addresses.front().toString() + " is";
+  return (count == 1 ? "port " : "ports ") + out + (count == 1 ? " is" : " are");
+}
+
+std::string Endpoint::pathReport(const Peer& p) const {
+  const uint32_t paths = options_.config.paths;
+  if (paths <= 1) return {};
+  std::string out = " [";
+  for (uint32_t i = 0; i < paths; ++i) {
+    const size_t a = p.addresses.size() == 1 ? 0 : i;
+    const PathStats& s = p.connection->pathSelector().stats(i);
+    out += (i == 0 ? "path " : "; path ") + std::to_string(i) + " to " +
+           p.addresses[a].toString() + ": ";
+    if (p.refusedPaths >> a & 1u) out += "ICMP port unreachable, ";
+    out += std::to_string(s.packetsSent) + " packets sent, " + std::to_string(s.acked) +
+           " acknowledged, " + std::to_string(s.lost) + " declared lost";
+  }
+  return out + "]";
+}
+
 DurationUs Endpoint::unreachableGraceUs() const {
   // A live peer acknowledges the PING within an RTT; keepalive_us is how long silence is
   // tolerated before a PING anyway.
@@ -335,8 +365,8 @@ bool Endpoint::failUnreachable(TimeUs now) {
     p.unreachableSince.reset();
     if (!p.error.empty() || p.connection->failed()) continue;
     if (p.sends.empty() && p.receives.empty() && anySource_.empty() && !closing()) continue;
-    p.connection->fail("its port " + p.addresses.front().toString() +
-                       " is closed (ICMP port unreachable) and nothing authenticated came from "
+    p.connection->fail("its " + refusedPorts(p) +
+                       " closed (ICMP port unreachable) and nothing authenticated came from "
                        "it for " + std::to_string(unreachableGraceUs() / 1000) +
                        " ms after a PING: the process is gone");
     failed = true;
@@ -354,7 +384,11 @@ void Endpoint::deliver(int peer, uint32_t path, std::span<const uint8_t> bytes, 
     }
     bytes = bytes.first(bytes.size() - kAuthTrailerBytes);
     p.unreachableSince.reset();  // it is alive: whatever the ICMP said was not from it
+    p.refusedPaths = 0;
   }
+  // Whatever came over this path came from an open port. With one address for every path,
+  // the ICMP reports count against path 0 (handlePortUnreachable's route).
+  p.refusedPaths &= ~(uint32_t{1} << (p.addresses.size() == 1 ? 0 : path));
   p.connection->onDatagram(bytes, now, path);
   if (trace_) trace_->sampleConnection(now, peer, *p.connection);
 }
@@ -380,7 +414,9 @@ bool Endpoint::handleTimeout(TimeUs now) {
   if (failUnreachable(now)) delivered = true;
   if (linger_ && (!linger_->lastAckRepeat || now - *linger_->lastAckRepeat >= kAckRepeatUs)) {
     for (auto& peer : peers_) {
-      if (peer.connected && !peer.connection->failed()) peer.connection->acknowledgeAgain();
+      if (!peer.connected || peer.connection->failed()) continue;
+      peer.connection->acknowledgeAgain();
+      peer.connection->announceClose();
     }
     linger_->lastAckRepeat = now;
   }
@@ -449,7 +485,8 @@ bool Endpoint::handleEvents() {
       switch (e->kind) {
         case EventKind::kPeerFailed:
           if (peer.error.empty()) {
-            peer.error = "udp: connection to rank " + std::to_string(p) + " failed: " + e->error;
+            peer.error = "udp: connection to rank " + std::to_string(p) + " failed: " + e->error +
+                         pathReport(peer);
           }
           failures_.push_back(PeerFailure{p, peer.error});
           break;
@@ -627,7 +664,7 @@ Endpoint::Heard Endpoint::heard() const {
     // it kept both ends of an abandoned send for the whole linger cap, each hearing the other.
     if (peer.connection->failed()) continue;
     const Stats s = peer.connection->stats();
-    h.heard += s.datagramsReceived - s.ackPacketsReceived;
+    h.heard += s.datagramsReceived - s.ackPacketsReceived - s.closePacketsReceived;
     h.duplicates += s.duplicatePackets + s.duplicateFragments + s.dropped(DropReason::kAfterGap);
   }
   return h;
@@ -640,8 +677,22 @@ bool Endpoint::allIdle() const {
   return true;
 }
 
+bool Endpoint::allClosedAndSettled() const {
+  for (const auto& peer : peers_) {
+    if (!peer.connected || peer.connection->failed()) continue;
+    const PeerConnection& c = *peer.connection;
+    if (!c.peerClosed() || !c.sendSettled() || !c.closeSent()) return false;
+  }
+  return true;
+}
+
 bool Endpoint::lingerDone(TimeUs now) {
   if (!linger_) return false;
+  // Every peer has closed and needs nothing more from us (its CLOSE), we need nothing more
+  // from it, and it has been told so (our CLOSE, sent at least once): nobody is left for the
+  // linger to answer. A peer whose copy of our CLOSE was lost still ends: it lingers the
+  // quiet time as before, or sooner, when its repeats meet our closed port.
+  if (allClosedAndSettled()) return true;
   Linger& l = *linger_;
   const Heard h = heard();
   // Growth only: a connection that fails leaves the sums (heard()), which is no news.

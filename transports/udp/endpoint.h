@@ -19,8 +19,8 @@
 //        completeRequests(): requests complete here (Request::state(), onComplete callbacks),
 //          and failed peers show in peerError() and pollPeerFailure();
 //   4. sleep until nextTimeout() or the next datagram, whichever comes first;
-//   closing: close(now), then keep driving rounds (3 and 4) until lingerDone(now) says the
-//   peers have been answered long enough; the destructor fails whatever is still pending.
+//   closing: close(now), then keep driving rounds (3 and 4) until lingerDone(now) says no
+//   peer needs an answer any more; the destructor fails whatever is still pending.
 //
 // A request completes only inside completeRequests(), never inside the call that posted or
 // cancelled it, so a completion callback never runs under the caller's feet.
@@ -60,10 +60,11 @@ struct EndpointOptions {
   // socket and knows the token can inject traffic (docs/failure-model.md#security).
   std::optional<AuthKey> groupKey;
   // After the group is closed, keep answering the peers (acknowledging their retransmissions)
-  // until nothing has arrived for this long (for rto_max_us once a peer has retransmitted
-  // during the linger: our ACK was lost and its timer may be backing off), so that a peer
-  // whose last ACK from us was lost still completes its send (TCP's TIME-WAIT, in short).
-  // Bounded by lingerMaxUs.
+  // until every peer's CLOSE says it needs nothing more (lingerDone), or else until nothing
+  // has arrived for this long (for rto_max_us once a peer has retransmitted during the
+  // linger: our ACK was lost and its timer may be backing off), so that a peer whose last
+  // ACK from us was lost still completes its send (TCP's TIME-WAIT, in short). Bounded by
+  // lingerMaxUs.
   DurationUs lingerQuietUs = 100'000;
   DurationUs lingerMaxUs = 5'000'000;
   // The group's op timeout (0: none). A peer that is only silent may be stopped, not dead (a
@@ -135,7 +136,7 @@ class Endpoint {
   uint64_t portUnreachableReports() const { return portUnreachable_; }
 
   // Delivers the datagrams fault injection held back, fires the connections' due timers and,
-  // while lingering, repeats the ACKs. Returns whether a held-back datagram was delivered.
+  // while lingering, repeats the ACKs and the CLOSEs. Returns whether a held-back datagram was delivered.
   bool handleTimeout(TimeUs now);
   // Writes the next datagram to send into `out` (at least mtu_payload bytes), sets `to`, and
   // returns its length; 0 when nothing may be sent now. Peers take turns, up to kPeerBurst
@@ -159,7 +160,8 @@ class Endpoint {
   void close(TimeUs now);
   bool closing() const { return linger_.has_value(); }
   // Call after each round of driving while closing: notes what arrived since the last call;
-  // true once the peers have had long enough to hear our last ACKs.
+  // true once every live peer's CLOSE has come and ours has gone with nothing of ours
+  // unacknowledged, or else once the peers have had long enough to hear our last ACKs.
   bool lingerDone(TimeUs now);
 
   // Counters.
@@ -190,6 +192,9 @@ class Endpoint {
     // Authenticated mode: when an ICMP port unreachable named this peer's port, while nothing
     // authenticated has come from it since (handlePortUnreachable).
     std::optional<TimeUs> unreachableSince;
+    // The paths (bit p: path p) whose port an ICMP port unreachable named since a datagram
+    // last came over them: what a failure's message reports per path (pathReport).
+    uint32_t refusedPaths = 0;
     std::vector<SocketAddress> addresses;  // one per path (or one for all)
     bool connected = false;
     std::string error;  // why the connection failed (empty while healthy)
@@ -230,6 +235,12 @@ class Endpoint {
   // Authenticated mode: fails the peers whose closed port no authenticated datagram
   // contradicted within unreachableGraceUs(); returns whether one failed.
   bool failUnreachable(TimeUs now);
+  // The ports of `peer` that an ICMP port unreachable named, with the verb ("port A is",
+  // "ports A and B are"); path 0's if none did.
+  std::string refusedPorts(const Peer& peer) const;
+  // Several paths: what each path to `peer` met, appended to a failure's message, so that it
+  // names every path and why it failed, not the first only ("" with one path).
+  std::string pathReport(const Peer& peer) const;
   DurationUs unreachableGraceUs() const;
   bool handleEvents();
   // Binds any-source receives to the first peer holding a matching message; fails them once
@@ -242,6 +253,8 @@ class Endpoint {
   bool completeCancelled();
   Heard heard() const;
   bool allIdle() const;
+  // Every live connection: the peer's CLOSE came, ours went, nothing of ours unacknowledged.
+  bool allClosedAndSettled() const;
 
   const int rank_;
   const int size_;

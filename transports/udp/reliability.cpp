@@ -109,6 +109,12 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
     ++stats_.datagramsAccepted;
     return;
   }
+  if (p.header.type == PacketType::kClose) {
+    peerClosed_ = true;
+    ++stats_.closePacketsReceived;
+    ++stats_.datagramsAccepted;
+    return;
+  }
 
   const PacketNumber pn = p.packetNumber;
   if (!acks_.plausible(pn)) return drop(DropReason::kProtocol);
@@ -171,7 +177,8 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
       break;
     case PacketType::kAck:
     case PacketType::kNack:
-    case PacketType::kCredit: break;
+    case PacketType::kCredit:
+    case PacketType::kClose: break;
   }
   if (acks_.record(pn, now, path)) ++stats_.outOfOrderPackets;
   ++stats_.datagramsAccepted;
@@ -440,6 +447,7 @@ uint32_t PeerConnection::pathsWithRoom() const {
 }
 
 bool PeerConnection::windowFull() const {
+  if (sent_.inFlightCount() >= packetLimit_) return true;
   if (pathWindows_ != nullptr ? pathsWithRoom() == 0
                               : sent_.inFlightCount() >= congestion_->windowPackets()) {
     return true;
@@ -571,6 +579,11 @@ size_t PeerConnection::pollTransmit(TimeUs now, std::span<uint8_t> out) {
   // ACKs first: they are small, unlimited by any window, and what keeps the peer going.
   if (acks_.ackWanted(now) || receiver_.creditUpdateUrgent()) return sendAck(now, out);
   if (!pendingNacks_.empty()) return sendNack(out);
+  if (closeDue_ && sendSettled()) {
+    closeDue_ = false;
+    ++stats_.closePacketsSent;
+    return controlSent(encodeClose(out, header()));
+  }
   if (const size_t n = pollCredit(now, out)) return n;
   if (probeDue_ || keepaliveDue_ || timeoutProbeDue_) {
     // A PING is reliable: if the peer never acknowledges it, the RTO path gives up on it.
@@ -636,6 +649,10 @@ void PeerConnection::fail(const std::string& why) {
   events_.push_back(std::move(e));
   sender_.failAll(why);
   receiver_.failAll(why);
+}
+
+bool PeerConnection::sendSettled() const {
+  return sender_.idle() && sent_.inFlightCount() == 0 && !receiver_.hasClearToSend();
 }
 
 bool PeerConnection::idle() const {

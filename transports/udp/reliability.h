@@ -95,6 +95,20 @@ class PeerConnection {
   void acknowledgeAgain() {
     if (acks_.anyReceived()) acks_.ackSoon();
   }
+  // Closing (Endpoint::close): sends a CLOSE at the next pollTransmit at which sendSettled()
+  // holds, telling the peer that we need nothing more from it. A closing endpoint calls this
+  // with every ACK repeat, so that a CLOSE lost on the way is sent again.
+  void announceClose() {
+    if (!failed_) closeDue_ = true;
+  }
+  // Nothing we sent the peer is unacknowledged, and nothing is left to send it: the peer has
+  // everything from us, and we wait for nothing from it but what it chooses to send.
+  bool sendSettled() const;
+  // The peer has closed and everything it sent us has been acknowledged to it (its CLOSE):
+  // it will send nothing new and needs nothing more from us, not even an ACK.
+  bool peerClosed() const { return peerClosed_; }
+  // We have sent the peer a CLOSE (at least once).
+  bool closeSent() const { return stats_.closePacketsSent > 0; }
   // Sends a PING at the next pollTransmit, which a live peer acknowledges at once: how an
   // authenticated endpoint checks an (unauthenticated) ICMP port unreachable against the peer.
   void pingSoon() {
@@ -138,6 +152,10 @@ class PeerConnection {
   void setSendWindowBytes(uint64_t bytes) {
     sendWindowBytes_ = std::max<uint64_t>(bytes, config_.mtuPayload);
   }
+  // The most reliable packets in flight at once, whatever the windows in bytes allow: the
+  // authenticated mode keeps them within its replay window (ReplayWindow::kInFlightLimit).
+  void limitPacketsInFlight(uint64_t packets) { packetLimit_ = std::max<uint64_t>(packets, 1); }
+  uint64_t packetLimit() const { return packetLimit_; }
   CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
   // Nothing left to send or to wait for from the peer: what a closing endpoint's linger waits
@@ -244,6 +262,9 @@ class PeerConnection {
   uint32_t probeBackoff_ = 0;      // zero-window probes sent without the credit growing
   bool probeDue_ = false;
   bool keepaliveDue_ = false;
+  uint64_t packetLimit_ = UINT64_MAX;  // limitPacketsInFlight
+  bool closeDue_ = false;    // announceClose(): a CLOSE waits for sendSettled()
+  bool peerClosed_ = false;  // a CLOSE came from the peer
   bool anySourcePending_ = false;  // setAnySourcePending
   bool timeoutProbeDue_ = false;   // a PING to go out (timeout or tail-loss probe)
   uint32_t tailProbesSent_ = 0;    // since anything was last acknowledged

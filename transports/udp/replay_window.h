@@ -20,6 +20,16 @@ class ReplayWindow {
   // 4096 counters: 512 bytes per peer, more than any reordering the transport tolerates
   // (reorder_threshold packets) and than a socket buffer of 64 KB datagrams holds.
   static constexpr uint64_t kBits = 4096;
+  // The most reliable packets an authenticated connection keeps in flight to one peer
+  // (PeerConnection::limitPacketsInFlight), whatever their size: what can overtake a genuine
+  // datagram on the way is what is sent after it meanwhile, counted in datagrams, so the
+  // window's limit is one in packets. Half the window: the other half covers the datagrams
+  // sealed beside them (an ACK per packet of the peer's at most, a CREDIT, a NACK, a CLOSE)
+  // and the later packets acknowledged before loss detection gives up on the late one (its
+  // content then goes again under a new counter, and dropping the original costs nothing).
+  // A byte bound (send window / mtu_payload) counted only full-size datagrams: small
+  // messages made many more of them, and a genuine datagram could be taken for a replay.
+  static constexpr uint64_t kInFlightLimit = kBits / 2;
 
   // Whether a datagram with `counter` may be accepted: newer than every one seen, or within
   // the window and not seen.

@@ -46,6 +46,8 @@ std::vector<std::pair<std::string, uint64_t>> statCounters(const Stats& s) {
   add("ack_packets_sent", s.ackPacketsSent);
   add("cts_packets_sent", s.ctsPacketsSent);
   add("ping_packets_sent", s.pingPacketsSent);
+  add("close_packets_sent", s.closePacketsSent);
+  add("close_packets_received", s.closePacketsReceived);
   add("retransmitted_packets", s.retransmittedPackets);
   add("retransmitted_bytes", s.retransmittedBytes);
   add("declared_lost", s.packetsDeclaredLost);

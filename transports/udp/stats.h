@@ -70,6 +70,8 @@ struct Stats {
   uint64_t dataPacketsSent = 0;     // DATA packets, retransmissions included
   uint64_t ctsPacketsSent = 0;
   uint64_t pingPacketsSent = 0;
+  uint64_t closePacketsSent = 0;      // CLOSE, while the group closes (wire_format.h)
+  uint64_t closePacketsReceived = 0;
   uint64_t ackPacketsSent = 0;
   uint64_t retransmittedPackets = 0;  // reliable packets whose content had been sent before
   uint64_t retransmittedBytes = 0;    // their payload bytes

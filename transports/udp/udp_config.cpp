@@ -5,7 +5,6 @@
 #include "transports/udp/congestion.h"
 #include "transports/udp/loss_recovery.h"
 #include "transports/udp/path_selector.h"
-#include "transports/udp/replay_window.h"
 #include "transports/udp/wire_format.h"
 
 namespace ucxb::udp {
@@ -220,13 +219,10 @@ void validate(const UdpConfig& c) {
   oneOf("congestion", c.congestion, congestionControlNames());
 }
 
-uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders,
-                       bool authenticated) {
+uint64_t sendWindowFor(const UdpConfig& c, uint64_t peerReceiveBuffer, int senders) {
   if (c.sendWindowMaxBytes <= c.sendWindowBytes || senders < 1) return c.sendWindowBytes;
   const uint64_t share = peerReceiveBuffer / 2 / static_cast<uint64_t>(senders);
-  uint64_t ceiling = c.sendWindowMaxBytes;
-  if (authenticated) ceiling = std::min(ceiling, ReplayWindow::kBits / 2 * c.mtuPayload);
-  return std::clamp(share, c.sendWindowBytes, std::max(ceiling, c.sendWindowBytes));
+  return std::clamp(share, c.sendWindowBytes, c.sendWindowMaxBytes);
 }
 
 std::string describe(const UdpConfig& c) { return udpConfigSchema().describe(c); }

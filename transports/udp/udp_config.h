@@ -154,12 +154,10 @@ void validate(const UdpConfig& config);
 // the buffer (the kernel reports twice what was asked for and charges every datagram more
 // than its payload) divided among the senders, clamped to [send_window_bytes,
 // send_window_max_bytes]. Every sender's window then fits the receiver's buffer together
-// with the others', unless the floor does not (the group warns of that). `authenticated`
-// (datagram_auth.h): also no more than half the replay window's datagrams (ReplayWindow::kBits
-// / 2 x mtu_payload, the floor aside), so that a genuine datagram reordered within one window
-// is never dropped as a replay.
-uint64_t sendWindowFor(const UdpConfig& config, uint64_t peerReceiveBuffer, int senders,
-                       bool authenticated = false);
+// with the others', unless the floor does not (the group warns of that). The authenticated
+// mode bounds the packets in flight too, in packets (ReplayWindow::kInFlightLimit), not here:
+// a bound in bytes holds many more small datagrams than full-size ones.
+uint64_t sendWindowFor(const UdpConfig& config, uint64_t peerReceiveBuffer, int senders);
 
 // The configuration as "key=value,..." (parseUdpConfig(describe(c)) == c).
 std::string describe(const UdpConfig& config);

@@ -232,7 +232,7 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   if (p[kOffVersion] != kWireVersion) return DecodeError::kBadVersion;
   const uint8_t type = p[kOffType];
   if (type < static_cast<uint8_t>(PacketType::kData) ||
-      type > static_cast<uint8_t>(PacketType::kCredit)) {
+      type > static_cast<uint8_t>(PacketType::kClose)) {
     return DecodeError::kBadType;
   }
   // The checksum before any other field: a corrupted length must not be believed.
@@ -244,6 +244,9 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
   if (out.header.type == PacketType::kAck) return decodeAck(p, n, out);
   if (out.header.type == PacketType::kNack) return decodeNack(p, n, out);
   if (out.header.type == PacketType::kCredit) return decodeCredit(p, n, out);
+  if (out.header.type == PacketType::kClose) {
+    return n == kCloseBytes ? DecodeError::kNone : DecodeError::kMalformed;
+  }
   if (n < kReliableHeaderBytes) return DecodeError::kTruncated;
   out.packetNumber = get64(p + kOffPacketNumber);
   if (out.packetNumber > kMaxPacketNumber) return DecodeError::kMalformed;
@@ -254,7 +257,8 @@ DecodeError decodePacket(std::span<const uint8_t> datagram, DecodedPacket& out) 
       return n == kPingBytes ? DecodeError::kNone : DecodeError::kMalformed;
     case PacketType::kAck:
     case PacketType::kNack:
-    case PacketType::kCredit: break;
+    case PacketType::kCredit:
+    case PacketType::kClose: break;
   }
   return DecodeError::kBadType;
 }
@@ -373,6 +377,14 @@ size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const Cr
   put16(p + kOffCreditReserved, 0);
   put32(p + kOffCrc, datagramChecksum(p, kCreditBytes));
   return kCreditBytes;
+}
+
+size_t encodeClose(std::span<uint8_t> out, const PacketHeader& header) {
+  requireRoom(out, kCloseBytes, "CLOSE packet");
+  uint8_t* p = out.data();
+  writeCommon(p, header, PacketType::kClose);
+  put32(p + kOffCrc, datagramChecksum(p, kCloseBytes));
+  return kCloseBytes;
 }
 
 size_t maxAckRangesFor(size_t mtuPayload, size_t timestamps) {

@@ -1,4 +1,4 @@
-// The datagram format of the UDP transport, version 5: encoders, and a decoder that checks
+// The datagram format of the UDP transport, version 6: encoders, and a decoder that checks
 // every length, offset and count before anything else looks at a datagram.
 //
 // Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
@@ -9,7 +9,9 @@
 // header from 60 to 64 bytes, so that a payload lies 8-aligned in an aligned datagram and
 // fragments cut at multiples of 8 bytes (kFragmentAlignment): the fold of an 8-byte dtype then
 // reads the payload where it lies, where a 60-byte header had it copied to an aligned page
-// and every other fragment's boundary split an element (FoldTarget, transports/).
+// and every other fragment's boundary split an element (FoldTarget, transports/). 6 adds
+// CLOSE, with which a closing endpoint ends its linger as soon as every peer has said it needs
+// nothing more (Endpoint::lingerDone); a version-5 peer would drop it as bad_type, and wait.
 //
 // All integers are little-endian. Every datagram starts with the common header:
 //
@@ -59,6 +61,11 @@
 //   `granted`, what this end lets the peer send it (0: this end grants nothing); `wanted`,
 //   what this end wants to send the peer (what it sent plus its backlog). Cumulative, so a
 //   later packet supersedes a lost or reordered one (congestion_credit.h).
+// CLOSE (16 bytes, the common header alone; not reliable, never acknowledged; version 6): the
+//   sender has closed the group, and everything it sent on this connection has been
+//   acknowledged, so that it needs nothing more from the receiver, now or later (QUIC's
+//   CONNECTION_CLOSE, for a close that is graceful: sent only once nothing is unacknowledged).
+//   A closing endpoint repeats it with its ACKs while it lingers (endpoint.h).
 #pragma once
 
 #include <array>
@@ -72,7 +79,7 @@
 
 namespace ucxb::udp {
 
-constexpr uint8_t kWireVersion = 5;
+constexpr uint8_t kWireVersion = 6;
 
 enum class PacketType : uint8_t {
   kData = 1,
@@ -81,6 +88,7 @@ enum class PacketType : uint8_t {
   kPing = 4,
   kNack = 5,
   kCredit = 6,  // version 2
+  kClose = 7,   // version 6
 };
 
 // DATA flags. A message is sent either eagerly (fragments go out at once; the receiver
@@ -133,6 +141,7 @@ constexpr size_t kPingBytes = 24;
 constexpr size_t kNackFixedBytes = 20;
 constexpr size_t kMaxNackNumbers = 64;
 constexpr size_t kCreditBytes = 36;
+constexpr size_t kCloseBytes = kCommonHeaderBytes;
 constexpr size_t kMaxDatagramBytes = 65507;  // largest UDP payload over IPv4
 constexpr size_t kMaxAckRanges = 64;
 constexpr size_t kMaxCtsIds = 64;
@@ -245,6 +254,7 @@ size_t encodeNack(std::span<uint8_t> out, const PacketHeader& header,
                   std::span<const PacketNumber> numbers);
 
 size_t encodeCredit(std::span<uint8_t> out, const PacketHeader& header, const CreditFrame& credit);
+size_t encodeClose(std::span<uint8_t> out, const PacketHeader& header);
 
 constexpr size_t ackBytes(size_t ranges, size_t timestamps = 0) {
   return kAckFixedBytes + (ranges > 1 ? (ranges - 1) * kAckRangeBytes : 0) +
