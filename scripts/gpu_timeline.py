@@ -63,6 +63,8 @@ WAIT_COLUMNS = (
     ("sleeps", "sleeps"),
 )
 PROBE_ITERS = 200
+# Activities of the profiled op listed per rank, at most (session.log comes back as a file).
+MAX_TIMELINE_LINES = 200
 
 
 def parse_size(text: str) -> int:
@@ -241,6 +243,10 @@ def profile_one(rank: int, device: object, size: int, cuda: bool) -> None:
         return
     start = calls[-1].time_range.start if calls else shown[0].time_range.start
     lines = [f"timeline of one all_reduce of {size} B (us from its issue on the host):"]
+    # Polls (cudaEventQuery, cuEventQuery, cudaStreamQuery: the backend's device waits and
+    # UCX's progress) come by the thousand: counted per name and thread, not listed.
+    polls: dict[tuple[str, str], list[float]] = {}
+    listed = 0
     for e in shown:
         if e.time_range.start < start:
             continue
@@ -248,8 +254,18 @@ def profile_one(rank: int, device: object, size: int, cuda: bool) -> None:
             where = f"stream {getattr(e, 'device_resource_id', '')!s:>4}"
         else:
             where = f"thread {getattr(e, 'thread', '')!s:>6}"
-        lines.append(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}"
-                     f"  {where}  {e.name[:70]}")
+        at = e.time_range.start - start
+        if "Query" in e.name:
+            polls.setdefault((e.name, where), []).append(at)
+            continue
+        listed += 1
+        if listed <= MAX_TIMELINE_LINES:
+            lines.append(f"  {at:9.1f} +{e.time_range.elapsed_us():8.1f}  {where}  {e.name[:70]}")
+    if listed > MAX_TIMELINE_LINES:
+        lines.append(f"  ... {listed - MAX_TIMELINE_LINES} more activities not listed")
+    for (name, where), ats in sorted(polls.items()):
+        lines.append(f"  polls: {name} on {where.strip()}: {len(ats)} from {min(ats):.1f} "
+                     f"to {max(ats):.1f} us")
     lines.append(f"  host calls: {[round(c.time_range.elapsed_us(), 1) for c in calls]}")
     # One rank at a time, so that the two timelines do not interleave line by line.
     for turn in range(2):
