@@ -97,6 +97,16 @@ def _largest(records: list[dict[str, Any]], key: str = "bytes") -> int | None:
     return max(sizes) if sizes else None
 
 
+def _wait_split(record: dict[str, Any]) -> str:
+    """What a ucx or udp column's ops waited for, per op summed over ranks (bench/waits.py):
+    the transport's requests and the device (docs/cuda.md); empty for other columns."""
+    per_op = (record.get("waits") or {}).get("per_op") or {}
+    if "transport_wait_us" not in per_op:
+        return ""
+    return (f"; waits per op (both ranks): transport {per_op['transport_wait_us']:.0f} us, "
+            f"device {per_op.get('device_wait_us', 0):.0f} us")
+
+
 def bench(out: Path) -> list[str]:
     path = out / "bench.json"
     if not path.exists():
@@ -113,7 +123,8 @@ def bench(out: Path) -> list[str]:
         busbw = r.get("busbw")
         shown = f"{busbw:.2f} GB/s" if busbw is not None else f"none ({r.get('error')})"
         wrong = r.get("wrong")
-        lines.append(f"- {name}: busbw {shown}, {'unchecked' if wrong is None else wrong} wrong")
+        lines.append(f"- {name}: busbw {shown}, {'unchecked' if wrong is None else wrong} wrong"
+                     + _wait_split(r))
     copy_bw = copy.get("bandwidth") if copy else None
     lines.append(f"- d2d copy: {copy_bw:.2f} GB/s" if copy_bw else "- d2d copy: not measured")
     ucx = (at.get("ucx") or {}).get("busbw")

@@ -47,13 +47,19 @@ def _m(us: float) -> bench_timing.Measurement:
 
 
 def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
+    def ucx(size: int) -> bench_timing.Measurement:
+        m = _m(ucx_us * size / (64 * MiB))
+        per_op = {"transport_wait_us": 1700.0, "device_wait_us": 120.4}
+        m.waits = {"iters": 20, "per_op": per_op}
+        return m
+
     rows = [
         bench_report.Row(
             bench_sizes.layout_for("all_reduce", size, 4, 2),
             "float",
             "sum",
             -1,
-            {"ucx": _m(ucx_us * size / (64 * MiB)), "gloo": _m(gloo_us * size / (64 * MiB))},
+            {"ucx": ucx(size), "gloo": _m(gloo_us * size / (64 * MiB))},
             limit=_m(copy_us * size / (64 * MiB)),
         )
         for size in (MiB, 64 * MiB)
@@ -90,6 +96,9 @@ def test_summary_targets_met(tmp_path: Path) -> None:
     text = _summary(_session(tmp_path, 1000.0, 10_000.0, 500.0))
     assert "all_reduce of 64 MiB" in text
     assert "- ucx: busbw 67.11 GB/s" in text
+    # What the ucx column's ops waited for; Gloo's column has no such counts.
+    assert "waits per op (both ranks): transport 1700 us, device 120 us" in text
+    assert "- gloo: busbw 6.71 GB/s, unchecked wrong\n" in text
     assert "ucx / Gloo: 10.0x (target 5x: met)" in text
     assert "ucx / d2d copy: 0.50x (target 0.5x: met)" in text
     # The nameless test case: what pytest writes for a test that SIGINT stopped.
