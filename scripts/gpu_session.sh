@@ -152,9 +152,9 @@ bench_big_chunks() {
 }
 
 # scripts/gpu_timeline.py once per setting (docs/cuda.md, "Where a CUDA op's millisecond
-# goes"): label|environment|arguments, most telling first. The default run alone records the
-# device timeline; it and mps run the contention probe; the others time the sizes and split
-# each op's waits. mps runs the two ranks as clients of an MPS server of this step's own (its
+# goes"): label|environment|arguments, most telling first. default and chunk_64m record the
+# device timeline, default and mps run the contention probe, every run times its sizes and
+# splits each op's waits. mps runs the two ranks as clients of an MPS server of this step's own (its
 # pipe directory private to the run, the server quit after it; skipped where the image has no
 # nvidia-cuda-mps-control): one context for both ranks, so no switching between two.
 # GPU_TIMELINE_RUNS (all) keeps the runs it names by label.
