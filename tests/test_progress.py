@@ -131,7 +131,7 @@ def test_pending_op_spins_throughout_with_a_long_spin() -> None:
     assert caller > 0.8, f"the caller's wait did not spin: {result}"
 
 
-LATE_MS = 50
+LATE_MS = 200
 WAIT_SPLIT_KEYS = (
     "transport_waits",
     "transport_wait_us",
@@ -167,6 +167,7 @@ def test_wait_stats_split_an_ops_time() -> None:
     skip_unless_ucx("reads the waits of ucx ops")
     split = run_world(wait_split, 2, timeout=90)[0]
     assert split["transport_waits"] >= 5, split
-    # Rank 0 waited for the late rank 1 in one op: the time of that wait is counted.
-    assert split["transport_wait_us"] >= LATE_MS * 1000 * 0.8, split
+    # Rank 0 waited for the late rank 1 in one op: the time of that wait is counted (half of
+    # it at least: rank 0 may itself reach the op late on a loaded host).
+    assert split["transport_wait_us"] >= LATE_MS * 1000 * 0.5, split
     assert all(split[k] == 0 for k in WAIT_SPLIT_KEYS if k.startswith("device")), split
