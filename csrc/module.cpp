@@ -397,8 +397,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("op"), py::arg("bytes"), py::arg("world_size"),
       py::arg("options") = std::map<std::string, std::string>{},
-      "The algorithm a group with these options runs for an op of `bytes` bytes (see "
-      "selection.h for what `bytes` counts).");
+      "The algorithm a group with these options runs for an op of `bytes` bytes of CPU "
+      "tensors (see selection.h for what `bytes` counts; CUDA tensors may take another at two "
+      "ranks).");
 
   auto cfg = m.def_submodule(
       "config", "The knobs of a group, declared once in csrc/backend_options.cpp.");
