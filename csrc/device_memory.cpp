@@ -20,7 +20,9 @@ at::Tensor onHost(const void* data, int64_t bytes) {
 
 }  // namespace
 
-void DeviceMemory::finish(const char* what) const { drainStream(stream_, deadline_, what); }
+void DeviceMemory::finish(const char* what) const {
+  drainStream(stream_, done_, deadline_, what);
+}
 
 at::Tensor DeviceMemory::onDevice(const void* data, int64_t count, at::ScalarType type) const {
   return at::from_blob(const_cast<void*>(data), {count},

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
 #include <memory>
@@ -24,7 +25,7 @@ class DeviceMemory final : public OpMemory {
   DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries,
                Clock::time_point deadline, std::shared_ptr<DeviceScratch> scratch)
       : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline),
-        scratch_(std::move(scratch)) {}
+        scratch_(std::move(scratch)), done_(device.type()) {}
 
   MemoryType type() const override { return MemoryType::kCuda; }
   bool transportCarries() const override { return carries_; }
@@ -46,6 +47,9 @@ class DeviceMemory final : public OpMemory {
   const bool carries_;
   const Clock::time_point deadline_;
   const std::shared_ptr<DeviceScratch> scratch_;
+  // finish()'s event, recorded again at each wait: an op waits once per chunk it copies or
+  // reduces, and a CUDA event created and destroyed each time cost two more driver calls.
+  mutable c10::Event done_;
 };
 
 }  // namespace ucxb

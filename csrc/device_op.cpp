@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/engine/core_yield.h"
+
 namespace ucxb {
 
 namespace {
@@ -93,8 +95,20 @@ std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
 
 void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what) {
   // Poll briefly (a reduction of a chunk takes tens of microseconds), then in short sleeps.
-  const auto spinUntil = Clock::now() + std::chrono::microseconds(200);
+  // Counted (wait_stats(): device_wait_us, device_polls, device_sleeps): these yields and
+  // sleeps are not the transport waits' `yields` and `sleeps`.
+  const auto began = Clock::now();
+  uint64_t polls = 0;
+  uint64_t sleeps = 0;
+  struct Count {
+    const Clock::time_point& began;
+    const uint64_t& polls;
+    const uint64_t& sleeps;
+    ~Count() { countWait(WaitFor::kDevice, Clock::now() - began, polls, sleeps); }
+  } count{began, polls, sleeps};
+  const auto spinUntil = began + std::chrono::microseconds(200);
   while (!event.query()) {
+    ++polls;
     const auto now = Clock::now();
     if (now >= deadline) {
       throw OpTimeout(std::string("the device did not get through ") + what +
@@ -103,15 +117,30 @@ void waitForDevice(const c10::Event& event, Clock::time_point deadline, const ch
     if (now < spinUntil) {
       std::this_thread::yield();
     } else {
+      ++sleeps;
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 }
 
-void drainStream(const c10::Stream& stream, Clock::time_point deadline, const char* what) {
-  c10::Event done(stream.device_type());
+void drainStream(const c10::Stream& stream, c10::Event& done, Clock::time_point deadline,
+                 const char* what) {
+  // An idle stream (the common case: every copy and reduction of DeviceMemory is waited for
+  // as it is queued, so the op's next send or receive finds nothing left) has nothing to
+  // wait for: one query instead of an event recorded and polled. A stream that has work
+  // queued is waited for only up to now, through the event: c10's pool lends the stream to
+  // others too (torch.cuda.Stream()), whose later work the op must not wait for.
+  if (stream.query()) {
+    countWait(WaitFor::kDevice, std::chrono::nanoseconds(0));
+    return;
+  }
   done.record(stream);
   waitForDevice(done, deadline, what);
+}
+
+void drainStream(const c10::Stream& stream, Clock::time_point deadline, const char* what) {
+  c10::Event done(stream.device_type());
+  drainStream(stream, done, deadline, what);
 }
 
 DeviceScope::DeviceScope(const std::optional<DeviceOp>& op, Clock::time_point deadline)

@@ -94,7 +94,12 @@ bool isInternalStream(const c10::Stream& stream);
 // (a stream held up by something that waits on this very thread) ends in OpTimeout at
 // `deadline`, naming `what`, instead of hanging the progress thread.
 void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what);
-// The same for everything queued on `stream` so far.
+// The same for everything queued on `stream` so far: at once where the stream is idle, else
+// through `done`, recorded on the stream now (a caller that drains often reuses one event
+// instead of creating and destroying one each time).
+void drainStream(const c10::Stream& stream, c10::Event& done, Clock::time_point deadline,
+                 const char* what);
+// The same with an event of its own.
 void drainStream(const c10::Stream& stream, Clock::time_point deadline, const char* what);
 
 // On the progress thread, for the op's run: the device current, the ready event waited for

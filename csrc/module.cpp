@@ -189,6 +189,12 @@ PYBIND11_MODULE(_C, m) {
         out["sleeps"] = c.sleeps;
         out["sleep_timeouts"] = c.sleepTimeouts;
         out["group_threads_on_host"] = c.groupThreadsOnHost;
+        out["transport_waits"] = c.transportWaits;
+        out["transport_wait_us"] = c.transportWaitNs / 1000;
+        out["device_waits"] = c.deviceWaits;
+        out["device_wait_us"] = c.deviceWaitNs / 1000;
+        out["device_polls"] = c.devicePolls;
+        out["device_sleeps"] = c.deviceSleeps;
         return out;
       },
       "This process's polling waits since it started, every group together: sched_yield calls "
@@ -198,7 +204,11 @@ PYBIND11_MODULE(_C, m) {
       "with more of its ranks than this process has cores ('start_spells'), yields begun in such a spell ('yields_when_crowded': none but a race), sleeps of waits in ops "
       "and of idle progress threads ('sleeps'), those that ended by their timeout, with no "
       "event ('sleep_timeouts'), and the threads of the largest group's ranks on this host "
-      "that a lost yield counts as the group's own ('group_threads_on_host').");
+      "that a lost yield counts as the group's own ('group_threads_on_host'); the waits of ops "
+      "for their transport requests and their time ('transport_waits', 'transport_wait_us'), "
+      "and for a CUDA stream or event ('device_waits', 'device_wait_us'), with the polls that "
+      "found the device not there yet and the sleeps between them ('device_polls', "
+      "'device_sleeps': in neither 'yields' nor 'sleeps').");
 
   m.def(
       "inline_stats",
@@ -387,8 +397,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("op"), py::arg("bytes"), py::arg("world_size"),
       py::arg("options") = std::map<std::string, std::string>{},
-      "The algorithm a group with these options runs for an op of `bytes` bytes (see "
-      "selection.h for what `bytes` counts).");
+      "The algorithm a group with these options runs for an op of `bytes` bytes of CPU "
+      "tensors (see selection.h for what `bytes` counts; CUDA tensors may take another at two "
+      "ranks).");
 
   auto cfg = m.def_submodule(
       "config", "The knobs of a group, declared once in csrc/backend_options.cpp.");

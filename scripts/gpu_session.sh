@@ -15,9 +15,14 @@
 #           device-to-device copy limit (issue #20's "Done means" table)
 #   tests   make gpu-tests over GPU_TESTS in importance order, JUnit to $OUT, in the time left
 #   chunks  if time is left: the bench on ucx alone with 64 MiB chunks (UCXBACKEND_CHUNK_BYTES)
+#   timeline scripts/gpu_timeline.py under the settings that tell apart where a CUDA op's
+#           millisecond goes (docs/cuda.md), one run each, most telling first
 #   summary scripts/gpu_session_summary.py: the verdicts and the #20 figures, $OUT/summary.md
 # The whole run stays within GPU_SESSION_BUDGET_S (420 s: with a machine's start that leaves
-# room in a 15-minute device budget to rerun a part). Exit status: 0 when every step passed.
+# room in a 15-minute device budget to rerun a part); the tests leave GPU_SESSION_RESERVE_S
+# (150 s) of it to chunks and timeline. GPU_SESSION_STEPS (all) names the steps to run after
+# facts and wheels (build smoke bench tests chunks timeline): a rerun on the warm machine may
+# take only the build (seconds then) and the timeline. Exit status: 0 when every step passed.
 set -u -o pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,6 +30,8 @@ OUT=${OUT:-/tmp/gpu-session}
 PYTHON=${PYTHON:-python3}
 export OUT PYTHON
 BUDGET_S=${GPU_SESSION_BUDGET_S:-420}
+RESERVE_S=${GPU_SESSION_RESERVE_S:-150}
+STEPS_WANTED=${GPU_SESSION_STEPS:-all}
 WHEELS=${GPU_SESSION_WHEELS:-.whl}
 SITE=${GPU_SESSION_SITE:-/tmp/site}
 export WHEELS SITE
@@ -41,6 +48,12 @@ exec > >(tee -a "$OUT/session.log") 2>&1
 
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
 
+# Whether GPU_SESSION_STEPS asks for step NAME.
+wants() {
+    case " $STEPS_WANTED " in *" all "* | *" $1 "*) return 0 ;; esac
+    return 1
+}
+
 # step NAME CAP_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log (or session.log
 # for the short steps), capped at CAP_S or the time left, whichever is less; records the
 # outcome in steps.tsv.
@@ -56,14 +69,15 @@ step() {
         return 1
     fi
     # $OUT keeps at most 8 files for the device tool: the bench's table goes to session.log.
-    case $name in facts | wheels | bench | chunks) log="" ;; *) log="$OUT/$name.log" ;; esac
+    case $name in facts | wheels | bench | chunks | timeline) log="" ;; *) log="$OUT/$name.log" ;; esac
     echo "== $name (cap ${cap} s) $(date -u +%H:%M:%S)"
     t0=$(date +%s)
     export STEP_CAP=$cap
     # timeout runs programs, not this script's functions: a function runs in a child bash.
     local run=("$@")
+    # Every function goes along: one may call others (timeline, the MPS helpers).
     if declare -F "$1" >/dev/null; then
-        run=(bash -c "$(declare -f "$1"); \"\$@\"" "$1" "$@")
+        run=(bash -c "$(declare -f); \"\$@\"" "$1" "$@")
     fi
     # SIGINT first: pytest then still writes its JUnit file for the tests that ended (timeout
     # signals the step's whole process group, the ranks included); SIGKILL 15 s later.
@@ -137,6 +151,75 @@ bench_big_chunks() {
         -e 64M -f 4 -n 20 -w 5 --backends ucx --timeout "$((STEP_CAP - 10))" all_reduce
 }
 
+# scripts/gpu_timeline.py once per setting (docs/cuda.md, "Where a CUDA op's millisecond
+# goes"): label|environment|arguments, most telling first. default and chunk_64m record the
+# device timeline, default and mps run the contention probe, every run times its sizes and
+# splits each op's waits. mps runs the two ranks as clients of an MPS server of this step's own (its
+# pipe directory private to the run, the server quit after it; skipped where the image has no
+# nvidia-cuda-mps-control): one context for both ranks, so no switching between two.
+# GPU_TIMELINE_RUNS (all) keeps the runs it names by label.
+timeline_runs() {
+    cat <<'EOF'
+default||--sizes 4,64K,1M,16M
+mps||--sizes 4,1M,16M --no-profile
+get_zcopy|UCX_RNDV_SCHEME=get_zcopy|--sizes 4,1M,16M --no-profile --no-probe
+put_zcopy|UCX_RNDV_SCHEME=put_zcopy|--sizes 4,1M,16M --no-profile --no-probe
+no_cuda_ipc|UCX_TLS=^cuda_ipc|--sizes 4,1M,16M --no-profile --no-probe
+poll|UCXBACKEND_PROGRESS_MODE=poll|--sizes 4,1M,16M --no-profile --no-probe
+chunk_64m|UCXBACKEND_CHUNK_BYTES=64M|--sizes 16M --no-probe
+ipc_cache_off|UCX_CUDA_IPC_CACHE=n|--sizes 1M,16M --no-profile --no-probe
+proto_v1|UCX_PROTO_ENABLE=n|--sizes 4,1M,16M --no-profile --no-probe
+EOF
+}
+
+# Each run capped at 45 s (the script kills its ranks 5 s before), none begun with less than
+# 20 s of the step left; the output goes to session.log ($OUT's 8 files are taken).
+timeline() {
+    local began label env args cap
+    began=$(date +%s)
+    while IFS='|' read -r label env args; do
+        case " ${GPU_TIMELINE_RUNS:-all} " in *" all "* | *" $label "*) ;; *) continue ;; esac
+        cap=$((STEP_CAP - ($(date +%s) - began) - 5))
+        if [ "$cap" -lt 20 ]; then
+            echo "-- timeline $label: skipped, no time left"
+            continue
+        fi
+        if [ "$cap" -gt 45 ]; then cap=45; fi
+        if [ "$label" = mps ]; then
+            mps_start || continue
+            env=$MPS_ENV
+        fi
+        echo "-- timeline $label: ${env:-UCX's and the backend's defaults} ($(date -u +%H:%M:%S))"
+        # shellcheck disable=SC2086 # env and args are word lists
+        env $env timeout -s INT -k 5 "$cap" "$PYTHON" scripts/gpu_timeline.py \
+            --device "${GPU_TIMELINE_DEVICE:-cuda}" --timeout "$((cap - 5))" $args ||
+            echo "-- timeline $label: exit $?"
+        if [ "$label" = mps ]; then mps_quit; fi
+    done < <(timeline_runs)
+}
+
+# An MPS control daemon whose pipe and log directories only the mps run's ranks name (its
+# environment): no other process on the machine becomes its client.
+export MPS_ENV="CUDA_MPS_PIPE_DIRECTORY=/tmp/ucxb-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ucxb-mps/log"
+mps_start() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "-- timeline mps: skipped, no nvidia-cuda-mps-control"
+        return 1
+    fi
+    mkdir -p /tmp/ucxb-mps/pipe /tmp/ucxb-mps/log
+    # shellcheck disable=SC2086 # a word list
+    if ! env $MPS_ENV nvidia-cuda-mps-control -d; then
+        echo "-- timeline mps: skipped, the MPS daemon did not start"
+        return 1
+    fi
+}
+mps_quit() {
+    # shellcheck disable=SC2086 # a word list
+    echo quit | env $MPS_ENV timeout 10 nvidia-cuda-mps-control ||
+        echo "-- timeline mps: the MPS daemon did not quit"
+    tail -n 5 /tmp/ucxb-mps/log/control.log 2>/dev/null || true
+}
+
 # xdist's handing out of whole files in the order given needs --no-loadscope-reorder
 # (pytest-xdist 3.6); an older one hands them out its own way, and none runs them in turn.
 xdist_args() {
@@ -161,17 +244,25 @@ if step wheels 60 wheels && [ -d "$SITE" ]; then
     export PATH=$SITE/bin:$PATH
 fi
 echo "ninja for the build: $(command -v ninja || echo "none (torch then compiles one unit at a time)")"
-step build 240 make gpu-build PYTHON="$PYTHON"
-built=$?
+# Without "build" in GPU_SESSION_STEPS the extension already built in place is used (a CPU
+# dry run of the later steps: tests/test_gpu_session.py).
+built=0
+if wants build; then
+    step build 240 make gpu-build PYTHON="$PYTHON"
+    built=$?
+fi
 if [ "$built" -eq 0 ]; then
-    step smoke 70 make gpu-smoke PYTHON="$PYTHON"
-    step bench 150 bench
-    # The rest of the budget, less the summary's time, is the tests'; the harness fails a hung
-    # world after UCXB_GPU_WORLD_TIMEOUT.
-    step tests 100000 make gpu-tests PYTHON="$PYTHON" GPU_TESTS="$GPU_TESTS" \
-        GPU_XDIST="$(xdist_args)" \
-        PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
-    step chunks 90 bench_big_chunks
+    if wants smoke; then step smoke 70 make gpu-smoke PYTHON="$PYTHON"; fi
+    if wants bench; then step bench 150 bench; fi
+    # The rest of the budget, less the summary's time and RESERVE_S for chunks and timeline, is
+    # the tests'; the harness fails a hung world after UCXB_GPU_WORLD_TIMEOUT.
+    if wants tests; then
+        step tests "$(($(left) - 30 - RESERVE_S))" make gpu-tests PYTHON="$PYTHON" \
+            GPU_TESTS="$GPU_TESTS" GPU_XDIST="$(xdist_args)" \
+            PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
+    fi
+    if wants chunks; then step chunks 45 bench_big_chunks; fi
+    if wants timeline; then step timeline 100000 timeline; fi
 else
     echo "== the build failed: no smoke, bench or tests"
 fi

@@ -3,8 +3,9 @@
     python scripts/gpu_session_summary.py OUT_DIR
 
 Reads what the session left in OUT_DIR: ``steps.tsv`` (step, exit status, seconds),
-``junit.xml`` (tests/gpu), ``bench.json`` (the bench's all_reduce on cuda) and ``smoke.log``
-(scripts/gpu_smoke.py). Prints, with whatever of them exists:
+``junit.xml`` (tests/gpu), ``bench.json`` (the bench's all_reduce on cuda), ``smoke.log``
+(scripts/gpu_smoke.py) and ``session.log`` (the timeline step's runs of
+scripts/gpu_timeline.py). Prints, with whatever of them exists:
 
 * each step's exit status and time;
 * the tests' counts per file, every failure with the first lines of its message, and the
@@ -12,7 +13,9 @@ Reads what the session left in OUT_DIR: ``steps.tsv`` (step, exit status, second
 * issue #20's "Done means" figures at the largest size the bench ran (64 MiB): ucx's busbw
   against Gloo's on the same tensors (target: at least 5x) and against the device-to-device
   copy's bandwidth (target: at least 0.5x), and how long ``wait()`` held the host in the smoke,
-  per ``cuda_wait`` mode.
+  per ``cuda_wait`` mode;
+* the timeline step's headlines: per setting, the latency per size, each op's waits for the
+  transport and the device, and the contention probe.
 """
 
 from __future__ import annotations
@@ -94,6 +97,16 @@ def _largest(records: list[dict[str, Any]], key: str = "bytes") -> int | None:
     return max(sizes) if sizes else None
 
 
+def _wait_split(record: dict[str, Any]) -> str:
+    """What a ucx or udp column's ops waited for, per op summed over ranks (bench/waits.py):
+    the transport's requests and the device (docs/cuda.md); empty for other columns."""
+    per_op = (record.get("waits") or {}).get("per_op") or {}
+    if "transport_wait_us" not in per_op:
+        return ""
+    return (f"; waits per op (both ranks): transport {per_op['transport_wait_us']:.0f} us, "
+            f"device {per_op.get('device_wait_us', 0):.0f} us")
+
+
 def bench(out: Path) -> list[str]:
     path = out / "bench.json"
     if not path.exists():
@@ -110,7 +123,8 @@ def bench(out: Path) -> list[str]:
         busbw = r.get("busbw")
         shown = f"{busbw:.2f} GB/s" if busbw is not None else f"none ({r.get('error')})"
         wrong = r.get("wrong")
-        lines.append(f"- {name}: busbw {shown}, {'unchecked' if wrong is None else wrong} wrong")
+        lines.append(f"- {name}: busbw {shown}, {'unchecked' if wrong is None else wrong} wrong"
+                     + _wait_split(r))
     copy_bw = copy.get("bandwidth") if copy else None
     lines.append(f"- d2d copy: {copy_bw:.2f} GB/s" if copy_bw else "- d2d copy: not measured")
     ucx = (at.get("ucx") or {}).get("busbw")
@@ -136,6 +150,29 @@ def smoke(out: Path) -> list[str]:
     return [f"    {line}" for line in picked] or ["(the smoke printed no timing or verdict)"]
 
 
+def timeline(out: Path) -> list[str]:
+    """The timeline step's headlines from session.log: each run's setting, rank 0's latency per
+    size, both ranks' waits per op and the contention probe (the device timelines stay in
+    session.log)."""
+    path = out / "session.log"
+    if not path.exists():
+        return ["(no session.log)"]
+    text = path.read_text(errors="replace").splitlines()
+    try:
+        begin = next(i for i, line in enumerate(text) if line.startswith("== timeline (cap"))
+    except StopIteration:
+        return ["(the timeline step did not run)"]
+    starts = ("-- timeline ", "size ", "[rank 0] size", "[rank 1] size")
+    contains = ("contention probe", "still running after")
+    picked = []
+    for line in text[begin + 1 :]:
+        if line.startswith("== timeline:"):
+            break
+        if line.startswith(starts) or any(c in line for c in contains):
+            picked.append(f"    {line.strip()}")
+    return picked or ["(the timeline printed no timing)"]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
@@ -146,6 +183,7 @@ def main(argv: list[str]) -> int:
         ("tests/gpu", tests(out)),
         ("Bench (issue #20's table)", bench(out)),
         ("Smoke: busbw and wait()'s host block per cuda_wait mode", smoke(out)),
+        ("Timeline: latency and waits per op, per setting (docs/cuda.md)", timeline(out)),
     ]
     for title, lines in sections:
         print(f"## {title}\n")

@@ -43,6 +43,7 @@ GROUPS = [
     "all_to_all_linear",
     "barrier",
     "device_memory_routing",
+    "device_pair_allreduce",
 ]
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 

@@ -236,17 +236,20 @@ def test_wait_block() -> None:
     row = bench_report.row_for(bench_sizes.Layout("all_reduce", 8, 2), opts)
     ucx = _m(6.0)
     per_op = dict.fromkeys(bench_waits.WAIT_COUNTERS, 0.0)
-    per_op.update(inline=1.9, handed_over=0.1, core_moves=0.004, yields=26.25, sleeps=0.15)
+    per_op.update(inline=1.9, handed_over=0.1, core_moves=0.004, yields=26.25, sleeps=0.15,
+                  transport_wait_us=812.5, device_wait_us=41.0)
     ucx.waits = {"iters": 1000, "per_op": per_op}
     row.results.update({"ucx": ucx, "gloo": _m(80.0)})
     block = bench_report.format_wait_block("all_reduce", [row], ("ucx", "gloo"))
     assert all(line.startswith("#") for line in block)  # data lines stay the main table's
     assert block[0].startswith("# wait statistics (all_reduce): per op")
     assert block[1].split()[1:] == [
-        "size", "column", "inline", "handed", "moves", "yields", "sleeps", "vcsw", "icsw"
+        "size", "column", "inline", "handed", "moves", "yields", "sleeps", "tw_us", "dw_us",
+        "vcsw", "icsw",
     ]
     assert block[2].split()[1:] == [
-        "8", "ucx", "1.900", "0.100", "0.004", "26.250", "0.150", "0.000", "0.000"
+        "8", "ucx", "1.900", "0.100", "0.004", "26.250", "0.150", "812.500", "41.000", "0.000",
+        "0.000",
     ]
     assert len(block) == 4 and block[-1] == "#"  # no gloo line
     assert bench_report.format_wait_block("all_reduce", [row], ("gloo",)) == []

@@ -47,13 +47,19 @@ def _m(us: float) -> bench_timing.Measurement:
 
 
 def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
+    def ucx(size: int) -> bench_timing.Measurement:
+        m = _m(ucx_us * size / (64 * MiB))
+        per_op = {"transport_wait_us": 1700.0, "device_wait_us": 120.4}
+        m.waits = {"iters": 20, "per_op": per_op}
+        return m
+
     rows = [
         bench_report.Row(
             bench_sizes.layout_for("all_reduce", size, 4, 2),
             "float",
             "sum",
             -1,
-            {"ucx": _m(ucx_us * size / (64 * MiB)), "gloo": _m(gloo_us * size / (64 * MiB))},
+            {"ucx": ucx(size), "gloo": _m(gloo_us * size / (64 * MiB))},
             limit=_m(copy_us * size / (64 * MiB)),
         )
         for size in (MiB, 64 * MiB)
@@ -90,6 +96,9 @@ def test_summary_targets_met(tmp_path: Path) -> None:
     text = _summary(_session(tmp_path, 1000.0, 10_000.0, 500.0))
     assert "all_reduce of 64 MiB" in text
     assert "- ucx: busbw 67.11 GB/s" in text
+    # What the ucx column's ops waited for; Gloo's column has no such counts.
+    assert "waits per op (both ranks): transport 1700 us, device 120 us" in text
+    assert "- gloo: busbw 6.71 GB/s, unchecked wrong\n" in text
     assert "ucx / Gloo: 10.0x (target 5x: met)" in text
     assert "ucx / d2d copy: 0.50x (target 0.5x: met)" in text
     # The nameless test case: what pytest writes for a test that SIGINT stopped.
@@ -149,6 +158,90 @@ def test_session_script_without_a_gpu(tmp_path: Path) -> None:
     # one the build finds: torch runs `ninja --version` from PATH.
     assert f"ninja 9.9.9-fake at {site}/bin/ninja" in log, log
     assert f"ninja for the build: {site}/bin/ninja" in log, log
+
+
+TIMELINE_LOG = """== chunks: exit 0 in 30 s
+size   1048576 B  all_reduce   1000.0 us  (a bench line: not the timeline's)
+== timeline (cap 120 s) 10:00:00
+-- timeline default: UCX's and the backend's defaults (10:00:00)
+size          4 B  all_reduce     50.0 us  send/recv one way     20.0 us  values ok
+[rank 0] size          4 B  all_reduce waits per op: tw us 40.0  dw us 2.0
+[rank 1] size          4 B  all_reduce waits per op: tw us 41.0  dw us 2.0
+contention probe: kernel + synchronize, median of 200: rank 0 alone 9.0 us, both 300.0 us
+[rank 1] contention probe: both ranks at once 310.0 us
+[rank 0] timeline of one all_reduce of 4 B (us from its issue on the host):
+[rank 0]        1.0 +     2.0  stream    7  add_kernel
+-- timeline get_zcopy: UCX_RNDV_SCHEME=get_zcopy (10:00:30)
+rank pid 123 still running after 40.0 s: killed
+-- timeline get_zcopy: exit 1
+== timeline: exit 0 in 60 s
+size     999 B  after the step: not the timeline's
+"""
+
+
+def test_summary_picks_the_timeline_headlines(tmp_path: Path) -> None:
+    (tmp_path / "session.log").write_text(TIMELINE_LOG)
+    text = _summary(tmp_path)
+    section = text.split("## Timeline", 1)[1]
+    for line in TIMELINE_LOG.splitlines()[3:9] + TIMELINE_LOG.splitlines()[11:14]:
+        assert f"    {line.strip()}" in section, (line, section)
+    # Not the device timelines (they stay in session.log), nor lines outside the step.
+    assert "add_kernel" not in section and "timeline of one" not in section
+    assert "bench line" not in section and "after the step" not in section
+
+
+def test_summary_without_a_timeline(tmp_path: Path) -> None:
+    (tmp_path / "session.log").write_text("== facts (cap 30 s)\n")
+    assert "(the timeline step did not run)" in _summary(tmp_path)
+
+
+@pytest.mark.slow
+def test_timeline_step_dry_run_on_cpu(tmp_path: Path) -> None:
+    # The timeline step end to end on CPU tensors (GPU_TIMELINE_DEVICE=cpu), two of its runs,
+    # with the in-place build (GPU_SESSION_STEPS without "build"): each run's setting reaches
+    # the ranks' environment, rank 0 prints its latencies and both ranks their waits per op,
+    # and the summary picks them up.
+    from conftest import skip_unless_ucx
+
+    skip_unless_ucx("gpu_timeline.py runs the ucx backend")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "GPU_SESSION_BUDGET_S": "200",
+        "GPU_SESSION_WHEELS": str(wheels),
+        "GPU_SESSION_STEPS": "timeline",
+        "GPU_TIMELINE_DEVICE": "cpu",
+        "GPU_TIMELINE_RUNS": "default get_zcopy",
+    }
+    env.pop("MAKEFLAGS", None)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_session.sh")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = [line.split("\t")[:2] for line in (tmp_path / "steps.tsv").read_text().splitlines()]
+    assert steps == [["facts", "0"], ["wheels", "0"], ["timeline", "0"]], steps
+    log = (tmp_path / "session.log").read_text()
+    assert "-- timeline default: UCX's and the backend's defaults" in log, log
+    assert "-- timeline get_zcopy: UCX_RNDV_SCHEME=get_zcopy" in log, log
+    assert "-- timeline put_zcopy" not in log, log
+    # (session.log also has the summary, which repeats the headlines.)
+    step = log.split("== timeline (cap", 1)[1].split("== timeline:", 1)[0]
+    # Both ranks, per size: the default run's 4 sizes and get_zcopy's 3.
+    assert step.count("all_reduce waits per op: tw us") == 2 * (4 + 3), step
+    assert "timeline of one all_reduce of 16777216 B" in step, step  # the default run's profile
+    assert step.count("contention probe") == 2, step  # the default run's, both ranks
+    assert "values WRONG" not in step and "-- timeline default: exit" not in step, step
+    assert "-- timeline get_zcopy: exit" not in step, step
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| timeline | 0 |" in summary, summary
+    assert "size   16777216 B  all_reduce" in summary.split("## Timeline", 1)[1], summary
 
 
 def _fake_ninja_wheel(folder: Path) -> None:

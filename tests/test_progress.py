@@ -129,3 +129,45 @@ def test_pending_op_spins_throughout_with_a_long_spin() -> None:
     # Two threads spin the whole time: busy ~2.0 and the caller ~1.0.
     assert busy > 1.5, f"the waiting process did not spin: {result}"
     assert caller > 0.8, f"the caller's wait did not spin: {result}"
+
+
+LATE_MS = 200
+WAIT_SPLIT_KEYS = (
+    "transport_waits",
+    "transport_wait_us",
+    "device_waits",
+    "device_wait_us",
+    "device_polls",
+    "device_sleeps",
+)
+
+
+def wait_split(rank: int, world_size: int) -> dict[str, int]:
+    """wait_stats()'s split of five 1 MiB all_reduces' time, one of which rank 1 joins
+    LATE_MS late: what rank 0 waited for (its transport, since its tensors are on the host)."""
+    import ucxbackend
+
+    t = torch.ones(1 << 18)
+    dist.all_reduce(t)  # connected
+    dist.barrier()
+    before = ucxbackend.wait_stats()
+    for i in range(5):
+        if rank == 1 and i == 2:
+            time.sleep(LATE_MS / 1000)
+        dist.all_reduce(t)
+    after = ucxbackend.wait_stats()
+    assert t.tolist()[:2] == [float(world_size) ** 6] * 2
+    return {key: after[key] - before[key] for key in WAIT_SPLIT_KEYS}
+
+
+def test_wait_stats_split_an_ops_time() -> None:
+    # The host's side of "where did a CUDA op's time go" (scripts/gpu_timeline.py prints it
+    # per op): the waits for transport requests are counted with their time, the device waits
+    # are not touched by CPU tensors.
+    skip_unless_ucx("reads the waits of ucx ops")
+    split = run_world(wait_split, 2, timeout=90)[0]
+    assert split["transport_waits"] >= 5, split
+    # Rank 0 waited for the late rank 1 in one op: the time of that wait is counted (half of
+    # it at least: rank 0 may itself reach the op late on a loaded host).
+    assert split["transport_wait_us"] >= LATE_MS * 1000 * 0.5, split
+    assert all(split[k] == 0 for k in WAIT_SPLIT_KEYS if k.startswith("device")), split

@@ -389,6 +389,14 @@ def wait_stats() -> dict[str, int]:
     yield counts as the group's own (two per rank of the largest group on this host, three with
     ucx's send lane; more runnable means an outsider, and a spell at once). Differences over a
     run, divided by its ops, say why ops were slow (docs/performance.md#issue-23-stalls).
+
+    Where an op's time went, summed over this process's threads: ``transport_waits`` and
+    ``transport_wait_us``, the waits of ops for their transport requests (the progress
+    thread's, an inline caller's) and their time; ``device_waits`` and ``device_wait_us``, the
+    waits for a CUDA stream or event (the caller's stream reaching the op, the op's own copies
+    and reductions: docs/cuda.md), with ``device_polls``, the queries that found the device not
+    there yet, and ``device_sleeps``, the sleeps between them (in neither ``yields`` nor
+    ``sleeps``). Zero device waits for CPU tensors.
     """
     if _C is None:
         raise _native_missing_error()
@@ -402,6 +410,12 @@ def wait_stats() -> dict[str, int]:
         "sleeps",
         "sleep_timeouts",
         "group_threads_on_host",
+        "transport_waits",
+        "transport_wait_us",
+        "device_waits",
+        "device_wait_us",
+        "device_polls",
+        "device_sleeps",
     )
     return {key: int(raw[key]) for key in keys}
 

@@ -344,7 +344,8 @@ void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
     return;
   }
   auto* bytes = static_cast<uint8_t*>(data);
-  switch (choose(comm.tuning(), Op::kAllreduce, count * red.elementSize, comm.size())) {
+  switch (choose(comm.tuning(), Op::kAllreduce, count * red.elementSize, comm.size(),
+                 /*deviceMemory=*/!comm.onHost())) {
     case Algorithm::kRecursiveDoubling:
       recursiveDoubling(comm, bytes, count, red);
       return;

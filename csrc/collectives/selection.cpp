@@ -66,13 +66,22 @@ Algorithm parseAlgorithm(Op op, const std::string& name) {
 // Small messages are latency-bound: log-step algorithms win. Large ones are bandwidth-bound:
 // the ring and the chain move the minimum bytes per rank and pipeline in chunks. With two
 // ranks most pairs coincide, so the simpler one is kept.
-Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize) {
+Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize, bool deviceMemory) {
   const Algorithm forced = tuning.forced[static_cast<size_t>(op)];
   if (forced != Algorithm::kAuto) return forced;
   const bool ringFits = worldSize <= kRingMaxRanks;
   switch (op) {
     case Op::kAllreduce:
       if (bytes <= kAllreduceRecursiveDoublingMax) return Algorithm::kRecursiveDoubling;
+      // Device memory at two ranks, up to one chunk: recursive doubling's one exchange of
+      // whole vectors instead of the ring's two (a reduce-scatter exchange, then an
+      // all-gather one), for the same bytes per rank and one device reduction. A CUDA
+      // exchange between two ranks on one GPU cost about 450 us whatever its size, and ops
+      // of 1-4 MiB took two of them (docs/cuda.md, "Where a CUDA op's millisecond goes").
+      // Host memory keeps its own choice (the staged pair exchange).
+      if (deviceMemory && worldSize == 2 && bytes <= tuning.chunkBytes) {
+        return Algorithm::kRecursiveDoubling;
+      }
       if (!ringFits) return Algorithm::kRabenseifner;
       // Rabenseifner's log steps beat the ring's 2(n-1) only when n > 2, and its extra
       // fold traffic outweighs that when n is not a power of two.

@@ -71,8 +71,11 @@ std::vector<std::string> namesFor(Op op); // "auto" first
 Algorithm parseAlgorithm(Op op, const std::string& name);
 
 // `bytes`: all_reduce/reduce/broadcast: the tensor; all_gather: the whole output;
-// reduce_scatter: the whole input; all_to_all: the largest per-peer block.
-Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize);
+// reduce_scatter: the whole input; all_to_all: the largest per-peer block. `deviceMemory`:
+// the op's buffers are device memory (Comm::onHost() false; every rank's agree), which
+// changes the all_reduce of two ranks (selection.cpp).
+Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize,
+                 bool deviceMemory = false);
 // Whether choose() may answer differently for two sizes of `op` in this group (the choice is
 // automatic and not the same for every size: broadcast and reduce beyond 2 ranks). Only then
 // can ranks that disagree on the size run different algorithms.

@@ -44,6 +44,16 @@ std::atomic<uint64_t> sleepTimeouts{0};
 std::atomic<uint64_t> spells{0};
 std::atomic<uint64_t> startSpells{0};
 
+// countWait's, per WaitFor.
+struct WaitTotals {
+  std::atomic<uint64_t> waits{0};
+  std::atomic<uint64_t> ns{0};
+  std::atomic<uint64_t> polls{0};
+  std::atomic<uint64_t> sleeps{0};
+};
+WaitTotals transportWaits;
+WaitTotals deviceWaits;
+
 // Process-wide: either thread of a rank may be the one next to the busy thread. Touched only
 // after a lost yield, a few hundred times a second at most.
 std::mutex lostTimeMu;
@@ -255,6 +265,15 @@ void countSleep(bool timedOut) {
   if (timedOut) sleepTimeouts.fetch_add(1, std::memory_order_relaxed);
 }
 
+void countWait(WaitFor what, std::chrono::nanoseconds spent, uint64_t polls, uint64_t sleeps) {
+  WaitTotals& t = what == WaitFor::kDevice ? deviceWaits : transportWaits;
+  t.waits.fetch_add(1, std::memory_order_relaxed);
+  t.ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, spent.count())),
+                 std::memory_order_relaxed);
+  if (polls > 0) t.polls.fetch_add(polls, std::memory_order_relaxed);
+  if (sleeps > 0) t.sleeps.fetch_add(sleeps, std::memory_order_relaxed);
+}
+
 WaitCounts waitCounts() {
   WaitCounts c;
   c.yields = yields.load(std::memory_order_relaxed);
@@ -265,6 +284,12 @@ WaitCounts waitCounts() {
   c.sleeps = sleeps.load(std::memory_order_relaxed);
   c.sleepTimeouts = sleepTimeouts.load(std::memory_order_relaxed);
   c.groupThreadsOnHost = static_cast<uint64_t>(groupThreadsOnHost.load(std::memory_order_relaxed));
+  c.transportWaits = transportWaits.waits.load(std::memory_order_relaxed);
+  c.transportWaitNs = transportWaits.ns.load(std::memory_order_relaxed);
+  c.deviceWaits = deviceWaits.waits.load(std::memory_order_relaxed);
+  c.deviceWaitNs = deviceWaits.ns.load(std::memory_order_relaxed);
+  c.devicePolls = deviceWaits.polls.load(std::memory_order_relaxed);
+  c.deviceSleeps = deviceWaits.sleeps.load(std::memory_order_relaxed);
   return c;
 }
 

@@ -105,6 +105,16 @@ int quotaCpus();
 // its timeout rather than by an event (for wait_stats()).
 void countSleep(bool timedOut);
 
+// What an op's thread waited for, and how long (for wait_stats(): an op's time split into its
+// waits for the transport's requests and for the device's work, and the rest). kTransport: a
+// wait for requests (ProgressEngine::waitUntil, the progress thread's or an inline caller's),
+// whose yields and sleeps are `yields` and `sleeps` above. kDevice: a wait for a CUDA stream or
+// event (waitForDevice, device_op.hpp), with the polls that found the device not there yet and
+// the sleeps between them, which are in neither `yields` nor `sleeps`.
+enum class WaitFor { kTransport, kDevice };
+void countWait(WaitFor what, std::chrono::nanoseconds spent, uint64_t polls = 0,
+               uint64_t sleeps = 0);
+
 // This process's counts since it started (any thread): yields, yields that lost the core
 // (LostTimeBudget weighs them), yields begun while crowded() (none but a race:
 // waits check it first), sleeps of the waits in ops and of the idle progress thread, and
@@ -118,6 +128,13 @@ struct WaitCounts {
   uint64_t sleeps = 0;
   uint64_t sleepTimeouts = 0;
   uint64_t groupThreadsOnHost = 0;  // noteRanksOnHost's largest: what the outsider check allows
+  // countWait's: waits, their nanoseconds, and a device wait's polls and sleeps.
+  uint64_t transportWaits = 0;
+  uint64_t transportWaitNs = 0;
+  uint64_t deviceWaits = 0;
+  uint64_t deviceWaitNs = 0;
+  uint64_t devicePolls = 0;
+  uint64_t deviceSleeps = 0;
 };
 WaitCounts waitCounts();
 

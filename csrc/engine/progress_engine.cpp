@@ -489,6 +489,12 @@ uint8_t* ProgressEngine::scratch(size_t bytes) {
 bool ProgressEngine::waitUntil(const std::vector<RequestPtr>& requests,
                                Clock::time_point deadline, Clock::time_point giveUpAt,
                                bool borrowed) {
+  // Counted however the wait ends (done, handed over, failed): wait_stats() splits an op's
+  // time into what it waited for.
+  struct Timed {
+    Clock::time_point began = Clock::now();
+    ~Timed() { countWait(WaitFor::kTransport, Clock::now() - began); }
+  } timed;
   // Ranks sharing a host see where this rank's driver waits, the caller of an inline op or
   // the progress thread of a queued one (see the top of the header). Only a pair: in a larger
   // group whose ranks outnumber the cores, every higher rank finds some lower rank on its

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       {"all_to_all_linear", testAlltoallLinear, true},
       {"barrier", testBarrier, true},
       {"device_memory_routing", testDeviceMemoryTakesNoHostPath, true},
+      {"device_pair_allreduce", testDevicePairAllreduceExchangesOnce, true},
   };
   return ucxb::check::runGroups("algorithms_test", groups, argc, argv);
 }

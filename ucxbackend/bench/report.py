@@ -239,6 +239,8 @@ _WAIT_BLOCK: Final = (
     ("moves", "core_moves"),
     ("yields", "yields"),
     ("sleeps", "sleeps"),
+    ("tw_us", "transport_wait_us"),
+    ("dw_us", "device_wait_us"),
     ("vcsw", "voluntary_ctxt_switches"),
     ("icsw", "nonvoluntary_ctxt_switches"),
 )
@@ -255,7 +257,8 @@ def format_wait_block(collective: str, rows: Sequence[Row], columns: Sequence[st
     title = (
         f"# wait statistics ({collective}): per op over the timed iterations, summed over "
         "ranks (inline: ran on the caller's thread; handed: handed to the progress thread; "
-        "moves: off a core the peer waited on; yields, sleeps: every thread's; vcsw, icsw: "
+        "moves: off a core the peer waited on; yields, sleeps: every thread's; tw_us, dw_us: "
+        "microseconds every thread waited for the transport and for the device; vcsw, icsw: "
         "the caller's context switches, blocking and preempted)"
     )
 

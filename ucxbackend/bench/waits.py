@@ -4,7 +4,8 @@
 A small op's time depends on how it waits as much as on what it moves: whether it ran on the
 caller's thread (``inline``) or was handed to the progress thread after ``spin_us``
 (``handed``), whether a rank moved off a core its peer was waiting on (``moves``), how many
-times the waits yielded the core or slept (process-wide: the progress thread's too), and
+times the waits yielded the core or slept (process-wide: the progress thread's too), how
+long ops waited for their transport's requests and for the device (a CUDA op: docs/cuda.md), and
 how often the calling thread itself was switched out, by blocking (``vcsw``) or by the
 scheduler (``icsw``). Two runs of one command whose medians differ show here whether they
 waited differently (docs/performance.md, the 4 KB floor in both host modes).
@@ -20,14 +21,17 @@ from typing import Any, Final
 
 import torch.distributed as dist
 
-# The counters: inline_stats(group)'s three, wait_stats()'s yields and sleeps, and the
-# calling thread's context switches from its /proc status.
+# The counters: inline_stats(group)'s three, wait_stats()'s yields and sleeps and the time
+# ops waited for their transport and for the device, and the calling thread's context
+# switches from its /proc status.
 WAIT_COUNTERS: Final = (
     "inline",
     "handed_over",
     "core_moves",
     "yields",
     "sleeps",
+    "transport_wait_us",
+    "device_wait_us",
     "voluntary_ctxt_switches",
     "nonvoluntary_ctxt_switches",
 )
@@ -53,7 +57,8 @@ def _wait_stats_subset() -> dict[str, int]:
     import ucxbackend
 
     st = ucxbackend.wait_stats()
-    return {"yields": st["yields"], "sleeps": st["sleeps"]}
+    keys = ("yields", "sleeps", "transport_wait_us", "device_wait_us")
+    return {key: st[key] for key in keys}
 
 
 def wait_counters(group: dist.ProcessGroup) -> dict[str, int]:

@@ -35,5 +35,6 @@ void testBarrier();
 
 // host_path_groups.cpp: device memory takes no host-only path (op_memory.h).
 void testDeviceMemoryTakesNoHostPath();
+void testDevicePairAllreduceExchangesOnce();
 
 }  // namespace ucxb::algotest

@@ -164,4 +164,56 @@ void testDeviceMemoryTakesNoHostPath() {
   }
 }
 
+void testDevicePairAllreduceExchangesOnce() {
+  // The choice: two ranks on device memory take recursive doubling up to one chunk, host
+  // memory and larger groups keep theirs, a forced algorithm stays forced.
+  algo::Tuning tuning;
+  const size_t chunk = tuning.chunkBytes;
+  const auto pick = [&](size_t bytes, int n, bool device) {
+    return algo::choose(tuning, algo::Op::kAllreduce, bytes, n, device);
+  };
+  CHECK(pick(size_t{1} << 20, 2, true) == algo::Algorithm::kRecursiveDoubling);
+  CHECK(pick(chunk, 2, true) == algo::Algorithm::kRecursiveDoubling);
+  CHECK(pick(chunk + 1, 2, true) == algo::Algorithm::kRing);
+  CHECK(pick(size_t{1} << 20, 2, false) == algo::Algorithm::kRing);
+  CHECK(pick(size_t{1} << 20, 3, true) == pick(size_t{1} << 20, 3, false));
+  algo::Tuning forced = tuning;
+  forced.forced[static_cast<size_t>(algo::Op::kAllreduce)] = algo::Algorithm::kRing;
+  CHECK(algo::choose(forced, algo::Op::kAllreduce, size_t{1} << 20, 2, true) ==
+        algo::Algorithm::kRing);
+
+  // The messages: a 1 MiB all_reduce of two ranks sends one message a rank on device memory
+  // (carried as ucx carries CUDA tensors, or bounced through host buffers as udp stages them),
+  // two on host memory without slots (the ring: a reduce-scatter half, an all-gather half),
+  // and every result is exact.
+  const DType dt = DType::kInt32;
+  const Reduction red = makeReduction(dt, ReduceKind::kSum);
+  const size_t count = (size_t{1} << 20) / elementSize(dt);
+  for (const Memory memory : {Memory::kHost, Memory::kCarried, Memory::kBounced}) {
+    inproc::WorldOptions options;
+    options.size = 2;
+    options.carried = memory == Memory::kCarried;
+    options.bounced = memory == Memory::kBounced;
+    ThreadWorld world(options);
+    uint32_t salt = 0;
+    for (int op = 0; op < 3; ++op) {
+      ++salt;
+      const std::string problems = world.run([&, salt](Comm& c) {
+        GuardedBuffer data(count * elementSize(dt),
+                           inputBytes(dt, ReduceKind::kSum, c.rank(), count, salt));
+        algo::allreduce(c, data.data(), count, red);
+        return compare(data, reducedBytes(dt, ReduceKind::kSum, 2, 0, count, salt), "result");
+      });
+      CHECK_MSG(problems.empty(), std::string(nameOf(memory)) + " memory:\n" + problems);
+    }
+    const uint64_t perRankPerOp = world.sendsPosted() / (2 * 3);
+    const uint64_t want = memory == Memory::kHost ? 2 : 1;
+    CHECK_MSG(perRankPerOp == want && world.sendsPosted() % 6 == 0,
+              std::string(nameOf(memory)) + " memory: " + std::to_string(world.sendsPosted()) +
+                  " sends in 3 ops of 2 ranks, want " + std::to_string(want) + " a rank an op");
+    std::printf("  %s memory: %llu sends a rank an op\n", nameOf(memory),
+                static_cast<unsigned long long>(perRankPerOp));
+  }
+}
+
 }  // namespace ucxb::algotest

@@ -173,6 +173,7 @@ void hostOnly(MemoryType mem, bool carriesDevice) {
 RequestPtr InprocTransport::send(int peer, Tag tag, const void* data, size_t bytes,
                                  MemoryType mem) {
   hostOnly(mem, fabric_.carriesDevice_);
+  ++fabric_.sendsPosted_;
   auto r = std::make_shared<InprocRequest>(true, peer, bytes, tag, 0, nullptr, cancelAsked_);
   std::lock_guard<std::mutex> lock(fabric_.mu_);
   if (const std::string& why = fabric_.ranks_[rank_].cut[peer]; !why.empty()) {

@@ -75,6 +75,8 @@ class Fabric {
   std::unique_ptr<Transport> transport(int rank);
   // Folding receives posted so far on every rank (recvFolded calls that returned a request).
   uint64_t foldsPosted() const { return foldsPosted_.load(); }
+  // Sends posted so far on every rank: how many messages the ops' algorithms exchanged.
+  uint64_t sendsPosted() const { return sendsPosted_.load(); }
 
  private:
   friend class InprocTransport;
@@ -96,6 +98,7 @@ class Fabric {
   const bool folds_;
   const bool carriesDevice_;
   std::atomic<uint64_t> foldsPosted_{0};
+  std::atomic<uint64_t> sendsPosted_{0};
 };
 
 }  // namespace ucxb::inproc

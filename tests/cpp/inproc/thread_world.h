@@ -57,6 +57,8 @@ class ThreadWorld {
     uint64_t folds = 0;
   };
   HostPathUses hostPathUses() const { return {stagingAsks_.load(), fabric_.foldsPosted()}; }
+  // Messages sent so far, over every rank.
+  uint64_t sendsPosted() const { return fabric_.sendsPosted(); }
   // Runs `job` on every rank as one op; returns what the ranks reported, "rank r: ..." per
   // line (an exception counts as a report), "" when every rank was content.
   std::string run(const Job& job);
