@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import sys
@@ -93,7 +92,6 @@ def say(rank: int, text: str) -> None:
 
 def rank_main(rank: int, port: int, device_name: str, sizes: list[int], iters: int,
               profile: bool, probe: bool) -> None:
-    os.environ.setdefault("UCXBACKEND_CUDA", "1")
     import torch
     import torch.distributed as dist
 
@@ -103,7 +101,20 @@ def rank_main(rank: int, port: int, device_name: str, sizes: list[int], iters: i
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    # Start-up as users wait for it at every restart (the GPU run of 2026-11-28 took 1.4 s for
+    # init_process_group alone): the group, then its first op on each kind of memory.
+    t0 = time.perf_counter()
     dist.init_process_group("ucx", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    t1 = time.perf_counter()
+    dist.all_reduce(torch.ones(2))
+    t2 = time.perf_counter()
+    first = torch.ones(2, device=device)
+    dist.all_reduce(first)
+    if cuda:
+        torch.cuda.synchronize(device)
+    t3 = time.perf_counter()
+    say(rank, f"start-up: init_process_group {1e3 * (t1 - t0):.1f} ms, first CPU all_reduce "
+        f"{1e3 * (t2 - t1):.1f} ms, first {device_name} all_reduce {1e3 * (t3 - t2):.1f} ms")
     warm = max(3, iters // 5)
 
     def sync() -> None:
