@@ -161,6 +161,7 @@ ENDPOINT_GROUPS = [
     "multipath_unreachable",
     "linger",
     "linger_close",
+    "wire_version",
     "transmit_turns",
     "faults",
     "credit_downlink",

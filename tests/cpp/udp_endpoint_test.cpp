@@ -17,6 +17,7 @@
 
 #include "tests/cpp/check.h"
 #include "tests/udp_sim/endpoint_network.h"
+#include "transports/udp/auth_keys.h"
 
 using namespace ucxb;
 using namespace ucxb::udp;
@@ -956,6 +957,58 @@ void testLingerClose() {
   }
 }
 
+// ------------------------------------------------------------------------ wire version
+
+// A rank of another release: every datagram it sends is of another wire version, which this
+// one drops (bad_version). An intact one (its checksum holds, computed as every version has
+// computed it, with this group's token and the peer's rank) can only be the peer's own: the
+// connection fails at once, naming both versions, where the op waited out its timeout with
+// a message that named neither ("timed out ... still waiting for: send of ... to rank 1").
+// One whose version byte the network flipped fails the checksum and is only dropped.
+void testWireVersion() {
+  for (const bool sealed : {false, true}) {
+    if (sealed && !authAvailable()) {
+      std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+      continue;
+    }
+    EndpointOptions o = smallOptions();
+    AuthKey key{};
+    key.fill(0x5A);
+    if (sealed) o.groupKey = key;
+    EndpointNetwork net(2, o);
+    net.setLinkUp(1, 0, false);  // rank 1 is the older release: nothing else comes from it
+    const auto out = message(0, 60, 3000);
+    auto send = net.endpoint(0)->send(1, 60, out.data(), out.size());
+    // What a version-5 rank 1 sends rank 0: a PING of this group, sealed as it seals.
+    const uint8_t older = kWireVersion - 1;
+    const auto fromOlder = [&](bool intact) {
+      std::vector<uint8_t> d(256);
+      PacketHeader h;
+      h.sourceRank = 1;
+      h.token = o.sessionToken;
+      size_t n = encodePing(d, h, 0);
+      d[0] = older;
+      sealChecksum({d.data(), n});
+      if (sealed) n = DatagramSealer(deriveDirectionKey(key, 1, 0), 1, 0).seal(d, n);
+      d.resize(n);
+      if (!intact) d[0] ^= 0x10;  // flipped on the way
+      return d;
+    };
+    net.inject(net.address(1), 0, fromOlder(false));
+    CHECK(!net.runUntil([&] { return !send->pending(); }, 20'000));
+    CHECK_MSG(send->pending(), send->error());
+    CHECK_EQ(net.endpoint(0)->peerStats(1).datagramsDropped, uint64_t{1});
+    net.inject(net.address(1), 0, fromOlder(true));
+    CHECK(net.runUntil([&] { return !send->pending(); }, 1000));
+    const std::string& e = send->error();
+    std::printf("%s: %s\n", sealed ? "sealed" : "open", e.c_str());
+    CHECK_MSG(check::contains(e, "wire version " + std::to_string(older)) &&
+                  check::contains(e, "version " + std::to_string(kWireVersion)),
+              e);
+    CHECK_MSG(check::contains(e, "rank 1"), e);
+  }
+}
+
 // ------------------------------------------------------------------------ transmit turns
 
 void testTransmitTurns() {
@@ -1875,6 +1928,7 @@ const check::Group kGroups[] = {
     {"multipath_unreachable", testMultipathUnreachable, true},
     {"linger", testLinger, true},
     {"linger_close", testLingerClose, true},
+    {"wire_version", testWireVersion, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},

@@ -84,7 +84,19 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
   stats_.bytesReceived += datagram.size();
   if (failed_) return drop(DropReason::kClosed);
   const DecodeError error = decodePacket(datagram, decoded_);
-  if (error != DecodeError::kNone) return drop(toDropReason(error));
+  if (error != DecodeError::kNone) {
+    drop(toDropReason(error));
+    // A peer of another release: each end drops every datagram of the other's, and each op
+    // between them waited out its timeout with a message that named neither version.
+    if (error != DecodeError::kBadVersion) return;
+    if (const auto v = otherWireVersion(datagram, identity_.sessionToken, identity_.peerRank)) {
+      fail("rank " + std::to_string(identity_.peerRank) + " speaks udp wire version " +
+           std::to_string(*v) + " and this rank version " + std::to_string(kWireVersion) +
+           ", so each drops the other's datagrams (bad_version): the ranks run different "
+           "ucxbackend releases; run the same one on every rank");
+    }
+    return;
+  }
   const DecodedPacket& p = decoded_;
   if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
   if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
