@@ -1930,9 +1930,11 @@ void testSecurity() {
   deliver(std::vector<uint8_t>(dataPacket.begin(), dataPacket.begin() + 30), false);
   deliver(std::vector<uint8_t>(dataPacket.begin(), dataPacket.begin() + 30), true);
   deliver({}, false);
+  // A version byte flipped on the way (an intact datagram of another version is the peer's
+  // own, another release's, and fails the connection: udp_endpoint_test wire_version).
   auto badVersion = dataPacket;
   badVersion[0] = 7;
-  deliver(badVersion, true);
+  deliver(badVersion, false);
   auto badCrc = dataPacket;
   badCrc[100] ^= 0x10;
   deliver(badCrc, false);
