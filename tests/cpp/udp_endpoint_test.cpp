@@ -957,6 +957,61 @@ void testLingerClose() {
   }
 }
 
+// A peer's receives from a rank that closed the group: the rank's CLOSE comes only once
+// everything it sent has been acknowledged, and it sends nothing new after it, so a receive
+// that no message already here takes never completes. It fails at the CLOSE, naming the close,
+// where it waited until the rank's port refused a keepalive, 0.3 s after the close at the
+// least (its linger, then a keepalive), and was blamed on a process that was gone, or until
+// its op's timeout. What the rank sent before it closed is still received, also by a receive
+// posted after the CLOSE. (A send to the rank is not failed: its ACK may only be late,
+// linger_close.)
+void testClosedPeerReceive() {
+  constexpr DurationUs kDelay = 50;
+  for (const bool sealed : {false, true}) {
+    if (sealed && !authAvailable()) {
+      std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+      continue;
+    }
+    EndpointOptions o = smallOptions();
+    o.lingerQuietUs = 100'000;
+    o.opTimeoutUs = 10 * kSecond;
+    if (sealed) {
+      o.groupKey = AuthKey{};
+      o.groupKey->fill(0x33);
+    }
+    EndpointNetwork net(2, o, kDelay);
+    const auto sent = message(0, 80, 3000);
+    auto send = net.endpoint(0)->send(1, 80, sent.data(), sent.size());
+    Inbox before(3000), never(3000), after(3000), later(3000);
+    auto taken = net.endpoint(1)->recv(0, 80, ~Tag{0}, before.data.data(), before.capacity());
+    auto hopeless = net.endpoint(1)->recv(0, 81, ~Tag{0}, never.data.data(), never.capacity());
+    const auto early = message(0, 82, 3000);
+    auto unmatched = net.endpoint(0)->send(1, 82, early.data(), early.size());
+    CHECK(net.runUntil([&] { return !send->pending() && !unmatched->pending(); }, kSecond));
+    CHECK_MSG(taken->state() == RequestState::kDone && before.holds(0, 80, 3000), taken->error());
+    CHECK(hopeless->pending());
+    const TimeUs closedAt = net.nowUs();
+    net.close(0);
+    CHECK(net.runUntil([&] { return !hopeless->pending(); }, kSecond));
+    const std::string& e = hopeless->error();
+    std::printf("%s: after %lld us: %s\n", sealed ? "sealed" : "open",
+                static_cast<long long>(net.nowUs() - closedAt), e.c_str());
+    CHECK_MSG(net.nowUs() - closedAt <= 2 * kDelay, std::to_string(net.nowUs() - closedAt));
+    CHECK_MSG(check::contains(e, "rank 0 closed the group") && check::contains(e, "receive"), e);
+    CHECK(never.untouched());
+    // Posted after the CLOSE: the message already here is taken; nothing else comes.
+    auto late = net.endpoint(1)->recv(0, 82, ~Tag{0}, after.data.data(), after.capacity());
+    auto lateHopeless = net.endpoint(1)->recv(0, 84, ~Tag{0}, later.data.data(), later.capacity());
+    CHECK(net.runUntil([&] { return !late->pending() && !lateHopeless->pending(); }, 1000));
+    CHECK_MSG(late->state() == RequestState::kDone && after.holds(0, 82, 3000), late->error());
+    CHECK_MSG(lateHopeless->state() == RequestState::kFailed &&
+                  check::contains(lateHopeless->error(), "rank 0 closed the group"),
+              lateHopeless->error());
+    CHECK(later.untouched());
+    CHECK(net.endpoint(1)->peerError(0).empty());  // the connection itself is fine
+  }
+}
+
 // ------------------------------------------------------------------------ wire version
 
 // A rank of another release: every datagram it sends is of another wire version, which this
@@ -1928,6 +1983,7 @@ const check::Group kGroups[] = {
     {"multipath_unreachable", testMultipathUnreachable, true},
     {"linger", testLinger, true},
     {"linger_close", testLingerClose, true},
+    {"closed_peer_receive", testClosedPeerReceive, true},
     {"wire_version", testWireVersion, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},

@@ -60,7 +60,11 @@ ReceiveId PeerConnection::postReceive(Tag tag, Tag mask, void* buffer, size_t ca
                                       ReceiveSink* sink) {
   const ReceiveId id =
       receiver_.postReceive(tag, mask, static_cast<uint8_t*>(buffer), capacity, lastNow_, sink);
-  if (failed_) receiver_.failAll(failure_);
+  if (failed_) {
+    receiver_.failAll(failure_);
+  } else if (peerClosed_) {
+    receiver_.failPosted(peerClosedReceive());  // unless a message already here took it
+  }
   return id;
 }
 
@@ -122,9 +126,16 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
     return;
   }
   if (p.header.type == PacketType::kClose) {
-    peerClosed_ = true;
     ++stats_.closePacketsReceived;
     ++stats_.datagramsAccepted;
+    if (!peerClosed_) {
+      peerClosed_ = true;
+      // Everything the peer sent is here (its CLOSE waits for our ACKs of all of it), and it
+      // will send nothing new: a receive no message took will never get one. Failed now,
+      // naming the close, where it waited until the peer's port refused a keepalive (then
+      // blamed on a process that was gone) or for its op's timeout.
+      receiver_.failPosted(peerClosedReceive());
+    }
     return;
   }
 
@@ -661,6 +672,12 @@ void PeerConnection::fail(const std::string& why) {
   events_.push_back(std::move(e));
   sender_.failAll(why);
   receiver_.failAll(why);
+}
+
+std::string PeerConnection::peerClosedReceive() const {
+  return "rank " + std::to_string(identity_.peerRank) +
+         " closed the group (destroy_process_group, or its process exiting) with this receive "
+         "from it pending: everything it sent has arrived, and it sends nothing more";
 }
 
 bool PeerConnection::sendSettled() const {

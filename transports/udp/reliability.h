@@ -105,7 +105,8 @@ class PeerConnection {
   // everything from us, and we wait for nothing from it but what it chooses to send.
   bool sendSettled() const;
   // The peer has closed and everything it sent us has been acknowledged to it (its CLOSE):
-  // it will send nothing new and needs nothing more from us, not even an ACK.
+  // it will send nothing new and needs nothing more from us, not even an ACK. The receives
+  // that no message has taken fail then, and so does one posted later that none takes.
   bool peerClosed() const { return peerClosed_; }
   // We have sent the peer a CLOSE (at least once).
   bool closeSent() const { return stats_.closePacketsSent > 0; }
@@ -197,6 +198,8 @@ class PeerConnection {
   std::optional<TimeUs> keepaliveDeadline() const;
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
+  // Why a receive fails once the peer has closed (peerClosed()).
+  std::string peerClosedReceive() const;
   // The paths (a PathSelector mask) whose congestion window has room: every path unless the
   // policy keeps a window per path.
   uint32_t pathsWithRoom() const;
