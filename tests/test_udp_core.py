@@ -161,6 +161,7 @@ ENDPOINT_GROUPS = [
     "multipath_unreachable",
     "linger",
     "linger_close",
+    "linger_close_faults",
     "closed_peer_receive",
     "wire_version",
     "transmit_turns",
