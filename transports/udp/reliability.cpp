@@ -681,12 +681,16 @@ std::string PeerConnection::peerClosedReceive() const {
 }
 
 bool PeerConnection::sendSettled() const {
-  return sender_.idle() && sent_.inFlightCount() == 0 && !receiver_.hasClearToSend();
+  // A PING in flight carries nothing the peer needs. Waiting for its ACK held a closing
+  // rank's CLOSE back, and its linger until linger_max once the peer had gone: a tail probe
+  // whose ACK was lost stays in flight, and each timeout sends the next (idle() alike).
+  return sender_.idle() && sent_.inFlightCount() == sent_.inFlightProbes() &&
+         !receiver_.hasClearToSend();
 }
 
 bool PeerConnection::idle() const {
-  return sender_.idle() && sent_.inFlightCount() == 0 && !acks_.ackDeadline() &&
-         pendingNacks_.empty() &&
+  return sender_.idle() && sent_.inFlightCount() == sent_.inFlightProbes() &&
+         !acks_.ackDeadline() && pendingNacks_.empty() &&
          !receiver_.receiving() && !receiver_.hasClearToSend();
 }
 
