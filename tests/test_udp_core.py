@@ -164,6 +164,7 @@ ENDPOINT_GROUPS = [
     "linger_close_faults",
     "closed_peer_receive",
     "wire_version",
+    "in_flight_cap_under_loss",
     "transmit_turns",
     "faults",
     "credit_downlink",

@@ -959,12 +959,13 @@ void testLingerClose() {
 }
 
 // The close under every fault the injector has (udp_faults: drop, dup, reorder, delay,
-// corrupt), both modes, 2 to 4 ranks, 1 to 3 paths, seeded: each rank exchanges messages of random sizes
-// with random peers and closes the moment its own requests are done, while others are still
-// in theirs. A CLOSE reordered or duplicated behind the data, or delayed, never lets a rank
-// leave while a peer still needs a retransmission or an ACK from it: every request completes,
-// byte-exact, and every linger ends within linger_max (a CLOSE lost for good leaves the peer
-// the old rules: the quiet time, rto_max once it saw a retransmission). A PING in flight,
+// corrupt), both modes, 2 to 4 ranks, 1 to 3 paths, seeded: each rank exchanges messages of
+// random sizes with random peers and closes the moment its own requests are done, while
+// others are still in theirs. A CLOSE reordered or duplicated behind the data, or delayed,
+// never lets a rank leave while a peer still needs a retransmission or an ACK from it: every
+// request completes, byte-exact, and every linger ends within linger_max (a CLOSE lost for
+// good leaves the peer the old rules: the quiet time, rto_max once it saw a retransmission).
+// A PING in flight,
 // whose ACK was lost, held a rank's CLOSE back until lingerMax once the peer had gone (each
 // timeout sends the next one): 3 paths, seed 116.
 void testLingerCloseFaults() {
@@ -1037,19 +1038,23 @@ void testLingerCloseFaults() {
                              (sealed ? "sealed" : "open") + ", " + describe(f) + ")";
     CHECK_MSG(ended, what + ": " + net.stuckReason());
     for (const auto& list : mine) {
-      for (const auto& r : list) CHECK_MSG(r->state() == RequestState::kDone, what + ": " + r->error());
+      for (const auto& r : list) {
+        CHECK_MSG(r->state() == RequestState::kDone, what + ": " + r->error());
+      }
     }
     for (const auto& [from, bytes, inbox] : expected) {
       CHECK_MSG(inbox->holds(from, 90 + static_cast<Tag>(from), bytes), what);
     }
     for (int n = 0; n < nodes && ended; ++n) {
       const DurationUs lingered = net.lingerEndedUs(n) - closedAt[static_cast<size_t>(n)];
-      CHECK_MSG(lingered < options.lingerMaxUs, what + ": rank " + std::to_string(n) +
-                                                    " lingered " + std::to_string(lingered) + " us");
+      CHECK_MSG(lingered < options.lingerMaxUs,
+                what + ": rank " + std::to_string(n) + " lingered " + std::to_string(lingered) +
+                    " us");
       longest = std::max(longest, lingered);
     }
   }
-  std::printf("ok %llu runs, the longest linger %lld us\n", static_cast<unsigned long long>(2 * kSeeds),
+  std::printf("ok %llu runs, the longest linger %lld us\n",
+              static_cast<unsigned long long>(2 * kSeeds),
               static_cast<long long>(longest));
 }
 
@@ -1157,6 +1162,63 @@ void testWireVersion() {
                   check::contains(e, "version " + std::to_string(kWireVersion)),
               e);
     CHECK_MSG(check::contains(e, "rank 1"), e);
+  }
+}
+
+// ------------------------------------------------------------------------ in-flight cap
+
+// The authenticated mode's cap on packets in flight (ReplayWindow::kInFlightLimit, in
+// packets) under loss, reordering and duplication: 8000 messages of 8 bytes, each a datagram,
+// some 4 times the cap, from rank 0 to rank 1. Lost packets leave the count as they are
+// declared lost and their content goes again, so the cap never stalls the connection: every
+// message arrives, in about the time the unauthenticated mode (no cap) takes.
+void testInFlightCapUnderLoss() {
+  constexpr size_t kMessages = 8000;
+  if (!authAvailable()) {
+    std::printf("skipped: this build has no OpenSSL\n");
+    return;
+  }
+  for (const double drop : {0.0, 0.05, 0.2}) {
+    DurationUs took[2] = {0, 0};
+    for (const bool sealed : {false, true}) {
+      EndpointOptions o = smallOptions();
+      o.config.unexpectedBytes = uint64_t{64} << 20;  // credit is no bound here
+      if (sealed) {
+        o.groupKey = AuthKey{};
+        o.groupKey->fill(0x44);
+      }
+      EndpointNetwork net(2, o, 200);
+      FaultConfig f;
+      f.drop = drop;
+      f.reorder = 0.1;
+      f.reorderUs = 3000;
+      f.duplicate = 0.02;
+      f.seed = 5;
+      net.setFaults(0, 1, f);
+      f.seed = 6;
+      net.setFaults(1, 0, f);
+      const std::vector<uint8_t> payload(8, 0x6B);
+      std::vector<std::vector<uint8_t>> in(kMessages, std::vector<uint8_t>(8));
+      std::vector<RequestPtr> requests;
+      for (size_t i = 0; i < kMessages; ++i) {
+        requests.push_back(net.endpoint(1)->recv(0, 9, ~Tag{0}, in[i].data(), 8));
+        requests.push_back(net.endpoint(0)->send(1, 9, payload.data(), 8));
+      }
+      const TimeUs start = net.nowUs();
+      const std::string what = std::string(sealed ? "sealed" : "open") + ", drop " +
+                               std::to_string(drop);
+      CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 10 * kSecond),
+                what + ": " + net.stuckReason());
+      size_t done = 0;
+      for (const auto& r : requests) done += r->state() == RequestState::kDone ? 1 : 0;
+      CHECK_MSG(done == requests.size(), what + ": " + std::to_string(done) + " of " +
+                                             std::to_string(requests.size()) + " requests done");
+      took[sealed ? 1 : 0] = net.nowUs() - start;
+    }
+    std::printf("drop %.2f: open %lld us, sealed %lld us\n", drop,
+                static_cast<long long>(took[0]), static_cast<long long>(took[1]));
+    CHECK_MSG(took[1] <= took[0] * 3 / 2,
+              std::to_string(took[1]) + " vs " + std::to_string(took[0]));
   }
 }
 
@@ -2082,6 +2144,7 @@ const check::Group kGroups[] = {
     {"linger_close_faults", testLingerCloseFaults, true},
     {"closed_peer_receive", testClosedPeerReceive, true},
     {"wire_version", testWireVersion, true},
+    {"in_flight_cap_under_loss", testInFlightCapUnderLoss, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},
