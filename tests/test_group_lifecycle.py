@@ -104,3 +104,37 @@ def test_closing_idle_groups_does_not_wait_out_the_quiet_time() -> None:
     every peer's goes at once (docs/udp-protocol.md, Closing)."""
     took = run_world(_close_idle_groups, 2, backend="udp", timeout=120)
     assert all(sum(t) < IDLE_CLOSE_LIMIT_S for t in took), took
+
+
+def _receive_from_a_rank_that_closed(rank: int, ws: int) -> tuple[float, str]:
+    """Rank 1 waits in an irecv from rank 0 in a subgroup that rank 0 destroys without sending.
+    Returns how long rank 1's wait took after rank 0 began closing, and its error."""
+    store = dist.distributed_c10d._get_default_store()
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+    dist.all_reduce(torch.ones(4), group=group)  # connected both ways
+    if rank == 0:
+        store.wait(["posted"], timedelta(seconds=30))
+        store.set("closing", "1")
+        dist.destroy_process_group(group)
+        return 0.0, ""
+    work = dist.irecv(torch.empty(4), src=0, group=group)
+    store.set("posted", "1")
+    store.wait(["closing"], timedelta(seconds=30))
+    start = time.monotonic()
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        return time.monotonic() - start, str(exc)
+    return time.monotonic() - start, ""
+
+
+def test_a_receive_from_a_rank_that_closed_fails_at_its_close() -> None:
+    """A rank's CLOSE says that everything it sent has arrived and that it sends nothing more:
+    a receive from it that nothing here matches fails then, naming the close. Before, it
+    waited until rank 0's port refused a keepalive, 0.3 s after the close at the least, and
+    the error said that rank 0's process was gone (docs/udp-protocol.md, A silent peer or a
+    dead one)."""
+    took, msg = run_world(_receive_from_a_rank_that_closed, 2, backend="udp", timeout=60)[1]
+    assert "rank 0 closed the group" in msg, (took, msg)
+    assert "process is gone" not in msg, msg
+    assert took < CLOSE_LIMIT_S, (took, msg)

@@ -13,10 +13,12 @@
 #include <utility>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/cpp/check.h"
 #include "tests/udp_sim/endpoint_network.h"
+#include "transports/udp/auth_keys.h"
 
 using namespace ucxb;
 using namespace ucxb::udp;
@@ -956,6 +958,270 @@ void testLingerClose() {
   }
 }
 
+// The close under every fault the injector has (udp_faults: drop, dup, reorder, delay,
+// corrupt), both modes, 2 to 4 ranks, 1 to 3 paths, seeded: each rank exchanges messages of
+// random sizes with random peers and closes the moment its own requests are done, while
+// others are still in theirs. A CLOSE reordered or duplicated behind the data, or delayed,
+// never lets a rank leave while a peer still needs a retransmission or an ACK from it: every
+// request completes, byte-exact, and every linger ends within linger_max (a CLOSE lost for
+// good leaves the peer the old rules: the quiet time, rto_max once it saw a retransmission).
+// A PING in flight,
+// whose ACK was lost, held a rank's CLOSE back until lingerMax once the peer had gone (each
+// timeout sends the next one): 3 paths, seed 116.
+void testLingerCloseFaults() {
+  constexpr uint64_t kSeeds = 120;
+  DurationUs longest = 0;
+  for (uint64_t run = 0; run < 2 * kSeeds; ++run) {
+    const uint64_t seed = run % kSeeds + 1;
+    Rng rng(seed);
+    EndpointOptions options = smallOptions();
+    if (run >= kSeeds) {
+      options.config = parseUdpConfig(
+          seed % 2 ? "mtu_payload=1200,paths=2,path_policy=spray" : "mtu_payload=1200,paths=3",
+          options.config);
+    }
+    const bool sealed = seed % 2 == 0 && authAvailable();
+    if (sealed) {
+      options.groupKey = AuthKey{};
+      options.groupKey->fill(0x21);
+    }
+    const int nodes = 2 + static_cast<int>(seed % 3);
+    EndpointNetwork net(nodes, options);
+    FaultConfig f;
+    f.drop = 0.05 * static_cast<double>(seed % 7);
+    f.duplicate = seed % 3 == 0 ? 0.1 : 0.0;
+    f.reorder = seed % 5 == 0 ? 0.2 : 0.0;
+    f.reorderUs = 500;
+    f.delay = seed % 4 == 0 ? 0.05 : 0.0;
+    f.corrupt = seed % 11 == 0 ? 0.05 : 0.0;
+    for (int a = 0; a < nodes; ++a) {
+      for (int b = 0; b < nodes; ++b) {
+        f.seed = seed * 100 + static_cast<uint64_t>(a * 10 + b);
+        if (a != b) net.setFaults(a, b, f);
+      }
+    }
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<std::unique_ptr<Inbox>> inboxes;
+    std::vector<std::tuple<int, size_t, Inbox*>> expected;  // from, bytes, where
+    std::vector<std::vector<RequestPtr>> mine(static_cast<size_t>(nodes));
+    for (int a = 0; a < nodes; ++a) {
+      for (int b = 0; b < nodes; ++b) {
+        if (a == b || rng.chance(0.3)) continue;
+        const size_t bytes = 1 + rng.below(40'000);
+        const Tag tag = 90 + static_cast<Tag>(a);
+        inboxes.push_back(std::make_unique<Inbox>(bytes));
+        expected.emplace_back(a, bytes, inboxes.back().get());
+        mine[static_cast<size_t>(b)].push_back(
+            net.endpoint(b)->recv(a, tag, ~Tag{0}, inboxes.back()->data.data(), bytes));
+        outs.push_back(message(a, tag, bytes));
+        mine[static_cast<size_t>(a)].push_back(
+            net.endpoint(a)->send(b, tag, outs.back().data(), bytes));
+      }
+    }
+    std::vector<TimeUs> closedAt(static_cast<size_t>(nodes), 0);
+    const bool ended = net.runUntil(
+        [&] {
+          bool all = true;
+          for (int n = 0; n < nodes; ++n) {
+            const size_t i = static_cast<size_t>(n);
+            if (closedAt[i] == 0 && allDone(mine[i])) {
+              net.close(n);
+              closedAt[i] = net.nowUs();
+            }
+            all = all && net.gone(n);
+          }
+          return all;
+        },
+        20 * kSecond);
+    const std::string what = "seed " + std::to_string(seed) + " (" + std::to_string(nodes) +
+                             " ranks, " + std::to_string(options.config.paths) + " paths, " +
+                             (sealed ? "sealed" : "open") + ", " + describe(f) + ")";
+    CHECK_MSG(ended, what + ": " + net.stuckReason());
+    for (const auto& list : mine) {
+      for (const auto& r : list) {
+        CHECK_MSG(r->state() == RequestState::kDone, what + ": " + r->error());
+      }
+    }
+    for (const auto& [from, bytes, inbox] : expected) {
+      CHECK_MSG(inbox->holds(from, 90 + static_cast<Tag>(from), bytes), what);
+    }
+    for (int n = 0; n < nodes && ended; ++n) {
+      const DurationUs lingered = net.lingerEndedUs(n) - closedAt[static_cast<size_t>(n)];
+      CHECK_MSG(lingered < options.lingerMaxUs,
+                what + ": rank " + std::to_string(n) + " lingered " + std::to_string(lingered) +
+                    " us");
+      longest = std::max(longest, lingered);
+    }
+  }
+  std::printf("ok %llu runs, the longest linger %lld us\n",
+              static_cast<unsigned long long>(2 * kSeeds),
+              static_cast<long long>(longest));
+}
+
+// A peer's receives from a rank that closed the group: the rank's CLOSE comes only once
+// everything it sent has been acknowledged, and it sends nothing new after it, so a receive
+// that no message already here takes never completes. It fails at the CLOSE, naming the close,
+// where it waited until the rank's port refused a keepalive, 0.3 s after the close at the
+// least (its linger, then a keepalive), and was blamed on a process that was gone, or until
+// its op's timeout. What the rank sent before it closed is still received, also by a receive
+// posted after the CLOSE. (A send to the rank is not failed: its ACK may only be late,
+// linger_close.)
+void testClosedPeerReceive() {
+  constexpr DurationUs kDelay = 50;
+  for (const bool sealed : {false, true}) {
+    if (sealed && !authAvailable()) {
+      std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+      continue;
+    }
+    EndpointOptions o = smallOptions();
+    o.lingerQuietUs = 100'000;
+    o.opTimeoutUs = 10 * kSecond;
+    if (sealed) {
+      o.groupKey = AuthKey{};
+      o.groupKey->fill(0x33);
+    }
+    EndpointNetwork net(2, o, kDelay);
+    const auto sent = message(0, 80, 3000);
+    auto send = net.endpoint(0)->send(1, 80, sent.data(), sent.size());
+    Inbox before(3000), never(3000), after(3000), later(3000);
+    auto taken = net.endpoint(1)->recv(0, 80, ~Tag{0}, before.data.data(), before.capacity());
+    auto hopeless = net.endpoint(1)->recv(0, 81, ~Tag{0}, never.data.data(), never.capacity());
+    const auto early = message(0, 82, 3000);
+    auto unmatched = net.endpoint(0)->send(1, 82, early.data(), early.size());
+    CHECK(net.runUntil([&] { return !send->pending() && !unmatched->pending(); }, kSecond));
+    CHECK_MSG(taken->state() == RequestState::kDone && before.holds(0, 80, 3000), taken->error());
+    CHECK(hopeless->pending());
+    const TimeUs closedAt = net.nowUs();
+    net.close(0);
+    CHECK(net.runUntil([&] { return !hopeless->pending(); }, kSecond));
+    const std::string& e = hopeless->error();
+    std::printf("%s: after %lld us: %s\n", sealed ? "sealed" : "open",
+                static_cast<long long>(net.nowUs() - closedAt), e.c_str());
+    CHECK_MSG(net.nowUs() - closedAt <= 2 * kDelay, std::to_string(net.nowUs() - closedAt));
+    CHECK_MSG(check::contains(e, "rank 0 closed the group") && check::contains(e, "receive"), e);
+    CHECK(never.untouched());
+    // Posted after the CLOSE: the message already here is taken; nothing else comes.
+    auto late = net.endpoint(1)->recv(0, 82, ~Tag{0}, after.data.data(), after.capacity());
+    auto lateHopeless = net.endpoint(1)->recv(0, 84, ~Tag{0}, later.data.data(), later.capacity());
+    CHECK(net.runUntil([&] { return !late->pending() && !lateHopeless->pending(); }, 1000));
+    CHECK_MSG(late->state() == RequestState::kDone && after.holds(0, 82, 3000), late->error());
+    CHECK_MSG(lateHopeless->state() == RequestState::kFailed &&
+                  check::contains(lateHopeless->error(), "rank 0 closed the group"),
+              lateHopeless->error());
+    CHECK(later.untouched());
+    CHECK(net.endpoint(1)->peerError(0).empty());  // the connection itself is fine
+  }
+}
+
+// ------------------------------------------------------------------------ wire version
+
+// A rank of another release: every datagram it sends is of another wire version, which this
+// one drops (bad_version). An intact one (its checksum holds, computed as every version has
+// computed it, with this group's token and the peer's rank) can only be the peer's own: the
+// connection fails at once, naming both versions, where the op waited out its timeout with
+// a message that named neither ("timed out ... still waiting for: send of ... to rank 1").
+// One whose version byte the network flipped fails the checksum and is only dropped.
+void testWireVersion() {
+  for (const bool sealed : {false, true}) {
+    if (sealed && !authAvailable()) {
+      std::printf("skipped the authenticated case: this build has no OpenSSL\n");
+      continue;
+    }
+    EndpointOptions o = smallOptions();
+    AuthKey key{};
+    key.fill(0x5A);
+    if (sealed) o.groupKey = key;
+    EndpointNetwork net(2, o);
+    net.setLinkUp(1, 0, false);  // rank 1 is the older release: nothing else comes from it
+    const auto out = message(0, 60, 3000);
+    auto send = net.endpoint(0)->send(1, 60, out.data(), out.size());
+    // What a version-5 rank 1 sends rank 0: a PING of this group, sealed as it seals.
+    const uint8_t older = kWireVersion - 1;
+    const auto fromOlder = [&](bool intact) {
+      std::vector<uint8_t> d(256);
+      PacketHeader h;
+      h.sourceRank = 1;
+      h.token = o.sessionToken;
+      size_t n = encodePing(d, h, 0);
+      d[0] = older;
+      sealChecksum({d.data(), n});
+      if (sealed) n = DatagramSealer(deriveDirectionKey(key, 1, 0), 1, 0).seal(d, n);
+      d.resize(n);
+      if (!intact) d[0] ^= 0x10;  // flipped on the way
+      return d;
+    };
+    net.inject(net.address(1), 0, fromOlder(false));
+    CHECK(!net.runUntil([&] { return !send->pending(); }, 20'000));
+    CHECK_MSG(send->pending(), send->error());
+    CHECK_EQ(net.endpoint(0)->peerStats(1).datagramsDropped, uint64_t{1});
+    net.inject(net.address(1), 0, fromOlder(true));
+    CHECK(net.runUntil([&] { return !send->pending(); }, 1000));
+    const std::string& e = send->error();
+    std::printf("%s: %s\n", sealed ? "sealed" : "open", e.c_str());
+    CHECK_MSG(check::contains(e, "wire version " + std::to_string(older)) &&
+                  check::contains(e, "version " + std::to_string(kWireVersion)),
+              e);
+    CHECK_MSG(check::contains(e, "rank 1"), e);
+  }
+}
+
+// ------------------------------------------------------------------------ in-flight cap
+
+// The authenticated mode's cap on packets in flight (ReplayWindow::kInFlightLimit, in
+// packets) under loss, reordering and duplication: 8000 messages of 8 bytes, each a datagram,
+// some 4 times the cap, from rank 0 to rank 1. Lost packets leave the count as they are
+// declared lost and their content goes again, so the cap never stalls the connection: every
+// message arrives, in about the time the unauthenticated mode (no cap) takes.
+void testInFlightCapUnderLoss() {
+  constexpr size_t kMessages = 8000;
+  if (!authAvailable()) {
+    std::printf("skipped: this build has no OpenSSL\n");
+    return;
+  }
+  for (const double drop : {0.0, 0.05, 0.2}) {
+    DurationUs took[2] = {0, 0};
+    for (const bool sealed : {false, true}) {
+      EndpointOptions o = smallOptions();
+      o.config.unexpectedBytes = uint64_t{64} << 20;  // credit is no bound here
+      if (sealed) {
+        o.groupKey = AuthKey{};
+        o.groupKey->fill(0x44);
+      }
+      EndpointNetwork net(2, o, 200);
+      FaultConfig f;
+      f.drop = drop;
+      f.reorder = 0.1;
+      f.reorderUs = 3000;
+      f.duplicate = 0.02;
+      f.seed = 5;
+      net.setFaults(0, 1, f);
+      f.seed = 6;
+      net.setFaults(1, 0, f);
+      const std::vector<uint8_t> payload(8, 0x6B);
+      std::vector<std::vector<uint8_t>> in(kMessages, std::vector<uint8_t>(8));
+      std::vector<RequestPtr> requests;
+      for (size_t i = 0; i < kMessages; ++i) {
+        requests.push_back(net.endpoint(1)->recv(0, 9, ~Tag{0}, in[i].data(), 8));
+        requests.push_back(net.endpoint(0)->send(1, 9, payload.data(), 8));
+      }
+      const TimeUs start = net.nowUs();
+      const std::string what = std::string(sealed ? "sealed" : "open") + ", drop " +
+                               std::to_string(drop);
+      CHECK_MSG(net.runUntil([&] { return allDone(requests); }, 10 * kSecond),
+                what + ": " + net.stuckReason());
+      size_t done = 0;
+      for (const auto& r : requests) done += r->state() == RequestState::kDone ? 1 : 0;
+      CHECK_MSG(done == requests.size(), what + ": " + std::to_string(done) + " of " +
+                                             std::to_string(requests.size()) + " requests done");
+      took[sealed ? 1 : 0] = net.nowUs() - start;
+    }
+    std::printf("drop %.2f: open %lld us, sealed %lld us\n", drop,
+                static_cast<long long>(took[0]), static_cast<long long>(took[1]));
+    CHECK_MSG(took[1] <= took[0] * 3 / 2,
+              std::to_string(took[1]) + " vs " + std::to_string(took[0]));
+  }
+}
+
 // ------------------------------------------------------------------------ transmit turns
 
 void testTransmitTurns() {
@@ -1875,6 +2141,10 @@ const check::Group kGroups[] = {
     {"multipath_unreachable", testMultipathUnreachable, true},
     {"linger", testLinger, true},
     {"linger_close", testLingerClose, true},
+    {"linger_close_faults", testLingerCloseFaults, true},
+    {"closed_peer_receive", testClosedPeerReceive, true},
+    {"wire_version", testWireVersion, true},
+    {"in_flight_cap_under_loss", testInFlightCapUnderLoss, true},
     {"transmit_turns", testTransmitTurns, true},
     {"faults", testFaults, true},
     {"credit_downlink", testCreditDownlink, true},

@@ -263,24 +263,30 @@ void MessageReceiver::onClearToSendLost(const std::vector<MessageId>& ids) {
   }
 }
 
+void MessageReceiver::failReceive(const Posted& r, Tag tag, uint64_t bytes,
+                                  const std::string& why) {
+  Event e;
+  e.kind = EventKind::kReceiveFailed;
+  e.id = r.id;
+  e.tag = tag;
+  e.bytes = bytes;
+  e.error = why;
+  events_.push_back(std::move(e));
+}
+
 void MessageReceiver::failAll(const std::string& why) {
-  const auto fail = [&](const Posted& r, Tag tag, uint64_t bytes) {
-    Event e;
-    e.kind = EventKind::kReceiveFailed;
-    e.id = r.id;
-    e.tag = tag;
-    e.bytes = bytes;
-    e.error = why;
-    events_.push_back(std::move(e));
-  };
   for (const auto& [id, m] : active_) {
-    if (m.destination) fail(*m.destination, m.tag, m.length);
+    if (m.destination) failReceive(*m.destination, m.tag, m.length, why);
   }
-  for (const Posted& r : posted_) fail(r, r.tag, 0);
-  posted_.clear();
+  failPosted(why);
   active_.clear();
   unmatched_.clear();
   clearToSend_.clear();
+}
+
+void MessageReceiver::failPosted(const std::string& why) {
+  for (const Posted& r : posted_) failReceive(r, r.tag, 0, why);
+  posted_.clear();
 }
 
 }  // namespace ucxb::udp

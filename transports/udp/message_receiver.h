@@ -95,6 +95,9 @@ class MessageReceiver {
 
   // Fails every posted or partly filled receive (kReceiveFailed events).
   void failAll(const std::string& why);
+  // Fails the receives that no message has matched (kReceiveFailed events), leaving those
+  // that have begun to take one: what a peer that closed will never send them.
+  void failPosted(const std::string& why);
 
  private:
   struct Posted {
@@ -132,6 +135,7 @@ class MessageReceiver {
   // Delivers and forgets the message if it is complete (may erase it from active_).
   void finishIfComplete(MessageId id, TimeUs now);
   void release(Incoming& m, uint64_t bytes);
+  void failReceive(const Posted& r, Tag tag, uint64_t bytes, const std::string& why);
 
   const uint64_t capacity_;
   const uint64_t eagerMax_;

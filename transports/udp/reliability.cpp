@@ -60,7 +60,11 @@ ReceiveId PeerConnection::postReceive(Tag tag, Tag mask, void* buffer, size_t ca
                                       ReceiveSink* sink) {
   const ReceiveId id =
       receiver_.postReceive(tag, mask, static_cast<uint8_t*>(buffer), capacity, lastNow_, sink);
-  if (failed_) receiver_.failAll(failure_);
+  if (failed_) {
+    receiver_.failAll(failure_);
+  } else if (peerClosed_) {
+    receiver_.failPosted(peerClosedReceive());  // unless a message already here took it
+  }
   return id;
 }
 
@@ -84,7 +88,19 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
   stats_.bytesReceived += datagram.size();
   if (failed_) return drop(DropReason::kClosed);
   const DecodeError error = decodePacket(datagram, decoded_);
-  if (error != DecodeError::kNone) return drop(toDropReason(error));
+  if (error != DecodeError::kNone) {
+    drop(toDropReason(error));
+    // A peer of another release: each end drops every datagram of the other's, and each op
+    // between them waited out its timeout with a message that named neither version.
+    if (error != DecodeError::kBadVersion) return;
+    if (const auto v = otherWireVersion(datagram, identity_.sessionToken, identity_.peerRank)) {
+      fail("rank " + std::to_string(identity_.peerRank) + " speaks udp wire version " +
+           std::to_string(*v) + " and this rank version " + std::to_string(kWireVersion) +
+           ", so each drops the other's datagrams (bad_version): the ranks run different "
+           "ucxbackend releases; run the same one on every rank");
+    }
+    return;
+  }
   const DecodedPacket& p = decoded_;
   if (p.header.token != identity_.sessionToken) return drop(DropReason::kBadToken);
   if (p.header.sourceRank != identity_.peerRank) return drop(DropReason::kWrongPeer);
@@ -110,9 +126,16 @@ void PeerConnection::onDatagram(std::span<const uint8_t> datagram, TimeUs now, u
     return;
   }
   if (p.header.type == PacketType::kClose) {
-    peerClosed_ = true;
     ++stats_.closePacketsReceived;
     ++stats_.datagramsAccepted;
+    if (!peerClosed_) {
+      peerClosed_ = true;
+      // Everything the peer sent is here (its CLOSE waits for our ACKs of all of it), and it
+      // will send nothing new: a receive no message took will never get one. Failed now,
+      // naming the close, where it waited until the peer's port refused a keepalive (then
+      // blamed on a process that was gone) or for its op's timeout.
+      receiver_.failPosted(peerClosedReceive());
+    }
     return;
   }
 
@@ -651,13 +674,23 @@ void PeerConnection::fail(const std::string& why) {
   receiver_.failAll(why);
 }
 
+std::string PeerConnection::peerClosedReceive() const {
+  return "rank " + std::to_string(identity_.peerRank) +
+         " closed the group (destroy_process_group, or its process exiting) with this receive "
+         "from it pending: everything it sent has arrived, and it sends nothing more";
+}
+
 bool PeerConnection::sendSettled() const {
-  return sender_.idle() && sent_.inFlightCount() == 0 && !receiver_.hasClearToSend();
+  // A PING in flight carries nothing the peer needs. Waiting for its ACK held a closing
+  // rank's CLOSE back, and its linger until linger_max once the peer had gone: a tail probe
+  // whose ACK was lost stays in flight, and each timeout sends the next (idle() alike).
+  return sender_.idle() && sent_.inFlightCount() == sent_.inFlightProbes() &&
+         !receiver_.hasClearToSend();
 }
 
 bool PeerConnection::idle() const {
-  return sender_.idle() && sent_.inFlightCount() == 0 && !acks_.ackDeadline() &&
-         pendingNacks_.empty() &&
+  return sender_.idle() && sent_.inFlightCount() == sent_.inFlightProbes() &&
+         !acks_.ackDeadline() && pendingNacks_.empty() &&
          !receiver_.receiving() && !receiver_.hasClearToSend();
 }
 

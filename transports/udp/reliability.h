@@ -101,11 +101,13 @@ class PeerConnection {
   void announceClose() {
     if (!failed_) closeDue_ = true;
   }
-  // Nothing we sent the peer is unacknowledged, and nothing is left to send it: the peer has
-  // everything from us, and we wait for nothing from it but what it chooses to send.
+  // Nothing we sent the peer is unacknowledged (a PING aside: it carries nothing), and nothing
+  // is left to send it: the peer has everything from us, and we wait for nothing from it but
+  // what it chooses to send.
   bool sendSettled() const;
   // The peer has closed and everything it sent us has been acknowledged to it (its CLOSE):
-  // it will send nothing new and needs nothing more from us, not even an ACK.
+  // it will send nothing new and needs nothing more from us, not even an ACK. The receives
+  // that no message has taken fail then, and so does one posted later that none takes.
   bool peerClosed() const { return peerClosed_; }
   // We have sent the peer a CLOSE (at least once).
   bool closeSent() const { return stats_.closePacketsSent > 0; }
@@ -159,9 +161,11 @@ class PeerConnection {
   CreditView creditView() const;  // reliability_credit.cpp
   uint64_t unexpectedBytesInUse() const { return receiver_.unexpectedBytesInUse(); }
   // Nothing left to send or to wait for from the peer: what a closing endpoint's linger waits
-  // for (tests use it to detect quiescence too). A message that arrived whole but that no
-  // receive has matched does not count: its ACK was sent (an ACK still due counts), and no
-  // receive may ever take it, so waiting for one would keep a closing group for linger_max.
+  // for (tests use it to detect quiescence too). A PING in flight does not count: it carries
+  // nothing, and once the peer has gone each timeout sends the next. Nor does a message that
+  // arrived whole but that no receive has matched: its ACK was sent (an ACK still due
+  // counts), and no receive may ever take it, so waiting for one would keep a closing group
+  // for linger_max.
   bool idle() const;
 
  private:
@@ -197,6 +201,8 @@ class PeerConnection {
   std::optional<TimeUs> keepaliveDeadline() const;
   // Whether the send window or the congestion window keeps a new reliable packet back.
   bool windowFull() const;
+  // Why a receive fails once the peer has closed (peerClosed()).
+  std::string peerClosedReceive() const;
   // The paths (a PathSelector mask) whose congestion window has room: every path unless the
   // policy keeps a window per path.
   uint32_t pathsWithRoom() const;

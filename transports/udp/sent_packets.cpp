@@ -27,6 +27,9 @@ PacketNumber SentPackets::record(TimeUs now, uint32_t bytes, PacketContent conte
 
 void SentPackets::countInFlight(const SentPacket& p, int change) {
   InFlight& path = pathInFlight_[p.path % kPathSlots];
+  if (p.content.kind == PacketContent::Kind::kPing) {
+    inFlightProbes_ = change > 0 ? inFlightProbes_ + 1 : inFlightProbes_ - 1;
+  }
   if (change > 0) {
     ++inFlight_;
     inFlightBytes_ += p.bytes;

@@ -50,6 +50,8 @@ class SentPackets {
   PacketNumber record(TimeUs now, uint32_t bytes, PacketContent content, uint32_t path = 0);
 
   size_t inFlightCount() const { return inFlight_; }
+  // Of those, the PINGs: probes, which carry nothing the peer needs.
+  size_t inFlightProbes() const { return inFlightProbes_; }
   uint64_t inFlightBytes() const { return inFlightBytes_; }
   // The same, of the packets that took `path` (< kMaxPaths).
   uint64_t pathInFlightCount(uint32_t path) const { return pathInFlight_[path % kPathSlots].packets; }
@@ -121,6 +123,7 @@ class SentPackets {
   void countInFlight(const SentPacket& p, int change);
 
   size_t inFlight_ = 0;
+  size_t inFlightProbes_ = 0;
   uint64_t inFlightBytes_ = 0;
   static constexpr size_t kPathSlots = 16;  // kMaxPaths (path_selector.h)
   struct InFlight {

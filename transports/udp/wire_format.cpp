@@ -212,6 +212,16 @@ bool isIntactData(std::span<const uint8_t> d) {
 
 }  // namespace
 
+std::optional<uint8_t> otherWireVersion(std::span<const uint8_t> datagram, uint64_t token,
+                                        uint16_t sourceRank) {
+  const uint8_t* p = datagram.data();
+  const size_t n = datagram.size();
+  if (n < kCommonHeaderBytes || p[kOffVersion] == kWireVersion) return std::nullopt;
+  if (get64(p + kOffToken) != token || get16(p + kOffSource) != sourceRank) return std::nullopt;
+  if (get32(p + kOffCrc) != datagramChecksum(p, n)) return std::nullopt;
+  return p[kOffVersion];
+}
+
 const char* decodeErrorName(DecodeError e) {
   switch (e) {
     case DecodeError::kNone: return "none";

@@ -4,14 +4,16 @@
 // Versions: 1 had DATA, ACK, CTS, PING and NACK; 2 adds CREDIT (receiver-driven congestion
 // control, congestion=credit). A version-1 peer would count every CREDIT as bad_type and
 // stall a credit sender, so the version says it: each end drops the other's datagrams as
-// bad_version, and a mixed group fails loudly instead. 3 adds CREDIT's catch-up flag; 4 adds
-// the ACK's receive timestamps (its fixed part grows from 44 to 56 bytes); 5 pads the DATA
-// header from 60 to 64 bytes, so that a payload lies 8-aligned in an aligned datagram and
-// fragments cut at multiples of 8 bytes (kFragmentAlignment): the fold of an 8-byte dtype then
+// bad_version, and a mixed group fails loudly instead (the first intact datagram of another
+// version fails the connection, naming both: otherWireVersion). 3 adds CREDIT's catch-up
+// flag; 4 adds the ACK's receive timestamps (its fixed part grows from 44 to 56 bytes); 5 pads
+// the DATA header from 60 to 64 bytes, so that a payload lies 8-aligned in an aligned datagram
+// and fragments cut at multiples of 8 bytes (kFragmentAlignment): the fold of an 8-byte dtype then
 // reads the payload where it lies, where a 60-byte header had it copied to an aligned page
 // and every other fragment's boundary split an element (FoldTarget, transports/). 6 adds
 // CLOSE, with which a closing endpoint ends its linger as soon as every peer has said it needs
-// nothing more (Endpoint::lingerDone); a version-5 peer would drop it as bad_type, and wait.
+// nothing more (Endpoint::lingerDone); a peer that knew no CLOSE would drop it as bad_type
+// and wait out its quiet time.
 //
 // All integers are little-endian. Every datagram starts with the common header:
 //
@@ -222,6 +224,14 @@ enum class DecodeError : uint8_t {
 };
 
 const char* decodeErrorName(DecodeError e);
+
+// The version of a datagram of another wire version whose common header is intact: its
+// checksum holds (every version so far computes it alike) and it carries `token` and
+// `sourceRank`. Such a datagram was sent by that rank of this group instance, which then
+// runs another release of the transport (a version byte flipped on the way fails the
+// checksum); nullopt for anything else, a datagram of this version included.
+std::optional<uint8_t> otherWireVersion(std::span<const uint8_t> datagram, uint64_t token,
+                                        uint16_t sourceRank);
 
 struct DecodedPacket {
   PacketHeader header;
