@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -775,20 +777,43 @@ def _pending_p2p_told(rank: int) -> dict[str, tuple[float, str | None]]:
 ToldWorld = tuple[list[ToldResult], list[ToldResult], dict[str, tuple[float, str | None]]]
 
 
-def _told_world(rank: int, ws: int) -> ToldWorld:
-    # In the cases at the timeout, a rank whose part succeeded starts its next op halfway
-    # through the timeout, so that its own timeout cannot be what ends it at the peers'.
-    return (
-        _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0),
-        _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2),
-        _pending_p2p_told(rank),
+def _told_world(rank: int, ws: int) -> tuple[list[ToldResult], dict[str, tuple[float, str | None]]]:
+    return _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0), _pending_p2p_told(rank)
+
+
+def _at_timeout_world(rank: int, ws: int) -> list[ToldResult]:
+    # A rank whose part succeeded starts its next op halfway through the timeout, so that its
+    # own timeout cannot be what ends it at the peers'.
+    return _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2)
+
+
+# These two worlds are mostly ranks waiting out timeouts (the cases at the timeout alone take
+# 4 x 3 s): they start with the file's first test, in the background, and run beside each other
+# and the file's other worlds (as tests/world_pool.py's pooled worlds do); their tests, the
+# file's last, wait for them. Only where the session selected one of those tests.
+@pytest.fixture(scope="module", autouse=True)
+def _told_worlds_started(request: pytest.FixtureRequest) -> Iterator[list[Future[Any]]]:
+    wanted = any(
+        getattr(item, "module", None) is request.module
+        and "told_world" in getattr(item, "fixturenames", ())
+        for item in request.session.items
     )
+    if not wanted or BACKEND not in OURS:
+        yield []
+        return
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="told-world") as executor:
+        yield [
+            executor.submit(run_world, world, 3, timeout=WORLD_TIMEOUT)
+            for world in (_told_world, _at_timeout_world)
+        ]
 
 
 @pytest.fixture(scope="module")
-def told_world() -> list[ToldWorld]:
+def told_world(_told_worlds_started: list[Future[Any]]) -> list[ToldWorld]:
+    """Per rank: the told cases, the cases at the timeout, the pending receives told."""
     _skip_unless_ours()
-    return run_world(_told_world, 3, timeout=WORLD_TIMEOUT)
+    told, at_timeout = (future.result() for future in _told_worlds_started)
+    return [(t, a, p2p) for (t, p2p), a in zip(told, at_timeout, strict=True)]
 
 
 def _told_by(backend: str, rank: int, msg: str, case: Any) -> int | None:
