@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
+from world_pool import module_worlds
 
 # Both of our backends; the tests are about them, not about Gloo.
 OURS = ["ucx", "udp"]
@@ -789,31 +790,36 @@ def _at_timeout_world(rank: int, ws: int) -> list[ToldResult]:
 
 # These two worlds are mostly ranks waiting out timeouts (the cases at the timeout alone take
 # 4 x 3 s): they start with the file's first test, in the background, and run beside each other
-# and the file's other worlds (as tests/world_pool.py's pooled worlds do); their tests, the
-# file's last, wait for them. Only where the session selected one of those tests.
+# and the file's other worlds (tests/world_pool.py); their tests, the file's last, wait for them.
 @pytest.fixture(scope="module", autouse=True)
-def _told_worlds_started(request: pytest.FixtureRequest) -> Iterator[list[Future[Any]]]:
-    wanted = any(
-        getattr(item, "module", None) is request.module
-        and "told_world" in getattr(item, "fixturenames", ())
-        for item in request.session.items
-    )
-    if not wanted or BACKEND not in OURS:
-        yield []
+def _told_worlds(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Any]]]:
+    if BACKEND not in OURS:
+        yield {}
         return
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="told-world") as executor:
-        yield [
-            executor.submit(run_world, world, 3, timeout=WORLD_TIMEOUT)
-            for world in (_told_world, _at_timeout_world)
-        ]
+    yield from module_worlds(
+        request,
+        {
+            "told_world": lambda: run_world(_told_world, 3, timeout=WORLD_TIMEOUT),
+            "at_timeout_world": lambda: run_world(_at_timeout_world, 3, timeout=WORLD_TIMEOUT),
+        },
+    )
 
 
 @pytest.fixture(scope="module")
-def told_world(_told_worlds_started: list[Future[Any]]) -> list[ToldWorld]:
+def at_timeout_world(_told_worlds: dict[str, Future[Any]]) -> list[list[ToldResult]]:
+    _skip_unless_ours()
+    result: list[list[ToldResult]] = _told_worlds["at_timeout_world"].result()
+    return result
+
+
+@pytest.fixture(scope="module")
+def told_world(
+    _told_worlds: dict[str, Future[Any]], at_timeout_world: list[list[ToldResult]]
+) -> list[ToldWorld]:
     """Per rank: the told cases, the cases at the timeout, the pending receives told."""
     _skip_unless_ours()
-    told, at_timeout = (future.result() for future in _told_worlds_started)
-    return [(t, a, p2p) for (t, p2p), a in zip(told, at_timeout, strict=True)]
+    told = _told_worlds["told_world"].result()
+    return [(t, a, p2p) for (t, p2p), a in zip(told, at_timeout_world, strict=True)]
 
 
 def _told_by(backend: str, rank: int, msg: str, case: Any) -> int | None:
