@@ -23,7 +23,9 @@ import cpp_build  # tests/ is sys.path[0]: this script's folder
 from test_algorithms_asan import ASAN
 from test_algorithms_inproc import ALGORITHMS
 from test_algorithms_tsan import TSAN
+from test_reduce_kernels import PROGRAMS as REDUCE_KERNELS
 from test_shm_transport_programs import SHM_TRANSPORT, SHM_TRANSPORT_ASAN
+from test_udp_auth_programs import AUTH, AUTH_UNAVAILABLE
 from test_udp_core import PLAIN_PROGRAMS
 from test_udp_core_sanitizers import SANITIZED
 from test_udp_fuzz import FUZZER
@@ -32,9 +34,10 @@ from test_udp_fuzz import FUZZER
 # test_udp_core.py and test_algorithms_inproc.py after the longest multi-rank files for this
 # reason): the udp core's plain programs, the fuzzer (whose core units SANITIZED shares), the
 # udp sanitizer program, the algorithms' ThreadSanitizer program, the one-host transport's
-# plain and sanitized programs, the algorithms' plain and AddressSanitizer programs.
+# plain and sanitized programs, the algorithms' plain and AddressSanitizer programs; then
+# the reduction kernels' two programs (-O3) and the udp auth layer's, whose files come late.
 PROGRAMS = [*PLAIN_PROGRAMS, FUZZER, SANITIZED, TSAN, SHM_TRANSPORT, SHM_TRANSPORT_ASAN,
-            ALGORITHMS, ASAN]
+            ALGORITHMS, ASAN, *REDUCE_KERNELS.values(), AUTH, AUTH_UNAVAILABLE]
 
 
 def _remove_dead_scratch() -> None:

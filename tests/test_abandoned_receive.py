@@ -23,10 +23,12 @@ raises (docs/failure-model.md#a-pending-ops-tensors).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +36,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
+from world_pool import pooled
 
 # float32 elements: a 36 MiB message, whose copy is larger than glibc's largest mmap threshold
 # (32 MiB), so that freeing it unmaps it and a late write faults at once.
@@ -101,14 +104,31 @@ def _late_fragments(rank: int, ws: int, strided: bool) -> Any:
     return error, resize
 
 
-@pytest.mark.skipif(BACKEND != "ucx", reason="UCX's cancel semantics (udp stops at once)")
-def test_a_receive_given_up_writes_into_a_copy_it_still_holds() -> None:
-    error, _ = run_world(_late_fragments, 2, env=ENV, args=(True,), timeout=120)[0]
+UCX_ONLY = "UCX's cancel semantics (udp stops at once)"
+
+
+# The two worlds run side by side (tests/world_pool.py): each is mostly rank 0 held, stopped or
+# waiting out its op timeout and the late fragments, about 6 s of sleeps.
+def _world(strided: bool) -> Any:
+    if BACKEND != "ucx":
+        return None  # the test skips
+    return run_world(_late_fragments, 2, env=ENV, args=(strided,), timeout=120)
+
+
+@pytest.mark.skipif(BACKEND != "ucx", reason=UCX_ONLY)
+@pooled(functools.partial(_world, True))
+def test_a_receive_given_up_writes_into_a_copy_it_still_holds(
+    pooled_result: Callable[[], Any],
+) -> None:
+    error, _ = pooled_result()[0]
     assert "no progress before the timeout" in error, error
 
 
-@pytest.mark.skipif(BACKEND != "ucx", reason="UCX's cancel semantics (udp stops at once)")
-def test_a_failed_ops_tensor_stays_pinned_while_a_receive_writes_into_it() -> None:
-    error, resize = run_world(_late_fragments, 2, env=ENV, args=(False,), timeout=120)[0]
+@pytest.mark.skipif(BACKEND != "ucx", reason=UCX_ONLY)
+@pooled(functools.partial(_world, False))
+def test_a_failed_ops_tensor_stays_pinned_while_a_receive_writes_into_it(
+    pooled_result: Callable[[], Any],
+) -> None:
+    error, resize = pooled_result()[0]
     assert "no progress before the timeout" in error, error
     assert "not resizable" in resize, resize

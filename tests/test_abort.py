@@ -22,6 +22,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world, timed_failure
+from world_pool import module_worlds
 
 OURS = ["ucx", "udp"]
 BOUND_S = 1.0  # what a test checks; the target is 100 ms (docs/failure-model.md)
@@ -238,9 +241,10 @@ def _busy_send(rank: int, backend: str, close: Any) -> float | None:
 
 
 @pytest.fixture(scope="module")
-def error_at_once_world() -> list[Any]:
+def error_at_once_world(_worlds: dict[str, Future[Any]]) -> list[Any]:
     _skip_unless_ours()
-    return run_world(_error_at_once_both, 2, timeout=90)
+    result: list[Any] = _worlds["error_at_once_world"].result()
+    return result
 
 
 def _error_at_once_both(rank: int, ws: int) -> dict[str, Any]:
@@ -285,9 +289,10 @@ def _abort_world(rank: int, ws: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def abort_world() -> list[dict[str, Any]]:
+def abort_world(_worlds: dict[str, Future[Any]]) -> list[dict[str, Any]]:
     _skip_unless_ours()
-    return run_world(_abort_world, 2, timeout=WORLD_TIMEOUT)
+    result: list[dict[str, Any]] = _worlds["abort_world"].result()
+    return result
 
 
 def _is_abort_error(msg: str | None, backend: str, op: str) -> bool:
@@ -394,9 +399,10 @@ def _peer_killed(rank: int, ws: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def peer_killed_world() -> list[Any]:
+def peer_killed_world(_worlds: dict[str, Future[Any]]) -> list[Any]:
     _skip_unless_ours()
-    return run_world(_peer_killed, 2, expect_fail_ranks={1}, pg_timeout=30, timeout=90)
+    result: list[Any] = _worlds["peer_killed_world"].result()
+    return result
 
 
 @pytest.mark.parametrize("backend", OURS)
@@ -474,11 +480,39 @@ def _live_peer_sent_first(rank: int, ws: int, done: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def live_peer_world(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+def live_peer_world(_worlds: dict[str, Future[Any]]) -> list[Any]:
     _skip_unless_ours()
+    result: list[Any] = _worlds["live_peer_world"].result()
+    return result
+
+
+# The file's four shared worlds, which mostly wait (timeouts, a rank held BUSY_S, killed peers),
+# start side by side with its first test (tests/world_pool.py's module_worlds).
+@pytest.fixture(scope="module", autouse=True)
+def _worlds(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[Any]]]:
+    if BACKEND not in OURS:
+        yield {}
+        return
     done = str(tmp_path_factory.mktemp("live_peer") / "done")
-    return run_world(
-        _live_peer_sent_first, 3, expect_fail_ranks={1}, pg_timeout=30, timeout=90, args=(done,)
+    yield from module_worlds(
+        request,
+        {
+            "error_at_once_world": lambda: run_world(_error_at_once_both, 2, timeout=90),
+            "abort_world": lambda: run_world(_abort_world, 2, timeout=WORLD_TIMEOUT),
+            "peer_killed_world": lambda: run_world(
+                _peer_killed, 2, expect_fail_ranks={1}, pg_timeout=30, timeout=90
+            ),
+            "live_peer_world": lambda: run_world(
+                _live_peer_sent_first,
+                3,
+                expect_fail_ranks={1},
+                pg_timeout=30,
+                timeout=90,
+                args=(done,),
+            ),
+        },
     )
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +31,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import BACKEND, run_world
+from world_pool import module_worlds
 
 # Both of our backends; the tests are about them, not about Gloo.
 OURS = ["ucx", "udp"]
@@ -775,20 +778,48 @@ def _pending_p2p_told(rank: int) -> dict[str, tuple[float, str | None]]:
 ToldWorld = tuple[list[ToldResult], list[ToldResult], dict[str, tuple[float, str | None]]]
 
 
-def _told_world(rank: int, ws: int) -> ToldWorld:
-    # In the cases at the timeout, a rank whose part succeeded starts its next op halfway
-    # through the timeout, so that its own timeout cannot be what ends it at the peers'.
-    return (
-        _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0),
-        _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2),
-        _pending_p2p_told(rank),
+def _told_world(rank: int, ws: int) -> tuple[list[ToldResult], dict[str, tuple[float, str | None]]]:
+    return _run_told(rank, TOLD_CASES, TOLD_PG_TIMEOUT_S, 0.0), _pending_p2p_told(rank)
+
+
+def _at_timeout_world(rank: int, ws: int) -> list[ToldResult]:
+    # A rank whose part succeeded starts its next op halfway through the timeout, so that its
+    # own timeout cannot be what ends it at the peers'.
+    return _run_told(rank, AT_TIMEOUT_CASES, AT_TIMEOUT_PG_TIMEOUT_S, AT_TIMEOUT_PG_TIMEOUT_S / 2)
+
+
+# These two worlds are mostly ranks waiting out timeouts (the cases at the timeout alone take
+# 4 x 3 s): they start with the file's first test, in the background, and run beside each other
+# and the file's other worlds (tests/world_pool.py); their tests, the file's last, wait for them.
+@pytest.fixture(scope="module", autouse=True)
+def _told_worlds(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Any]]]:
+    if BACKEND not in OURS:
+        yield {}
+        return
+    yield from module_worlds(
+        request,
+        {
+            "told_world": lambda: run_world(_told_world, 3, timeout=WORLD_TIMEOUT),
+            "at_timeout_world": lambda: run_world(_at_timeout_world, 3, timeout=WORLD_TIMEOUT),
+        },
     )
 
 
 @pytest.fixture(scope="module")
-def told_world() -> list[ToldWorld]:
+def at_timeout_world(_told_worlds: dict[str, Future[Any]]) -> list[list[ToldResult]]:
     _skip_unless_ours()
-    return run_world(_told_world, 3, timeout=WORLD_TIMEOUT)
+    result: list[list[ToldResult]] = _told_worlds["at_timeout_world"].result()
+    return result
+
+
+@pytest.fixture(scope="module")
+def told_world(
+    _told_worlds: dict[str, Future[Any]], at_timeout_world: list[list[ToldResult]]
+) -> list[ToldWorld]:
+    """Per rank: the told cases, the cases at the timeout, the pending receives told."""
+    _skip_unless_ours()
+    told = _told_worlds["told_world"].result()
+    return [(t, a, p2p) for (t, p2p), a in zip(told, at_timeout_world, strict=True)]
 
 
 def _told_by(backend: str, rank: int, msg: str, case: Any) -> int | None:

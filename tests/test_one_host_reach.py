@@ -90,7 +90,11 @@ _WITHOUT_BOOT_ID = """
 import json, sys
 sys.path.insert(0, "tests")
 import test_one_host_reach as t
+import dist_harness
 from dist_harness import error_of, run_world
+# What _reach's ranks use: the rest of PRELOAD (torch._dynamo, FSDP) would cost this fresh
+# interpreter's fork server 2-3 s of CPU for nothing.
+dist_harness.PRELOAD = ("torch", "ucxbackend")
 print(json.dumps(run_world(t._reach, 2, init="tcp", env=t._no_launcher(), timeout=90)))
 """
 

@@ -3,43 +3,29 @@
 Without it, anyone who can reach a rank's port and read the session token (it is in the Store
 and in every datagram) can inject traffic; with it, every datagram is sealed with AES-256-GCM
 under keys derived from a secret every rank shares, bound to the group and its instance, and a
-forged, altered, replayed or stale datagram is dropped and counted. The C++ groups run the
-auth layer alone and inside Endpoints on the simulated network (tests/cpp/udp_auth_test.cpp);
-the rest runs real 2-rank groups: results against numpy, mismatched secrets failing at
-creation on every rank, bad secret files refused with a clear error.
+forged, altered, replayed or stale datagram is dropped and counted. The C++ programs
+(tests/test_udp_auth_programs.py) run the auth layer alone and inside Endpoints on the
+simulated network; here, real 2-rank groups: results against numpy, mismatched secrets failing
+at creation on every rank, bad secret files refused with a clear error.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import cpp_build
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import error_of, run_world
+from test_udp_auth_programs import openssl
 
 import ucxbackend
 
 REPO = Path(__file__).resolve().parent.parent
-GROUPS = [
-    "replay_window",
-    "seal_open",
-    "keys",
-    "secret_file",
-    "forgery",
-    "replay_and_instances",
-    "fault_matrix",
-    "mtu_room",
-    "spoofed_socket",  # real sockets; a raw socket spoofs rank 1 (skipped without CAP_NET_RAW)
-    "replay_safe_window",  # real sockets: the automatic window, the same in both modes
-    "replay_small_datagrams",  # no more datagrams in flight than the replay window covers
-]
 
 needs_extension = pytest.mark.skipif(
     not ucxbackend.is_available(),
@@ -48,40 +34,12 @@ needs_extension = pytest.mark.skipif(
 _WORLD = {"backend": "gloo", "timeout": 90.0, "pg_timeout": 20.0}
 
 
-def _openssl() -> bool:
-    return cpp_build.link_libraries() == ["-lcrypto"]
-
-
-@pytest.fixture(scope="module")
-def auth_test() -> Path:
-    if not _openssl():
-        pytest.skip("<openssl/evp.h> not found: the authenticated mode is not built")
-    return cpp_build.build(
-        "udp_auth_test",
-        "tests/cpp/udp_auth_test.cpp",
-        groups=["udp", "udp_sim"],
-        flags=cpp_build.PLAIN,
-    )
-
-
-def test_groups_are_all_listed(auth_test: Path) -> None:
-    listed = subprocess.run([auth_test, "--list"], capture_output=True, text=True, timeout=30)
-    assert [g for g in listed.stdout.split() if g != "measure"] == GROUPS
-
-
-@pytest.mark.parametrize("group", GROUPS)
-def test_auth_layer(auth_test: Path, group: str) -> None:
-    run = subprocess.run([auth_test, group], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert f"[{group}] ok" in run.stdout, run.stdout
-
-
 @needs_extension
 def test_info_says_whether_the_mode_is_built() -> None:
     """`python -m ucxbackend info` (build_info) tells a user whether secret_file can work."""
     from ucxbackend import _C
 
-    expected = "openssl (aes-256-gcm)" if _openssl() else "unavailable (built without OpenSSL)"
+    expected = "openssl (aes-256-gcm)" if openssl() else "unavailable (built without OpenSSL)"
     assert _C.build_info()["udp_auth"] == expected
 
 
@@ -139,7 +97,7 @@ def _auth_world(rank: int, world_size: int, secrets: dict[str, str]) -> dict[str
 
 @needs_extension
 def test_authenticated_groups(tmp_path: Path) -> None:
-    if not _openssl():
+    if not openssl():
         pytest.skip("built without OpenSSL")
     secrets = {
         "good": _write_secret(tmp_path / "good", os.urandom(64)),
@@ -169,7 +127,7 @@ def test_authenticated_groups(tmp_path: Path) -> None:
     ],
 )
 def test_bad_secret_file_is_a_clear_error(tmp_path: Path, case: str, fragment: str) -> None:
-    if not _openssl():
+    if not openssl():
         pytest.skip("built without OpenSSL")
     path = tmp_path / "secret"
     if case == "short":
@@ -198,7 +156,7 @@ def test_one_bad_secret_file_fails_every_rank_at_once(tmp_path: Path) -> None:
     """A secret file that one rank cannot use fails the creation on every rank, naming that
     rank's reason, as a disagreeing setting does: never the others waiting for the Store's
     timeout (pg_timeout, 20 s here) for a record that rank never publishes."""
-    if not _openssl():
+    if not openssl():
         pytest.skip("built without OpenSSL")
     good = _write_secret(tmp_path / "good", os.urandom(64))
     bad = _write_secret(tmp_path / "bad", os.urandom(64), 0o644)
@@ -212,21 +170,3 @@ def test_one_bad_secret_file_fails_every_rank_at_once(tmp_path: Path) -> None:
     assert "is accessible by group or others (mode 644)" in other, other
     for r in world:
         assert r["seconds"] < 10.0, r
-
-
-def test_build_without_openssl_refuses_the_mode() -> None:
-    """The auth layer compiled as setup.py compiles it where <openssl/evp.h> is missing
-    (-DUCXB_WITHOUT_OPENSSL): it builds, and asking for the mode names the fix."""
-    exe = cpp_build.build(
-        "udp_auth_unavailable_test",
-        "tests/cpp/udp_auth_unavailable_test.cpp",
-        flags=[*cpp_build.PLAIN, "-DUCXB_WITHOUT_OPENSSL"],
-        extra_sources=[
-            "transports/udp/datagram_auth.cpp",
-            "transports/udp/auth_keys.cpp",
-            "transports/udp/replay_window.cpp",
-        ],
-    )
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "[refused] ok" in run.stdout, run.stdout

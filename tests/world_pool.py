@@ -11,6 +11,10 @@ its own test's call, so every test fails alone, by its own name.
 Only the items the session selected (``-k``, ``-m``) start worlds. Pooled tests should come
 before the tests of their module that time something: those then run after every pooled world
 has been waited for (items run in file order, each waiting for its own world).
+
+A world that several tests share through a module fixture can start early too:
+``module_worlds`` starts each one that a selected test of the module uses, by fixture name, as
+the module's first test runs, and the fixture waits for its own (tests/test_abort.py).
 """
 
 from __future__ import annotations
@@ -71,6 +75,26 @@ def _world_of(item: pytest.Item, module: object) -> Callable[[], Any] | None:
     spec = getattr(item, "callspec", None)
     params = dict(spec.params) if spec is not None else {}
     return lambda: world(**params)
+
+
+def module_worlds(
+    request: pytest.FixtureRequest, worlds: dict[str, Callable[[], Any]]
+) -> Iterator[dict[str, Future[Any]]]:
+    """For a module-scoped autouse fixture (``yield from``): starts ``worlds[name]()`` in the
+    background, side by side, for each fixture ``name`` that a test of the module the session
+    selected uses; yields their futures by name, and waits for them at the module's end."""
+    wanted = {
+        name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        for name in getattr(item, "fixturenames", ())
+        if name in worlds
+    }
+    if not wanted:
+        yield {}
+        return
+    with ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="module-world") as pool:
+        yield {name: pool.submit(worlds[name]) for name in worlds if name in wanted}
 
 
 @pytest.fixture(scope="module")
