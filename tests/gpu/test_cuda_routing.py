@@ -252,7 +252,7 @@ MIXED_CHECKS = (
     "cpu:gloo,cuda:ucx: a CUDA broadcast",
 )
 REFUSAL_CHECKS = (
-    "the ranks run without UCXBACKEND_CUDA",
+    "the ranks run with UCXBACKEND_CUDA=0",
     "with cuda=0: ucx refuses CUDA tensors",
     "with cuda=0: ucx still reduces CPU tensors",
     "with cuda=0: udp refuses CUDA tensors",
