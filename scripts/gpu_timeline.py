@@ -50,7 +50,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # wait_stats() counters printed per op: (key, column label).
 WAIT_COLUMNS = (
     ("transport_wait_us", "tw us"),
@@ -64,13 +63,6 @@ WAIT_COLUMNS = (
 PROBE_ITERS = 200
 # Activities of the profiled op listed per rank, at most (session.log comes back as a file).
 MAX_TIMELINE_LINES = 200
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper()
-    if text and text[-1] in UNITS:
-        return int(text[:-1]) * UNITS[text[-1]]
-    return int(text)
 
 
 def free_port() -> int:
@@ -297,6 +289,8 @@ def main() -> int:
     parser.add_argument("--no-probe", dest="probe", action="store_false",
                         help="skip the contention probe")
     args = parser.parse_args()
+    from ucxbackend.config import parse_size  # the project's one size parser ("4M", "64K")
+
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     ctx = mp.get_context("spawn")
     port = free_port()
