@@ -21,7 +21,8 @@ class DeviceMemory final : public OpMemory {
   // `stream`: the group's internal stream on `device`. `transportCarries`: the transport
   // moves device memory itself; otherwise messages stage through pinned host buffers.
   // Every wait for the device ends by `deadline` (the op's), in OpTimeout.
-  // `scratch`: the group's scratch on the device (device_op.hpp), which outlives the op.
+  // `scratch`: the scratch lent to the op at issue (device_op.hpp; null: none), which may
+  // outlive it. scratch() never allocates.
   DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries,
                Clock::time_point deadline, std::shared_ptr<DeviceScratch> scratch)
       : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline),

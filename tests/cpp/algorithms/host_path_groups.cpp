@@ -14,6 +14,7 @@
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
+#include "tests/cpp/algorithms/issue_sized_scratch.h"
 #include "tests/cpp/check.h"
 #include "tests/cpp/inproc/thread_world.h"
 
@@ -60,6 +61,7 @@ std::string runOps(ThreadWorld& world) {
     ++salt;
     note("all_reduce of " + std::to_string(count) + " int32", world.run([&, salt](Comm& c) {
       GuardedBuffer data(count * esz, inputBytes(dt, sum, c.rank(), count, salt));
+      const IssueSizedScratch sized(c, algo::Op::kAllreduce, count, esz);
       algo::allreduce(c, data.data(), count, red);
       return compare(data, reducedBytes(dt, sum, c.size(), 0, count, salt), "result");
     }));
@@ -73,6 +75,7 @@ std::string runOps(ThreadWorld& world) {
     GuardedBuffer out(block * esz);
     std::vector<const void*> blocks;
     for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * block * esz);
+    const IssueSizedScratch sized(c, algo::Op::kReduceScatter, block * n, esz);
     algo::reduceScatter(c, blocks, out.data(), block, red);
     return compare(out, reducedBytes(dt, sum, n, c.rank() * block, block, salt), "result");
   }));
@@ -81,6 +84,7 @@ std::string runOps(ThreadWorld& world) {
     const std::string input = inputBytes(dt, sum, c.rank(), block, salt);
     GuardedBuffer in(input.size(), input);
     GuardedBuffer out(block * esz);
+    const IssueSizedScratch sized(c, algo::Op::kReduce, block, esz);
     algo::reduce(c, in.data(), out.data(), block, red, 0);
     if (c.rank() != 0) return std::string();
     return compare(out, reducedBytes(dt, sum, c.size(), 0, block, salt), "result");
@@ -201,6 +205,7 @@ void testDevicePairAllreduceExchangesOnce() {
       const std::string problems = world.run([&, salt](Comm& c) {
         GuardedBuffer data(count * elementSize(dt),
                            inputBytes(dt, ReduceKind::kSum, c.rank(), count, salt));
+        const IssueSizedScratch sized(c, algo::Op::kAllreduce, count, elementSize(dt));
         algo::allreduce(c, data.data(), count, red);
         return compare(data, reducedBytes(dt, ReduceKind::kSum, 2, 0, count, salt), "result");
       });
