@@ -84,8 +84,13 @@ std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
   std::lock_guard<std::mutex> lock(mu_);
   PerDevice& d = of(device);
   if (!d.gateOpened) {  // its pinned word is never freed: only groups that use it pay
-    d.gate = StreamGate::open(device);
     d.gateOpened = true;
+    try {
+      d.gate = StreamGate::open(device);
+    } catch (...) {
+      // No pinned word (a CUDA error, no pinned memory): no gate, as where the driver offers
+      // none; every wait() of the group waits on the host.
+    }
   }
   return d.gate;
 }

@@ -79,7 +79,8 @@ class GroupDevices {
   struct PerDevice {
     c10::Stream stream;
     std::shared_ptr<DeviceScratch> scratch;
-    std::shared_ptr<StreamGate> gate;  // opened at the first gate() (cuda_wait=stream only)
+    // Opened at the first gate() (cuda_wait=stream only); null where it could not be.
+    std::shared_ptr<StreamGate> gate;
     bool gateOpened = false;
   };
   PerDevice& of(c10::Device device);

@@ -578,16 +578,12 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   // Collectives end in issue order, which the gate's one word per device relies on; sends
   // and receives do not (their wait() blocks the host).
   if (device && !p2p && options_.cudaWait == "stream") {
-    std::shared_ptr<StreamGate> gate;
-    try {
-      gate = devices_.gate(*device);
-    } catch (...) {
-      // No pinned word (a CUDA error, no pinned memory): this op's wait() waits on the host.
-    }
-    work->setDeviceGate(*device, std::move(gate));
+    work->setDeviceGate(*device, devices_.gate(*device));  // null: wait() waits on the host
   }
   // Numbered in the progress thread's order: a collective's caller holds issueMu_ until its
-  // task is queued, and so does a CUDA send or receive in such a group (enqueueP2P).
+  // task is queued. A CUDA send or receive takes its number under issueMu_ too (enqueueP2P)
+  // and is queued a little later, after ops with higher numbers maybe: a wait() then sees it
+  // marked ahead of an op it runs behind, which only errs towards waiting on the host.
   if (device && holds_) work->setHolds(holds_, holds_->nextTicket(), allocates);
   work->setProbe(probe_);
   {
