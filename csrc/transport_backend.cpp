@@ -159,6 +159,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       globalRanks_(std::move(globalRanks)),
       engineConfig_(options_.engine()),
       tuning_(options_.tuning()),
+      deviceTuning_(options_.tuning(/*deviceMemory=*/true)),
       running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)),
       tagSeqMask_(tagSeqMask(backendName_)),
       faults_(faultSwitch()) {
@@ -648,10 +649,11 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
                                  uint32_t tagGroup, std::optional<DeviceOp> deviceOp,
                                  std::chrono::milliseconds timeout, Body body) {
   Task task = taskFor(work, op);
+  const algo::Tuning& opTuning = deviceOp ? deviceTuning_ : tuning_;
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = tagGroup, work,
-              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_,
+              body = std::move(body), timeout, tuning = opTuning, seqMask = tagSeqMask_,
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
     running->store(work.get());

@@ -236,7 +236,7 @@ xdist_args() {
 # few two-rank worlds (test_cuda_routing four, in turn: it starts early so it does not end last).
 GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_reductions.py \
 tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
-tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py"}
+tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py"}
 
 step facts 30 facts
 if step wheels 60 wheels && [ -d "$SITE" ]; then
