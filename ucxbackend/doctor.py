@@ -25,7 +25,7 @@ and for anything not ok a one-line fix. The checks:
     driver's dma-buf path (kernel >= 5.12 and the open NVIDIA kernel modules), for GPUDirect
     RDMA. :func:`gpudirect_facts` is also what ``python -m ucxbackend info`` reports.
 ``mps``
-    only where a GPU is visible (the NVIDIA driver's files, or ``torch.cuda.is_available()``),
+    only where a GPU is visible (the NVIDIA driver's files, as for ``gpudirect``),
     and never more than ``info``: whether an MPS server appears to run (its control pipe,
     ``$CUDA_MPS_PIPE_DIRECTORY/control``), and that ranks sharing a GPU should run under one
     (:mod:`ucxbackend.mps`; docs/cuda.md, "Ranks sharing a GPU: run MPS").
@@ -446,11 +446,10 @@ def check_gpudirect(
 
 
 def gpu_visible(paths: Paths, cuda_available: bool | None = None) -> bool:
-    """Whether this host shows a CUDA GPU: the NVIDIA driver's files, else torch
-    (``cuda_available`` None: ``torch.cuda.is_available()``)."""
-    if _nvidia_driver(paths):
-        return True
-    return _torch_cuda_available() if cuda_available is None else cuda_available
+    """Whether this host shows a CUDA GPU: the NVIDIA driver's files (a GPU needs the driver
+    loaded, and the files show it in a container too), else ``cuda_available`` where given.
+    torch is not asked: on a host without the driver it could only say no."""
+    return bool(_nvidia_driver(paths)) or bool(cuda_available)
 
 
 def check_mps(env: Mapping[str, str], gpu: bool) -> Check | None:
