@@ -119,9 +119,15 @@ std::vector<config::Field<BackendOptions>> fields() {
       // Must agree: a receiver posts chunk-sized receives for what its peer sends in chunks.
       member(config::sameOnEveryRank(config::bytes(
                  "chunk_bytes", 1, kChunkBytesMax,
-                 "largest piece of a message reduced or pipelined at once; extra memory per "
-                 "op is at most two chunks (docs/algorithms.md)")),
+                 "largest piece of a message on host memory reduced or pipelined at once; "
+                 "extra memory per op is at most two chunks (docs/algorithms.md)")),
              &O::chunkBytes),
+      member(config::sameOnEveryRank(config::bytes(
+                 "device_chunk_bytes", 1, kChunkBytesMax,
+                 "chunk_bytes for ops on CUDA tensors: larger, since each exchange of device "
+                 "memory has a fixed cost far above its bytes' (docs/cuda.md); extra device "
+                 "memory per op is at most two chunks")),
+             &O::deviceChunkBytes),
   };
   for (size_t i = 0; i < algo::kOpCount; ++i) f.push_back(algorithmField(i));
   const auto& udpSchema = udp::udpConfigSchema();
@@ -231,12 +237,12 @@ EngineConfig BackendOptions::engine() const {
   return config;
 }
 
-algo::Tuning BackendOptions::tuning() const {
+algo::Tuning BackendOptions::tuning(bool deviceMemory) const {
   algo::Tuning tuning;
   for (size_t i = 0; i < algo::kOpCount; ++i) {
     tuning.forced[i] = algo::parseAlgorithm(static_cast<algo::Op>(i), algorithms[i]);
   }
-  tuning.chunkBytes = static_cast<size_t>(chunkBytes);
+  tuning.chunkBytes = static_cast<size_t>(deviceMemory ? deviceChunkBytes : chunkBytes);
   return tuning;
 }
 

@@ -29,7 +29,8 @@ struct BackendOptions {
   // slots hold at once (four 256 KiB pieces by default); measured in docs/performance.md.
   uint64_t inlineBytes = uint64_t{1} << 20;
   std::string logLevel = "WARNING";  // read by the Python layer only (the logging module)
-  uint64_t chunkBytes = uint64_t{4} << 20;
+  uint64_t chunkBytes = algo::kHostChunkBytes;
+  uint64_t deviceChunkBytes = algo::kDeviceChunkBytes;
   std::array<std::string, algo::kOpCount> algorithms = {"auto", "auto", "auto",
                                                         "auto", "auto", "auto"};
   std::string sharedMemory = "auto";
@@ -45,7 +46,8 @@ struct BackendOptions {
 
   // What the engine, the algorithms and staging take from these.
   EngineConfig engine() const;
-  algo::Tuning tuning() const;
+  // For an op on host memory (chunk_bytes), or on device memory (device_chunk_bytes).
+  algo::Tuning tuning(bool deviceMemory = false) const;
   bool stagingWanted() const { return sharedMemory == "auto"; }
   SlotStores slotStores() const;
 };

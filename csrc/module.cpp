@@ -377,29 +377,30 @@ PYBIND11_MODULE(_C, m) {
         {"broadcast_binomial_max", a::kBroadcastBinomialMax},
         {"reduce_binomial_max", a::kReduceBinomialMax},
         {"alltoall_linear_max", a::kAlltoallLinearMax},
-        {"default_chunk_bytes", a::Tuning{}.chunkBytes},
+        {"default_chunk_bytes", a::kHostChunkBytes},
+        {"default_device_chunk_bytes", a::kDeviceChunkBytes},
         {"ring_max_ranks", static_cast<size_t>(a::kRingMaxRanks)}};
   }, "The byte thresholds of the automatic choice.");
   algos.def(
       "choose",
       [](const std::string& opName, size_t bytes, int worldSize,
-         const std::map<std::string, std::string>& options) {
+         const std::map<std::string, std::string>& options, bool device) {
         const auto tuning =
-            configCall([&] { return ucxb::parseBackendOptions(options).tuning(); });
+            configCall([&] { return ucxb::parseBackendOptions(options).tuning(device); });
         for (size_t i = 0; i < ucxb::algo::kOpCount; ++i) {
           const auto op = static_cast<ucxb::algo::Op>(i);
           if (opName == ucxb::algo::opName(op)) {
             return std::string(
-                ucxb::algo::algorithmName(ucxb::algo::choose(tuning, op, bytes, worldSize)));
+                ucxb::algo::algorithmName(ucxb::algo::choose(tuning, op, bytes, worldSize,
+                                                             device)));
           }
         }
         throw py::value_error("unknown op '" + opName + "'");
       },
       py::arg("op"), py::arg("bytes"), py::arg("world_size"),
-      py::arg("options") = std::map<std::string, std::string>{},
+      py::arg("options") = std::map<std::string, std::string>{}, py::arg("device") = false,
       "The algorithm a group with these options runs for an op of `bytes` bytes of CPU "
-      "tensors (see selection.h for what `bytes` counts; CUDA tensors may take another at two "
-      "ranks).");
+      "tensors, or of CUDA tensors with `device` (see selection.h for what `bytes` counts).");
 
   auto cfg = m.def_submodule(
       "config", "The knobs of a group, declared once in csrc/backend_options.cpp.");

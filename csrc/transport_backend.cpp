@@ -171,6 +171,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       globalRanks_(std::move(globalRanks)),
       engineConfig_(options_.engine()),
       tuning_(options_.tuning()),
+      deviceTuning_(options_.tuning(/*deviceMemory=*/true)),
       holds_(options_.cudaWait == "stream" ? std::make_shared<DeviceHolds>() : nullptr),
       running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)),
       tagSeqMask_(tagSeqMask(backendName_)),
@@ -522,7 +523,7 @@ bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& wor
 
 DeviceNeeds TransportBackend::reducingNeeds(algo::Op op, size_t count,
                                                              size_t esz, bool allocates) const {
-  return {algo::scratchBytes(tuning_, op, count, esz, getSize(), /*deviceMemory=*/true),
+  return {algo::scratchBytes(deviceTuning_, op, count, esz, getSize(), /*deviceMemory=*/true),
           allocates || !transportCarriesDevice_};
 }
 
@@ -741,6 +742,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
                                  std::chrono::milliseconds timeout, Body body,
                                  std::unique_ptr<DeviceHolds::Mark> mark) {
   Task task = taskFor(work, op);
+  const algo::Tuning& opTuning = deviceOp ? deviceTuning_ : tuning_;
   if (deviceOp && holds_) {
     // cuda_wait=stream: everything the task holds of the op (its Work, tensors, scratch) in
     // one object that holds_ keeps too, so that the last of it goes on a caller's thread
@@ -760,7 +762,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
     };
     task.keepAlive = held;
     task.run = [engine = engine_.get(), running = running_, group = tagGroup, held, timeout,
-                tuning = tuning_, seqMask = tagSeqMask_, carries = transportCarriesDevice_]() {
+                tuning = deviceTuning_, seqMask = tagSeqMask_, carries = transportCarriesDevice_]() {
       runQueued(*engine, *running, group, held->work, held->body, timeout, tuning, seqMask,
                 held->deviceOp, carries);
     };
@@ -770,7 +772,7 @@ void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, 
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = tagGroup, work,
-              body = std::move(body), timeout, tuning = tuning_, seqMask = tagSeqMask_,
+              body = std::move(body), timeout, tuning = opTuning, seqMask = tagSeqMask_,
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
     runQueued(*engine, *running, group, work, body, timeout, tuning, seqMask, deviceOp,
               carries);

@@ -314,7 +314,8 @@ class TransportBackend : public c10d::Backend {
   // This group in the Flight Recorder; null when it is off (TORCH_FR_BUFFER_SIZE unset).
   const std::shared_ptr<FlightGroup> flight_ = FlightRecorder::instance().addGroup(globalRanks_);
   EngineConfig engineConfig_;
-  algo::Tuning tuning_;
+  algo::Tuning tuning_;        // ops on host memory
+  algo::Tuning deviceTuning_;  // ops on device memory (device_chunk_bytes)
   std::shared_ptr<ProgressEngine> engine_;
   // Whether the transport moves device memory itself (ucx) or CUDA ops stage through pinned
   // host memory (udp), and the group's internal stream per device (device_op.hpp).

@@ -13,15 +13,17 @@
 #   smoke   make gpu-smoke: two ranks stage by stage, wait()'s host block on both cuda_wait modes
 #   bench   all_reduce 1-64 MiB on cuda: ucx, Gloo host-staged, nccl (skipped: one GPU), the
 #           device-to-device copy limit (issue #20's "Done means" table)
+#   bench_mps the same bench with --mps: the two ranks under a private MPS server (one CUDA
+#           context instead of two the GPU switches between); its JSON to GPU_SESSION_SCRATCH
+#           ($OUT keeps 8 files), its table to session.log; skipped without nvidia-cuda-mps-control
 #   tests   make gpu-tests over GPU_TESTS in importance order, JUnit to $OUT, in the time left
-#   chunks  if time is left: the bench on ucx alone with 64 MiB chunks (UCXBACKEND_CHUNK_BYTES)
 #   timeline scripts/gpu_timeline.py under the settings that tell apart where a CUDA op's
 #           millisecond goes (docs/cuda.md), one run each, most telling first
 #   summary scripts/gpu_session_summary.py: the verdicts and the #20 figures, $OUT/summary.md
 # The whole run stays within GPU_SESSION_BUDGET_S (420 s: with a machine's start that leaves
 # room in a 15-minute device budget to rerun a part); the tests leave GPU_SESSION_RESERVE_S
-# (150 s) of it to chunks and timeline. GPU_SESSION_STEPS (all) names the steps to run after
-# facts and wheels (build smoke bench tests chunks timeline): a rerun on the warm machine may
+# (150 s) of it to the timeline. GPU_SESSION_STEPS (all) names the steps to run after facts
+# and wheels (build smoke bench bench_mps tests timeline): a rerun on the warm machine may
 # take only the build (seconds then) and the timeline. Exit status: 0 when every step passed.
 set -u -o pipefail
 
@@ -34,8 +36,11 @@ RESERVE_S=${GPU_SESSION_RESERVE_S:-150}
 STEPS_WANTED=${GPU_SESSION_STEPS:-all}
 WHEELS=${GPU_SESSION_WHEELS:-.whl}
 SITE=${GPU_SESSION_SITE:-/tmp/site}
-export WHEELS SITE
-mkdir -p "$OUT"
+# What the summary reads but the device tool need not bring back (it returns 8 files of $OUT).
+SCRATCH=${GPU_SESSION_SCRATCH:-/tmp/gpu-session-scratch}
+export WHEELS SITE SCRATCH
+mkdir -p "$OUT" "$SCRATCH"
+rm -f "$SCRATCH/bench_mps.json" # a warm machine's earlier run must not stand in for this one
 # The in-place build, importable by the bench and its ranks as by make's steps.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -69,7 +74,7 @@ step() {
         return 1
     fi
     # $OUT keeps at most 8 files for the device tool: the bench's table goes to session.log.
-    case $name in facts | wheels | bench | chunks | timeline) log="" ;; *) log="$OUT/$name.log" ;; esac
+    case $name in facts | wheels | bench | bench_mps | timeline) log="" ;; *) log="$OUT/$name.log" ;; esac
     echo "== $name (cap ${cap} s) $(date -u +%H:%M:%S)"
     t0=$(date +%s)
     export STEP_CAP=$cap
@@ -139,24 +144,28 @@ wheels() {
     fi
 }
 
-bench() {
+# bench_cmd JSON [ARG...]: issue #20's all_reduce 1-64 MiB on cuda, the results to JSON.
+bench_cmd() {
+    local json=$1
+    shift
     "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 1M -e 64M -f 4 -n 20 -w 5 \
-        --timeout "$((STEP_CAP - 10))" --json "$OUT/bench.json" all_reduce
+        --timeout "$((STEP_CAP - 10))" --json "$json" "$@" all_reduce
 }
-
-# The same all_reduce on ucx alone with 64 MiB chunks instead of 4 MiB: one device reduction
-# (and one host wait for it) per exchange instead of eight, where the time left allows.
-bench_big_chunks() {
-    UCXBACKEND_CHUNK_BYTES=64M "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 16M \
-        -e 64M -f 4 -n 20 -w 5 --backends ucx --timeout "$((STEP_CAP - 10))" all_reduce
-}
+bench() { bench_cmd "$OUT/bench.json"; }
+# The same under a private MPS server that the bench starts and stops itself (--mps;
+# ucxbackend/mps.py): both ranks' work in one CUDA context (docs/cuda.md, "Ranks sharing a
+# GPU: run MPS": 16 -> 125 GB/s at 64 MiB in the second run).
+bench_mps() { bench_cmd "$SCRATCH/bench_mps.json" --mps; }
+has_mps() { command -v nvidia-cuda-mps-control >/dev/null; }
 
 # scripts/gpu_timeline.py once per setting (docs/cuda.md, "Where a CUDA op's millisecond
-# goes"): label|environment|arguments, most telling first. default and chunk_64m record the
+# goes"): label|environment|arguments, most telling first. default and chunk_4m record the
 # device timeline, default and mps run the contention probe, every run times its sizes and
-# splits each op's waits. mps runs the two ranks as clients of an MPS server of this step's own (its
-# pipe directory private to the run, the server quit after it; skipped where the image has no
-# nvidia-cuda-mps-control): one context for both ranks, so no switching between two.
+# splits each op's waits. mps runs the two ranks as clients of a private MPS server
+# (`python -m ucxbackend.mps`, what bench --mps uses: its pipe directory private to the run,
+# the server quit after it; skipped where the image has no nvidia-cuda-mps-control): one
+# context for both ranks, so no switching between two. chunk_4m: device memory in the old
+# default's 4 MiB chunks (UCXBACKEND_DEVICE_CHUNK_BYTES; 64 MiB now), for comparison.
 # GPU_TIMELINE_RUNS (all) keeps the runs it names by label.
 timeline_runs() {
     cat <<'EOF'
@@ -166,7 +175,7 @@ get_zcopy|UCX_RNDV_SCHEME=get_zcopy|--sizes 4,1M,16M --no-profile --no-probe
 put_zcopy|UCX_RNDV_SCHEME=put_zcopy|--sizes 4,1M,16M --no-profile --no-probe
 no_cuda_ipc|UCX_TLS=^cuda_ipc|--sizes 4,1M,16M --no-profile --no-probe
 poll|UCXBACKEND_PROGRESS_MODE=poll|--sizes 4,1M,16M --no-profile --no-probe
-chunk_64m|UCXBACKEND_CHUNK_BYTES=64M|--sizes 16M --no-probe
+chunk_4m|UCXBACKEND_DEVICE_CHUNK_BYTES=4M|--sizes 16M --no-probe
 ipc_cache_off|UCX_CUDA_IPC_CACHE=n|--sizes 1M,16M --no-profile --no-probe
 proto_v1|UCX_PROTO_ENABLE=n|--sizes 4,1M,16M --no-profile --no-probe
 EOF
@@ -175,7 +184,7 @@ EOF
 # Each run capped at 45 s (the script kills its ranks 5 s before), none begun with less than
 # 20 s of the step left; the output goes to session.log ($OUT's 8 files are taken).
 timeline() {
-    local began label env args cap
+    local began label env args cap what
     began=$(date +%s)
     while IFS='|' read -r label env args; do
         case " ${GPU_TIMELINE_RUNS:-all} " in *" all "* | *" $label "*) ;; *) continue ;; esac
@@ -185,39 +194,23 @@ timeline() {
             continue
         fi
         if [ "$cap" -gt 45 ]; then cap=45; fi
+        local under=()
+        what=${env:-"UCX's and the backend's defaults"}
         if [ "$label" = mps ]; then
-            mps_start || continue
-            env=$MPS_ENV
+            if ! has_mps; then
+                echo "-- timeline mps: skipped, no nvidia-cuda-mps-control on PATH"
+                continue
+            fi
+            # The server starts before the ranks and quits after them, however they end.
+            under=("$PYTHON" -m ucxbackend.mps --)
+            what="the defaults under a private MPS server (python -m ucxbackend.mps)"
         fi
-        echo "-- timeline $label: ${env:-UCX's and the backend's defaults} ($(date -u +%H:%M:%S))"
+        echo "-- timeline $label: $what ($(date -u +%H:%M:%S))"
         # shellcheck disable=SC2086 # env and args are word lists
-        env $env timeout -s INT -k 5 "$cap" "$PYTHON" scripts/gpu_timeline.py \
-            --device "${GPU_TIMELINE_DEVICE:-cuda}" --timeout "$((cap - 5))" $args ||
-            echo "-- timeline $label: exit $?"
-        if [ "$label" = mps ]; then mps_quit; fi
+        env $env ${under[@]+"${under[@]}"} timeout -s INT -k 5 "$cap" "$PYTHON" \
+            scripts/gpu_timeline.py --device "${GPU_TIMELINE_DEVICE:-cuda}" \
+            --timeout "$((cap - 5))" $args || echo "-- timeline $label: exit $?"
     done < <(timeline_runs)
-}
-
-# An MPS control daemon whose pipe and log directories only the mps run's ranks name (its
-# environment): no other process on the machine becomes its client.
-export MPS_ENV="CUDA_MPS_PIPE_DIRECTORY=/tmp/ucxb-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/ucxb-mps/log"
-mps_start() {
-    if ! command -v nvidia-cuda-mps-control >/dev/null; then
-        echo "-- timeline mps: skipped, no nvidia-cuda-mps-control"
-        return 1
-    fi
-    mkdir -p /tmp/ucxb-mps/pipe /tmp/ucxb-mps/log
-    # shellcheck disable=SC2086 # a word list
-    if ! env $MPS_ENV nvidia-cuda-mps-control -d; then
-        echo "-- timeline mps: skipped, the MPS daemon did not start"
-        return 1
-    fi
-}
-mps_quit() {
-    # shellcheck disable=SC2086 # a word list
-    echo quit | env $MPS_ENV timeout 10 nvidia-cuda-mps-control ||
-        echo "-- timeline mps: the MPS daemon did not quit"
-    tail -n 5 /tmp/ucxb-mps/log/control.log 2>/dev/null || true
 }
 
 # xdist's handing out of whole files in the order given needs --no-loadscope-reorder
@@ -238,7 +231,7 @@ xdist_args() {
 GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_stream_hold.py \
 tests/gpu/test_cuda_reductions.py \
 tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
-tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py"}
+tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py"}
 
 step facts 30 facts
 if step wheels 60 wheels && [ -d "$SITE" ]; then
@@ -256,17 +249,26 @@ fi
 if [ "$built" -eq 0 ]; then
     if wants smoke; then step smoke 70 make gpu-smoke PYTHON="$PYTHON"; fi
     if wants bench; then step bench 150 bench; fi
-    # The rest of the budget, less the summary's time and RESERVE_S for chunks and timeline, is
-    # the tests'; the harness fails a hung world after UCXB_GPU_WORLD_TIMEOUT.
+    # Right after the bench, so that the two tables come from the same warm machine and the
+    # tests' time, not this figure, is what a slow start costs.
+    if wants bench_mps; then
+        if has_mps; then
+            step bench_mps 90 bench_mps
+        else
+            echo "== bench_mps: skipped, no nvidia-cuda-mps-control on PATH (bench --mps needs it)"
+            printf 'bench_mps\tskipped\t0\n' >>"$STEPS"
+        fi
+    fi
+    # The rest of the budget, less the summary's time and RESERVE_S for the timeline, is the
+    # tests'; the harness fails a hung world after UCXB_GPU_WORLD_TIMEOUT.
     if wants tests; then
         step tests "$(($(left) - 30 - RESERVE_S))" make gpu-tests PYTHON="$PYTHON" \
             GPU_TESTS="$GPU_TESTS" GPU_XDIST="$(xdist_args)" \
             PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
     fi
-    if wants chunks; then step chunks 45 bench_big_chunks; fi
     if wants timeline; then step timeline 100000 timeline; fi
 else
     echo "== the build failed: no smoke, bench or tests"
 fi
-"$PYTHON" scripts/gpu_session_summary.py "$OUT" | tee "$OUT/summary.md"
+"$PYTHON" scripts/gpu_session_summary.py "$OUT" "$SCRATCH" | tee "$OUT/summary.md"
 awk -F'\t' '$2 != 0 { bad = 1 } END { exit bad }' "$STEPS"

@@ -1,19 +1,22 @@
 """The verdicts of a GPU session (scripts/gpu_session.sh) in one short Markdown page.
 
-    python scripts/gpu_session_summary.py OUT_DIR
+    python scripts/gpu_session_summary.py OUT_DIR [SCRATCH_DIR]
 
 Reads what the session left in OUT_DIR: ``steps.tsv`` (step, exit status, seconds),
 ``junit.xml`` (tests/gpu), ``bench.json`` (the bench's all_reduce on cuda), ``smoke.log``
 (scripts/gpu_smoke.py) and ``session.log`` (the timeline step's runs of
-scripts/gpu_timeline.py). Prints, with whatever of them exists:
+scripts/gpu_timeline.py); and ``bench_mps.json`` (the same bench with ``--mps``) from OUT_DIR
+or else SCRATCH_DIR (where the session leaves it: the device tool brings back 8 files of
+OUT_DIR). Prints, with whatever of them exists:
 
 * each step's exit status and time;
 * the tests' counts per file, every failure with the first lines of its message, and the
   properties tests recorded (``record_property``: what a test measured without judging it);
 * issue #20's "Done means" figures at the largest size the bench ran (64 MiB): ucx's busbw
   against Gloo's on the same tensors (target: at least 5x) and against the device-to-device
-  copy's bandwidth (target: at least 0.5x), and how long ``wait()`` held the host in the smoke,
-  per ``cuda_wait`` mode;
+  copy's bandwidth (target: at least 0.5x), for the bench and for the bench under MPS, with
+  whether MPS was on (the bench's ``mps`` record) and ucx under MPS against ucx without; and
+  how long ``wait()`` held the host in the smoke, per ``cuda_wait`` mode;
 * the timeline step's headlines: per setting, the latency per size, each op's waits for the
   transport and the device, and the contention probe.
 """
@@ -107,18 +110,45 @@ def _wait_split(record: dict[str, Any]) -> str:
             f"device {per_op.get('device_wait_us', 0):.0f} us")
 
 
-def bench(out: Path) -> list[str]:
-    path = out / "bench.json"
+def _mps(doc: dict[str, Any]) -> str:
+    """Whether the bench ran under an MPS server (its ``mps`` record; absent before it had
+    one)."""
+    mps = doc.get("mps")
+    if not mps:
+        return "MPS: not recorded"
+    if not mps.get("on"):
+        return "MPS: off"
+    return "MPS: on" + (", a private server (--mps)" if mps.get("private") else "")
+
+
+def _ucx_busbw(path: Path) -> tuple[int, float] | None:
+    """ucx's all_reduce busbw at the largest size of a bench document."""
     if not path.exists():
-        return ["(no bench.json)"]
+        return None
+    results = [r for r in json.loads(path.read_text()).get("results", [])
+               if r.get("collective") == "all_reduce" and r.get("backend") == "ucx"]
+    size = _largest(results)
+    busbw = next((r.get("busbw") for r in results if r["bytes"] == size), None)
+    return None if size is None or busbw is None else (size, busbw)
+
+
+def find(name: str, dirs: list[Path]) -> Path:
+    """``name`` in the first of ``dirs`` that has it (else in the first)."""
+    return next((d / name for d in dirs if (d / name).exists()), dirs[0] / name)
+
+
+def bench(path: Path) -> list[str]:
+    if not path.exists():
+        return [f"(no {path.name})"]
     doc = json.loads(path.read_text())
     results = [r for r in doc.get("results", []) if r.get("collective") == "all_reduce"]
     size = _largest(results)
     if size is None:
-        return ["(bench.json holds no all_reduce result)"]
+        return [f"({path.name} holds no all_reduce result)"]
     at = {r["backend"]: r for r in results if r["bytes"] == size}
     copy = next((r for r in doc.get("limits", []) if r.get("bytes") == size), None)
-    lines = [f"all_reduce of {size / (1 << 20):g} MiB, {doc.get('world_size')} ranks:"]
+    lines = [f"all_reduce of {size / (1 << 20):g} MiB, {doc.get('world_size')} ranks, "
+             f"{_mps(doc)}:"]
     for name, r in at.items():
         busbw = r.get("busbw")
         shown = f"{busbw:.2f} GB/s" if busbw is not None else f"none ({r.get('error')})"
@@ -138,6 +168,15 @@ def bench(out: Path) -> list[str]:
         met = "met" if ratio >= COPY_TARGET else "NOT met"
         lines.append(f"- ucx / d2d copy: {ratio:.2f}x (target {COPY_TARGET:g}x: {met})")
     return lines
+
+
+def mps_gain(plain: Path, under_mps: Path) -> list[str]:
+    """ucx's busbw under MPS over ucx's without, at the largest size both ran."""
+    a, b = _ucx_busbw(plain), _ucx_busbw(under_mps)
+    if a is None or b is None or a[0] != b[0] or a[1] <= 0:
+        return []
+    return [f"- ucx under MPS / without, at {a[0] / (1 << 20):g} MiB: {b[1] / a[1]:.1f}x "
+            f"({a[1]:.2f} -> {b[1]:.2f} GB/s)"]
 
 
 def smoke(out: Path) -> list[str]:
@@ -174,14 +213,17 @@ def timeline(out: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     out = Path(argv[1])
+    dirs = [out, *(Path(d) for d in argv[2:])]
+    plain, under_mps = out / "bench.json", find("bench_mps.json", dirs)
     sections = [
         ("Steps", steps(out)),
         ("tests/gpu", tests(out)),
-        ("Bench (issue #20's table)", bench(out)),
+        ("Bench (issue #20's table)", bench(plain)),
+        ("Bench under MPS (bench --mps)", bench(under_mps) + mps_gain(plain, under_mps)),
         ("Smoke: busbw and wait()'s host block per cuda_wait mode", smoke(out)),
         ("Timeline: latency and waits per op, per setting (docs/cuda.md)", timeline(out)),
     ]

@@ -30,7 +30,7 @@ picked at run time. Each rank prints (docs/cuda.md, "Where a CUDA op's milliseco
   host spent deciding, waiting or sleeping.
 
 The environment passes to the ranks (``UCX_*``, ``UCXBACKEND_*``): run it once per setting to
-compare, e.g. ``UCXBACKEND_CHUNK_BYTES=64M`` or ``UCX_RNDV_SCHEME=get_zcopy``
+compare, e.g. ``UCXBACKEND_DEVICE_CHUNK_BYTES=4M`` or ``UCX_RNDV_SCHEME=get_zcopy``
 (scripts/gpu_session.sh's ``timeline`` step). ``--device cpu`` runs the same on CPU tensors
 (the timeline then lists host activities only).
 """

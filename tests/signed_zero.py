@@ -36,13 +36,25 @@ GROUPS: tuple[tuple[str, dict[str, Any], tuple[int, ...]], ...] = (
     ("auto", {}, (1, 7, 1000, 40_000, 300_000)),
     (
         "recursive_doubling",
-        {"algo_allreduce": "recursive_doubling", "chunk_bytes": SMALL_CHUNK},
+        {
+            "algo_allreduce": "recursive_doubling",
+            "chunk_bytes": SMALL_CHUNK,
+            "device_chunk_bytes": SMALL_CHUNK,
+        },
         (1000, 40_000),
     ),
-    ("ring", {"algo_allreduce": "ring", "chunk_bytes": SMALL_CHUNK}, (1000, 40_000)),
+    (
+        "ring",
+        {"algo_allreduce": "ring", "chunk_bytes": SMALL_CHUNK, "device_chunk_bytes": SMALL_CHUNK},
+        (1000, 40_000),
+    ),
     (
         "rabenseifner",
-        {"algo_allreduce": "rabenseifner", "chunk_bytes": SMALL_CHUNK},
+        {
+            "algo_allreduce": "rabenseifner",
+            "chunk_bytes": SMALL_CHUNK,
+            "device_chunk_bytes": SMALL_CHUNK,
+        },
         (1000, 40_000),
     ),
 )

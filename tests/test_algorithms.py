@@ -142,11 +142,13 @@ def test_thresholds_table() -> None:
         *THRESHOLD_OPS,
         "allreduce_pair_slots_min",
         "default_chunk_bytes",
+        "default_device_chunk_bytes",
         "ring_max_ranks",
     }
     assert all(v > 0 for v in t.values()), t
-    # the Python knob's default is the native default
+    # the Python knobs' defaults are the native defaults
     assert t["default_chunk_bytes"] == DEFAULT_CHUNK
+    assert t["default_device_chunk_bytes"] == cfg.Config().device_chunk_bytes
     assert t["allreduce_recursive_doubling_max"] < t["allreduce_rabenseifner_max"]
 
 
@@ -216,6 +218,31 @@ def test_auto_choice_spot_checks() -> None:
     assert a.choose("allreduce", 1 << 30, huge - 1) == "ring"
     # chunk_bytes does not take part in the choice
     assert a.choose("allreduce", rd + 1, 4, {"chunk_bytes": "24"}) == "rabenseifner"
+
+
+@needs_native
+def test_device_memory_takes_device_chunk_bytes() -> None:
+    """A 2-rank all_reduce of CUDA tensors up to one chunk is one recursive-doubling exchange;
+    the chunk is device_chunk_bytes (64 MiB by default), not the host's chunk_bytes."""
+    a = _algos()
+    device_chunk = a.thresholds()["default_device_chunk_bytes"]
+    assert device_chunk > DEFAULT_CHUNK
+    rd = a.thresholds()["allreduce_recursive_doubling_max"]
+    for nbytes in (rd + 1, DEFAULT_CHUNK + 1, device_chunk):
+        assert a.choose("allreduce", nbytes, 2, device=True) == "recursive_doubling", nbytes
+        assert a.choose("allreduce", nbytes, 2) == "ring", nbytes  # host memory: its own rule
+    assert a.choose("allreduce", device_chunk + 1, 2, device=True) == "ring"
+    assert a.choose("allreduce", device_chunk, 3, device=True) == "ring"
+    # each knob sizes its own memory's chunk only
+    small = {"device_chunk_bytes": "1M"}
+    assert a.choose("allreduce", (1 << 20) + 4, 2, small, device=True) == "ring"
+    assert a.choose("allreduce", 1 << 20, 2, small, device=True) == "recursive_doubling"
+    assert a.choose("allreduce", DEFAULT_CHUNK + 1, 2, {"chunk_bytes": "1G"}, device=True) == (
+        "recursive_doubling"
+    )
+    assert a.choose("allreduce", device_chunk + 1, 2, {"chunk_bytes": "1G"}, device=True) == (
+        "ring"
+    )
 
 
 @needs_native

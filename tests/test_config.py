@@ -41,6 +41,7 @@ needs_native = pytest.mark.skipif(
 TUNING_DEFAULTS: dict[str, object] = {
     "inline_bytes": 1 << 20,
     "chunk_bytes": 4 << 20,
+    "device_chunk_bytes": 64 << 20,
     **{f"algo_{op}": "auto" for op in cfg.ALGORITHMS},
     "shared_memory": "auto",
     "send_lane": "auto",
@@ -80,6 +81,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_INLINE_BYTES",
         "UCXBACKEND_LOG_LEVEL",
         "UCXBACKEND_CHUNK_BYTES",
+        "UCXBACKEND_DEVICE_CHUNK_BYTES",
         *(f"UCXBACKEND_ALGO_{op.upper()}" for op in cfg.ALGORITHMS),
         "UCXBACKEND_SHARED_MEMORY",
         "UCXBACKEND_SEND_LANE",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ucxbackend import doctor, rdma_sysfs
+from ucxbackend import doctor, mps, rdma_sysfs
 from ucxbackend.netif import Interface
 
 LO = Interface("lo", ("127.0.0.1",), 65536, up=True, loopback=True)
@@ -241,6 +242,40 @@ def test_gpudirect(tmp_path: Path) -> None:
     assert check.status == "ok" and "dma-buf" in check.found
     inp.kernel_release = "5.4.0"
     assert by_name(doctor.run_checks(inp))["gpudirect"].status == "warn"
+
+
+def test_mps_line_only_where_a_gpu_is_visible(tmp_path: Path) -> None:
+    inp = roce_host(tmp_path)
+    pipe_dir = tmp_path / "mps-pipe"
+    pipe_dir.mkdir()
+    inp.environ = {
+        "MASTER_ADDR": "192.168.1.10",
+        "UCX_IB_GID_INDEX": "3",
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
+    }
+    assert "mps" not in by_name(doctor.run_checks(inp))  # no GPU: nothing about MPS
+    write(tmp_path / "proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Kernel Module 550")
+    write(tmp_path / "proc/modules", "nvidia_peermem 1 0 - Live 0x0\nnvidia 1 0 - Live 0x0")
+    check = by_name(doctor.run_checks(inp))["mps"]
+    assert check.status == "info" and check.fix is None
+    assert f"no MPS server (no control pipe at {pipe_dir}/control)" in check.found
+    assert "ranks that share a GPU should run under one" in check.found
+    assert "`bench --mps`" in check.found and mps.DOCS in check.found
+    # Informational: the rest is ok, and so is the verdict.
+    out = io.StringIO()
+    assert doctor.main(False, out, inp) == 0
+    assert "[INFO] mps" in out.getvalue() and out.getvalue().rstrip().endswith("doctor: ok")
+    os.mkfifo(pipe_dir / "control")
+    check = by_name(doctor.run_checks(inp))["mps"]
+    assert check.status == "info"
+    assert f"an MPS server appears to run (its control pipe {pipe_dir}/control exists)" in (
+        check.found
+    )
+    # Without the driver's files, the inputs' cuda_available decides (torch is not asked).
+    bare = doctor.Inputs(paths=paths(tmp_path / "bare"), environ={}, cuda_available=True)
+    assert "/tmp/nvidia-mps/control" in by_name(doctor.run_checks(bare))["mps"].found
+    bare.cuda_available = False
+    assert "mps" not in by_name(doctor.run_checks(bare))
 
 
 def _no_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:

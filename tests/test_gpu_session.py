@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from mps_fake import calls, install_fake_control, kinds
 
 from ucxbackend.bench import report as bench_report
 from ucxbackend.bench import sizes as bench_sizes
@@ -46,7 +48,14 @@ def _m(us: float) -> bench_timing.Measurement:
     return bench_timing.Measurement(True, None, dict.fromkeys(("mean", "median", "min", "max"), us))
 
 
-def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
+def _session(
+    tmp: Path,
+    ucx_us: float,
+    gloo_us: float,
+    copy_us: float,
+    name: str = "bench.json",
+    mps: dict[str, object] | None = None,
+) -> Path:
     def ucx(size: int) -> bench_timing.Measurement:
         m = _m(ucx_us * size / (64 * MiB))
         per_op = {"transport_wait_us": 1700.0, "device_wait_us": 120.4}
@@ -66,10 +75,11 @@ def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
     ]
     doc = {
         "world_size": 2,
+        "mps": mps,
         "results": bench_report.row_records(rows, "mean", 2),
         "limits": bench_report.limit_records(rows, "mean"),
     }
-    (tmp / "bench.json").write_text(json.dumps(doc))
+    (tmp / name).write_text(json.dumps(doc))
     (tmp / "junit.xml").write_text(JUNIT)
     (tmp / "steps.tsv").write_text("facts\t0\t1\nbuild\t0\t40\ntests\t1\t200\n")
     (tmp / "smoke.log").write_text(
@@ -80,9 +90,10 @@ def _session(tmp: Path, ucx_us: float, gloo_us: float, copy_us: float) -> Path:
     return tmp
 
 
-def _summary(out: Path) -> str:
+def _summary(out: Path, *more: Path) -> str:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_session_summary.py"), str(out)],
+        [sys.executable, str(REPO / "scripts" / "gpu_session_summary.py"), str(out),
+         *map(str, more)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -117,8 +128,37 @@ def test_summary_targets_missed(tmp_path: Path) -> None:
 
 def test_summary_of_an_empty_session(tmp_path: Path) -> None:
     text = _summary(tmp_path)
-    for what in ("steps.tsv", "junit.xml", "bench.json", "smoke.log"):
+    for what in ("steps.tsv", "junit.xml", "bench.json", "bench_mps.json", "smoke.log"):
         assert f"(no {what}" in text
+
+
+def test_summary_of_the_bench_under_mps(tmp_path: Path) -> None:
+    # The bench without MPS in OUT, the same under --mps in the scratch folder (the device
+    # tool brings back 8 files of OUT): each section has #20's figures and whether MPS was
+    # on, and the MPS one ucx's gain.
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    out.mkdir()
+    scratch.mkdir()
+    off = {"on": False, "private": False, "control_pipe": "/tmp/nvidia-mps/control", "note": "n"}
+    _session(out, 8000.0, 80_000.0, 60.0, mps=off)
+    on = {"on": True, "private": True, "control_pipe": "/tmp/ucxb-mps-x/pipe/control"}
+    _session(scratch, 1000.0, 80_000.0, 60.0, name="bench_mps.json", mps=on)
+    text = _summary(out, scratch)
+    plain, under = text.split("## Bench (issue #20's table)", 1)[1].split(
+        "## Bench under MPS (bench --mps)", 1
+    )
+    under = under.split("## Smoke", 1)[0]
+    assert "all_reduce of 64 MiB, 2 ranks, MPS: off:" in plain
+    assert "ucx / Gloo: 10.0x (target 5x: met)" in plain
+    assert "ucx / d2d copy: 0.01x (target 0.5x: NOT met)" in plain
+    assert "all_reduce of 64 MiB, 2 ranks, MPS: on, a private server (--mps):" in under
+    assert "- ucx: busbw 67.11 GB/s" in under and "ucx / Gloo: 80.0x (target 5x: met)" in under
+    assert "ucx / d2d copy: 0.06x (target 0.5x: NOT met)" in under
+    assert "ucx under MPS / without, at 64 MiB: 8.0x (8.39 -> 67.11 GB/s)" in under
+    # A document of a bench older than the mps record, and OUT's own copy first.
+    _session(out, 500.0, 80_000.0, 60.0, name="bench_mps.json")
+    text = _summary(out, scratch)
+    assert "2 ranks, MPS: not recorded:" in text and "8.39 -> 134.22 GB/s" in text
 
 
 @pytest.mark.slow
@@ -160,7 +200,7 @@ def test_session_script_without_a_gpu(tmp_path: Path) -> None:
     assert f"ninja for the build: {site}/bin/ninja" in log, log
 
 
-TIMELINE_LOG = """== chunks: exit 0 in 30 s
+TIMELINE_LOG = """== bench_mps: exit 0 in 30 s
 size   1048576 B  all_reduce   1000.0 us  (a bench line: not the timeline's)
 == timeline (cap 120 s) 10:00:00
 -- timeline default: UCX's and the backend's defaults (10:00:00)
@@ -195,50 +235,102 @@ def test_summary_without_a_timeline(tmp_path: Path) -> None:
     assert "(the timeline step did not run)" in _summary(tmp_path)
 
 
-@pytest.mark.slow
-def test_timeline_step_dry_run_on_cpu(tmp_path: Path) -> None:
-    # The timeline step end to end on CPU tensors (GPU_TIMELINE_DEVICE=cpu), two of its runs,
-    # with the in-place build (GPU_SESSION_STEPS without "build"): each run's setting reaches
-    # the ranks' environment, rank 0 prints its latencies and both ranks their waits per op,
-    # and the summary picks them up.
-    from conftest import skip_unless_ucx
-
-    skip_unless_ucx("gpu_timeline.py runs the ucx backend")
+def _run_session(tmp_path: Path, timeout: int, **env: str) -> subprocess.CompletedProcess[str]:
     wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    env = {
+    wheels.mkdir(exist_ok=True)
+    full = {
         **os.environ,
         "OUT": str(tmp_path),
-        "GPU_SESSION_BUDGET_S": "200",
         "GPU_SESSION_WHEELS": str(wheels),
-        "GPU_SESSION_STEPS": "timeline",
-        "GPU_TIMELINE_DEVICE": "cpu",
-        "GPU_TIMELINE_RUNS": "default get_zcopy",
+        "GPU_SESSION_SCRATCH": str(tmp_path / "scratch"),
+        **env,
     }
-    env.pop("MAKEFLAGS", None)
-    proc = subprocess.run(
+    full.pop("MAKEFLAGS", None)
+    return subprocess.run(
         ["bash", str(REPO / "scripts" / "gpu_session.sh")],
         capture_output=True,
         text=True,
-        timeout=240,
-        env=env,
+        timeout=timeout,
+        env=full,
         cwd=tmp_path,
     )
+
+
+def _steps(out: Path) -> list[list[str]]:
+    return [line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_bench_mps_step_dry_run(tmp_path: Path) -> None:
+    # Without nvidia-cuda-mps-control the step is skipped, saying why; with one (the fake)
+    # the step runs the bench with --mps, which on this CPU machine stops at the missing CUDA
+    # before it starts any daemon.
+    path = os.environ["PATH"]
+    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
+                        GPU_SESSION_STEPS="bench_mps", PATH=path)
+    if shutil.which("nvidia-cuda-mps-control", path=path) is None:
+        assert proc.returncode == 1, proc.stdout + proc.stderr  # a step not passed
+        assert _steps(tmp_path) == [["facts", "0"], ["wheels", "0"], ["bench_mps", "skipped"]]
+        log = (tmp_path / "session.log").read_text()
+        assert "== bench_mps: skipped, no nvidia-cuda-mps-control on PATH (bench --mps needs " \
+               "it)" in log, log
+    fake_dir = tmp_path / "fake"
+    fake_dir.mkdir()
+    bin_dir, record = install_fake_control(fake_dir)
+    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
+                        GPU_SESSION_STEPS="bench_mps", PATH=f"{bin_dir}{os.pathsep}{path}",
+                        FAKE_MPS_RECORD=str(record))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _steps(tmp_path)[-1] == ["bench_mps", "2"], _steps(tmp_path)
+    log = (tmp_path / "session.log").read_text()
+    assert "bench: error: --device cuda: CUDA is not available" in log, log
+    assert calls(record) == []
+    assert "## Bench under MPS (bench --mps)\n\n(no bench_mps.json)" in log, log
+
+
+@pytest.mark.slow
+def test_timeline_step_dry_run_on_cpu(tmp_path: Path) -> None:
+    # The timeline step end to end on CPU tensors (GPU_TIMELINE_DEVICE=cpu), three of its
+    # runs, with the in-place build (GPU_SESSION_STEPS without "build"): each run's setting
+    # reaches the ranks' environment, rank 0 prints its latencies and both ranks their waits
+    # per op, and the summary picks them up. The mps run goes through `python -m
+    # ucxbackend.mps` with the fake nvidia-cuda-mps-control: started before, quit after.
+    from conftest import skip_unless_ucx
+
+    skip_unless_ucx("gpu_timeline.py runs the ucx backend")
+    fake_dir = tmp_path / "fake"
+    fake_dir.mkdir()
+    bin_dir, record = install_fake_control(fake_dir)
+    proc = _run_session(
+        tmp_path,
+        300,
+        GPU_SESSION_BUDGET_S="240",
+        GPU_SESSION_STEPS="timeline",
+        GPU_TIMELINE_DEVICE="cpu",
+        GPU_TIMELINE_RUNS="default mps get_zcopy",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        FAKE_MPS_RECORD=str(record),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    steps = [line.split("\t")[:2] for line in (tmp_path / "steps.tsv").read_text().splitlines()]
+    steps = _steps(tmp_path)
     assert steps == [["facts", "0"], ["wheels", "0"], ["timeline", "0"]], steps
     log = (tmp_path / "session.log").read_text()
     assert "-- timeline default: UCX's and the backend's defaults" in log, log
+    assert "-- timeline mps: the defaults under a private MPS server" in log, log
     assert "-- timeline get_zcopy: UCX_RNDV_SCHEME=get_zcopy" in log, log
     assert "-- timeline put_zcopy" not in log, log
+    assert kinds(record) == ["start", "quit"], calls(record)
+    pipe_dir = calls(record)[0]["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+    assert calls(record)[1]["env"]["CUDA_MPS_PIPE_DIRECTORY"] == pipe_dir
+    assert f"ucxbackend.mps: MPS control daemon up, CUDA_MPS_PIPE_DIRECTORY={pipe_dir}" in log
     # (session.log also has the summary, which repeats the headlines.)
     step = log.split("== timeline (cap", 1)[1].split("== timeline:", 1)[0]
-    # Both ranks, per size: the default run's 4 sizes and get_zcopy's 3.
-    assert step.count("all_reduce waits per op: tw us") == 2 * (4 + 3), step
+    # Both ranks, per size: the default run's 4 sizes, mps's 3 and get_zcopy's 3.
+    assert step.count("all_reduce waits per op: tw us") == 2 * (4 + 3 + 3), step
     assert "timeline of one all_reduce of 16777216 B" in step, step  # the default run's profile
-    assert step.count("contention probe") == 2, step  # the default run's, both ranks
+    assert step.count("contention probe") == 4, step  # default's and mps's, both ranks
     assert "values WRONG" not in step and "-- timeline default: exit" not in step, step
-    assert "-- timeline get_zcopy: exit" not in step, step
+    assert "-- timeline get_zcopy: exit" not in step and "-- timeline mps: exit" not in step
     summary = (tmp_path / "summary.md").read_text()
     assert "| timeline | 0 |" in summary, summary
     assert "size   16777216 B  all_reduce" in summary.split("## Timeline", 1)[1], summary

@@ -209,6 +209,7 @@ def test_must_agree_is_in_the_schema() -> None:
     assert flagged == {
         "transport",
         "chunk_bytes",
+        "device_chunk_bytes",
         "udp_config",
         "secret_file",
         "one_host_transport",

@@ -24,6 +24,11 @@ and for anything not ok a one-line fix. The checks:
     ``nvidia_peermem`` loaded (``/sys/module/nvidia_peermem``, ``/proc/modules``), or the
     driver's dma-buf path (kernel >= 5.12 and the open NVIDIA kernel modules), for GPUDirect
     RDMA. :func:`gpudirect_facts` is also what ``python -m ucxbackend info`` reports.
+``mps``
+    only where a GPU is visible (the NVIDIA driver's files, as for ``gpudirect``),
+    and never more than ``info``: whether an MPS server appears to run (its control pipe,
+    ``$CUDA_MPS_PIPE_DIRECTORY/control``), and that ranks sharing a GPU should run under one
+    (:mod:`ucxbackend.mps`; docs/cuda.md, "Ranks sharing a GPU: run MPS").
 
 Every path (``/sys/class/infiniband``, ``/sys/class/net``, ``/dev/infiniband``,
 ``/proc/modules``, ``/sys/module``, the NVIDIA driver files) and every other input
@@ -43,21 +48,24 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from . import netif, rdma_sysfs
+from . import mps, netif, rdma_sysfs
 
 __all__ = [
     "Check",
     "GpuDirect",
     "Inputs",
     "Paths",
+    "check_mps",
     "format_checks",
+    "gpu_visible",
     "gpudirect_facts",
     "main",
     "rdma_present",
     "run_checks",
 ]
 
-Status = Literal["ok", "warn", "fail"]
+# "info": a fact worth knowing that is neither good nor bad here (it never fails the run).
+Status = Literal["ok", "info", "warn", "fail"]
 
 _IB_TRANSPORT_PREFIXES = ("rc", "ud", "dc")
 _REBUILD_FIX = (
@@ -385,15 +393,23 @@ def _torch_cuda_available() -> bool:
         return False
 
 
+def _nvidia_driver(paths: Paths) -> str:
+    """How the files show an NVIDIA driver; "" when they do not."""
+    if paths.nvidia_driver.is_dir() or paths.nvidia_version.exists():
+        return "an NVIDIA driver (/proc/driver/nvidia)"
+    if _has_module(paths.proc_modules, "nvidia"):
+        return "an NVIDIA driver (module nvidia)"
+    return ""
+
+
 def gpudirect_facts(
     paths: Paths, rdma: bool, kernel: str, cuda_available: bool | None = None
 ) -> GpuDirect:
     """The :class:`GpuDirect` facts. torch is asked about CUDA (``cuda_available`` None) only
     when RDMA devices exist and the driver files show no NVIDIA driver."""
-    if paths.nvidia_driver.is_dir() or paths.nvidia_version.exists():
-        gpu, how = True, "an NVIDIA driver (/proc/driver/nvidia)"
-    elif _has_module(paths.proc_modules, "nvidia"):
-        gpu, how = True, "an NVIDIA driver (module nvidia)"
+    how = _nvidia_driver(paths)
+    if how:
+        gpu = True
     elif not rdma:
         gpu, how = False, ""  # not applicable either way: no need to ask torch
     else:
@@ -429,6 +445,35 @@ def check_gpudirect(
     )
 
 
+def gpu_visible(paths: Paths, cuda_available: bool | None = None) -> bool:
+    """Whether this host shows a CUDA GPU: the NVIDIA driver's files (a GPU needs the driver
+    loaded, and the files show it in a container too), else ``cuda_available`` where given.
+    torch is not asked: on a host without the driver it could only say no."""
+    return bool(_nvidia_driver(paths)) or bool(cuda_available)
+
+
+def check_mps(env: Mapping[str, str], gpu: bool) -> Check | None:
+    """Informational (never a failure): whether an MPS server appears to run; None where no
+    GPU is visible."""
+    if not gpu:
+        return None
+    pipe = mps.control_pipe(env)
+    if mps.server_running(env):
+        return Check(
+            "mps",
+            "info",
+            f"an MPS server appears to run (its control pipe {pipe} exists): CUDA processes "
+            "of this environment share one context on its GPUs",
+        )
+    return Check(
+        "mps",
+        "info",
+        f"no MPS server (no control pipe at {pipe}); ranks that share a GPU should run under "
+        f"one, or the GPU switches between their CUDA contexts at every device wait: "
+        f"`{mps.CONTROL} -d` before the job, or `bench --mps` ({mps.DOCS})",
+    )
+
+
 def rdma_present(paths: Paths | None = None) -> bool:
     """Whether RDMA devices exist (``/dev/infiniband``, or ports in ``/sys/class/infiniband``)."""
     return _rdma_present(paths or Paths())
@@ -442,6 +487,7 @@ def run_checks(inp: Inputs | None = None) -> list[Check]:
     rdma = _rdma_present(paths)
     iface, sel = check_interface(inp, env)
     memlock = inp.memlock or resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    sharing = check_mps(env, gpu_visible(paths, inp.cuda_available))
     return [
         iface,
         check_mtu(sel, ports, paths.net),
@@ -451,6 +497,7 @@ def run_checks(inp: Inputs | None = None) -> list[Check]:
         check_gpudirect(
             paths, rdma, inp.kernel_release or platform.release(), inp.cuda_available
         ),
+        *([sharing] if sharing is not None else []),
     ]
 
 

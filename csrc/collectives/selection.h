@@ -27,11 +27,25 @@ enum class Algorithm {
 
 constexpr size_t kOpCount = 6;
 
+// The default chunk of an op on host memory (chunk_bytes): a piece that stays in a core's
+// share of the cache while it is received and folded, small enough to pipeline a large
+// message through the transport.
+constexpr size_t kHostChunkBytes = size_t{4} << 20;
+// The default chunk of an op on device memory (device_chunk_bytes). Each device exchange pays
+// a fixed cost that dwarfs its bytes (a rendezvous, events waited for on the host), while the
+// device folds a chunk in tens of microseconds, so little is won by pipelining it: on one
+// H200 shared by two ranks, a 64 MiB all_reduce took 16 GB/s in 4 MiB chunks and 69 GB/s in
+// one 64 MiB chunk, 125 and 224 GB/s under MPS (docs/cuda.md, 2026-11-28). An op holds at
+// most two chunks of device scratch.
+constexpr size_t kDeviceChunkBytes = size_t{64} << 20;
+
 struct Tuning {
   Algorithm forced[kOpCount] = {};  // kAuto: choose by size
   // Piece of a message that a rank receives into scratch (or pipelines) at once. A message
-  // that would need more chunks than an op has tag steps for uses larger ones.
-  size_t chunkBytes = size_t{4} << 20;
+  // that would need more chunks than an op has tag steps for uses larger ones. The group's
+  // chunk_bytes for ops on host memory, device_chunk_bytes for ops on device memory
+  // (BackendOptions::tuning).
+  size_t chunkBytes = kHostChunkBytes;
 };
 
 // Thresholds of the automatic choice, in bytes of the op's whole message (see choose()).

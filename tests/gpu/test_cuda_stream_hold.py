@@ -18,7 +18,7 @@ world makes exactly that happen, every round:
 * the op must end, and its result be bit-exact against a CPU reference (int32 SUM), within
   the world's deadline (a hang fails the world at ``WORLD_TIMEOUT``).
 
-The ops: all_reduce (the ring's two chunks of scratch), reduce_scatter (recursive halving,
+The ops: all_reduce (two chunks of scratch), reduce_scatter (recursive halving,
 forced: two chunks and the whole input), reduce to the waiting rank (the root folds through
 scratch), and an all_reduce of a
 strided tensor, whose staging copy is allocated on the progress thread: its ``wait()`` must

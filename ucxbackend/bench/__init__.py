@@ -21,6 +21,9 @@ Examples::
     # CUDA tensors: 2 ranks sharing one GPU; ucx, gloo, nccl (skipped: ranks share the GPU)
     # and the device-to-device copy limit (docs/bench.md, "GPU")
     python -m ucxbackend bench all_reduce --device cuda --nproc 2 -b 1M -e 64M --timeout 120
+    # the same under a private NVIDIA MPS server (one CUDA context for both ranks, no
+    # switching between two: docs/cuda.md, "Ranks sharing a GPU: run MPS")
+    python -m ucxbackend bench all_reduce --device cuda --mps --nproc 2 -b 1M -e 64M
 
     # under torchrun (rank, world size and rendezvous from the environment)
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m ucxbackend bench all_gather

@@ -32,7 +32,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, Protocol, TextIO
 
-from .common import ARGV_ENV, EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WRONG, BenchError
+from .. import mps
+from .common import (
+    ARGV_ENV,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WRONG,
+    BenchError,
+    UsageError,
+)
 from .options import BenchOptions, validate_environment
 
 logger = logging.getLogger(__name__)
@@ -115,6 +124,9 @@ class ForkedRank:
     def _run_rank(command: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
         code = EXIT_FAILED
         try:
+            # A rank ends at SIGTERM, whatever handler the launcher set for itself (--mps:
+            # mps.terminate_raises), which a rank blocked in a native wait would never run.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.environ.clear()
             os.environ.update(env)
             import torch
@@ -210,21 +222,51 @@ def supervise(
 
 
 def launch(opts: BenchOptions, err: TextIO) -> int:
-    """Start ``--nproc`` ranks on this host (a free port picked now) and supervise them."""
+    """Start ``--nproc`` ranks on this host (a free port picked now) and supervise them; with
+    ``--mps`` under a private MPS server (:class:`..mps.PrivateMps`), started before the
+    ranks and stopped after them however the run ends (a failed rank, an exception, Ctrl-C,
+    SIGTERM)."""
     world = opts.nproc or 2
     validate_environment(opts, world)
-    return launch_ranks("bench", opts.to_argv(), world, opts.timeout, err)
+    if not opts.mps:
+        return launch_ranks("bench", opts.to_argv(), world, opts.timeout, err)
+    with mps.terminate_raises():
+        server = mps.PrivateMps("--mps")
+        try:
+            server.start()
+        except mps.MpsUnavailable as exc:
+            raise UsageError(str(exc)) from None
+        except mps.MpsError as exc:
+            raise BenchError(str(exc)) from None
+        try:
+            logger.info("--mps: MPS control daemon up, %s", server.env)
+            return launch_ranks(
+                "bench", opts.to_argv(), world, opts.timeout, err, extra_env=server.env
+            )
+        finally:
+            problem = server.stop()
+            if problem is not None:
+                err.write(f"bench: warning: {problem}\n")
 
 
-def launch_ranks(command: str, argv: Sequence[str], world: int, timeout: float, err: TextIO) -> int:
+def launch_ranks(
+    command: str,
+    argv: Sequence[str],
+    world: int,
+    timeout: float,
+    err: TextIO,
+    extra_env: Mapping[str, str] | None = None,
+) -> int:
     """Fork ``world`` ranks of ``ucxbackend <command> <argv>`` (a free port picked now) and
-    supervise them; ``timeout``: the ranks' own deadline, which they stop themselves at."""
+    supervise them; ``timeout``: the ranks' own deadline, which they stop themselves at;
+    ``extra_env``: added to this process's environment for the ranks (--mps's server)."""
     port = free_port()
     logger.info("forking %d ranks: %s %s", world, command, " ".join(argv))
+    base = {**os.environ, **(extra_env or {})}
     procs: list[RankProcess] = []
     try:
         for rank in range(world):
-            procs.append(ForkedRank(argv, child_env(os.environ, rank, world, port), command))
+            procs.append(ForkedRank(argv, child_env(base, rank, world, port), command))
     except OSError as exc:
         _kill_all(procs)
         raise BenchError(f"could not start rank {len(procs)}: {exc}") from exc

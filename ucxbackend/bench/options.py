@@ -290,6 +290,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or torch has no NCCL",
     )
     parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="with --device cuda: start a private NVIDIA MPS control daemon for the run "
+        "(nvidia-cuda-mps-control; its pipe and log directories in a temporary directory, "
+        "handed to the ranks) and stop it afterwards, so that ranks sharing a GPU share one "
+        "CUDA context instead of the GPU switching between theirs (docs/cuda.md)",
+    )
+    parser.add_argument(
         "--nproc",
         type=_positive_int,
         default=None,
@@ -337,6 +345,7 @@ class BenchOptions:
     stat: str = "mean"
     rounds: int = 1
     device: str = "cpu"
+    mps: bool = False  # --mps: the launcher runs the ranks under a private MPS server
     nproc: int | None = None
     timeout: float = 600.0
     json: str | None = None
@@ -367,6 +376,12 @@ class BenchOptions:
             raise UsageError(
                 f"--rounds {args.rounds}: more rounds than timed iterations (-n {args.iters})"
             )
+        mps = bool(getattr(args, "mps", False))
+        if mps and args.device != "cuda":
+            raise UsageError(
+                "--mps needs --device cuda: MPS lets ranks that share a GPU share one CUDA "
+                f"context, and --device {args.device} uses none"
+            )
         clash = sorted({v.label for v in variants} & set(names))
         if clash:
             raise UsageError(f"udp variant label(s) {', '.join(clash)} also in --backends")
@@ -388,6 +403,7 @@ class BenchOptions:
             stat=args.stat,
             rounds=args.rounds,
             device=args.device,
+            mps=mps,
             nproc=args.nproc,
             timeout=args.timeout,
             json=os.path.abspath(args.json) if args.json else None,
@@ -451,6 +467,8 @@ class BenchOptions:
         if backends or not self.udp_variants:
             argv.append(f"--backends={','.join(backends)}")
         argv += [f"--udp-variant={v.spec()}" for v in self.udp_variants]
+        if self.mps:
+            argv.append("--mps")  # the ranks' header says so; the launcher started the server
         if self.nproc is not None:
             argv.append(f"--nproc={self.nproc}")
         if self.json:
@@ -480,6 +498,7 @@ class BenchOptions:
             "stat": self.stat,
             "rounds": self.rounds,
             "device": self.device,
+            "mps": self.mps,
             "timeout": self.timeout,
         }
 

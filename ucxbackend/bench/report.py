@@ -406,8 +406,9 @@ def build_report(
     versions: Mapping[str, Any],
     command: Sequence[str],
     mpi: Mapping[str, Any],
+    mps: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``--json`` document."""
+    """The ``--json`` document; ``mps``: :func:`.runner.mps_state` (None off CUDA)."""
     summary = [
         {"collective": coll, "backend": name, "avg_busbw": avg_busbw(rows, name, opts.stat, world)}
         for coll, rows in rows_by_collective.items()
@@ -420,6 +421,7 @@ def build_report(
         "command": list(command),
         "world_size": world,
         "device": opts.device,
+        "mps": None if mps is None else dict(mps),
         "stat": opts.stat,
         "units": {"time_us": "microseconds", "algbw": "GB/s (1e9 B/s)", "busbw": "GB/s (1e9 B/s)"},
         "versions": dict(versions),
@@ -442,6 +444,7 @@ def header_lines(
     ranks: Sequence[Mapping[str, Any]],
     mpi: MpiOutcome,
     skipped: Mapping[str, str] | None = None,
+    mps: Mapping[str, Any] | None = None,
 ) -> list[str]:
     lines = [
         f"# ucxbackend bench {versions['ucxbackend']}: torch {versions['torch']}, "
@@ -466,6 +469,7 @@ def header_lines(
     elif mpi.status != "not requested":
         lines.append(f"# mpi column {mpi.status}: {mpi.reason}")
     lines += [f"# {name} column skipped: {why}" for name, why in (skipped or {}).items()]
+    lines += mps_lines(mps)
     lines.append("#")
     lines += [
         f"#  Rank {r['rank']:>2} Pid {r['pid']:>7} on {r['host']} device {r['device']}"
@@ -473,3 +477,18 @@ def header_lines(
     ]
     lines.append("#")
     return lines
+
+
+def mps_lines(mps: Mapping[str, Any] | None) -> list[str]:
+    """``--device cuda``: whether an MPS server was on (docs/cuda.md), and the note when ranks
+    share a GPU without one; nothing off CUDA."""
+    if mps is None:
+        return []
+    pipe = mps["control_pipe"]
+    if mps["on"] and mps["private"]:
+        line = f"# mps: on, a private server that --mps started (control pipe {pipe})"
+    elif mps["on"]:
+        line = f"# mps: on (an MPS server's control pipe at {pipe})"
+    else:
+        line = f"# mps: off (no control pipe at {pipe})"
+    return [line] + ([f"# {mps['note']}"] if mps.get("note") else [])

@@ -32,6 +32,7 @@ from typing import Any, Final, TextIO
 import torch
 import torch.distributed as dist
 
+from .. import mps as mps_service
 from .cases import make_case_data
 from .common import (
     ARGV_ENV,
@@ -166,6 +167,24 @@ def nccl_skip_reason(nccl_available: bool, ranks: Sequence[Mapping[str, Any]]) -
                 "and NCCL cannot run two ranks on one GPU"
             )
     return None
+
+
+def mps_state(
+    opts: BenchOptions, env: Mapping[str, str], ranks_on_host: int, gpus: int
+) -> dict[str, Any] | None:
+    """``--device cuda``: whether the ranks run under an MPS server (``on``: its control pipe
+    exists for this rank's environment; ``private``: the launcher's ``--mps`` started it), and
+    the note when ranks share a GPU without one (:func:`..mps.sharing_note`); None off CUDA.
+    The header and the JSON's ``mps`` say it."""
+    if opts.device != "cuda":
+        return None
+    on = mps_service.server_running(env)
+    return {
+        "on": on,
+        "private": opts.mps,
+        "control_pipe": str(mps_service.control_pipe(env)),
+        "note": mps_service.sharing_note(ranks_on_host, gpus, on or opts.mps),
+    }
 
 
 class _Sweep:
@@ -339,6 +358,12 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
     init_logging(f"rank {rank}", opts.verbose)
     if opts.nproc is not None and opts.nproc != world and ARGV_ENV not in os.environ:
         logger.warning("--nproc %d ignored: the launcher started %d ranks", opts.nproc, world)
+    if opts.mps and ARGV_ENV not in os.environ:
+        raise UsageError(
+            "--mps starts the ranks' MPS server from the bench's own launcher, which torchrun "
+            "replaces: start one before torchrun (nvidia-cuda-mps-control -d; "
+            f"{mps_service.DOCS}) and leave --mps out"
+        )
     validate_environment(opts, world)  # importing this module registered "ucx"
     start_watchdog(opts.timeout, rank, err)
     device, sync = _device(opts, local_rank)
@@ -377,7 +402,10 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
         try:
             sweep = _Sweep(ctx, out, err, mpi_on, session)
             versions = _versions(mpi)
-            sweep.emit(header_lines(opts, world, versions, ranks, mpi, skipped))
+            on_host = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            gpus = torch.cuda.device_count() if opts.device == "cuda" else 0
+            mps = mps_state(opts, os.environ, on_host, gpus)
+            sweep.emit(header_lines(opts, world, versions, ranks, mpi, skipped, mps))
             rows = sweep.run()
         finally:
             if session is not None:
@@ -390,6 +418,7 @@ def run_rank(opts: BenchOptions, out: TextIO, err: TextIO) -> int:
             versions=versions,
             command=recorded_command(),
             mpi=mpi.describe(),
+            mps=mps,
         )
         _finish(ctx, report)
         dist.barrier(group=ctx.ctrl)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "csrc/collectives/algorithms.h"
+#include "csrc/collectives/scratch_size.h"
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
@@ -185,6 +186,24 @@ void testDevicePairAllreduceExchangesOnce() {
   forced.forced[static_cast<size_t>(algo::Op::kAllreduce)] = algo::Algorithm::kRing;
   CHECK(algo::choose(forced, algo::Op::kAllreduce, size_t{1} << 20, 2, true) ==
         algo::Algorithm::kRing);
+
+  // The scratch a CUDA op is given at issue (algo::scratchBytes, in device chunks): the peer's
+  // vector where one exchange is posted at once (a small op: not two chunks), two chunks for
+  // a chunked exchange, and none for the ops that reduce nothing. (Every reducing algorithm
+  // runs with exactly this much: issue_sized_scratch.h.)
+  algo::Tuning device;
+  device.chunkBytes = algo::kDeviceChunkBytes;
+  const auto scratch = [&](algo::Op op, size_t count, int n) {
+    return algo::scratchBytes(device, op, count, 4, n, true);
+  };
+  CHECK_EQ(scratch(algo::Op::kAllreduce, 1, 2), size_t{4});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, 1024, 4), size_t{4096});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 20, 2), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kReduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kReduceScatter, size_t{1} << 28, 2), size_t{0});
+  CHECK_EQ(scratch(algo::Op::kBroadcast, size_t{1} << 28, 4), size_t{0});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 28, 1), size_t{0});
 
   // The messages: a 1 MiB all_reduce of two ranks sends one message a rank on device memory
   // (carried as ucx carries CUDA tensors, or bounced through host buffers as udp stages them),
