@@ -82,7 +82,9 @@ def hold_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
     )
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(CAP_BYTES / total, 0)
-    side = torch.cuda.Stream()
+    # High priority: never a group's internal stream (those come from the low-priority pool),
+    # which the gate would not hold.
+    side = torch.cuda.Stream(priority=-1)
 
     def inputs(r: int, salt: int) -> Any:
         # Distinct per rank and round, small enough that an int32 sum cannot overflow.
