@@ -78,6 +78,8 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
   }
 }
 
+// Both scale in place: no allocation, except a tensor factor moved to the op's device
+// (scalesByTensor: such an op counts as allocating).
 void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
   // NCCLPreMulSumSupplement: the name every torch since 1.13 has (2.13 renamed the struct and

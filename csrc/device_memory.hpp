@@ -3,6 +3,12 @@
 // return, because the transport (UCX's own copy engines, or udp's host staging) reads and
 // writes the buffers outside any stream of ours. Uses only c10's device-generic API, so the
 // extension builds against a CPU-only torch and runs unchanged on a CUDA one.
+//
+// Nothing here allocates device memory on the progress thread (device_holds.hpp says why that
+// matters): copy() and reduce() are in-place or out= ATen ops on views of the op's own buffers
+// (from_blob, no storage of their own), elementwise over operands of one dtype and length, so
+// no temporaries; scratch() hands out what was allocated at issue. Only hostBuffer() (udp's
+// pinned staging) allocates, and such an op is never held at the gate.
 #pragma once
 
 #include <ATen/core/Tensor.h>
