@@ -40,6 +40,20 @@ struct Staged {
 
 uint8_t* bytePtr(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
+// Whether Staged makes a copy of none of `ts` (each is its own flat buffer). Asked only for
+// CUDA ops: an op whose body copies, packs or clones allocates on the progress thread
+// (DeviceNeeds), and so is never held at the gate.
+bool allContiguous(const std::vector<at::Tensor>& ts) {
+  return std::all_of(ts.begin(), ts.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
+}
+
+// PREMUL_SUM by a tensor factor moves the factor to the op's device (preScale): an allocation.
+bool scalesByTensor(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return false;
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  return s == nullptr || s->tensor_factor.defined();
+}
+
 // A contiguous tensor's memory as a flat byte tensor (a view).
 at::Tensor bytesOf(const at::Tensor& t) {
   return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())},
@@ -64,6 +78,8 @@ void unpack(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
   }
 }
 
+// Both scale in place: no allocation, except a tensor factor moved to the op's device
+// (scalesByTensor: such an op counts as allocating).
 void preScale(at::Tensor& t, const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
   // NCCLPreMulSumSupplement: the name every torch since 1.13 has (2.13 renamed the struct and
@@ -177,9 +193,17 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allreduceFlat(
       }
     };
   };
+  // A CUDA op: its scratch, sized now; it packs several tensors or stages a strided one.
+  DeviceNeeds needs;
+  if (c.device()) {
+    size_t count = 0;
+    for (const auto& t : tensors) count += static_cast<size_t>(t.numel());
+    needs = reducingNeeds(algo::Op::kAllreduce, count, spec.red.elementSize,
+                          tensors.size() != 1 || !first.is_contiguous() || scalesByTensor(reduceOp));
+  }
   return enqueue(op, type, c.device(), tensors, OpInputs(tensors).agreeing(reduceOp.op_, -1),
                  timeout, QueuedBody::deferred(queuedBody),
-                 postable ? PostBody(inlineBody) : PostBody());
+                 postable ? PostBody(inlineBody) : PostBody(), nullptr, needs);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -211,6 +235,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
   const auto reduceOp = opts.reduceOp;
   const int size = getSize();
   at::Tensor t = tensors[0];
+  // A CUDA op: its scratch; a strided tensor is staged, PREMUL_SUM scales a copy off the root.
+  const DeviceNeeds needs =
+      c.device() ? reducingNeeds(algo::Op::kReduce, static_cast<size_t>(t.numel()),
+                                 spec.red.elementSize,
+                                 !t.is_contiguous() || reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM)
+                 : DeviceNeeds{};
   return enqueue("reduce", c10d::OpType::REDUCE, c.device(), tensors,
                  OpInputs(t).agreeing(reduceOp.op_, root), timeoutFor(opts.timeout),
                  [t, spec, reduceOp, root, isRoot, size](Comm& comm) {
@@ -229,7 +259,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduce(std::vector<at::Tensor>&
                      postScale(buf, reduceOp, size);
                      staged.copyBack();
                    }
-                 });
+                 },
+                 nullptr, nullptr, needs);
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -245,7 +276,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::broadcast(std::vector<at::Tenso
                    Staged s(comm, t);
                    algo::broadcast(comm, s.data(), s.bytes(), root);
                    if (comm.rank() != root) s.copyBack();
-                 });
+                 },
+                 nullptr, nullptr, c.device() ? movingNeeds(!t.is_contiguous()) : DeviceNeeds{});
 }
 
 // --- all_gather family -------------------------------------------------------------------------
@@ -279,7 +311,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgather(
                    }
                    algo::allgather(comm, src.data(), ptrs, src.bytes());
                    for (auto& d : dst) d.copyBack();
-                 });
+                 },
+                 nullptr, nullptr,
+                 c.device() ? movingNeeds(!in.is_contiguous() || !allContiguous(outs))
+                            : DeviceNeeds{});
 }
 
 // outputs[i] holds size() copies of inputs[i]'s shape, rank-major. One algorithm call for all
@@ -354,7 +389,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::allgatherFlat(
                      at += len;
                    }
                  },
-                 nullptr, alsoIssue);
+                 nullptr, alsoIssue,
+                 // Only the zero-copy path of one contiguous input allocates nothing.
+                 c.device() ? movingNeeds(inputs.size() != 1 || !outputs[0].is_contiguous() ||
+                                          !inputs[0].is_contiguous())
+                            : DeviceNeeds{});
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::_allgather_base(
@@ -456,7 +495,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::gather(
                    }
                    algo::gather(comm, src.data(), ptrs, src.bytes(), root);
                    for (auto& d : dst) d.copyBack();
-                 });
+                 },
+                 nullptr, nullptr,
+                 c.device() ? movingNeeds(!in.is_contiguous() || !allContiguous(outs))
+                            : DeviceNeeds{});
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
@@ -488,7 +530,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::scatter(
                    Staged dst(comm, out);
                    algo::scatter(comm, ptrs, dst.data(), dst.bytes(), root);
                    dst.copyBack();
-                 });
+                 },
+                 nullptr, nullptr,
+                 c.device() ? movingNeeds(!out.is_contiguous() || !allContiguous(ins))
+                            : DeviceNeeds{});
 }
 
 // --- reduce_scatter family ---------------------------------------------------------------------
@@ -559,7 +604,21 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                                          static_cast<size_t>(output.numel()), spec.red);
                      postScale(dst.flat, reduceOp, size);
                      dst.copyBack();
-                   });
+                   },
+                   nullptr, nullptr,
+                   c.device() ? reducingNeeds(algo::Op::kReduceScatter,
+                                              static_cast<size_t>(outputs[0].numel()) * size,
+                                              spec.red.elementSize,
+                                              !outputs[0].is_contiguous() ||
+                                                  !allContiguous(inputs[0]))
+                              : DeviceNeeds{});
+  }
+  // Packed: every output's block of each rank in one buffer (allocating, on the progress thread).
+  DeviceNeeds packedNeeds;
+  if (c.device()) {
+    size_t count = 0;
+    for (const auto& o : outputs) count += static_cast<size_t>(o.numel()) * size;
+    packedNeeds = reducingNeeds(algo::Op::kReduceScatter, count, spec.red.elementSize, true);
   }
   return enqueue(op, c10d::OpType::_REDUCE_SCATTER_BASE, c.device(), outputs,
                  OpInputs(all).agreeing(reduceOp.op_, -1), timeout,
@@ -589,7 +648,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::reduceScatterFlat(
                                        static_cast<size_t>(blockElems), spec.red);
                    postScale(mine, reduceOp, size);
                    unpack(mine, outputs);
-                 });
+                 },
+                 nullptr, nullptr, c.device() ? packedNeeds : DeviceNeeds{});
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::reduce_scatter(
@@ -697,7 +757,11 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall_base(
                    }
                    algo::alltoall(comm, sends, sendBytes, recvs, recvBytes);
                    dst.copyBack();
-                 });
+                 },
+                 nullptr, nullptr,
+                 c.device() ? movingNeeds(input.is_alias_of(output) || !input.is_contiguous() ||
+                                          !output.is_contiguous())
+                            : DeviceNeeds{});
 }
 
 c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -742,7 +806,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::alltoall(std::vector<at::Tensor
                    }
                    algo::alltoall(comm, sends, sendBytes, recvs, recvBytes);
                    for (auto& d : dst) d.copyBack();
-                 });
+                 },
+                 nullptr, nullptr,
+                 c.device() ? movingNeeds(!allContiguous(inputs) || !allContiguous(outputs))
+                            : DeviceNeeds{});
 }
 
 }  // namespace ucxb

@@ -8,6 +8,8 @@
 #include <ATen/ops/minimum.h>
 #include <c10/core/StreamGuard.h>
 
+#include <string>
+
 #include "csrc/tensor_checks.hpp"
 
 namespace ucxb {
@@ -76,17 +78,21 @@ void DeviceMemory::reduce(const Reduction& red, void* acc, const void* in, size_
 }
 
 uint8_t* DeviceMemory::scratch(size_t bytes) {
-  at::Tensor& buffer = scratch_->buffer;
-  if (!buffer.defined() || static_cast<size_t>(buffer.numel()) < bytes) {
-    c10::StreamGuard guard(stream_);
-    buffer = at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
-                       at::TensorOptions().dtype(at::kByte).device(device_));
+  // Allocated at issue on the caller's thread (device_op.hpp): an allocation here, on the
+  // progress thread, could wait for a stream that a wait() holds until this very op ends.
+  const size_t have = scratch_ ? scratch_->buffer.nbytes() : 0;
+  if (bytes > have) {
+    throw OpFailed("internal: the algorithm asked for " + std::to_string(bytes) +
+                   " bytes of device scratch, and " + std::to_string(have) +
+                   " were allocated when the op was issued (algo::scratchBytes)");
   }
-  return static_cast<uint8_t*>(buffer.data_ptr());
+  return have == 0 ? nullptr : static_cast<uint8_t*>(scratch_->buffer.data_ptr());
 }
 
 uint8_t* DeviceMemory::hostBuffer(size_t bytes, std::shared_ptr<void>& owner) {
-  // Pinned (page-locked) memory: the device copies into and out of it directly.
+  // Pinned (page-locked) memory: the device copies into and out of it directly. Allocated here,
+  // on the progress thread: an op that stages (udp) is never held at the gate
+  // (device_holds.hpp), and its wait() blocks the host instead.
   auto buffer = std::make_shared<at::Tensor>(
       at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
                 at::TensorOptions().dtype(at::kByte).pinned_memory(true)));

@@ -3,6 +3,12 @@
 // return, because the transport (UCX's own copy engines, or udp's host staging) reads and
 // writes the buffers outside any stream of ours. Uses only c10's device-generic API, so the
 // extension builds against a CPU-only torch and runs unchanged on a CUDA one.
+//
+// Nothing here allocates device memory on the progress thread (device_holds.hpp says why that
+// matters): copy() and reduce() are in-place or out= ATen ops on views of the op's own buffers
+// (from_blob, no storage of their own), elementwise over operands of one dtype and length, so
+// no temporaries; scratch() hands out what was allocated at issue. Only hostBuffer() (udp's
+// pinned staging) allocates, and such an op is never held at the gate.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +27,8 @@ class DeviceMemory final : public OpMemory {
   // `stream`: the group's internal stream on `device`. `transportCarries`: the transport
   // moves device memory itself; otherwise messages stage through pinned host buffers.
   // Every wait for the device ends by `deadline` (the op's), in OpTimeout.
-  // `scratch`: the group's scratch on the device (device_op.hpp), which outlives the op.
+  // `scratch`: the scratch lent to the op at issue (device_op.hpp; null: none), which may
+  // outlive it. scratch() never allocates.
   DeviceMemory(c10::Device device, c10::Stream stream, bool transportCarries,
                Clock::time_point deadline, std::shared_ptr<DeviceScratch> scratch)
       : device_(device), stream_(stream), carries_(transportCarries), deadline_(deadline),

@@ -2,6 +2,7 @@
 
 #include "csrc/device_presence.hpp"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -53,10 +54,7 @@ GroupDevices::PerDevice& GroupDevices::of(c10::Device device) {
     const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
     const c10::Stream stream = impl->getStreamFromGlobalPool(device);
     noteInternal(stream);
-    it = devices_
-             .emplace(device.index(),
-                      PerDevice{stream, std::make_shared<DeviceScratch>(), nullptr})
-             .first;
+    it = devices_.emplace(device.index(), PerDevice{stream, nullptr, nullptr}).first;
   }
   return it->second;
 }
@@ -66,17 +64,33 @@ c10::Stream GroupDevices::stream(c10::Device device) {
   return of(device).stream;
 }
 
-std::shared_ptr<DeviceScratch> GroupDevices::scratch(c10::Device device) {
+std::shared_ptr<DeviceScratch> GroupDevices::scratch(c10::Device device, size_t bytes) {
+  if (bytes == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  return of(device).scratch;
+  PerDevice& d = of(device);
+  if (d.scratch && d.scratch->buffer.nbytes() >= bytes) return d.scratch;
+  // On the internal stream, where the op uses it: the caching allocator may then hand the
+  // block on once it is freed without waiting for another stream.
+  c10::DeviceGuard onDevice(device);
+  c10::StreamGuard onStream(d.stream);
+  auto grown = std::make_shared<DeviceScratch>();
+  grown->buffer = at::empty({static_cast<int64_t>(bytes)},
+                            at::TensorOptions().dtype(at::kByte).device(device));
+  d.scratch = grown;  // the old one goes with the last op issued with it
+  return grown;
 }
 
 std::shared_ptr<StreamGate> GroupDevices::gate(c10::Device device) {
   std::lock_guard<std::mutex> lock(mu_);
   PerDevice& d = of(device);
   if (!d.gateOpened) {  // its pinned word is never freed: only groups that use it pay
-    d.gate = StreamGate::open(device);
     d.gateOpened = true;
+    try {
+      d.gate = StreamGate::open(device);
+    } catch (...) {
+      // No pinned word (a CUDA error, no pinned memory): no gate, as where the driver offers
+      // none; every wait() of the group waits on the host.
+    }
   }
   return d.gate;
 }
@@ -86,11 +100,14 @@ c10::Stream currentStream(c10::Device device) {
 }
 
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
-                                      GroupDevices& devices) {
+                                      GroupDevices& devices, size_t scratchBytes,
+                                      std::shared_ptr<StreamGate> gate) {
   if (!device) return std::nullopt;
+  auto scratch = devices.scratch(*device, scratchBytes);
   auto ready = std::make_shared<c10::Event>(device->type());
   ready->record(currentStream(*device));
-  return DeviceOp{*device, devices.stream(*device), std::move(ready), devices.scratch(*device)};
+  return DeviceOp{*device, devices.stream(*device), std::move(ready), std::move(scratch),
+                  std::move(gate)};
 }
 
 void waitForDevice(const c10::Event& event, Clock::time_point deadline, const char* what) {

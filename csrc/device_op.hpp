@@ -41,9 +41,14 @@ inline MemoryType memoryOf(const std::optional<c10::Device>& device) {
   return device ? MemoryType::kCuda : MemoryType::kHost;
 }
 
-// The group's device scratch on one device (DeviceMemory::scratch), grow-only, used by one op
-// at a time on the progress thread. It lives as long as the group and its queued ops, not
-// one op: a request a failed op could not withdraw may still point into it.
+// Device scratch (DeviceMemory::scratch), allocated on the caller's thread when an op is
+// issued (issueOnDevice), never on the progress thread: there an allocation that makes torch's
+// caching allocator free cached blocks synchronises the device, which a stream held by
+// cuda_wait=stream (device_holds.hpp) would keep from ever returning. A group keeps its
+// largest so far and lends it to every op that fits; an op that needs more gets a larger one,
+// which becomes the group's, while the ops issued before it keep the old one (their DeviceOp
+// holds it) until they are done. It may outlive the op: a request a failed op could not
+// withdraw may still point into it (Comm::keep).
 struct DeviceScratch {
   at::Tensor buffer;
 };
@@ -53,7 +58,11 @@ struct DeviceOp {
   c10::Device device;
   c10::Stream stream;                 // the group's internal stream on `device`
   std::shared_ptr<c10::Event> ready;  // recorded on the caller's current stream at issue
+  // At least the op's algo::scratchBytes; null when it needs none.
   std::shared_ptr<DeviceScratch> scratch;
+  // The group's gate (cuda_wait=stream; else null): an op that fails its group opens it for
+  // good (StreamGate::releaseAll), so no stream stays held by the ops the failure refuses.
+  std::shared_ptr<StreamGate> gate;
 };
 
 // What a group keeps per CUDA device: its internal stream, taken from the device's stream
@@ -61,14 +70,17 @@ struct DeviceOp {
 class GroupDevices {
  public:
   c10::Stream stream(c10::Device device);
-  std::shared_ptr<DeviceScratch> scratch(c10::Device device);
+  // Caller's thread: a scratch of at least `bytes` on `device` (null for 0), allocated on the
+  // internal stream where the group's is smaller.
+  std::shared_ptr<DeviceScratch> scratch(c10::Device device, size_t bytes);
   std::shared_ptr<StreamGate> gate(c10::Device device);
 
  private:
   struct PerDevice {
     c10::Stream stream;
     std::shared_ptr<DeviceScratch> scratch;
-    std::shared_ptr<StreamGate> gate;  // opened at the first gate() (cuda_wait=stream only)
+    // Opened at the first gate() (cuda_wait=stream only); null where it could not be.
+    std::shared_ptr<StreamGate> gate;
     bool gateOpened = false;
   };
   PerDevice& of(c10::Device device);
@@ -77,9 +89,11 @@ class GroupDevices {
   std::map<c10::DeviceIndex, PerDevice> devices_;
 };
 
-// On the caller's thread: records the op's ready event. None for a CPU op.
+// On the caller's thread: records the op's ready event and lends it `scratchBytes` of scratch
+// (algo::scratchBytes). None for a CPU op. `gate`: the group's, where it has one.
 std::optional<DeviceOp> issueOnDevice(const std::optional<c10::Device>& device,
-                                      GroupDevices& devices);
+                                      GroupDevices& devices, size_t scratchBytes = 0,
+                                      std::shared_ptr<StreamGate> gate = nullptr);
 
 // This thread's current stream of `device`.
 c10::Stream currentStream(c10::Device device);

@@ -25,6 +25,10 @@ class StreamGate {
   // Progress thread (or whoever ends an op): the op numbered `seq` has ended, well or not. A
   // stream must never wait forever: every op ends this way, failed and abandoned ones too.
   void release(uint64_t seq);
+  // Every op, now and later: the group has failed, and refuses the ops it has not run. What
+  // a failed op leaves for the progress thread to let go later (requests it gave up) may
+  // then free device memory there without a held stream waiting on it (device_holds.hpp).
+  void releaseAll() { release(~uint64_t{0}); }
 
  private:
   StreamGate(uint64_t* word, uint64_t deviceAddress);

@@ -14,6 +14,7 @@
 #include "csrc/creation_liveness.hpp"
 #include "csrc/device_memory.hpp"
 #include "csrc/collectives/algorithms.h"
+#include "csrc/collectives/scratch_size.h"
 #include "csrc/handshake.h"
 #include "csrc/p2p_withdraw.hpp"
 #include "csrc/staging_setup.hpp"
@@ -74,6 +75,17 @@ AnyHostHook anyHostHook(const std::string& backend) {
   throwBadOption(backend, "UCXBACKEND_TEST_ANY_HOST (a test-only hook) must be round or fail, "
                           "got '" + value + "'");
 }
+
+// What a send's or receive's task, request and callback hold of it. `held` (its DeviceHolds
+// mark, cuda_wait=stream; else null) is declared first, so let go last: after every tensor,
+// whose memory may be freed on the progress thread as it goes (device_holds.hpp).
+struct P2PRefs {
+  std::shared_ptr<void> held;
+  c10::intrusive_ptr<TransportWork> work;
+  at::Tensor tensor;
+  at::Tensor staged;
+  std::optional<DeviceOp> deviceOp;
+};
 
 // Fails `work` on the thread that ran its op, its Comm gone. A request the op gave up that
 // the transport could not stop (`requestsLeft`: ProgressEngine::leftRequestsBehind) may still
@@ -160,6 +172,7 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
       engineConfig_(options_.engine()),
       tuning_(options_.tuning()),
       deviceTuning_(options_.tuning(/*deviceMemory=*/true)),
+      holds_(options_.cudaWait == "stream" ? std::make_shared<DeviceHolds>() : nullptr),
       running_(std::make_shared<std::atomic<const TransportWork*>>(nullptr)),
       tagSeqMask_(tagSeqMask(backendName_)),
       faults_(faultSwitch()) {
@@ -356,6 +369,7 @@ void TransportBackend::shutdown() {
   if (engine_) {
     engine_->stop();
   }
+  if (holds_) holds_->clear();
   // shutdown() and the destructor may run on two threads at once; std::thread::join may not.
   std::lock_guard<std::mutex> lock(storeCleanupMu_);
   if (storeCleanup_.joinable()) storeCleanup_.join();
@@ -507,10 +521,18 @@ bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& wor
   return true;
 }
 
+DeviceNeeds TransportBackend::reducingNeeds(algo::Op op, size_t count,
+                                                             size_t esz, bool allocates) const {
+  return {algo::scratchBytes(deviceTuning_, op, count, esz, getSize(), /*deviceMemory=*/true),
+          allocates || !transportCarriesDevice_};
+}
+
 bool TransportBackend::issueOrFail(const std::optional<c10::Device>& device, TransportWork& work,
                                    std::optional<DeviceOp>& deviceOp) {
   try {
-    deviceOp = issueOnDevice(device, devices_);
+    // Sends and receives use no scratch; the gate goes with them so that one failing the
+    // group releases every held stream (device_op.hpp).
+    deviceOp = issueOnDevice(device, devices_, 0, holds_ ? devices_.gate(*device) : nullptr);
     return true;
   } catch (...) {
     // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
@@ -528,7 +550,8 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
                                                              std::optional<c10::Device> device,
                                                              std::vector<at::Tensor> outputs,
                                                              OpInputs inputs,
-                                                             std::chrono::milliseconds timeout) {
+                                                             std::chrono::milliseconds timeout,
+                                                             bool allocates) {
   const bool p2p = type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
                    type == c10d::OpType::RECVANYSOURCE;
   OpContext ctx{op, getRank(), getSize(), p2p ? ++p2pSeq_ : ++collectiveSeq_,
@@ -556,14 +579,13 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   // Collectives end in issue order, which the gate's one word per device relies on; sends
   // and receives do not (their wait() blocks the host).
   if (device && !p2p && options_.cudaWait == "stream") {
-    std::shared_ptr<StreamGate> gate;
-    try {
-      gate = devices_.gate(*device);
-    } catch (...) {
-      // No pinned word (a CUDA error, no pinned memory): this op's wait() waits on the host.
-    }
-    work->setDeviceGate(*device, std::move(gate));
+    work->setDeviceGate(*device, devices_.gate(*device));  // null: wait() waits on the host
   }
+  // Numbered in the progress thread's order: a collective's caller holds issueMu_ until its
+  // task is queued. A CUDA send or receive takes its number under issueMu_ too (enqueueP2P)
+  // and is queued a little later, after ops with higher numbers maybe: a wait() then sees it
+  // marked ahead of an op it runs behind, which only errs towards waiting on the host.
+  if (device && holds_) work->setHolds(holds_, holds_->nextTicket(), allocates);
   work->setProbe(probe_);
   {
     std::lock_guard<std::mutex> lock(coalesceMu_);
@@ -601,7 +623,8 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                                                         OpInputs inputs,
                                                         std::chrono::milliseconds timeout,
                                                         QueuedBody body, PostBody inlineBody,
-                                                        const std::function<void()>& alsoIssue) {
+                                                        const std::function<void()>& alsoIssue,
+                                                        DeviceNeeds needs) {
   // From its sequence number to its place in the queue (or its lease), an op is issued
   // under issueMu_: ops that threads issue concurrently then run in the order of their
   // numbers on every rank. Peers match ops by number, so two ranks running a pair in
@@ -610,9 +633,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   std::unique_ptr<ProgressEngine::Lease> lease;
   std::exception_ptr deviceError;
   const uint32_t tagGroup = tagGroupOf(groupHash_, type, inputs);
+  // What earlier CUDA ops left for a caller's thread to let go (device_holds.hpp).
+  if (device && holds_) holds_->prune();
   {
     std::lock_guard<std::mutex> issue(issueMu_);
-    work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout);
+    work = makeWork(op, type, device, std::move(outputs), std::move(inputs), timeout,
+                    needs.allocates);
     if (alsoIssue) alsoIssue();
     if (!engine_->failed()) {
       // The caller's thread has no device stream to order the op after: the inline run is a
@@ -622,11 +648,21 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
                               std::make_shared<c10::intrusive_ptr<TransportWork>>(work));
       }
       if (!lease) {
-        // Ordered after what the caller queued on its current stream (device_op.hpp).
+        // Ordered after what the caller queued on its current stream, with its scratch
+        // allocated here, on the caller's thread (device_op.hpp).
         std::optional<DeviceOp> deviceOp;
         try {
-          deviceOp = issueOnDevice(device, devices_);
-          queueTask(work, op, tagGroup, std::move(deviceOp), timeout, body.take());
+          std::unique_ptr<DeviceHolds::Mark> mark;
+          if (device && holds_) {
+            deviceOp = issueOnDevice(device, devices_, needs.scratchBytes, devices_.gate(*device));
+            if (needs.allocates) {
+              mark = std::make_unique<DeviceHolds::Mark>(holds_, work->ticket());
+            }
+          } else {
+            deviceOp = issueOnDevice(device, devices_, needs.scratchBytes);
+          }
+          queueTask(work, op, tagGroup, std::move(deviceOp), timeout, body.take(),
+                    std::move(mark));
         } catch (...) {
           deviceError = std::current_exception();
         }
@@ -645,61 +681,101 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   return work;
 }
 
+void TransportBackend::runQueued(ProgressEngine& engine,
+                                 std::atomic<const TransportWork*>& running, uint32_t group,
+                                 const c10::intrusive_ptr<TransportWork>& work, const Body& body,
+                                 std::chrono::milliseconds timeout, const algo::Tuning& tuning,
+                                 uint64_t seqMask, const std::optional<DeviceOp>& deviceOp,
+                                 bool carries) {
+  if (refuseIfFailed(engine, *work)) return;  // the group failed while this op was queued
+  running.store(work.get());
+  work->markStarted();
+  // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
+  at::NoGradGuard noGrad;
+  std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
+  try {
+    const auto deadline = Clock::now() + timeout;
+    work->setOwnDeadline(deadline);
+    scope.emplace(deviceOp, deadline);
+    std::optional<DeviceMemory> memory;
+    if (deviceOp) {
+      memory.emplace(deviceOp->device, deviceOp->stream, carries, deadline, deviceOp->scratch);
+    }
+    Comm comm(engine.transport(), engine, group, work->context().seq & seqMask, deadline,
+              tuning, memory ? &*memory : nullptr);
+    // The op's device scratch may go with the group, which an abort() lets go before this
+    // thread has let go of the transport: a request given up that still writes into the
+    // scratch holds it (Comm::keep).
+    if (deviceOp && deviceOp->scratch) comm.keep(deviceOp->scratch);
+    work->checkTensorsFit();
+    body(comm);
+    scope->drain();
+  } catch (...) {
+    // Whatever failed, this rank's part of the op is incomplete, and a peer's message for it
+    // may still arrive: the group refuses every later op (recorded before the Work fails, so
+    // that the caller's next op already finds the group failed). Finish before clearing
+    // `running`: a caller whose own wait() deadline falls while the op is failing must still
+    // find what it waits for in the probe, not an idle engine.
+    const auto error = toDistError(work->context(), std::current_exception());
+    engine.fail(messageOf(error), failureKindOf(std::current_exception()));
+    // No stream stays held by an op the failure refuses: what this op left behind may free
+    // device memory on this thread later (device_holds.hpp).
+    if (deviceOp && deviceOp->gate) deviceOp->gate->releaseAll();
+    // Device work of the failed op may still write its tensors: let it end (within the
+    // op's timeout again) before the caller is told, and may free or reuse them.
+    if (scope) {
+      try {
+        scope->drainFor(timeout);
+      } catch (...) {
+      }
+    }
+    finishFailed(*work, error, engine.leftRequestsBehind());
+    running.store(nullptr);
+    return;
+  }
+  work->finishOk();
+  running.store(nullptr);
+}
+
 void TransportBackend::queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
                                  uint32_t tagGroup, std::optional<DeviceOp> deviceOp,
-                                 std::chrono::milliseconds timeout, Body body) {
+                                 std::chrono::milliseconds timeout, Body body,
+                                 std::unique_ptr<DeviceHolds::Mark> mark) {
   Task task = taskFor(work, op);
   const algo::Tuning& opTuning = deviceOp ? deviceTuning_ : tuning_;
+  if (deviceOp && holds_) {
+    // cuda_wait=stream: everything the task holds of the op (its Work, tensors, scratch) in
+    // one object that holds_ keeps too, so that the last of it goes on a caller's thread
+    // (device_holds.hpp); the mark, when it allocates, goes with it.
+    struct Held {
+      std::unique_ptr<DeviceHolds::Mark> mark;  // first: let go last
+      c10::intrusive_ptr<TransportWork> work;
+      Body body;
+      std::optional<DeviceOp> deviceOp;
+    };
+    auto held = std::make_shared<Held>(
+        Held{std::move(mark), work, std::move(body), std::move(deviceOp)});
+    holds_->keep(held);
+    task.abandon = [held](const std::string& why) {
+      held->work->finishError(
+          toDistError(held->work->context(), std::make_exception_ptr(OpFailed(why))));
+    };
+    task.keepAlive = held;
+    task.run = [engine = engine_.get(), running = running_, group = tagGroup, held, timeout,
+                tuning = deviceTuning_, seqMask = tagSeqMask_, carries = transportCarriesDevice_]() {
+      runQueued(*engine, *running, group, held->work, held->body, timeout, tuning, seqMask,
+                held->deviceOp, carries);
+    };
+    engine_->post(std::move(task));
+    return;
+  }
   // No `this`: the group can be destroyed while its running op unwinds (a callback on the
   // progress thread dropping the last reference); the engine outlives its own thread.
   task.run = [engine = engine_.get(), running = running_, group = tagGroup, work,
               body = std::move(body), timeout, tuning = opTuning, seqMask = tagSeqMask_,
               deviceOp = std::move(deviceOp), carries = transportCarriesDevice_]() {
-    if (refuseIfFailed(*engine, *work)) return;  // the group failed while this op was queued
-    running->store(work.get());
-    work->markStarted();
-    // Staging copies must not be recorded by autograd (the caller's grad mode is not ours).
-    at::NoGradGuard noGrad;
-    std::optional<DeviceScope> scope;  // outlives finishOk: the Future records its event on it
-    try {
-      const auto deadline = Clock::now() + timeout;
-      work->setOwnDeadline(deadline);
-      scope.emplace(deviceOp, deadline);
-      std::optional<DeviceMemory> memory;
-      if (deviceOp) {
-        memory.emplace(deviceOp->device, deviceOp->stream, carries, deadline, deviceOp->scratch);
-      }
-      Comm comm(engine->transport(), *engine, group, work->context().seq & seqMask, deadline,
-                tuning, memory ? &*memory : nullptr);
-      // The group's device scratch goes with the group, which an abort() lets go before this
-      // thread has let go of the transport: a request given up that still writes into the
-      // scratch holds it (Comm::keep).
-      if (deviceOp) comm.keep(deviceOp->scratch);
-      work->checkTensorsFit();
-      body(comm);
-      scope->drain();
-    } catch (...) {
-      // Whatever failed, this rank's part of the op is incomplete, and a peer's message for it
-      // may still arrive: the group refuses every later op (recorded before the Work fails, so
-      // that the caller's next op already finds the group failed). Finish before clearing
-      // `running`: a caller whose own wait() deadline falls while the op is failing must still
-      // find what it waits for in the probe, not an idle engine.
-      const auto error = toDistError(work->context(), std::current_exception());
-      engine->fail(messageOf(error), failureKindOf(std::current_exception()));
-      // Device work of the failed op may still write its tensors: let it end (within the
-      // op's timeout again) before the caller is told, and may free or reuse them.
-      if (scope) {
-        try {
-          scope->drainFor(timeout);
-        } catch (...) {
-        }
-      }
-      finishFailed(*work, error, engine->leftRequestsBehind());
-      running->store(nullptr);
-      return;
-    }
-    work->finishOk();
-    running->store(nullptr);
+    runQueued(*engine, *running, group, work, body, timeout, tuning, seqMask, deviceOp,
+              carries);
   };
   engine_->post(std::move(task));
 }
@@ -787,7 +863,22 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
                                                            std::optional<c10::Device> device,
                                                            at::Tensor tensor, int peer,
                                                            uint64_t tag, uint64_t mask) {
-  auto work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
+  c10::intrusive_ptr<TransportWork> work;
+  // cuda_wait=stream: the op may call into torch's allocators on the progress thread (a
+  // contiguous copy, udp's pinned staging, their frees), so it is marked until all it holds
+  // there is gone (device_holds.hpp), numbered under issueMu_ in the collectives' order.
+  std::shared_ptr<void> held;
+  if (device && holds_) {
+    holds_->prune();
+    {
+      std::lock_guard<std::mutex> issue(issueMu_);
+      work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
+    }
+    held = std::make_shared<DeviceHolds::Mark>(holds_, work->ticket());
+    holds_->keep(held);
+  } else {
+    work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
+  }
   if (refuseIfFailed(*work)) return work;
   std::optional<DeviceOp> deviceOp;
   if (!issueOrFail(device, *work, deviceOp)) return work;
@@ -807,8 +898,12 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
   });
   Task task;
   // The engine outlives its thread, on which this task and the request's callback run.
-  task.run = [engine = engine_.get(), work, tensor, peer, tag, mask, isSend, posted,
-              withdrawn, deviceOp, hostStaged, mem, timeout = timeout_.load()]() {
+  task.run = [engine = engine_.get(), refs = P2PRefs{held, work, tensor, {}, deviceOp}, peer,
+              tag, mask, isSend, posted, withdrawn, hostStaged, mem,
+              timeout = timeout_.load()]() {
+    const auto& work = refs.work;
+    const auto& tensor = refs.tensor;
+    const auto& deviceOp = refs.deviceOp;
     if (refuseIfFailed(*engine, *work)) return;
     at::NoGradGuard noGrad;
     try {
@@ -834,10 +929,19 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
       // stays with it, not only with its callback: where the group goes first, the transport
       // fails the request (running and dropping the callback) and then drives UCX for a
       // while, and UCX cannot stop a receive matched to an eager message still arriving.
-      req->keepAlive(std::make_shared<at::Tensor>(staged));
+      if (refs.held) {
+        req->keepAlive(std::make_shared<P2PRefs>(P2PRefs{refs.held, {}, {}, staged, {}}));
+      } else {
+        req->keepAlive(std::make_shared<at::Tensor>(staged));
+      }
       work->markStarted();
       // Runs on this thread during a later progress(); it owns `staged` until then.
-      req->onComplete([engine, work, tensor, staged, withdrawn, deviceOp, timeout](Request& r) {
+      req->onComplete([engine, done = P2PRefs{refs.held, work, tensor, staged, deviceOp},
+                       withdrawn, timeout](Request& r) {
+        const auto& work = done.work;
+        const auto& tensor = done.tensor;
+        const auto& staged = done.staged;
+        const auto& deviceOp = done.deviceOp;
         // A CUDA recv's copy back runs on the group's stream and is final before the Work
         // completes; the Future records its event there.
         std::optional<DeviceScope> scope;
@@ -885,14 +989,17 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
         work->finishOk();
       });
     } catch (...) {
-      // Posting failed (the transport threw): the group is failed.
+      // Posting failed (the transport threw): the group is failed, and no stream stays held
+      // by the ops it refuses (runQueued).
       const auto error = toDistError(work->context(), std::current_exception());
       engine->fail(messageOf(error), failureKindOf(std::current_exception()));
+      if (deviceOp && deviceOp->gate) deviceOp->gate->releaseAll();
       work->finishError(error);
     }
   };
-  task.abandon = [work](const std::string& why) {
-    work->finishError(toDistError(work->context(), std::make_exception_ptr(OpFailed(why))));
+  task.abandon = [refs = P2PRefs{held, work, {}, {}, {}}](const std::string& why) {
+    refs.work->finishError(
+        toDistError(refs.work->context(), std::make_exception_ptr(OpFailed(why))));
   };
   engine_->post(std::move(task));
   return work;

@@ -23,6 +23,7 @@
 #include "csrc/backend_options.h"
 #include "csrc/collectives/algorithms.h"
 #include "csrc/collectives/comm.h"
+#include "csrc/device_holds.hpp"
 #include "csrc/device_op.hpp"
 #include "csrc/engine/progress_engine.h"
 #include "csrc/flight_recorder.hpp"
@@ -32,6 +33,15 @@
 #include "transports/fault_injection.h"
 
 namespace ucxb {
+
+// What a CUDA op's run needs on the device, known at issue: its scratch (algo::scratchBytes,
+// allocated then on the caller's thread) and whether the run may still call into torch's
+// allocators on the progress thread (a staging copy, a packed buffer, a clone): such an op is
+// never held at the gate (device_holds.hpp). The default is the safe one.
+struct DeviceNeeds {
+  size_t scratchBytes = 0;
+  bool allocates = true;
+};
 
 class TransportBackend : public c10d::Backend {
  public:
@@ -201,6 +211,12 @@ class TransportBackend : public c10d::Backend {
     c10::function_ref<Body()> make_;
   };
 
+  // A reducing op's needs: `op`'s scratch over `count` elements of `esz` bytes, allocating
+  // where `allocates` or where the transport stages device memory through host buffers.
+  DeviceNeeds reducingNeeds(algo::Op op, size_t count, size_t esz, bool allocates) const;
+  // An op that reduces nothing: allocating as above.
+  DeviceNeeds movingNeeds(bool allocates) const { return {0, allocates || !transportCarriesDevice_}; }
+
   // If the group has failed (ProgressEngine::fail), fails `work` with GroupFailed naming the
   // first failure and returns true: on the caller's thread when the op is issued, and on the
   // progress thread when it comes to run. Any thread.
@@ -215,25 +231,39 @@ class TransportBackend : public c10d::Backend {
                    std::optional<DeviceOp>& deviceOp);
   // `device`: the CUDA device of the op's tensors (Checker::device()); none for a CPU op.
   // Also records the op in the Flight Recorder (flight_recorder.hpp) when it is on.
+  // `allocates`: as DeviceNeeds' (a CUDA op in a group with cuda_wait=stream).
   c10::intrusive_ptr<TransportWork> makeWork(const char* op, c10d::OpType type,
                                              std::optional<c10::Device> device,
                                              std::vector<at::Tensor> outputs, OpInputs inputs,
-                                             std::chrono::milliseconds timeout);
+                                             std::chrono::milliseconds timeout,
+                                             bool allocates = true);
   // `inlineBody`, when set, is the same op split for the inline path: tried first (runInline)
   // unless the op is a CUDA one; `body` runs on the progress thread otherwise. `alsoIssue`,
   // when set, runs under issueMu_ right after the op's Work is made: an op that makes a
   // second Work (allgather_coalesced) numbers it there, so no other op's number falls between.
+  // `needs`: a CUDA op's (ignored for a CPU op).
   c10::intrusive_ptr<c10d::Work> enqueue(const char* op, c10d::OpType type,
                                          std::optional<c10::Device> device,
                                          std::vector<at::Tensor> outputs, OpInputs inputs,
                                          std::chrono::milliseconds timeout, QueuedBody body,
                                          PostBody inlineBody = nullptr,
-                                         const std::function<void()>& alsoIssue = nullptr);
+                                         const std::function<void()>& alsoIssue = nullptr,
+                                         DeviceNeeds needs = {});
   // The task that runs `body` for `work` on the progress thread, queued. `tagGroup`: the
   // group field of the op's tags (tag::markedGroup).
+  // A CUDA op in a group with cuda_wait=stream (holds_) goes as one object that holds_ keeps
+  // too, so that what it holds is let go on a caller's thread (device_holds.hpp); `mark`: its
+  // DeviceHolds mark, when it allocates.
   void queueTask(const c10::intrusive_ptr<TransportWork>& work, const char* op,
                  uint32_t tagGroup, std::optional<DeviceOp> deviceOp,
-                 std::chrono::milliseconds timeout, Body body);
+                 std::chrono::milliseconds timeout, Body body,
+                 std::unique_ptr<DeviceHolds::Mark> mark = nullptr);
+  // The queued op's run on the progress thread (queueTask's task).
+  static void runQueued(ProgressEngine& engine, std::atomic<const TransportWork*>& running,
+                        uint32_t group, const c10::intrusive_ptr<TransportWork>& work,
+                        const Body& body, std::chrono::milliseconds timeout,
+                        const algo::Tuning& tuning, uint64_t seqMask,
+                        const std::optional<DeviceOp>& deviceOp, bool carries);
   // Runs `work`'s op on this thread, which holds the transport through `lease`: posts it,
   // drives it for up to spin_us, then finishes it here or hands the waiting to the progress
   // thread.
@@ -291,6 +321,8 @@ class TransportBackend : public c10d::Backend {
   // host memory (udp), and the group's internal stream per device (device_op.hpp).
   bool transportCarriesDevice_ = false;
   GroupDevices devices_;
+  // cuda_wait=stream only (else null): what keeps a held stream from hanging.
+  const std::shared_ptr<DeviceHolds> holds_;
   // Collectives and point-to-point ops are numbered separately: every rank issues the same
   // collectives, but not the same sends and receives, and the collective number is in the tag.
   std::atomic<uint64_t> collectiveSeq_{0};

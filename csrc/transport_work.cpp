@@ -41,6 +41,32 @@ void TransportWork::setDeviceGate(c10::Device device, std::shared_ptr<StreamGate
   gate_ = std::move(gate);
 }
 
+void TransportWork::setHolds(std::shared_ptr<DeviceHolds> holds, uint64_t ticket,
+                             bool allocates) {
+  holds_ = std::move(holds);
+  ticket_ = ticket;
+  allocates_ = allocates;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> TransportWork::getFuture() {
+  if (holds_) {
+    std::lock_guard<std::mutex> lock(holdMu_);
+    if (!holdsSettled_ && !futureMarked_) {
+      holds_->add(ticket_);
+      futureMarked_ = true;
+    }
+  }
+  return future_;
+}
+
+void TransportWork::settleHolds() {
+  if (!holds_) return;
+  std::lock_guard<std::mutex> lock(holdMu_);
+  holdsSettled_ = true;
+  if (futureMarked_) holds_->remove(ticket_);
+  futureMarked_ = false;
+}
+
 namespace {
 
 // Holds `stream` at the gate until op `seq` has ended; false where the host must wait
@@ -60,7 +86,14 @@ bool holdAtGate(const StreamGate& gate, c10::Device device, uint64_t seq) {
 bool TransportWork::holdCallerStream() const {
   // An op still running: hold the caller's stream, not the caller. One already ended needs
   // nothing on the device (its stream was drained).
-  return gate_ && !done_.load(std::memory_order_acquire) && holdAtGate(*gate_, *device_, ctx_.seq);
+  if (!gate_ || done_.load(std::memory_order_acquire)) return false;
+  if (holds_) {
+    // Not where the progress thread may call into torch's allocators before this op ends:
+    // in this op's run, or in that of an op queued before it (device_holds.hpp).
+    holds_->prune();
+    if (allocates_ || !holds_->clearBefore(ticket_)) return false;
+  }
+  return holdAtGate(*gate_, *device_, ctx_.seq);
 }
 
 void TransportWork::synchronize() {
@@ -194,6 +227,10 @@ void TransportWork::release_resources() {
 void TransportWork::finishOk() {
   if (settled_.exchange(true)) return;
   unpinStorages();
+  // The outputs are final on the device (the op's stream was drained): a held stream goes on
+  // now, before the Future's callbacks run, which may call into the allocator and so must not
+  // run while a stream waits for this op (device_holds.hpp).
+  if (gate_) gate_->release(ctx_.seq);
   if (flight_) flight_->completed();  // before any waiter wakes and may dump
   try {
     future_->markCompleted(c10::IValue(outputs_));
@@ -201,7 +238,7 @@ void TransportWork::finishOk() {
   }
   finish();
   done_.store(true, std::memory_order_release);
-  if (gate_) gate_->release(ctx_.seq);
+  settleHolds();
 }
 
 void TransportWork::finishError(std::exception_ptr error) { settleFailed(error, true); }
@@ -211,6 +248,7 @@ void TransportWork::finishAborted(std::exception_ptr error) { settleFailed(error
 void TransportWork::settleFailed(std::exception_ptr error, bool unpin) {
   if (settled_.exchange(true)) return;
   if (unpin) unpinStorages();
+  if (gate_) gate_->release(ctx_.seq);  // before the callbacks, as in finishOk
   if (flight_) flight_->retired();
   try {
     future_->setError(error);
@@ -218,7 +256,7 @@ void TransportWork::settleFailed(std::exception_ptr error, bool unpin) {
   }
   finish(error);
   done_.store(true, std::memory_order_release);
-  if (gate_) gate_->release(ctx_.seq);
+  settleHolds();
 }
 
 }  // namespace ucxb

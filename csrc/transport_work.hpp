@@ -10,10 +10,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "csrc/device_holds.hpp"
 #include "csrc/errors.hpp"
 #include "csrc/flight_recorder.hpp"
 #include "csrc/stream_gate.hpp"
@@ -55,6 +57,12 @@ class TransportWork : public c10d::Work {
   // A collective on CUDA tensors: the device its tensors are on and the group's gate there
   // (null: none). wait() then holds the caller's current stream instead of the host.
   void setDeviceGate(c10::Device device, std::shared_ptr<StreamGate> gate);
+  // A CUDA op of a group with cuda_wait=stream (device_holds.hpp): its place `ticket` in the
+  // progress thread's order, and whether its run may call into torch's allocators there
+  // (`allocates`; then wait() never holds the stream). Without it wait() holds the caller's
+  // stream wherever the gate allows (a Work made for an op that runs no task of its own).
+  void setHolds(std::shared_ptr<DeviceHolds> holds, uint64_t ticket, bool allocates);
+  uint64_t ticket() const { return ticket_; }
 
   // Blocks until the op has ended, or, for a CUDA collective with a gate, makes the caller's
   // current stream wait for that on the device and returns at once (NCCL's semantics: a
@@ -63,7 +71,10 @@ class TransportWork : public c10d::Work {
   // The caller's current stream waits for the op (as in wait()); never throws.
   void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // A CUDA op's Future taken while the op runs may get callbacks, which run on the progress
+  // thread and call into the allocator (recordStream): the op counts as allocating from then
+  // until it has settled (device_holds.hpp).
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   int sourceRank() const override { return sourceRank_.load(); }
   uint64_t getSequencenumber() const override { return ctx_.seq; }
 
@@ -113,6 +124,9 @@ class TransportWork : public c10d::Work {
   // Whether pinStorages() has pinned or held `impl` already.
   bool taken(const c10::StorageImpl* impl) const;
   void settleFailed(std::exception_ptr error, bool unpin);
+  // Once the Work has settled and its Future's callbacks have run: a mark getFuture() made is
+  // dropped.
+  void settleHolds();
   // cuda_wait=stream, op still running: the caller's current stream waits for it at the
   // group's gate. False where the host must wait instead.
   bool holdCallerStream() const;
@@ -129,6 +143,12 @@ class TransportWork : public c10d::Work {
   std::atomic<bool> done_{false};  // set right after finish(): what the spin polls
   std::optional<c10::Device> device_;
   std::shared_ptr<StreamGate> gate_;
+  std::shared_ptr<DeviceHolds> holds_;  // setHolds: null for CPU ops and cuda_wait=host
+  uint64_t ticket_ = 0;
+  bool allocates_ = false;
+  std::mutex holdMu_;           // guards the two below
+  bool futureMarked_ = false;   // getFuture() marked ticket_
+  bool holdsSettled_ = false;   // settleHolds() ran: no later mark
   std::shared_ptr<FlightEntry> flight_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   // Inline room for the usual one or two tensors: no allocation per op.

@@ -225,9 +225,11 @@ xdist_args() {
     fi
 }
 
-# The stream semantics and the reductions decide most; the rest follows. Each file is one or a
-# few two-rank worlds (test_cuda_routing four, in turn: it starts early so it does not end last).
-GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_reductions.py \
+# The stream semantics and the reductions decide most (test_cuda_stream_hold: whether
+# cuda_wait=stream may become the default); the rest follows. Each file is one or a few
+# two-rank worlds (test_cuda_routing four, in turn: it starts early so it does not end last).
+GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_stream_hold.py \
+tests/gpu/test_cuda_reductions.py \
 tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
 tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py"}
 

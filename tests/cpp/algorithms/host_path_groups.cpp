@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "csrc/collectives/algorithms.h"
+#include "csrc/collectives/scratch_size.h"
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
+#include "tests/cpp/algorithms/issue_sized_scratch.h"
 #include "tests/cpp/check.h"
 #include "tests/cpp/inproc/thread_world.h"
 
@@ -60,6 +62,7 @@ std::string runOps(ThreadWorld& world) {
     ++salt;
     note("all_reduce of " + std::to_string(count) + " int32", world.run([&, salt](Comm& c) {
       GuardedBuffer data(count * esz, inputBytes(dt, sum, c.rank(), count, salt));
+      const IssueSizedScratch sized(c, algo::Op::kAllreduce, count, esz);
       algo::allreduce(c, data.data(), count, red);
       return compare(data, reducedBytes(dt, sum, c.size(), 0, count, salt), "result");
     }));
@@ -73,6 +76,7 @@ std::string runOps(ThreadWorld& world) {
     GuardedBuffer out(block * esz);
     std::vector<const void*> blocks;
     for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * block * esz);
+    const IssueSizedScratch sized(c, algo::Op::kReduceScatter, block * n, esz);
     algo::reduceScatter(c, blocks, out.data(), block, red);
     return compare(out, reducedBytes(dt, sum, n, c.rank() * block, block, salt), "result");
   }));
@@ -81,6 +85,7 @@ std::string runOps(ThreadWorld& world) {
     const std::string input = inputBytes(dt, sum, c.rank(), block, salt);
     GuardedBuffer in(input.size(), input);
     GuardedBuffer out(block * esz);
+    const IssueSizedScratch sized(c, algo::Op::kReduce, block, esz);
     algo::reduce(c, in.data(), out.data(), block, red, 0);
     if (c.rank() != 0) return std::string();
     return compare(out, reducedBytes(dt, sum, c.size(), 0, block, salt), "result");
@@ -182,6 +187,24 @@ void testDevicePairAllreduceExchangesOnce() {
   CHECK(algo::choose(forced, algo::Op::kAllreduce, size_t{1} << 20, 2, true) ==
         algo::Algorithm::kRing);
 
+  // The scratch a CUDA op is given at issue (algo::scratchBytes, in device chunks): the peer's
+  // vector where one exchange is posted at once (a small op: not two chunks), two chunks for
+  // a chunked exchange, and none for the ops that reduce nothing. (Every reducing algorithm
+  // runs with exactly this much: issue_sized_scratch.h.)
+  algo::Tuning device;
+  device.chunkBytes = algo::kDeviceChunkBytes;
+  const auto scratch = [&](algo::Op op, size_t count, int n) {
+    return algo::scratchBytes(device, op, count, 4, n, true);
+  };
+  CHECK_EQ(scratch(algo::Op::kAllreduce, 1, 2), size_t{4});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, 1024, 4), size_t{4096});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 20, 2), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kReduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kReduceScatter, size_t{1} << 28, 2), size_t{0});
+  CHECK_EQ(scratch(algo::Op::kBroadcast, size_t{1} << 28, 4), size_t{0});
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 28, 1), size_t{0});
+
   // The messages: a 1 MiB all_reduce of two ranks sends one message a rank on device memory
   // (carried as ucx carries CUDA tensors, or bounced through host buffers as udp stages them),
   // two on host memory without slots (the ring: a reduce-scatter half, an all-gather half),
@@ -201,6 +224,7 @@ void testDevicePairAllreduceExchangesOnce() {
       const std::string problems = world.run([&, salt](Comm& c) {
         GuardedBuffer data(count * elementSize(dt),
                            inputBytes(dt, ReduceKind::kSum, c.rank(), count, salt));
+        const IssueSizedScratch sized(c, algo::Op::kAllreduce, count, elementSize(dt));
         algo::allreduce(c, data.data(), count, red);
         return compare(data, reducedBytes(dt, ReduceKind::kSum, 2, 0, count, salt), "result");
       });

@@ -12,6 +12,7 @@
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
+#include "tests/cpp/algorithms/issue_sized_scratch.h"
 #include "tests/cpp/algorithms/sweep.h"
 #include "tests/cpp/check.h"
 
@@ -20,6 +21,7 @@ namespace ucxb::algotest {
 using algo::Algorithm;
 using algo::Op;
 using inproc::ThreadWorld;
+
 
 // --- all_reduce ------------------------------------------------------------------------------
 
@@ -32,6 +34,7 @@ void allreduceWith(Algorithm a) {
         const size_t esz = elementSize(k.dtype);
         GuardedBuffer data(k.count * esz,
                            algotest::inputBytes(k.dtype, k.op, c.rank(), k.count, salt));
+        const IssueSizedScratch sized(c, Op::kAllreduce, k.count, esz);
         algo::allreduce(c, data.data(), k.count, makeReduction(k.dtype, k.op));
         return compare(data,
                        algotest::reducedBytes(k.dtype, k.op, world.size(), 0, k.count, salt),
@@ -177,6 +180,7 @@ void reduceScatterWith(Algorithm a) {
         GuardedBuffer out(blockCount * esz);
         std::vector<const void*> blocks;
         for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * blockCount * esz);
+        const IssueSizedScratch sized(c, Op::kReduceScatter, blockCount * n, esz);
         algo::reduceScatter(c, blocks, out.data(), blockCount, makeReduction(k.dtype, k.op));
         return compare(out,
                        algotest::reducedBytes(k.dtype, k.op, n, c.rank() * blockCount,
@@ -210,6 +214,7 @@ void reduceWith(Algorithm a) {
             GuardedBuffer in(input.size(), input);
             GuardedBuffer out(k.count * esz);  // off the root it must stay untouched
             void* dst = inPlace ? static_cast<void*>(in.data()) : out.data();
+            const IssueSizedScratch sized(c, Op::kReduce, k.count, esz);
             algo::reduce(c, in.data(), dst, k.count, makeReduction(k.dtype, k.op), root);
             const std::string want =
                 algotest::reducedBytes(k.dtype, k.op, world.size(), 0, k.count, salt);

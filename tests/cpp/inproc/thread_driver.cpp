@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace ucxb::inproc {
@@ -62,7 +63,13 @@ void ThreadDriver::abandon(const std::vector<RequestPtr>& requests) {
   }
 }
 
+thread_local size_t ThreadDriver::scratchLimit = SIZE_MAX;
+
 uint8_t* ThreadDriver::scratch(size_t bytes) {
+  if (bytes > scratchLimit) {
+    throw OpFailed("asked for " + std::to_string(bytes) + " bytes of scratch, " +
+                   std::to_string(scratchLimit) + " were sized at issue (algo::scratchBytes)");
+  }
   if (bytes > scratch_.size()) scratch_.resize(bytes);
   return scratch_.data();
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -24,6 +25,10 @@ class ThreadDriver : public OpDriver {
   void waitAll(const std::vector<RequestPtr>& requests, Clock::time_point deadline) override;
   void abandon(const std::vector<RequestPtr>& requests) override;
   uint8_t* scratch(size_t bytes) override;
+  // The most scratch an op on this thread may ask for (SIZE_MAX: any): a CUDA op's scratch is
+  // allocated when it is issued (algo::scratchBytes), and DeviceMemory::scratch refuses a
+  // request beyond it; scratch() throws OpFailed here alike. Set by a job for its op.
+  static thread_local size_t scratchLimit;
   StagingArea* staging() const override {
     if (stagingAsks_ != nullptr) ++*stagingAsks_;
     return staging_.get();
