@@ -106,6 +106,12 @@ Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize, bool 
   return Algorithm::kRing;
 }
 
+bool peerMapApplies(const Tuning& tuning, size_t bytes, int worldSize, bool deviceMemory) {
+  return tuning.peerMap != PeerMapMode::kOff && worldSize == 2 && deviceMemory &&
+         bytes >= kAllreducePeerMapMin &&
+         tuning.forced[static_cast<size_t>(Op::kAllreduce)] == Algorithm::kAuto;
+}
+
 bool sizeDecides(const Tuning& tuning, Op op, int worldSize) {
   if (tuning.forced[static_cast<size_t>(op)] != Algorithm::kAuto) return false;
   return choose(tuning, op, 0, worldSize) != choose(tuning, op, ~size_t{0} >> 1, worldSize);
