@@ -101,7 +101,8 @@ bool peerMapAllreduce(Comm& c, void* data, size_t count, const Reduction& red) {
   std::string why;
   std::unique_ptr<ExposedMemory> exposed;
   try {
-    exposed = c.expose(own, bytes, why);
+    // An empty vector has nothing to map; the offers still travel, for the size check.
+    if (bytes > 0) exposed = c.expose(own, bytes, why);
   } catch (const TransportError& e) {
     why = std::string("exposing the buffer failed: ") + e.what();
   }
@@ -125,6 +126,7 @@ bool peerMapAllreduce(Comm& c, void* data, size_t count, const Reduction& red) {
                    " bytes, rank " + std::to_string(peer) + " " + std::to_string(theirs->bytes) +
                    ": the ranks passed tensors of different sizes");
   }
+  if (bytes == 0) return true;
 
   // Answer: whether this rank mapped the peer's buffer.
   std::unique_ptr<PeerMapping> mapping;

@@ -107,9 +107,11 @@ Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize, bool 
 }
 
 bool peerMapApplies(const Tuning& tuning, size_t bytes, int worldSize, bool deviceMemory) {
-  return tuning.peerMap != PeerMapMode::kOff && worldSize == 2 && deviceMemory &&
-         bytes >= kAllreducePeerMapMin &&
-         tuning.forced[static_cast<size_t>(Op::kAllreduce)] == Algorithm::kAuto;
+  if (tuning.peerMap == PeerMapMode::kOff || worldSize != 2 || !deviceMemory ||
+      tuning.forced[static_cast<size_t>(Op::kAllreduce)] != Algorithm::kAuto) {
+    return false;
+  }
+  return tuning.peerMap == PeerMapMode::kOn || bytes >= kAllreducePeerMapMin;
 }
 
 bool sizeDecides(const Tuning& tuning, Op op, int worldSize) {

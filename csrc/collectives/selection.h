@@ -40,9 +40,10 @@ constexpr size_t kHostChunkBytes = size_t{4} << 20;
 constexpr size_t kDeviceChunkBytes = size_t{64} << 20;
 
 // Whether a 2-rank all_reduce of device memory maps the peer's buffer and folds straight out
-// of it (device_peer_map; csrc/collectives/peer_map.cpp). kAuto falls back to the automatic
-// choice where a rank cannot map (both ranks learn it in the op and agree); kOn fails the op
-// instead, naming why, so that a test or a session knows the path ran.
+// of it (device_peer_map; csrc/collectives/peer_map.cpp). kAuto does from
+// kAllreducePeerMapMin and falls back to the automatic choice where a rank cannot map (both
+// ranks learn it in the op and agree); kOn does at every size and fails the op instead of
+// falling back, naming why, so that a test or a session knows the path ran.
 enum class PeerMapMode { kOff, kAuto, kOn };
 
 struct Tuning {
@@ -104,8 +105,9 @@ Algorithm parseAlgorithm(Op op, const std::string& name);
 Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize,
                  bool deviceMemory = false);
 // Whether an all_reduce of `bytes` runs as the peer-mapped pair (peer_map.cpp) before any
-// other choice: device_peer_map not off, two ranks, device memory, from kAllreducePeerMapMin,
-// and no algorithm forced. Every input agrees across the group (the knob must; the size is
+// other choice: device_peer_map not off, two ranks, device memory, no algorithm forced, and
+// (kAuto) from kAllreducePeerMapMin or (kOn, which forces it as algo_allreduce forces its
+// algorithm) at every size. Every input agrees across the group (the knob must; the size is
 // the op's), so every rank decides alike.
 bool peerMapApplies(const Tuning& tuning, size_t bytes, int worldSize, bool deviceMemory);
 // Whether choose() may answer differently for two sizes of `op` in this group (the choice is

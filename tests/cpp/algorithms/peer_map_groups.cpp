@@ -83,10 +83,12 @@ void testPeerMapAllreduce() {
       }
     }
   }
-  // Every op mapped once a rank; four one-way notices a rank and no other message.
-  CHECK_MSG(world.peerMapsMade() == 2 * ops,
+  // Every op of a non-empty vector mapped once a rank; four one-way notices a rank and no
+  // other message (an empty one: the offers alone).
+  const uint64_t empty = ops / 6;
+  CHECK_MSG(world.peerMapsMade() == 2 * (ops - empty),
             std::to_string(world.peerMapsMade()) + " mappings in " + std::to_string(ops) + " ops");
-  CHECK_MSG(world.sendsPosted() == 2 * 4 * ops,
+  CHECK_MSG(world.sendsPosted() == 2 * (4 * (ops - empty) + empty),
             std::to_string(world.sendsPosted()) + " sends in " + std::to_string(ops) + " ops");
   std::printf("  %llu ops, every dtype x op the kernels have\n",
               static_cast<unsigned long long>(ops));
@@ -130,6 +132,10 @@ void testPeerMapRouting() {
   off.peerMap = PeerMapMode::kOff;
   CHECK(!algo::peerMapApplies(off, min, 2, true));
   CHECK(!algo::peerMapApplies(algo::Tuning{}, min, 2, true));  // off by default
+  algo::Tuning on = tuning;  // every size, as a forced algorithm
+  on.peerMap = PeerMapMode::kOn;
+  CHECK(algo::peerMapApplies(on, 0, 2, true) && algo::peerMapApplies(on, min - 1, 2, true));
+  CHECK(!algo::peerMapApplies(on, min, 2, false) && !algo::peerMapApplies(on, min, 3, true));
   algo::Tuning forced = tuning;
   forced.forced[static_cast<size_t>(algo::Op::kAllreduce)] = algo::Algorithm::kRing;
   CHECK(!algo::peerMapApplies(forced, min, 2, true));
@@ -160,6 +166,28 @@ void testPeerMapRouting() {
       CHECK_MSG(world.peerMapsMade() - before == want,
                 label + ": " + std::to_string(world.peerMapsMade() - before) +
                     " mappings, want " + std::to_string(want));
+    }
+  }
+
+  // device_peer_map=on takes it at every size, an empty vector included (which maps nothing).
+  {
+    inproc::WorldOptions options = pairWithMaps(PeerMapMode::kOn);
+    options.carried = true;
+    ThreadWorld world(options);
+    uint32_t salt = 100;
+    for (const size_t count : {size_t{0}, size_t{1}, size_t{3}}) {
+      const uint64_t before = world.peerMapsMade();
+      ++salt;
+      const std::string problems = world.run([&, salt, count](Comm& c) {
+        GuardedBuffer data(count * elementSize(d), inputBytes(d, ReduceKind::kSum, c.rank(),
+                                                              count, salt));
+        algo::allreduce(c, data.data(), count, sum);
+        return compare(data, reducedBytes(d, ReduceKind::kSum, 2, 0, count, salt), "result");
+      });
+      const std::string label = "on, " + std::to_string(count) + " elements";
+      CHECK_MSG(problems.empty(), label + ":\n" + problems);
+      CHECK_MSG(world.peerMapsMade() - before == (count > 0 ? 2u : 0u),
+                label + ": " + std::to_string(world.peerMapsMade() - before) + " mappings");
     }
   }
 }
