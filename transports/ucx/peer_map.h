@@ -15,7 +15,11 @@
 // * the mapping stays in the IPC cache after ucp_rkey_destroy (1.22 keeps no reference per
 //   key; later versions drop one there and unmap once the cache is disabled), until the
 //   exporter's allocation is replaced (a new buffer id at that address) or the cache evicts it.
-//   So the pointer is used only while the key is alive, and the key outlives every read.
+//   The pointer is used only while the key is alive, and the key outlives every read, but
+//   for one case: an op whose wait for the device ends in its timeout while a fold or copy
+//   through the mapping is still queued lets the key go as it unwinds, before the backend
+//   drains the stream (transport_backend.cpp). Harmless with 1.22, whose cache keeps the
+//   mapping; a UCX that unmaps at ucp_rkey_destroy would need the key held to the drain.
 // * host memory is refused here: no mm domain maps arbitrary host memory of another process.
 #pragma once
 
