@@ -32,13 +32,12 @@ class MemoryHandle {
   ucp_mem_h memh_;
 };
 
-// A packed key as ucp_memh_pack returns it (no flags: a remote key, for
-// ucp_ep_rkey_unpack), released with ucp_memh_buffer_release.
+// A packed remote key as ucp_rkey_pack returns it, released with ucp_rkey_buffer_release.
+// Not ucp_memh_pack, its successor: UCX 1.22 packs only exported handles through it, and
+// aborts the process (ucs_fatal "packing rkey using ucp_memh_pack() is unsupported") for a
+// remote key (src/ucp/core/ucp_rkey.c, ucp_memh_packed_size).
 struct PackedKeyDeleter {
-  void operator()(void* buffer) const {
-    ucp_memh_buffer_release_params_t params{};
-    ucp_memh_buffer_release(buffer, &params);
-  }
+  void operator()(void* buffer) const { ucp_rkey_buffer_release(buffer); }
 };
 using PackedKey = std::unique_ptr<void, PackedKeyDeleter>;
 
@@ -96,9 +95,8 @@ std::unique_ptr<ExposedMemory> exposeDeviceMemory(ucp_context_h context,
   auto handle = std::make_unique<MemoryHandle>(context, memh);
   void* packed = nullptr;
   size_t packedBytes = 0;
-  ucp_memh_pack_params_t pack{};
-  check(ucp_memh_pack(handle->get(), &pack, &packed, &packedBytes),
-        "ucp_memh_pack of an exposed CUDA buffer");
+  check(ucp_rkey_pack(context, handle->get(), &packed, &packedBytes),
+        "ucp_rkey_pack of an exposed CUDA buffer");
   const PackedKey key(packed);
   std::vector<uint8_t> blob(sizeof(BlobHeader) + packedBytes);
   const BlobHeader header{reinterpret_cast<uintptr_t>(data), bytes};

@@ -1,5 +1,5 @@
 // Peer mapping over UCX (Transport::exposeMemory, mapPeerMemory): a rank registers a CUDA
-// buffer (ucp_mem_map) and packs its remote key (ucp_memh_pack); the peer unpacks the key on
+// buffer (ucp_mem_map) and packs its remote key (ucp_rkey_pack); the peer unpacks the key on
 // its endpoint (ucp_ep_rkey_unpack) and asks for a local pointer to the buffer
 // (ucp_rkey_ptr). For device memory of a peer on this node, UCX's cuda_ipc memory domain
 // answers it with cuIpcOpenMemHandle (or its VMM/fabric-handle equivalents) through its IPC
