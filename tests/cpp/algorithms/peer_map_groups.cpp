@@ -280,8 +280,12 @@ void testPeerMapFallbackAndFailures() {
     const size_t count = (size_t{1} << 20) / sizeof(int32_t);
     Reduction stalling = makeReduction(DType::kInt32, ReduceKind::kSum);
     stalling.fn = stallingSumInt32;
+    // The buffers outlive the op: rank 0 still folds out of rank 1's after rank 1 has given
+    // up, as a CUDA rank reads a peer allocation that its IPC mapping keeps alive.
+    std::vector<std::vector<int32_t>> buffers = {std::vector<int32_t>(count, 1),
+                                                 std::vector<int32_t>(count, 2)};
     const std::string problems = world.run([&](Comm& c) {
-      std::vector<int32_t> data(count, c.rank() + 1);
+      std::vector<int32_t>& data = buffers[static_cast<size_t>(c.rank())];
       stallFold = c.rank() == 0;
       algo::allreduce(c, data.data(), count, stalling);
       stallFold = false;
