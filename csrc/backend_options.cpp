@@ -229,7 +229,7 @@ std::vector<config::Field<BackendOptions>> fields() {
                  "device_peer_map", {"off", "auto", "on"},
                  "ucx backend, CUDA tensors, 2-rank groups only: an all_reduce of 64 KiB and "
                  "up maps the peer's buffer (CUDA IPC through UCX) and folds half of the "
-                 "vector straight out of the peer's memory, with four small host notices and "
+                 "vector straight out of the peer's memory, with five small host notices and "
                  "no message of the bulk (docs/algorithms.md#peer-mapped-all_reduce); 'auto': "
                  "the usual algorithm where a rank cannot map (both ranks learn it in the op); "
                  "'on': the op fails there instead, naming the rank and why; 'off' (the "

@@ -54,7 +54,7 @@ class PostedOp {
 bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
                        const StagingArea* staging);
 // The peer-mapped all_reduce of two ranks (peer_map.cpp): each rank maps the other's buffer
-// and folds its half straight out of it, with four notices and no bulk message. True once
+// and folds its half straight out of it, with five notices and no bulk message. True once
 // done; false where a rank could not map (both ranks return false, having agreed through the
 // notices, and nothing of `data` has changed): the caller runs another algorithm. With
 // device_peer_map=on (Tuning::peerMap kOn) that throws OpFailed instead, naming the rank and

@@ -12,8 +12,12 @@
 //            buffer, so no byte is read by one rank while the other writes it). The fold has
 //            run (OpMemory::reduce returns when it has) before "folded" goes: a notice each way.
 //   copy     rank r copies the peer's folded half (1-r) out of the peer's buffer into its own;
-//            the copy has run before "done" goes, and a rank returns (letting its buffer be
-//            reused) only once the peer's "done" says the peer has stopped reading it.
+//            the copy has run before "done" goes: a notice each way.
+//   release  once the peer's "done" is here (the peer has stopped reading this rank's
+//            buffer), "released": a notice each way. A rank returns (letting its buffer be
+//            reused) only with the peer's "released" in hand, which the peer sent only after
+//            this rank's reads had ended while it still held its own buffer: whichever rank
+//            gives up part-way (its timeout), the other never returns bytes read after that.
 //
 // Each half is folded by one rank only and copied to the other, so the ranks end
 // bit-identical; the fold takes the lower rank's value first (lowerFirst), as recursive
@@ -34,14 +38,15 @@ using namespace detail;
 
 namespace {
 
-// Steps of the four notices, just below a staged refusal's (kRefusedStep): the top of the step
+// Steps of the five notices, just below a staged refusal's (kRefusedStep): the top of the step
 // space, which the algorithms a fallback runs reach only with the last chunk of a message of
 // 32763+ chunks, and never while a notice of this op is outstanding (both ranks have taken
 // both notices of the offer and the answer before either falls back).
-constexpr uint32_t kOfferStep = kRefusedStep - 4;
-constexpr uint32_t kAnswerStep = kRefusedStep - 3;
-constexpr uint32_t kFoldedStep = kRefusedStep - 2;
-constexpr uint32_t kDoneStep = kRefusedStep - 1;
+constexpr uint32_t kOfferStep = kRefusedStep - 5;
+constexpr uint32_t kAnswerStep = kRefusedStep - 4;
+constexpr uint32_t kFoldedStep = kRefusedStep - 3;
+constexpr uint32_t kDoneStep = kRefusedStep - 2;
+constexpr uint32_t kReleasedStep = kRefusedStep - 1;
 
 // What a blob (or a reason) may take in the offer. A packed UCX key for device memory is a
 // few hundred bytes (cuda_ipc's handle, plus one short key per other memory domain); a longer
@@ -169,6 +174,11 @@ bool peerMapAllreduce(Comm& c, void* data, size_t count, const Reduction& red) {
   // Copy the peer's folded half out of its buffer.
   c.copy(own + b.offset[peer] * esz, peerData + b.offset[peer] * esz, b.count[peer] * esz);
   exchangeFlags(c, peer, kDoneStep);
+  // Released: sent only once the peer's "done" is here, so a rank that gets it knows that the
+  // peer still held its buffer when this rank's reads had ended. Without it a rank whose peer
+  // gave up (its timeout) while this rank still copied out of the peer's buffer would return
+  // what the caller wrote there next: "done" alone orders nothing for the rank that sent it.
+  exchangeFlags(c, peer, kReleasedStep);
   return true;
 }
 

@@ -69,7 +69,7 @@ constexpr size_t kAllreduceRabenseifnerMax = size_t{256} << 10;
 constexpr size_t kAllreducePairSlotsMin = size_t{4} << 10;
 // From this size a 2-rank all_reduce of device memory maps the peer's buffer where
 // device_peer_map asks for it (peerMapApplies). Below it recursive doubling's one posted
-// exchange stays: the peer map waits for four notices, each a host round trip. Not measured
+// exchange stays: the peer map waits for five notices, each a host round trip. Not measured
 // yet (docs/cuda.md: the next GPU session's checks).
 constexpr size_t kAllreducePeerMapMin = size_t{64} << 10;
 constexpr size_t kAllgatherBruckMax = size_t{64} << 10;

@@ -83,12 +83,12 @@ void testPeerMapAllreduce() {
       }
     }
   }
-  // Every op of a non-empty vector mapped once a rank; four one-way notices a rank and no
+  // Every op of a non-empty vector mapped once a rank; five one-way notices a rank and no
   // other message (an empty one: the offers alone).
   const uint64_t empty = ops / 6;
   CHECK_MSG(world.peerMapsMade() == 2 * (ops - empty),
             std::to_string(world.peerMapsMade()) + " mappings in " + std::to_string(ops) + " ops");
-  CHECK_MSG(world.sendsPosted() == 2 * (4 * (ops - empty) + empty),
+  CHECK_MSG(world.sendsPosted() == 2 * (5 * (ops - empty) + empty),
             std::to_string(world.sendsPosted()) + " sends in " + std::to_string(ops) + " ops");
   std::printf("  %llu ops, every dtype x op the kernels have\n",
               static_cast<unsigned long long>(ops));
