@@ -227,13 +227,13 @@ std::vector<config::Field<BackendOptions>> fields() {
       // never sends (the op would end in its timeout on both ranks).
       member(config::sameOnEveryRank(choice(
                  "device_peer_map", {"off", "auto", "on"},
-                 "ucx backend, CUDA tensors, 2-rank groups only: an all_reduce of 64 KiB and "
-                 "up maps the peer's buffer (CUDA IPC through UCX) and folds half of the "
-                 "vector straight out of the peer's memory, with five small host notices and "
-                 "no message of the bulk (docs/algorithms.md#peer-mapped-all_reduce); 'auto': "
-                 "the usual algorithm where a rank cannot map (both ranks learn it in the op); "
-                 "'on': the op fails there instead, naming the rank and why; 'off' (the "
-                 "default until a GPU run has verified it, docs/cuda.md)")),
+                 "ucx backend, CUDA tensors, 2-rank groups only: all_reduce maps the peer's "
+                 "buffer (CUDA IPC through UCX) and folds half of the vector straight out of "
+                 "the peer's memory, with five small host notices and no message of the bulk "
+                 "(docs/algorithms.md#peer-mapped-all_reduce); 'auto': from 64 KiB, and the "
+                 "usual algorithm where a rank cannot map (both ranks learn it in the op); "
+                 "'on': at every size, and the op fails where a rank cannot map, naming it "
+                 "and why; 'off' (the default until a GPU run has verified it, docs/cuda.md)")),
              &O::devicePeerMap),
   };
   f.insert(f.end(), rest.begin(), rest.end());
