@@ -20,7 +20,12 @@
 //   through the mapping is still queued lets the key go as it unwinds, before the backend
 //   drains the stream (transport_backend.cpp). Harmless with 1.22, whose cache keeps the
 //   mapping; a UCX that unmaps at ucp_rkey_destroy would need the key held to the drain.
-// * host memory is refused here: no mm domain maps arbitrary host memory of another process.
+// * host memory is refused here: of 1.22's domains only xpmem maps arbitrary host memory of
+//   another process (sysv and posix only their own segments), and host memory on one host has
+//   the backend's shared-memory staging.
+// * ucp_mem_map registers the buffer with every domain that takes device memory (cuda_copy,
+//   cuda_ipc, gdr_copy, and an RDMA NIC's where GPUDirect is set up), and fails if one of them
+//   fails: an exposure that throws falls back (auto) or fails the op (on).
 #pragma once
 
 #include <ucp/api/ucp.h>
