@@ -223,6 +223,18 @@ std::vector<config::Field<BackendOptions>> fields() {
                     "'stream' makes the caller's current stream wait for the op on the device "
                     "and returns at once (NCCL's semantics; experimental, docs/cuda.md)"),
              &O::cudaWait),
+      // Must agree: a rank that maps waits for notices that a peer running another algorithm
+      // never sends (the op would end in its timeout on both ranks).
+      member(config::sameOnEveryRank(choice(
+                 "device_peer_map", {"off", "auto", "on"},
+                 "ucx backend, CUDA tensors, 2-rank groups only: all_reduce maps the peer's "
+                 "buffer (CUDA IPC through UCX) and folds half of the vector straight out of "
+                 "the peer's memory, with five small host notices and no message of the bulk "
+                 "(docs/algorithms.md#peer-mapped-all_reduce); 'auto': from 64 KiB, and the "
+                 "usual algorithm where a rank cannot map (both ranks learn it in the op); "
+                 "'on': at every size, and the op fails where a rank cannot map, naming it "
+                 "and why; 'off' (the default until a GPU run has verified it, docs/cuda.md)")),
+             &O::devicePeerMap),
   };
   f.insert(f.end(), rest.begin(), rest.end());
   return f;
@@ -243,6 +255,9 @@ algo::Tuning BackendOptions::tuning(bool deviceMemory) const {
     tuning.forced[i] = algo::parseAlgorithm(static_cast<algo::Op>(i), algorithms[i]);
   }
   tuning.chunkBytes = static_cast<size_t>(deviceMemory ? deviceChunkBytes : chunkBytes);
+  if (deviceMemory && devicePeerMap != "off") {
+    tuning.peerMap = devicePeerMap == "on" ? algo::PeerMapMode::kOn : algo::PeerMapMode::kAuto;
+  }
   return tuning;
 }
 

@@ -43,6 +43,9 @@ struct BackendOptions {
   std::string secretFile;  // udp: authenticated mode (csrc/udp_auth_setup.hpp)
   uint64_t cuda = 1;  // 1: carry CUDA tensors (verified on a GPU, docs/cuda.md#status)
   std::string cudaWait = "host";  // what Work.wait() on a CUDA collective blocks
+  // 2-rank all_reduce of CUDA tensors out of the peer's mapped buffer (collectives/peer_map.cpp);
+  // "off" until a GPU run has verified it (docs/cuda.md).
+  std::string devicePeerMap = "off";
 
   // What the engine, the algorithms and staging take from these.
   EngineConfig engine() const;

@@ -379,6 +379,7 @@ PYBIND11_MODULE(_C, m) {
         {"alltoall_linear_max", a::kAlltoallLinearMax},
         {"default_chunk_bytes", a::kHostChunkBytes},
         {"default_device_chunk_bytes", a::kDeviceChunkBytes},
+        {"allreduce_peer_map_min", a::kAllreducePeerMapMin},
         {"ring_max_ranks", static_cast<size_t>(a::kRingMaxRanks)}};
   }, "The byte thresholds of the automatic choice.");
   algos.def(
@@ -401,6 +402,20 @@ PYBIND11_MODULE(_C, m) {
       py::arg("options") = std::map<std::string, std::string>{}, py::arg("device") = false,
       "The algorithm a group with these options runs for an op of `bytes` bytes of CPU "
       "tensors, or of CUDA tensors with `device` (see selection.h for what `bytes` counts).");
+
+  algos.def(
+      "peer_map_applies",
+      [](size_t bytes, int worldSize, const std::map<std::string, std::string>& options,
+         bool device) {
+        const auto tuning =
+            configCall([&] { return ucxb::parseBackendOptions(options).tuning(device); });
+        return ucxb::algo::peerMapApplies(tuning, bytes, worldSize, device);
+      },
+      py::arg("bytes"), py::arg("world_size"),
+      py::arg("options") = std::map<std::string, std::string>{}, py::arg("device") = false,
+      "Whether a group with these options runs an all_reduce of `bytes` bytes as the "
+      "peer-mapped pair (device_peer_map; docs/algorithms.md), on a transport that carries "
+      "device memory (ucx; others never do).");
 
   auto cfg = m.def_submodule(
       "config", "The knobs of a group, declared once in csrc/backend_options.cpp.");

@@ -309,6 +309,10 @@ TransportBackend::TransportBackend(const c10::intrusive_ptr<c10d::Store>& store,
   }
   sharedMemory_ = staging != nullptr;
   transportCarriesDevice_ = transport->carriesDeviceMemory();
+  // A transport that stages device memory through the host (udp, the shm rings) has no device
+  // buffer of a peer to map: its CUDA all_reduce never asks (the same transport on every rank,
+  // so every rank decides alike).
+  if (!transportCarriesDevice_) deviceTuning_.peerMap = algo::PeerMapMode::kOff;
   // A peer's failure notice fails every unsettled op of the group at once, as abort() does,
   // naming that peer and its first failure (docs/failure-model.md#what-a-failed-group-does).
   NoticeSetup notices{groupHash_, [works = works_](const std::string& reason) {

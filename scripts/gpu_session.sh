@@ -178,6 +178,7 @@ poll|UCXBACKEND_PROGRESS_MODE=poll|--sizes 4,1M,16M --no-profile --no-probe
 chunk_4m|UCXBACKEND_DEVICE_CHUNK_BYTES=4M|--sizes 16M --no-probe
 ipc_cache_off|UCX_CUDA_IPC_CACHE=n|--sizes 1M,16M --no-profile --no-probe
 proto_v1|UCX_PROTO_ENABLE=n|--sizes 4,1M,16M --no-profile --no-probe
+peer_map|UCXBACKEND_DEVICE_PEER_MAP=on|--sizes 1M,16M --no-probe
 EOF
 }
 
@@ -231,7 +232,7 @@ xdist_args() {
 GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_stream_hold.py \
 tests/gpu/test_cuda_reductions.py \
 tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
-tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py"}
+tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py tests/gpu/test_cuda_peer_map.py"}
 
 step facts 30 facts
 if step wheels 60 wheels && [ -d "$SITE" ]; then

@@ -143,6 +143,7 @@ def test_thresholds_table() -> None:
         "allreduce_pair_slots_min",
         "default_chunk_bytes",
         "default_device_chunk_bytes",
+        "allreduce_peer_map_min",
         "ring_max_ranks",
     }
     assert all(v > 0 for v in t.values()), t
@@ -150,6 +151,28 @@ def test_thresholds_table() -> None:
     assert t["default_chunk_bytes"] == DEFAULT_CHUNK
     assert t["default_device_chunk_bytes"] == cfg.Config().device_chunk_bytes
     assert t["allreduce_recursive_doubling_max"] < t["allreduce_rabenseifner_max"]
+
+
+@needs_native
+def test_device_peer_map_reaches_the_device_tuning_only() -> None:
+    """device_peer_map (csrc/backend_options.cpp) decides the 2-rank all_reduce of CUDA
+    tensors: off by default; auto from allreduce_peer_map_min; on at every size; never for CPU
+    tensors, other group sizes, or an all_reduce algorithm forced."""
+    a = _algos()
+    least = a.thresholds()["allreduce_peer_map_min"]
+    auto = {"device_peer_map": "auto"}
+    on = {"device_peer_map": "on"}
+    assert not a.peer_map_applies(1 << 20, 2, {}, True)
+    assert not a.peer_map_applies(1 << 20, 2, {"device_peer_map": "off"}, True)
+    assert a.peer_map_applies(least, 2, auto, True)
+    assert not a.peer_map_applies(least - 1, 2, auto, True)
+    assert a.peer_map_applies(0, 2, on, True) and a.peer_map_applies(least - 1, 2, on, True)
+    for options in (auto, on):
+        assert not a.peer_map_applies(1 << 20, 2, options, False)
+        assert not a.peer_map_applies(1 << 20, 3, options, True)
+        assert not a.peer_map_applies(1 << 20, 2, {**options, "algo_allreduce": "ring"}, True)
+    with pytest.raises(ValueError, match="device_peer_map"):
+        a.peer_map_applies(1 << 20, 2, {"device_peer_map": "always"}, True)
 
 
 def _auto_expectations(ws: int) -> list[tuple[str, int, str]]:

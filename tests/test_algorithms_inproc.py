@@ -44,6 +44,9 @@ GROUPS = [
     "barrier",
     "device_memory_routing",
     "device_pair_allreduce",
+    "peer_map_allreduce",
+    "peer_map_routing",
+    "peer_map_failures",
 ]
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 

@@ -53,6 +53,7 @@ TUNING_DEFAULTS: dict[str, object] = {
     "secret_file": "",
     "cuda": 1,
     "cuda_wait": "host",
+    "device_peer_map": "off",
 }
 TUNING_NATIVE = {k: str(v) for k, v in TUNING_DEFAULTS.items()}
 DEFAULTS = {
@@ -93,6 +94,7 @@ def test_knob_env_var_names() -> None:
         "UCXBACKEND_SECRET_FILE",
         "UCXBACKEND_CUDA",
         "UCXBACKEND_CUDA_WAIT",
+        "UCXBACKEND_DEVICE_PEER_MAP",
     }
 
 

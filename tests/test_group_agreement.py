@@ -206,10 +206,12 @@ def test_must_agree_is_in_the_schema() -> None:
     # udp_config is flagged for the udp_config keys flagged in their own table.
     # secret_file: the ranks compare a key check derived from it (csrc/udp_auth_setup.hpp).
     # one_host_transport: one rank's ucx address means nothing to another's shm transport.
+    # device_peer_map: a rank that maps waits for notices a peer on another algorithm never sends.
     assert flagged == {
         "transport",
         "chunk_bytes",
         "device_chunk_bytes",
+        "device_peer_map",
         "udp_config",
         "secret_file",
         "one_host_transport",

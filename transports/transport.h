@@ -156,6 +156,24 @@ class TransportError : public std::runtime_error {
   int peer_;
 };
 
+// A buffer of this rank exposed to its peers (Transport::exposeMemory): blob() is what a peer
+// passes to Transport::mapPeerMemory, through a message of the caller's. The exposure ends
+// when this is destroyed; a peer's mapping of it must be gone (or unused) by then.
+class ExposedMemory {
+ public:
+  virtual ~ExposedMemory() = default;
+  virtual const std::vector<uint8_t>& blob() const = 0;
+};
+
+// A peer's exposed buffer mapped into this process (Transport::mapPeerMemory): data() is the
+// peer's buffer at the address this process uses for it (for device memory: one that kernels
+// of this process on its current device read and write), valid until this is destroyed.
+class PeerMapping {
+ public:
+  virtual ~PeerMapping() = default;
+  virtual void* data() const = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -235,6 +253,29 @@ class Transport {
   // An op just ended: sample every connection now, whatever the sampling interval, so that
   // even an op shorter than the interval has its samples. Owner thread only.
   virtual void sampleTraceAtOpEnd() {}
+
+  // Peer mapping: this rank exposes a buffer (exposeMemory), sends the blob to a peer in a
+  // message of its own, and the peer maps it (mapPeerMemory) and reads or writes the buffer
+  // directly, with no message carrying its bytes (csrc/collectives/peer_map.cpp). Both answer
+  // null with `why` set where the transport cannot (the default: a transport with no shared
+  // address space to offer, or memory it cannot export, or a peer it cannot reach so): a
+  // clean "unsupported" that the caller falls back from. A failure of the transport itself
+  // throws TransportError. Owner thread only; a mapping holds what it needs of the
+  // transport, which outlives it.
+  virtual std::unique_ptr<ExposedMemory> exposeMemory(void* /*data*/, size_t /*bytes*/,
+                                                      MemoryType /*memory*/, std::string& why) {
+    why = name() + " does not map memory between ranks";
+    return nullptr;
+  }
+  // `bytes`: how much of the peer's buffer the caller will touch, from its start (the blob
+  // says where it is); `memory`: its type, as the peer exposed it.
+  virtual std::unique_ptr<PeerMapping> mapPeerMemory(int /*peer*/,
+                                                     const std::vector<uint8_t>& /*blob*/,
+                                                     size_t /*bytes*/, MemoryType /*memory*/,
+                                                     std::string& why) {
+    why = name() + " does not map memory between ranks";
+    return nullptr;
+  }
 
   // Folds `elements` elements of `in` into `acc` (acc[i] = acc[i] op in[i]): a receive that
   // reduces as it arrives (recvFolded).

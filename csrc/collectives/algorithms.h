@@ -53,6 +53,14 @@ class PostedOp {
 // messages.
 bool allreducePostable(const Tuning& tuning, size_t count, size_t elementSize, int worldSize,
                        const StagingArea* staging);
+// The peer-mapped all_reduce of two ranks (peer_map.cpp): each rank maps the other's buffer
+// and folds its half straight out of it, with five notices and no bulk message. True once
+// done; false where a rank could not map (both ranks return false, having agreed through the
+// notices, and nothing of `data` has changed): the caller runs another algorithm. With
+// device_peer_map=on (Tuning::peerMap kOn) that throws OpFailed instead, naming the rank and
+// why. allreduce() runs it where peerMapApplies.
+bool peerMapAllreduce(Comm& comm, void* data, size_t count, const Reduction& red);
+
 // Posts the op (allreducePostable must hold for the Comm's group and memory).
 std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
                                         const Reduction& red);

@@ -11,19 +11,6 @@ using namespace detail;
 
 namespace {
 
-// What a rank that folds its peer's vector into its own, while the peer folds this rank's into
-// its own, folds with: the higher rank of the two keeps the peer's value where the two compare
-// equal (findReduceTiesToIn, and `swapped` for a memory that reduces without fn), so that both
-// compute the lower rank's value op the higher's, bit for bit (MIN and MAX of -0 and +0). It
-// relies on the Reduction's dtype and kind, which makeReduction sets together with its kernel.
-Reduction lowerFirst(Reduction red, int me, int peer) {
-  if (peer < me) {
-    red.fn = findReduceTiesToIn(red.dtype, red.kind);
-    red.swapped = true;
-  }
-  return red;
-}
-
 // After size()-1 steps, block rank() of `data` holds the reduction of every rank's block.
 // Step s: send block (r-s-1), receive block (r-s-2) from the left and fold it in, chunked.
 // Returns the number of tag steps used.
@@ -339,6 +326,11 @@ std::unique_ptr<PostedOp> postAllreduce(Comm& comm, void* data, size_t count,
 
 void allreduce(Comm& comm, void* data, size_t count, const Reduction& red) {
   if (comm.size() == 1) return;
+  if (peerMapApplies(comm.tuning(), count * red.elementSize, comm.size(),
+                     /*deviceMemory=*/!comm.onHost()) &&
+      peerMapAllreduce(comm, data, count, red)) {
+    return;
+  }
   if (allreducePostable(comm.tuning(), count, red.elementSize, comm.size(), comm.staging())) {
     postAllreduce(comm, data, count, red)->finish(comm);
     return;

@@ -62,6 +62,19 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
 void sendChunked(Comm& c, int to, const uint8_t* data, size_t count, size_t esz, size_t chunk,
                  uint32_t firstStep);
 
+// What a rank that folds its peer's vector into its own, while the peer folds this rank's into
+// its own, folds with: the higher rank of the two keeps the peer's value where the two compare
+// equal (findReduceTiesToIn, and `swapped` for a memory that reduces without fn), so that both
+// compute the lower rank's value op the higher's, bit for bit (MIN and MAX of -0 and +0). It
+// relies on the Reduction's dtype and kind, which makeReduction sets together with its kernel.
+inline Reduction lowerFirst(Reduction red, int me, int peer) {
+  if (peer < me) {
+    red.fn = findReduceTiesToIn(red.dtype, red.kind);
+    red.swapped = true;
+  }
+  return red;
+}
+
 struct Blocks {
   std::vector<size_t> offset;  // elements
   std::vector<size_t> count;   // elements

@@ -108,6 +108,32 @@ RequestPtr Comm::recvStreamed(int peer, uint32_t step, void* dst, size_t bytes) 
   return req;
 }
 
+RequestPtr Comm::sendNotice(int peer, uint32_t step, const void* data, size_t bytes) {
+  checkStep(step);
+  const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(rank()));
+  RequestPtr req = transport_.send(peer, t, data, bytes, MemoryType::kHost);
+  track(req);
+  return req;
+}
+
+RequestPtr Comm::recvNotice(int peer, uint32_t step, void* data, size_t bytes) {
+  checkStep(step);
+  const Tag t = tag::collective(group_, seq_, step, static_cast<uint32_t>(peer));
+  RequestPtr req = transport_.recv(peer, t, tag::kFullMask, data, bytes, MemoryType::kHost);
+  track(req);
+  return req;
+}
+
+std::unique_ptr<ExposedMemory> Comm::expose(void* data, size_t bytes, std::string& why) {
+  memory_.settle();
+  return transport_.exposeMemory(data, bytes, memory_.type(), why);
+}
+
+std::unique_ptr<PeerMapping> Comm::mapPeer(int peer, const std::vector<uint8_t>& blob,
+                                           size_t bytes, std::string& why) {
+  return transport_.mapPeerMemory(peer, blob, bytes, memory_.type(), why);
+}
+
 void Comm::wait(const std::vector<RequestPtr>& requests) {
   try {
     driver_.waitAll(requests, deadline_);

@@ -102,6 +102,18 @@ class Comm {
     trippedBy_ = -1;
     return std::exchange(tripped_, {});
   }
+  // Small messages of host memory whatever the op's memory is (a notice that the op's
+  // buffers are ready, or have been read): never staged, never labelled device memory.
+  RequestPtr sendNotice(int peer, uint32_t step, const void* data, size_t bytes);
+  RequestPtr recvNotice(int peer, uint32_t step, void* data, size_t bytes);
+  // Exposes `bytes` of the op's memory at `data` for a peer to map (Transport::exposeMemory)
+  // once the device work queued on the op's buffers has finished (OpMemory::settle): null
+  // with `why` where the transport cannot. Throws TransportError where it fails.
+  std::unique_ptr<ExposedMemory> expose(void* data, size_t bytes, std::string& why);
+  // Maps the buffer `peer` exposed (`blob`), of which `bytes` are touched, in the op's memory
+  // type (Transport::mapPeerMemory): null with `why` where the transport cannot.
+  std::unique_ptr<PeerMapping> mapPeer(int peer, const std::vector<uint8_t>& blob, size_t bytes,
+                                       std::string& why);
   // Local work on the op's buffers, done where they live (op_memory.h).
   void copy(void* dst, const void* src, size_t bytes) { memory_.copy(dst, src, bytes); }
   void reduce(const Reduction& red, void* acc, const void* in, size_t count) {

@@ -106,6 +106,14 @@ Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize, bool 
   return Algorithm::kRing;
 }
 
+bool peerMapApplies(const Tuning& tuning, size_t bytes, int worldSize, bool deviceMemory) {
+  if (tuning.peerMap == PeerMapMode::kOff || worldSize != 2 || !deviceMemory ||
+      tuning.forced[static_cast<size_t>(Op::kAllreduce)] != Algorithm::kAuto) {
+    return false;
+  }
+  return tuning.peerMap == PeerMapMode::kOn || bytes >= kAllreducePeerMapMin;
+}
+
 bool sizeDecides(const Tuning& tuning, Op op, int worldSize) {
   if (tuning.forced[static_cast<size_t>(op)] != Algorithm::kAuto) return false;
   return choose(tuning, op, 0, worldSize) != choose(tuning, op, ~size_t{0} >> 1, worldSize);

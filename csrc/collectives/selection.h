@@ -39,6 +39,13 @@ constexpr size_t kHostChunkBytes = size_t{4} << 20;
 // most two chunks of device scratch.
 constexpr size_t kDeviceChunkBytes = size_t{64} << 20;
 
+// Whether a 2-rank all_reduce of device memory maps the peer's buffer and folds straight out
+// of it (device_peer_map; csrc/collectives/peer_map.cpp). kAuto does from
+// kAllreducePeerMapMin and falls back to the automatic choice where a rank cannot map (both
+// ranks learn it in the op and agree); kOn does at every size and fails the op instead of
+// falling back, naming why, so that a test or a session knows the path ran.
+enum class PeerMapMode { kOff, kAuto, kOn };
+
 struct Tuning {
   Algorithm forced[kOpCount] = {};  // kAuto: choose by size
   // Piece of a message that a rank receives into scratch (or pipelines) at once. A message
@@ -46,6 +53,8 @@ struct Tuning {
   // chunk_bytes for ops on host memory, device_chunk_bytes for ops on device memory
   // (BackendOptions::tuning).
   size_t chunkBytes = kHostChunkBytes;
+  // device_peer_map, for ops on device memory only (BackendOptions::tuning).
+  PeerMapMode peerMap = PeerMapMode::kOff;
 };
 
 // Thresholds of the automatic choice, in bytes of the op's whole message (see choose()).
@@ -58,6 +67,11 @@ constexpr size_t kAllreduceRabenseifnerMax = size_t{256} << 10;
 // (docs/performance.md): 4 KiB after 10 warm-up ops took 9-10 us instead of 15-18; warm,
 // 256 B - 16 KiB neither gained nor lost at this host's noise.
 constexpr size_t kAllreducePairSlotsMin = size_t{4} << 10;
+// From this size a 2-rank all_reduce of device memory maps the peer's buffer where
+// device_peer_map asks for it (peerMapApplies). Below it recursive doubling's one posted
+// exchange stays: the peer map waits for five notices, each a host round trip. Not measured
+// yet (docs/cuda.md: the next GPU session's checks).
+constexpr size_t kAllreducePeerMapMin = size_t{64} << 10;
 constexpr size_t kAllgatherBruckMax = size_t{64} << 10;
 constexpr size_t kReduceScatterHalvingMax = size_t{64} << 10;
 constexpr size_t kBroadcastBinomialMax = size_t{512} << 10;
@@ -90,6 +104,12 @@ Algorithm parseAlgorithm(Op op, const std::string& name);
 // changes the all_reduce of two ranks (selection.cpp).
 Algorithm choose(const Tuning& tuning, Op op, size_t bytes, int worldSize,
                  bool deviceMemory = false);
+// Whether an all_reduce of `bytes` runs as the peer-mapped pair (peer_map.cpp) before any
+// other choice: device_peer_map not off, two ranks, device memory, no algorithm forced, and
+// (kAuto) from kAllreducePeerMapMin or (kOn, which forces it as algo_allreduce forces its
+// algorithm) at every size. Every input agrees across the group (the knob must; the size is
+// the op's), so every rank decides alike.
+bool peerMapApplies(const Tuning& tuning, size_t bytes, int worldSize, bool deviceMemory);
 // Whether choose() may answer differently for two sizes of `op` in this group (the choice is
 // automatic and not the same for every size: broadcast and reduce beyond 2 ranks). Only then
 // can ranks that disagree on the size run different algorithms.

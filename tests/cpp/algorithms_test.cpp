@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
       {"barrier", testBarrier, true},
       {"device_memory_routing", testDeviceMemoryTakesNoHostPath, true},
       {"device_pair_allreduce", testDevicePairAllreduceExchangesOnce, true},
+      {"peer_map_allreduce", testPeerMapAllreduce, true},
+      {"peer_map_routing", testPeerMapRouting, true},
+      {"peer_map_failures", testPeerMapFallbackAndFailures, true},
   };
   return ucxb::check::runGroups("algorithms_test", groups, argc, argv);
 }

@@ -142,7 +142,7 @@ UcxTransport::UcxTransport(int rank, int size, const std::string& netDevices,
 
   peers_.resize(size_);
   for (int p = 0; p < size_; ++p) {
-    peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}, {}, false, -1});
+    peers_[p] = std::make_unique<PeerSlot>(PeerSlot{this, p, nullptr, {}, {}, false, -1, -1, {}});
   }
 }
 
@@ -203,6 +203,7 @@ void UcxTransport::abortPeer(int peer, const std::string& why) {
     lane_->abortPeer(peer);
     reapLane();
   }
+  releaseKeys(slot.keys);         // unpacked on the endpoint that goes now
   forceClose(worker(), slot.ep);  // completes every request on it as cancelled
   cancelReceivesFromFailedPeers();
 }
@@ -210,6 +211,7 @@ void UcxTransport::abortPeer(int peer, const std::string& why) {
 void UcxTransport::closeEndpoints() {
   std::vector<void*> closing;
   for (auto& slot : peers_) {
+    releaseKeys(slot->keys);
     // A failed endpoint cannot be flushed; a healthy one is flushed so queued data still leaves.
     startClose(slot->ep, !slot->error.empty(), closing);
   }
@@ -309,6 +311,21 @@ Counters UcxTransport::transportCounters() const {
   return {{"send_lane_peers", peers},
           {"send_lane_messages", laneMessages_},
           {"send_lane_bytes", laneBytes_}};
+}
+
+std::unique_ptr<ExposedMemory> UcxTransport::exposeMemory(void* data, size_t bytes,
+                                                          MemoryType memory, std::string& why) {
+  return exposeDeviceMemory(context_->handle(), context_->transports(), data, bytes, memory, why);
+}
+
+std::unique_ptr<PeerMapping> UcxTransport::mapPeerMemory(int peer,
+                                                         const std::vector<uint8_t>& blob,
+                                                         size_t bytes, MemoryType memory,
+                                                         std::string& why) {
+  PeerSlot& slot = *peers_.at(peer);
+  ucp_ep_h ep = endpoint(slot, /*forSend=*/true);
+  if (ep == nullptr) throw TransportError(slot.error, peer);
+  return mapDeviceMemory(ep, peer, blob, bytes, memory, slot.keys, why);
 }
 
 ucp_ep_h UcxTransport::endpoint(PeerSlot& slot, bool forSend) {

@@ -24,6 +24,7 @@
 
 #include "transports/fold_target.h"
 #include "transports/transport.h"
+#include "transports/ucx/peer_map.h"
 #include "transports/ucx/send_lane.h"
 #include "transports/ucx/ucx_context.h"
 
@@ -82,6 +83,13 @@ class UcxTransport final : public Transport {
   // host): send_lane_peers (peers whose large sends take the lane), send_lane_messages and
   // send_lane_bytes. Empty otherwise, so that a group on one host keeps no statistics.
   Counters transportCounters() const override;
+  // CUDA buffers of ranks on this node, through UCX's cuda_ipc (peer_map.h); anything else
+  // answers unsupported.
+  std::unique_ptr<ExposedMemory> exposeMemory(void* data, size_t bytes, MemoryType memory,
+                                              std::string& why) override;
+  std::unique_ptr<PeerMapping> mapPeerMemory(int peer, const std::vector<uint8_t>& blob,
+                                             size_t bytes, MemoryType memory,
+                                             std::string& why) override;
 
  private:
   class UcxRequest;
@@ -94,6 +102,9 @@ class UcxTransport final : public Transport {
     bool otherHost = false;        // the peer's host identity differs from this rank's
     int lane = -1;                 // large sends take the send lane: -1 undecided, 0 no, 1 yes
     int folds = -1;                // receives may fold (TCP only): -1 undecided, 0 no, 1 yes
+    // Keys unpacked on `ep` for mappings of the peer's memory (mapPeerMemory), released
+    // before `ep` is closed.
+    std::vector<std::weak_ptr<RemoteKey>> keys;
   };
   struct WorkerDeleter {
     void operator()(ucp_worker* w) const { ucp_worker_destroy(w); }

@@ -37,4 +37,9 @@ void testBarrier();
 void testDeviceMemoryTakesNoHostPath();
 void testDevicePairAllreduceExchangesOnce();
 
+// peer_map_groups.cpp: the peer-mapped all_reduce of two ranks (csrc/collectives/peer_map.cpp).
+void testPeerMapAllreduce();
+void testPeerMapRouting();
+void testPeerMapFallbackAndFailures();
+
 }  // namespace ucxb::algotest

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <list>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -88,6 +89,11 @@ class InprocTransport : public Transport {
   int eventFd() const override { return fabric_.ranks_[rank_].wake.fd(); }
   std::string peerError(int peer) const override;
   void abortPeer(int peer, const std::string& why) override;
+  std::unique_ptr<ExposedMemory> exposeMemory(void* data, size_t bytes, MemoryType memory,
+                                              std::string& why) override;
+  std::unique_ptr<PeerMapping> mapPeerMemory(int peer, const std::vector<uint8_t>& blob,
+                                             size_t bytes, MemoryType memory,
+                                             std::string& why) override;
 
  private:
   using Outcome = std::pair<InprocRequestPtr, std::string>;  // "" = done, else why it failed
@@ -394,6 +400,78 @@ void InprocTransport::abortPeer(int peer, const std::string& why) {
   }
   // Everything outstanding with `peer` completes now, as the contract asks.
   settleCancelledAndCut();
+}
+
+namespace {
+
+// The blob of an exposed buffer: its address and length, which every rank of the process can
+// use as they are.
+struct ExposedBlob {
+  uint64_t address;
+  uint64_t bytes;
+};
+
+class InprocExposed final : public ExposedMemory {
+ public:
+  InprocExposed(void* data, size_t bytes) : blob_(sizeof(ExposedBlob)) {
+    const ExposedBlob b{reinterpret_cast<uintptr_t>(data), bytes};
+    std::memcpy(blob_.data(), &b, sizeof(b));
+  }
+  const std::vector<uint8_t>& blob() const override { return blob_; }
+
+ private:
+  std::vector<uint8_t> blob_;
+};
+
+class InprocMapping final : public PeerMapping {
+ public:
+  explicit InprocMapping(void* data) : data_(data) {}
+  void* data() const override { return data_; }
+
+ private:
+  void* data_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExposedMemory> InprocTransport::exposeMemory(void* data, size_t bytes,
+                                                             MemoryType memory,
+                                                             std::string& why) {
+  if (!fabric_.peerMaps_) return Transport::exposeMemory(data, bytes, memory, why);
+  hostOnly(memory, fabric_.carriesDevice_);
+  return std::make_unique<InprocExposed>(data, bytes);
+}
+
+std::unique_ptr<PeerMapping> InprocTransport::mapPeerMemory(int peer,
+                                                            const std::vector<uint8_t>& blob,
+                                                            size_t bytes, MemoryType memory,
+                                                            std::string& why) {
+  if (!fabric_.peerMaps_) return Transport::mapPeerMemory(peer, blob, bytes, memory, why);
+  hostOnly(memory, fabric_.carriesDevice_);
+  if (rank_ == fabric_.peerMapStallingRank_) std::this_thread::sleep_for(fabric_.peerMapStall_);
+  if (rank_ == fabric_.peerMapRefusingRank_) {
+    why = "inproc: rank " + std::to_string(rank_) + " refuses to map " + peerLabel(peer) +
+          "'s memory (a test's choice)";
+    return nullptr;
+  }
+  if (rank_ == fabric_.peerMapThrowingRank_) {
+    throw TransportError("inproc: mapping " + peerLabel(peer) + "'s memory failed (a test's choice)",
+                         peer);
+  }
+  ExposedBlob b{};
+  if (blob.size() != sizeof(b)) {
+    throw TransportError("inproc: " + peerLabel(peer) + " sent a blob of " +
+                             std::to_string(blob.size()) + " bytes, not an exposed buffer's",
+                         peer);
+  }
+  std::memcpy(&b, blob.data(), sizeof(b));
+  if (bytes > b.bytes) {
+    throw TransportError("inproc: " + peerLabel(peer) + " exposed " + std::to_string(b.bytes) +
+                             " bytes, " + std::to_string(bytes) + " asked for",
+                         peer);
+  }
+  ++fabric_.peerMapsMade_;
+  return std::make_unique<InprocMapping>(reinterpret_cast<void*>(static_cast<uintptr_t>(b.address)));
 }
 
 }  // namespace ucxb::inproc

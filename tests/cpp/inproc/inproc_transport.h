@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -77,6 +78,23 @@ class Fabric {
   uint64_t foldsPosted() const { return foldsPosted_.load(); }
   // Sends posted so far on every rank: how many messages the ops' algorithms exchanged.
   uint64_t sendsPosted() const { return sendsPosted_.load(); }
+  // Lets the transports map each other's exposed buffers (Transport::exposeMemory,
+  // mapPeerMemory), as ucx maps a CUDA buffer of a peer on this node: trivially, since the
+  // ranks share an address space. Otherwise both answer unsupported. `refusingRank`'s
+  // mapPeerMemory answers unsupported all the same (a peer UCX cannot reach so), and
+  // `throwingRank`'s throws TransportError (a mapping that fails): -1, none. Before any
+  // transport() is made.
+  // `stallingRank`'s mapPeerMemory first sleeps `stall` (a peer that stalls mid-op).
+  void allowPeerMaps(int refusingRank = -1, int throwingRank = -1, int stallingRank = -1,
+                     std::chrono::milliseconds stall = {}) {
+    peerMaps_ = true;
+    peerMapRefusingRank_ = refusingRank;
+    peerMapThrowingRank_ = throwingRank;
+    peerMapStallingRank_ = stallingRank;
+    peerMapStall_ = stall;
+  }
+  // Mappings made so far on every rank (mapPeerMemory calls that returned one).
+  uint64_t peerMapsMade() const { return peerMapsMade_.load(); }
 
  private:
   friend class InprocTransport;
@@ -99,6 +117,12 @@ class Fabric {
   const bool carriesDevice_;
   std::atomic<uint64_t> foldsPosted_{0};
   std::atomic<uint64_t> sendsPosted_{0};
+  bool peerMaps_ = false;
+  int peerMapRefusingRank_ = -1;
+  int peerMapThrowingRank_ = -1;
+  int peerMapStallingRank_ = -1;
+  std::chrono::milliseconds peerMapStall_{0};
+  std::atomic<uint64_t> peerMapsMade_{0};
 };
 
 }  // namespace ucxb::inproc

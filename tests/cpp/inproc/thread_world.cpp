@@ -58,6 +58,10 @@ ThreadWorld::ThreadWorld(WorldOptions options)
     : options_(options),
       fabric_(options.size, options.folds, options.carried),
       reports_(options.size) {
+  if (options_.peerMaps) {
+    fabric_.allowPeerMaps(options_.peerMapRefusingRank, options_.peerMapThrowingRank,
+                          options_.peerMapStallingRank, options_.peerMapStall);
+  }
   std::vector<std::unique_ptr<StagingArea>> staging(options_.size);
   if (options_.staged && options_.size > 1) {
     staging = makeStaging(options_.size, options_.tuning.chunkBytes, options_.unreservedRank);

@@ -35,6 +35,13 @@ struct WorldOptions {
   bool carried = false;
   // The transport folds receives (Fabric's `folds`): exchangeReduce's folding path.
   bool folds = false;
+  // The transports map each other's exposed buffers (Fabric::allowPeerMaps), but for
+  // `peerMapRefusingRank` (answers unsupported) and `peerMapThrowingRank` (throws); -1: none.
+  bool peerMaps = false;
+  int peerMapRefusingRank = -1;
+  int peerMapThrowingRank = -1;
+  int peerMapStallingRank = -1;  // its mapPeerMemory sleeps peerMapStall first
+  std::chrono::milliseconds peerMapStall{0};
   algo::Tuning tuning;
   std::chrono::milliseconds opTimeout{10000};
 };
@@ -59,6 +66,8 @@ class ThreadWorld {
   HostPathUses hostPathUses() const { return {stagingAsks_.load(), fabric_.foldsPosted()}; }
   // Messages sent so far, over every rank.
   uint64_t sendsPosted() const { return fabric_.sendsPosted(); }
+  // Peer mappings made so far, over every rank (Fabric::peerMapsMade).
+  uint64_t peerMapsMade() const { return fabric_.peerMapsMade(); }
   // Runs `job` on every rank as one op; returns what the ranks reported, "rank r: ..." per
   // line (an exception counts as a report), "" when every rank was content.
   std::string run(const Job& job);
