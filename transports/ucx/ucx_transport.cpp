@@ -315,6 +315,18 @@ Counters UcxTransport::transportCounters() const {
 
 std::unique_ptr<ExposedMemory> UcxTransport::exposeMemory(void* data, size_t bytes,
                                                           MemoryType memory, std::string& why) {
+  // cuda_ipc reaches only processes of this node. A group that spans hosts answers before
+  // registering anything: ucp_mem_map would register the buffer with every device-memory
+  // domain, an RDMA NIC's among them (milliseconds for a large buffer), at every op, only for
+  // the peer to fail to map it. Every rank of such a group has a peer on another host, so all
+  // answer alike.
+  for (const auto& slot : peers_) {
+    if (slot->otherHost) {
+      why = "rank " + std::to_string(slot->peer) +
+            " is on another host (cuda_ipc maps only memory of this node)";
+      return nullptr;
+    }
+  }
   return exposeDeviceMemory(context_->handle(), context_->transports(), data, bytes, memory, why);
 }
 
