@@ -44,6 +44,7 @@ GROUPS = [
     "barrier",
     "device_memory_routing",
     "device_pair_allreduce",
+    "scratch_fits_the_message",
 ]
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
       {"barrier", testBarrier, true},
       {"device_memory_routing", testDeviceMemoryTakesNoHostPath, true},
       {"device_pair_allreduce", testDevicePairAllreduceExchangesOnce, true},
+      {"scratch_fits_the_message", testScratchFitsTheMessage, true},
   };
   return ucxb::check::runGroups("algorithms_test", groups, argc, argv);
 }

@@ -36,5 +36,6 @@ void testBarrier();
 // host_path_groups.cpp: device memory takes no host-only path (op_memory.h).
 void testDeviceMemoryTakesNoHostPath();
 void testDevicePairAllreduceExchangesOnce();
+void testScratchFitsTheMessage();
 
 }  // namespace ucxb::algotest
