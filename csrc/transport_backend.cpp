@@ -676,9 +676,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   // Settled outside issueMu_: Future callbacks may issue ops.
   if (refuseIfFailed(*work)) return work;
   if (deviceError) {
-    // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
-    // was posted), and the Work ends like every other.
-    work->finishError(toDistError(work->context(), deviceError));
+    // A CUDA error recording the ready event, or no device memory for the op's scratch: this
+    // op fails, the group stays usable (nothing was posted), and the Work ends like every
+    // other but for the gate, which an op still running before it holds (finishUnissued).
+    work->finishUnissued(toDistError(work->context(), deviceError));
     return work;
   }
   if (lease) runInline(work, op, tagGroup, timeout, inlineBody, std::move(lease));

@@ -245,10 +245,14 @@ void TransportWork::finishError(std::exception_ptr error) { settleFailed(error, 
 
 void TransportWork::finishAborted(std::exception_ptr error) { settleFailed(error, false); }
 
-void TransportWork::settleFailed(std::exception_ptr error, bool unpin) {
+void TransportWork::finishUnissued(std::exception_ptr error) {
+  settleFailed(error, true, /*releaseGate=*/false);
+}
+
+void TransportWork::settleFailed(std::exception_ptr error, bool unpin, bool releaseGate) {
   if (settled_.exchange(true)) return;
   if (unpin) unpinStorages();
-  if (gate_) gate_->release(ctx_.seq);  // before the callbacks, as in finishOk
+  if (gate_ && releaseGate) gate_->release(ctx_.seq);  // before the callbacks, as in finishOk
   if (flight_) flight_->retired();
   try {
     future_->setError(error);

@@ -107,6 +107,13 @@ class TransportWork : public c10d::Work {
   // still posted, holds the Work (its task, the requests' keepAlive and callbacks), so that
   // is after the transport let go.
   void finishAborted(std::exception_ptr error);
+  // finishError for an op that failed as it was issued, never queued (a CUDA op whose ready
+  // event or scratch could not be had), in a group that stays usable. Its number does not
+  // advance the gate: the gate opens every op numbered up to the one released (stream_gate.hpp),
+  // so releasing this one would let a stream held for an earlier op, still running, go on
+  // before that op's outputs are final. No stream can wait for this op itself (it has ended
+  // before its Work is handed back), and the ops after it release their own numbers.
+  void finishUnissued(std::exception_ptr error);
 
   // Runs when the last strong reference goes while weak ones remain (the group's list of
   // Works for abort() holds each Work weakly until it is next pruned, up to twice its length
@@ -123,7 +130,7 @@ class TransportWork : public c10d::Work {
   void unpinStorages();
   // Whether pinStorages() has pinned or held `impl` already.
   bool taken(const c10::StorageImpl* impl) const;
-  void settleFailed(std::exception_ptr error, bool unpin);
+  void settleFailed(std::exception_ptr error, bool unpin, bool releaseGate = true);
   // Once the Work has settled and its Future's callbacks have run: a mark getFuture() made is
   // dropped.
   void settleHolds();

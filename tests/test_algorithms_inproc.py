@@ -47,6 +47,7 @@ GROUPS = [
     "peer_map_allreduce",
     "peer_map_routing",
     "peer_map_failures",
+    "scratch_fits_the_message",
 ]
 RUN_TIMEOUT_S = 120  # a group takes about a second; a hung op fails at its 5 s deadline
 

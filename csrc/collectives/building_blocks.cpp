@@ -96,7 +96,7 @@ void exchangeReduce(Comm& c, int to, const uint8_t* src, size_t sendCount, int f
   }
   const size_t sendChunks = to >= 0 ? chunksOf(sendCount, chunk) : 0;
   const size_t recvChunks = from >= 0 ? chunksOf(recvCount, chunk) : 0;
-  uint8_t* slots = recvChunks > 0 ? c.scratch(2 * chunk * esz) : nullptr;
+  uint8_t* slots = recvChunks > 0 ? c.scratch(pairedSlotElems(recvCount, chunk) * esz) : nullptr;
   auto postRecv = [&](size_t k) {
     return c.recv(from, chunkStep(firstStep, k, recvChunks), slots + (k % 2) * chunk * esz,
                   piece(recvCount, chunk, k) * esz);

@@ -3,6 +3,7 @@
 // lets log-step algorithms run on any group size. Internal to csrc/collectives.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,6 +35,21 @@ inline size_t chunkElems(const Comm& c, size_t count, size_t esz, size_t maxChun
 // A 0-element message still travels, so ranks that disagree on sizes find out.
 inline size_t chunksOf(size_t count, size_t chunk) {
   return count == 0 ? 1 : (count + chunk - 1) / chunk;
+}
+
+// Elements of one receive slot for a `count`-element message in `chunk`-element chunks: a
+// chunk, or the whole message where it is shorter (at least one element, so that a slot has
+// an address). Slots are sized by the message, not the chunk alone: a CUDA op's scratch is
+// lent at issue at this size (scratch_size.cpp), and a 4-byte op in 64 MiB device chunks must
+// not hold two chunks of device memory.
+inline size_t slotElems(size_t count, size_t chunk) {
+  return std::max<size_t>(1, std::min(count, chunk));
+}
+
+// Elements of exchangeReduce's two slots, chunk k in slot k % 2 at k * chunk: two chunks, or
+// the one slot where the message is a single chunk.
+inline size_t pairedSlotElems(size_t count, size_t chunk) {
+  return chunksOf(count, chunk) > 1 ? 2 * chunk : slotElems(count, chunk);
 }
 
 // Elements in chunk k of a `total`-element message.

@@ -23,7 +23,9 @@ void ring(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_t* out, size
   const size_t esz = red.elementSize;
   const size_t chunk = chunkElems(c, blockCount, esz, kStepSpace / static_cast<size_t>(n - 1));
   const size_t chunks = chunksOf(blockCount, chunk);
-  uint8_t* slots = n > 2 ? c.scratch(2 * chunk * esz) : nullptr;
+  // Slots alternate by ring step, not by chunk: two whenever the ring is longer than three.
+  const size_t slotBytes = slotElems(blockCount, chunk) * esz;
+  uint8_t* slots = n > 2 ? c.scratch(2 * slotBytes) : nullptr;
   for (size_t k = 0; k < chunks; ++k) {
     const size_t off = k * chunk * esz;
     const size_t bytes = piece(blockCount, chunk, k) * esz;
@@ -31,7 +33,7 @@ void ring(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_t* out, size
     const uint8_t* sendFrom = blockCount ? blocks[mod(r - 1, n)] + off : nullptr;
     for (int s = 0; s < n - 1; ++s) {
       const int recvBlock = mod(r - s - 2, n);
-      uint8_t* into = s == n - 2 ? out + off : slots + (s % 2) * chunk * esz;
+      uint8_t* into = s == n - 2 ? out + off : slots + (s % 2) * slotBytes;
       const uint32_t step = static_cast<uint32_t>(k * (n - 1) + s) | last;
       auto rq = c.recv(mod(r - 1, n), step, blockCount ? into : nullptr, bytes);
       auto sq = c.send(mod(r + 1, n), step, sendFrom, bytes);
@@ -57,7 +59,9 @@ void recursiveHalving(Comm& c, const std::vector<const uint8_t*>& blocks, uint8_
       chunkElems(c, total, esz, kStepSpace / static_cast<size_t>(f.levels() + 2));
   // The copy lives in the group's pooled scratch, after the two slots exchangeReduce uses
   // (it asks for them from the same pool, at its start): no allocation per op.
-  uint8_t* const work = c.scratch(2 * chunk * esz + total * esz) + 2 * chunk * esz;
+  // (exchangeReduce's slots for any part of `total` fit pairedSlotElems(total, chunk).)
+  const size_t slotBytes = pairedSlotElems(total, chunk) * esz;
+  uint8_t* const work = c.scratch(slotBytes + total * esz) + slotBytes;
   for (int b = 0; b < n && blockBytes; ++b) {
     c.copy(work + b * blockBytes, blocks[b], blockBytes);
   }

@@ -272,8 +272,9 @@ void binomialReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count,
     sendChunked(c, parent, in, count, esz, chunk, sendStep);
     return;
   }
-  uint8_t* acc = c.scratch(2 * chunk * esz);
-  uint8_t* slot = acc + chunk * esz;
+  const size_t slotBytes = slotElems(count, chunk) * esz;
+  uint8_t* acc = c.scratch(2 * slotBytes);
+  uint8_t* slot = acc + slotBytes;
   RequestPtr pending;
   try {
     for (size_t k = 0; k < chunks; ++k) {
@@ -314,7 +315,7 @@ void chainReduce(Comm& c, const uint8_t* in, uint8_t* out, size_t count, const R
     return;
   }
   if (downstream < 0 && out != in && count > 0) c.copy(out, in, count * esz);
-  uint8_t* slots = c.scratch(2 * chunk * esz);
+  uint8_t* slots = c.scratch(pairedSlotElems(count, chunk) * esz);
   auto slotOf = [&](size_t k) { return slots + (k % 2) * chunk * esz; };
   auto postRecv = [&](size_t k) {
     return c.recv(upstream, chunkStep(0, k, chunks), slotOf(k), piece(count, chunk, k) * esz);

@@ -29,38 +29,39 @@ size_t scratchBytes(const Tuning& tuning, Op op, size_t count, size_t esz, int n
       // allreduce(): one exchange posted at once where it fits one chunk (device memory has
       // no staging slots: PostedRecursiveDoubling, the peer's whole vector in scratch; on host
       // memory the slots' posted exchange asks for none), else choose()'s algorithm, each
-      // folding through exchangeReduce's two slots.
+      // folding through exchangeReduce's two slots (one where the message is one chunk).
       if (allreducePostable(tuning, count, esz, n, /*staging=*/nullptr)) {
         return count * esz;
       }
       switch (choose(tuning, op, count * esz, n, dev)) {
         case Algorithm::kRecursiveDoubling:
         case Algorithm::kRabenseifner:
-          return 2 * logStepChunk(tuning, count, esz, n) * esz;
+          return pairedSlotElems(count, logStepChunk(tuning, count, esz, n)) * esz;
         default: {  // the ring's reduce-scatter phase, chunked by its largest block
           const size_t perStep =
               (kStepSpace - std::min<size_t>(kStepSpace, static_cast<size_t>(n))) /
               static_cast<size_t>(std::max(1, n - 1));
           const size_t largest = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
-          return 2 * chunkElems(tuning, largest, esz, perStep) * esz;
+          return pairedSlotElems(largest, chunkElems(tuning, largest, esz, perStep)) * esz;
         }
       }
     }
     case Op::kReduce:
       // chainReduce's two slots, binomialReduce's accumulator and slot (or the root's
-      // exchangeReduce), each at its own chunking.
+      // exchangeReduce, never more), each at its own chunking.
       if (choose(tuning, op, count * esz, n) == Algorithm::kChain) {
-        return 2 * chunkElems(tuning, count, esz, kStepSpace) * esz;
+        return pairedSlotElems(count, chunkElems(tuning, count, esz, kStepSpace)) * esz;
       }
-      return 2 * chunkElems(tuning, count, esz, kStepSpace / 32) * esz;
+      return 2 * slotElems(count, chunkElems(tuning, count, esz, kStepSpace / 32)) * esz;
     case Op::kReduceScatter: {
       const size_t block = count / static_cast<size_t>(n);
       if (choose(tuning, op, count * esz, n) == Algorithm::kRecursiveHalving) {
         // Two slots, then the working copy of the whole input after them.
-        return 2 * logStepChunk(tuning, count, esz, n) * esz + count * esz;
+        return pairedSlotElems(count, logStepChunk(tuning, count, esz, n)) * esz + count * esz;
       }
       if (n <= 2) return 0;  // the ring of two receives straight into the output
-      return 2 * chunkElems(tuning, block, esz, kStepSpace / static_cast<size_t>(n - 1)) * esz;
+      return 2 * slotElems(block, chunkElems(tuning, block, esz,
+                                             kStepSpace / static_cast<size_t>(n - 1))) * esz;
     }
     default:
       return 0;

@@ -36,7 +36,7 @@ constexpr size_t kHostChunkBytes = size_t{4} << 20;
 // device folds a chunk in tens of microseconds, so little is won by pipelining it: on one
 // H200 shared by two ranks, a 64 MiB all_reduce took 16 GB/s in 4 MiB chunks and 69 GB/s in
 // one 64 MiB chunk, 125 and 224 GB/s under MPS (docs/cuda.md, 2026-11-28). An op holds at
-// most two chunks of device scratch.
+// most two chunks of device scratch, and never more than twice its message (slotElems).
 constexpr size_t kDeviceChunkBytes = size_t{64} << 20;
 
 // Whether a 2-rank all_reduce of device memory maps the peer's buffer and folds straight out

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
       {"peer_map_allreduce", testPeerMapAllreduce, true},
       {"peer_map_routing", testPeerMapRouting, true},
       {"peer_map_failures", testPeerMapFallbackAndFailures, true},
+      {"scratch_fits_the_message", testScratchFitsTheMessage, true},
   };
   return ucxb::check::runGroups("algorithms_test", groups, argc, argv);
 }

@@ -18,9 +18,9 @@ world makes exactly that happen, every round:
 * the op must end, and its result be bit-exact against a CPU reference (int32 SUM), within
   the world's deadline (a hang fails the world at ``WORLD_TIMEOUT``).
 
-The ops: all_reduce (two chunks of scratch), reduce_scatter (recursive halving,
-forced: two chunks and the whole input), reduce to the waiting rank (the root folds through
-scratch), and an all_reduce of a
+The ops: all_reduce (recursive doubling at two ranks: the peer's 16 MiB vector in scratch,
+from the large pool), reduce_scatter (recursive halving, forced: a slot and the whole
+input), reduce to the waiting rank (the root folds through scratch), and an all_reduce of a
 strided tensor, whose staging copy is allocated on the progress thread: its ``wait()`` must
 wait on the host instead (``is_completed()`` True when it returns), and must not hang either.
 Each rank plays the late rank in one round of each op and the waiting rank in the other.

@@ -36,6 +36,7 @@ void testBarrier();
 // host_path_groups.cpp: device memory takes no host-only path (op_memory.h).
 void testDeviceMemoryTakesNoHostPath();
 void testDevicePairAllreduceExchangesOnce();
+void testScratchFitsTheMessage();
 
 // peer_map_groups.cpp: the peer-mapped all_reduce of two ranks (csrc/collectives/peer_map.cpp).
 void testPeerMapAllreduce();

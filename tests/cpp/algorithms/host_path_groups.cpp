@@ -188,8 +188,9 @@ void testDevicePairAllreduceExchangesOnce() {
         algo::Algorithm::kRing);
 
   // The scratch a CUDA op is given at issue (algo::scratchBytes, in device chunks): the peer's
-  // vector where one exchange is posted at once (a small op: not two chunks), two chunks for
-  // a chunked exchange, and none for the ops that reduce nothing. (Every reducing algorithm
+  // vector where one exchange is posted at once or the message fits one chunk (a small op:
+  // not two chunks), two chunks for a chunked exchange, and none for the ops that reduce
+  // nothing (testScratchFitsTheMessage bounds it for every op). (Every reducing algorithm
   // runs with exactly this much: issue_sized_scratch.h.)
   algo::Tuning device;
   device.chunkBytes = algo::kDeviceChunkBytes;
@@ -198,7 +199,7 @@ void testDevicePairAllreduceExchangesOnce() {
   };
   CHECK_EQ(scratch(algo::Op::kAllreduce, 1, 2), size_t{4});
   CHECK_EQ(scratch(algo::Op::kAllreduce, 1024, 4), size_t{4096});
-  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 20, 2), 2 * algo::kDeviceChunkBytes);
+  CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 20, 2), size_t{4} << 20);
   CHECK_EQ(scratch(algo::Op::kAllreduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
   CHECK_EQ(scratch(algo::Op::kReduce, size_t{1} << 28, 4), 2 * algo::kDeviceChunkBytes);
   CHECK_EQ(scratch(algo::Op::kReduceScatter, size_t{1} << 28, 2), size_t{0});
@@ -237,6 +238,104 @@ void testDevicePairAllreduceExchangesOnce() {
                   " sends in 3 ops of 2 ranks, want " + std::to_string(want) + " a rank an op");
     std::printf("  %s memory: %llu sends a rank an op\n", nameOf(memory),
                 static_cast<unsigned long long>(perRankPerOp));
+  }
+}
+
+void testScratchFitsTheMessage() {
+  // The scratch a CUDA op is lent at issue (algo::scratchBytes) is bounded by its message,
+  // whatever the chunk size: two slots of at most the message each (a chunk each where the
+  // message is longer), plus reduce_scatter's working copy of its input. A group keeps the
+  // largest it lent: with 64 MiB device chunks, a 4-byte reduce lent two chunks would hold
+  // 128 MiB of device memory for the group's life, on the default cuda_wait=host path too.
+  const algo::Op reducing[] = {algo::Op::kAllreduce, algo::Op::kReduce,
+                               algo::Op::kReduceScatter};
+  for (const size_t chunkBytes : {algo::kDeviceChunkBytes, algo::kHostChunkBytes}) {
+    for (const algo::Op op : reducing) {
+      for (const std::string& name : algo::namesFor(op)) {
+        algo::Tuning tuning;
+        tuning.chunkBytes = chunkBytes;
+        tuning.forced[static_cast<size_t>(op)] = algo::parseAlgorithm(op, name);
+        for (const int n : {2, 3, 4, 5, 8}) {
+          for (const size_t per : {size_t{1}, size_t{5}, size_t{1000}, size_t{1} << 14,
+                                   size_t{1} << 18}) {
+            for (const size_t esz : {size_t{1}, size_t{4}, size_t{8}}) {
+              // reduce_scatter's count is its whole input: `per` elements a rank.
+              const bool scatter = op == algo::Op::kReduceScatter;
+              const size_t count = scatter ? per * static_cast<size_t>(n) : per;
+              const size_t bytes = algo::scratchBytes(tuning, op, count, esz, n, true);
+              const size_t bound = (scatter ? 3 : 2) * count * esz;
+              CHECK_MSG(bytes <= bound,
+                        std::string(algo::opName(op)) + " " + name + " n=" + std::to_string(n) +
+                            " count=" + std::to_string(count) + " esz=" + std::to_string(esz) +
+                            " chunk=" + std::to_string(chunkBytes) + ": scratch " +
+                            std::to_string(bytes) + " bytes, more than " + std::to_string(bound));
+            }
+          }
+        }
+      }
+    }
+  }
+  algo::Tuning device;
+  device.chunkBytes = algo::kDeviceChunkBytes;
+  CHECK_EQ(algo::scratchBytes(device, algo::Op::kReduce, 1, 4, 4, true), size_t{8});
+
+  // And every reducing algorithm fits what it was lent in device chunks, on device memory
+  // staged through host buffers (udp's CUDA path), in odd and even groups, every root.
+  const DType dt = DType::kInt32;
+  const ReduceKind sum = ReduceKind::kSum;
+  const Reduction red = makeReduction(dt, sum);
+  const size_t esz = elementSize(dt);
+  for (const algo::Op op : reducing) {
+    for (const std::string& name : algo::namesFor(op)) {
+      for (const int n : {2, 3, 4, 5}) {
+        inproc::WorldOptions options;
+        options.size = n;
+        options.bounced = true;
+        options.tuning.chunkBytes = algo::kDeviceChunkBytes;
+        options.tuning.forced[static_cast<size_t>(op)] = algo::parseAlgorithm(op, name);
+        ThreadWorld world(options);
+        uint32_t salt = 0;
+        for (const size_t per : {size_t{1}, size_t{7}, size_t{3000}}) {
+          ++salt;
+          const std::string label = std::string(algo::opName(op)) + " " + name +
+                                    " n=" + std::to_string(n) + " count=" + std::to_string(per);
+          std::string problems;
+          if (op == algo::Op::kAllreduce) {
+            problems = world.run([&, salt](Comm& c) {
+              GuardedBuffer data(per * esz, inputBytes(dt, sum, c.rank(), per, salt));
+              const IssueSizedScratch sized(c, op, per, esz);
+              algo::allreduce(c, data.data(), per, red);
+              return compare(data, reducedBytes(dt, sum, n, 0, per, salt), "result");
+            });
+          } else if (op == algo::Op::kReduce) {
+            for (int root = 0; root < n && problems.empty(); ++root) {
+              problems = world.run([&, salt, root](Comm& c) {
+                const std::string input = inputBytes(dt, sum, c.rank(), per, salt);
+                GuardedBuffer in(input.size(), input);
+                GuardedBuffer out(per * esz);
+                const IssueSizedScratch sized(c, op, per, esz);
+                algo::reduce(c, in.data(), out.data(), per, red, root);
+                if (c.rank() != root) return std::string();
+                return compare(out, reducedBytes(dt, sum, n, 0, per, salt), "result");
+              });
+            }
+          } else {
+            problems = world.run([&, salt](Comm& c) {
+              const std::string input = inputBytes(dt, sum, c.rank(), per * n, salt);
+              GuardedBuffer in(input.size(), input);
+              GuardedBuffer out(per * esz);
+              std::vector<const void*> blocks;
+              for (int p = 0; p < n; ++p) blocks.push_back(in.data() + p * per * esz);
+              const IssueSizedScratch sized(c, op, per * n, esz);
+              algo::reduceScatter(c, blocks, out.data(), per, red);
+              return compare(out, reducedBytes(dt, sum, n, c.rank() * per, per, salt),
+                             "result");
+            });
+          }
+          CHECK_MSG(problems.empty(), label + ":\n" + problems);
+        }
+      }
+    }
   }
 }
 
