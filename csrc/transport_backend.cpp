@@ -676,10 +676,15 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
   // Settled outside issueMu_: Future callbacks may issue ops.
   if (refuseIfFailed(*work)) return work;
   if (deviceError) {
-    // A CUDA error recording the ready event, or no device memory for the op's scratch: this
-    // op fails, the group stays usable (nothing was posted), and the Work ends like every
-    // other but for the gate, which an op still running before it holds (finishUnissued).
-    work->finishUnissued(toDistError(work->context(), deviceError));
+    // A CUDA error recording the ready event, or no device memory for the op's scratch. The
+    // op took its number, so the peers run it and would wait for this rank's part until
+    // their timeout, and a later op could not make up for it: the group fails, and its
+    // notice tells the peers at once why (as a failure on the progress thread does). The
+    // Work ends like every other but for the gate, which an op still running before it
+    // holds (finishUnissued).
+    const auto error = toDistError(work->context(), deviceError);
+    engine_->fail(messageOf(error), failureKindOf(deviceError));
+    work->finishUnissued(error);
     return work;
   }
   if (lease) runInline(work, op, tagGroup, timeout, inlineBody, std::move(lease));

@@ -232,7 +232,8 @@ xdist_args() {
 GPU_TESTS=${GPU_TESTS:-"tests/gpu/test_cuda_streams.py tests/gpu/test_cuda_stream_hold.py \
 tests/gpu/test_cuda_reductions.py \
 tests/gpu/test_cuda_routing.py tests/gpu/test_cuda_host_paths.py tests/gpu/test_cuda_consumers.py \
-tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py tests/gpu/test_cuda_peer_map.py"}
+tests/gpu/test_cuda_signed_zero.py tests/gpu/test_cuda_movement.py tests/gpu/test_cuda_chunked.py tests/gpu/test_cuda_peer_map.py \
+tests/gpu/test_cuda_issue_failure.py"}
 
 step facts 30 facts
 if step wheels 60 wheels && [ -d "$SITE" ]; then
