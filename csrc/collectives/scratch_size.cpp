@@ -26,6 +26,12 @@ size_t scratchBytes(const Tuning& tuning, Op op, size_t count, size_t esz, int n
   const bool dev = deviceMemory;
   switch (op) {
     case Op::kAllreduce: {
+      // The peer-mapped pair (peer_map.cpp) folds out of the peer's buffer and copies into
+      // its own: no scratch where device_peer_map=on takes the op, which has no fallback.
+      // With auto a rank that cannot map falls back to choose()'s algorithm, sized below.
+      if (tuning.peerMap == PeerMapMode::kOn && peerMapApplies(tuning, count * esz, n, dev)) {
+        return 0;
+      }
       // allreduce(): one exchange posted at once where it fits one chunk (device memory has
       // no staging slots: PostedRecursiveDoubling, the peer's whole vector in scratch; on host
       // memory the slots' posted exchange asks for none), else choose()'s algorithm, each

@@ -278,6 +278,18 @@ void testScratchFitsTheMessage() {
   algo::Tuning device;
   device.chunkBytes = algo::kDeviceChunkBytes;
   CHECK_EQ(algo::scratchBytes(device, algo::Op::kReduce, 1, 4, 4, true), size_t{8});
+  // The peer-mapped pair folds out of the peer's buffer and copies into its own: no scratch
+  // where device_peer_map=on takes the op (it has no fallback); with auto a rank that cannot
+  // map falls back to the algorithm of choose(), whose scratch it must have.
+  const size_t bigCount = size_t{16} << 20;  // 64 MiB of int32
+  algo::Tuning mapped = device;
+  mapped.peerMap = algo::PeerMapMode::kOn;
+  CHECK_EQ(algo::scratchBytes(mapped, algo::Op::kAllreduce, bigCount, 4, 2, true), size_t{0});
+  CHECK_EQ(algo::scratchBytes(mapped, algo::Op::kAllreduce, bigCount, 4, 3, true),
+           algo::scratchBytes(device, algo::Op::kAllreduce, bigCount, 4, 3, true));
+  mapped.peerMap = algo::PeerMapMode::kAuto;
+  CHECK_EQ(algo::scratchBytes(mapped, algo::Op::kAllreduce, bigCount, 4, 2, true),
+           algo::scratchBytes(device, algo::Op::kAllreduce, bigCount, 4, 2, true));
 
   // And every reducing algorithm fits what it was lent in device chunks, on device memory
   // staged through host buffers (udp's CUDA path), in odd and even groups, every root.
