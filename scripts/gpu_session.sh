@@ -17,13 +17,16 @@
 #           context instead of two the GPU switches between); its JSON to GPU_SESSION_SCRATCH
 #           ($OUT keeps 8 files), its table to session.log; skipped without nvidia-cuda-mps-control
 #   tests   make gpu-tests over GPU_TESTS in importance order, JUnit to $OUT, in the time left
+#   peer_bench the bench_mps command at 16-64 MiB on ucx alone with device_peer_map=on (the
+#           peer-mapped all_reduce, off by default until it is measured): issue #20's 0.5x the
+#           d2d copy at 64 MiB; its table to session.log; skipped without nvidia-cuda-mps-control
 #   timeline scripts/gpu_timeline.py under the settings that tell apart where a CUDA op's
 #           millisecond goes (docs/cuda.md), one run each, most telling first
 #   summary scripts/gpu_session_summary.py: the verdicts and the #20 figures, $OUT/summary.md
 # The whole run stays within GPU_SESSION_BUDGET_S (420 s: with a machine's start that leaves
 # room in a 15-minute device budget to rerun a part); the tests leave GPU_SESSION_RESERVE_S
 # (150 s) of it to the timeline. GPU_SESSION_STEPS (all) names the steps to run after facts
-# and wheels (build smoke bench bench_mps tests timeline): a rerun on the warm machine may
+# and wheels (build smoke bench bench_mps tests peer_bench timeline): a rerun on the warm machine may
 # take only the build (seconds then) and the timeline. Exit status: 0 when every step passed.
 set -u -o pipefail
 
@@ -74,7 +77,7 @@ step() {
         return 1
     fi
     # $OUT keeps at most 8 files for the device tool: the bench's table goes to session.log.
-    case $name in facts | wheels | bench | bench_mps | timeline) log="" ;; *) log="$OUT/$name.log" ;; esac
+    case $name in facts | wheels | bench | bench_mps | peer_bench | timeline) log="" ;; *) log="$OUT/$name.log" ;; esac
     echo "== $name (cap ${cap} s) $(date -u +%H:%M:%S)"
     t0=$(date +%s)
     export STEP_CAP=$cap
@@ -157,6 +160,13 @@ bench() { bench_cmd "$OUT/bench.json"; }
 # GPU: run MPS": 16 -> 125 GB/s at 64 MiB in the second run).
 bench_mps() { bench_cmd "$SCRATCH/bench_mps.json" --mps; }
 has_mps() { command -v nvidia-cuda-mps-control >/dev/null; }
+# The peer-mapped all_reduce (device_peer_map=on: it fails rather than falls back, so a table
+# means it ran), under MPS as bench_mps, where it competes with the copy column.
+peer_bench() {
+    echo "-- peer_bench: UCXBACKEND_DEVICE_PEER_MAP=on, under a private MPS server"
+    UCXBACKEND_DEVICE_PEER_MAP=on "$PYTHON" -m ucxbackend bench --device cuda --nproc 2 -b 16M \
+        -e 64M -f 4 -n 20 -w 5 --backends ucx --mps --timeout "$((STEP_CAP - 10))" all_reduce
+}
 
 # scripts/gpu_timeline.py once per setting (docs/cuda.md, "Where a CUDA op's millisecond
 # goes"): label|environment|arguments, most telling first. default and chunk_4m record the
@@ -267,6 +277,15 @@ if [ "$built" -eq 0 ]; then
         step tests "$(($(left) - 30 - RESERVE_S))" make gpu-tests PYTHON="$PYTHON" \
             GPU_TESTS="$GPU_TESTS" GPU_XDIST="$(xdist_args)" \
             PYTEST_ARGS="-p no:cacheprovider -rfE --durations=15 --junitxml=$OUT/junit.xml"
+    fi
+    # From the timeline's reserve: the figure that decides device_peer_map's default.
+    if wants peer_bench; then
+        if has_mps; then
+            step peer_bench 60 peer_bench
+        else
+            echo "== peer_bench: skipped, no nvidia-cuda-mps-control on PATH (bench --mps needs it)"
+            printf 'peer_bench\tskipped\t0\n' >>"$STEPS"
+        fi
     fi
     if wants timeline; then step timeline 100000 timeline; fi
 else

@@ -289,6 +289,33 @@ def test_bench_mps_step_dry_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_peer_bench_step_dry_run(tmp_path: Path) -> None:
+    # As bench_mps: skipped, saying why, without nvidia-cuda-mps-control; with one (the fake)
+    # it runs the bench, here stopped by the missing CUDA before any daemon starts.
+    path = os.environ["PATH"]
+    if shutil.which("nvidia-cuda-mps-control", path=path) is None:
+        proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
+                            GPU_SESSION_STEPS="peer_bench", PATH=path)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert _steps(tmp_path) == [["facts", "0"], ["wheels", "0"], ["peer_bench", "skipped"]]
+        assert "== peer_bench: skipped, no nvidia-cuda-mps-control on PATH" in (
+            tmp_path / "session.log"
+        ).read_text()
+    fake_dir = tmp_path / "fake"
+    fake_dir.mkdir()
+    bin_dir, record = install_fake_control(fake_dir)
+    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
+                        GPU_SESSION_STEPS="peer_bench", PATH=f"{bin_dir}{os.pathsep}{path}",
+                        FAKE_MPS_RECORD=str(record))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _steps(tmp_path)[-1] == ["peer_bench", "2"], _steps(tmp_path)
+    log = (tmp_path / "session.log").read_text()
+    assert "-- peer_bench: UCXBACKEND_DEVICE_PEER_MAP=on, under a private MPS server" in log
+    assert "bench: error: --device cuda: CUDA is not available" in log, log
+    assert calls(record) == []
+
+
+@pytest.mark.slow
 def test_timeline_step_dry_run_on_cpu(tmp_path: Path) -> None:
     # The timeline step end to end on CPU tensors (GPU_TIMELINE_DEVICE=cpu), three of its
     # runs, with the in-place build (GPU_SESSION_STEPS without "build"): each run's setting
