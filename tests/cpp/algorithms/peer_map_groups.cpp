@@ -190,6 +190,26 @@ void testPeerMapRouting() {
                 label + ": " + std::to_string(world.peerMapsMade() - before) + " mappings");
     }
   }
+
+  // A transport wrapped for fault injection (a group made with
+  // UCXBACKEND_TEST_FAULT_INJECTION=1) maps as the transport it wraps: a test that injects a
+  // fault into a peer-mapped op must reach the peer map, not a fallback or "cannot map".
+  {
+    inproc::WorldOptions options = pairWithMaps(PeerMapMode::kOn);
+    options.carried = true;
+    options.faultWrapped = true;
+    ThreadWorld world(options);
+    const size_t count = 5;
+    const std::string problems = world.run([&](Comm& c) {
+      GuardedBuffer data(count * elementSize(d), inputBytes(d, ReduceKind::kSum, c.rank(),
+                                                            count, 200));
+      algo::allreduce(c, data.data(), count, sum);
+      return compare(data, reducedBytes(d, ReduceKind::kSum, 2, 0, count, 200), "result");
+    });
+    CHECK_MSG(problems.empty(), "fault-wrapped transports:\n" + problems);
+    CHECK_MSG(world.peerMapsMade() == 2,
+              "fault-wrapped transports: " + std::to_string(world.peerMapsMade()) + " mappings");
+  }
 }
 
 namespace {
