@@ -26,6 +26,12 @@ size_t scratchBytes(const Tuning& tuning, Op op, size_t count, size_t esz, int n
   const bool dev = deviceMemory;
   switch (op) {
     case Op::kAllreduce: {
+      // The peer-mapped pair under device_peer_map=on folds in the ranks' own buffers and
+      // never falls back (peer_map.cpp: it fails instead): nothing to lend. Under auto a rank
+      // that cannot map runs the automatic choice below, which needs its scratch.
+      if (tuning.peerMap == PeerMapMode::kOn && peerMapApplies(tuning, count * esz, n, dev)) {
+        return 0;
+      }
       // allreduce(): one exchange posted at once where it fits one chunk (device memory has
       // no staging slots: PostedRecursiveDoubling, the peer's whole vector in scratch; on host
       // memory the slots' posted exchange asks for none), else choose()'s algorithm, each
