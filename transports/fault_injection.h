@@ -88,6 +88,17 @@ class FaultInjectingTransport : public Transport {
   std::vector<std::string> lowerTransports() const override { return inner_->lowerTransports(); }
   std::vector<Counters> peerCounters() const override { return inner_->peerCounters(); }
   Counters transportCounters() const override { return inner_->transportCounters(); }
+  // Not the base's "does not map": a fault-injecting group's peer-mapped all_reduce would
+  // fall back (device_peer_map=auto) or fail (on) where its transport maps.
+  std::unique_ptr<ExposedMemory> exposeMemory(void* data, size_t bytes, MemoryType memory,
+                                              std::string& why) override {
+    return inner_->exposeMemory(data, bytes, memory, why);
+  }
+  std::unique_ptr<PeerMapping> mapPeerMemory(int peer, const std::vector<uint8_t>& blob,
+                                             size_t bytes, MemoryType memory,
+                                             std::string& why) override {
+    return inner_->mapPeerMemory(peer, blob, bytes, memory, why);
+  }
 
  private:
   std::unique_ptr<Transport> inner_;

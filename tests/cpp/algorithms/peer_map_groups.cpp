@@ -17,6 +17,7 @@
 #include "tests/cpp/algorithms/elements.h"
 #include "tests/cpp/algorithms/groups.h"
 #include "tests/cpp/algorithms/guarded_buffer.h"
+#include "tests/cpp/algorithms/issue_sized_scratch.h"
 #include "tests/cpp/algorithms/sweep.h"
 #include "tests/cpp/check.h"
 
@@ -188,6 +189,61 @@ void testPeerMapRouting() {
       CHECK_MSG(problems.empty(), label + ":\n" + problems);
       CHECK_MSG(world.peerMapsMade() - before == (count > 0 ? 2u : 0u),
                 label + ": " + std::to_string(world.peerMapsMade() - before) + " mappings");
+    }
+  }
+
+  // A transport wrapped for fault injection (a group made with
+  // UCXBACKEND_TEST_FAULT_INJECTION=1) maps as the transport it wraps: a test that injects a
+  // fault into a peer-mapped op must reach the peer map, not a fallback or "cannot map".
+  {
+    inproc::WorldOptions options = pairWithMaps(PeerMapMode::kOn);
+    options.carried = true;
+    options.faultWrapped = true;
+    ThreadWorld world(options);
+    const size_t count = 5;
+    const std::string problems = world.run([&](Comm& c) {
+      GuardedBuffer data(count * elementSize(d), inputBytes(d, ReduceKind::kSum, c.rank(),
+                                                            count, 200));
+      algo::allreduce(c, data.data(), count, sum);
+      return compare(data, reducedBytes(d, ReduceKind::kSum, 2, 0, count, 200), "result");
+    });
+    CHECK_MSG(problems.empty(), "fault-wrapped transports:\n" + problems);
+    CHECK_MSG(world.peerMapsMade() == 2,
+              "fault-wrapped transports: " + std::to_string(world.peerMapsMade()) + " mappings");
+  }
+
+  // The scratch a CUDA op is lent at issue (algo::scratchBytes): none where the peer map
+  // runs and never falls back (device_peer_map=on; it folds in the ranks' own buffers), what
+  // the automatic choice asks for where it may (auto: a rank that cannot map). Each run with
+  // exactly that much (IssueSizedScratch), in device chunks.
+  for (const PeerMapMode mode : {PeerMapMode::kOn, PeerMapMode::kAuto}) {
+    for (const int refusing : {-1, 1}) {
+      if (mode == PeerMapMode::kOn && refusing >= 0) continue;  // fails: nothing to size
+      inproc::WorldOptions options = pairWithMaps(mode);
+      options.carried = true;
+      options.peerMapRefusingRank = refusing;
+      options.tuning.chunkBytes = algo::kDeviceChunkBytes;
+      ThreadWorld world(options);
+      uint32_t salt = 300;
+      for (const size_t count : {size_t{1}, size_t{7}, min / elementSize(d), size_t{1} << 20}) {
+        ++salt;
+        const std::string label = std::string(mode == PeerMapMode::kOn ? "on" : "auto") +
+                                  (refusing >= 0 ? ", rank 1 refuses" : "") + ", " +
+                                  std::to_string(count) + " elements";
+        const size_t lent = algo::scratchBytes(options.tuning, algo::Op::kAllreduce, count,
+                                               elementSize(d), 2, true);
+        if (mode == PeerMapMode::kOn) {
+          CHECK_MSG(lent == 0, label + ": lent " + std::to_string(lent) + " bytes of scratch");
+        }
+        const std::string problems = world.run([&, salt, count](Comm& c) {
+          GuardedBuffer data(count * elementSize(d), inputBytes(d, ReduceKind::kSum, c.rank(),
+                                                                count, salt));
+          const IssueSizedScratch sized(c, algo::Op::kAllreduce, count, elementSize(d));
+          algo::allreduce(c, data.data(), count, sum);
+          return compare(data, reducedBytes(d, ReduceKind::kSum, 2, 0, count, salt), "result");
+        });
+        CHECK_MSG(problems.empty(), label + ":\n" + problems);
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "tests/cpp/inproc/thread_driver.h"
+#include "transports/fault_injection.h"
 
 namespace ucxb::inproc {
 
@@ -99,6 +100,10 @@ std::string ThreadWorld::run(const Job& job) {
 void ThreadWorld::rankMain(int rank, std::unique_ptr<StagingArea> staging) {
   // Made and destroyed on this thread: the transport's one owner.
   std::unique_ptr<Transport> transport = fabric_.transport(rank);
+  if (options_.faultWrapped) {
+    transport = std::make_unique<FaultInjectingTransport>(std::move(transport),
+                                                          std::make_shared<FaultSwitch>());
+  }
   ThreadDriver driver(*transport, std::move(staging), &stagingAsks_);
   constexpr uint32_t kGroupHash = 0x2a;
   uint64_t done = 0;

@@ -42,6 +42,9 @@ struct WorldOptions {
   int peerMapThrowingRank = -1;
   int peerMapStallingRank = -1;  // its mapPeerMemory sleeps peerMapStall first
   std::chrono::milliseconds peerMapStall{0};
+  // Every rank's transport wrapped in FaultInjectingTransport (transports/fault_injection.h),
+  // never armed: as a group made with UCXBACKEND_TEST_FAULT_INJECTION=1 wraps its transport.
+  bool faultWrapped = false;
   algo::Tuning tuning;
   std::chrono::milliseconds opTimeout{10000};
 };
