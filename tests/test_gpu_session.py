@@ -260,59 +260,44 @@ def _steps(out: Path) -> list[list[str]]:
     return [line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_bench_mps_step_dry_run(tmp_path: Path) -> None:
-    # Without nvidia-cuda-mps-control the step is skipped, saying why; with one (the fake)
-    # the step runs the bench with --mps, which on this CPU machine stops at the missing CUDA
-    # before it starts any daemon.
+def _mps_step_dry_run(out: Path, step: str) -> str:
+    """Runs the session's MPS step ``step`` on this CPU machine: without
+    nvidia-cuda-mps-control it is skipped, saying why; with one (the fake) it runs its bench
+    with --mps, which stops at the missing CUDA before it starts any daemon. Returns the
+    second run's session.log."""
     path = os.environ["PATH"]
-    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
-                        GPU_SESSION_STEPS="bench_mps", PATH=path)
     if shutil.which("nvidia-cuda-mps-control", path=path) is None:
+        proc = _run_session(out, 120, GPU_SESSION_BUDGET_S="100", GPU_SESSION_STEPS=step,
+                            PATH=path)
         assert proc.returncode == 1, proc.stdout + proc.stderr  # a step not passed
-        assert _steps(tmp_path) == [["facts", "0"], ["wheels", "0"], ["bench_mps", "skipped"]]
-        log = (tmp_path / "session.log").read_text()
-        assert "== bench_mps: skipped, no nvidia-cuda-mps-control on PATH (bench --mps needs " \
+        assert _steps(out) == [["facts", "0"], ["wheels", "0"], [step, "skipped"]]
+        log = (out / "session.log").read_text()
+        assert f"== {step}: skipped, no nvidia-cuda-mps-control on PATH (bench --mps needs " \
                "it)" in log, log
-    fake_dir = tmp_path / "fake"
+    fake_dir = out / "fake"
     fake_dir.mkdir()
     bin_dir, record = install_fake_control(fake_dir)
-    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
-                        GPU_SESSION_STEPS="bench_mps", PATH=f"{bin_dir}{os.pathsep}{path}",
-                        FAKE_MPS_RECORD=str(record))
+    proc = _run_session(out, 120, GPU_SESSION_BUDGET_S="100", GPU_SESSION_STEPS=step,
+                        PATH=f"{bin_dir}{os.pathsep}{path}", FAKE_MPS_RECORD=str(record))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert _steps(tmp_path)[-1] == ["bench_mps", "2"], _steps(tmp_path)
-    log = (tmp_path / "session.log").read_text()
+    assert _steps(out)[-1] == [step, "2"], _steps(out)
+    log = (out / "session.log").read_text()
     assert "bench: error: --device cuda: CUDA is not available" in log, log
     assert calls(record) == []
+    return log
+
+
+@pytest.mark.slow
+def test_bench_mps_step_dry_run(tmp_path: Path) -> None:
+    log = _mps_step_dry_run(tmp_path, "bench_mps")
     assert "## Bench under MPS (bench --mps)\n\n(no bench_mps.json)" in log, log
 
 
 @pytest.mark.slow
 def test_peer_bench_step_dry_run(tmp_path: Path) -> None:
-    # As bench_mps: skipped, saying why, without nvidia-cuda-mps-control; with one (the fake)
-    # it runs the bench, here stopped by the missing CUDA before any daemon starts.
-    path = os.environ["PATH"]
-    if shutil.which("nvidia-cuda-mps-control", path=path) is None:
-        proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
-                            GPU_SESSION_STEPS="peer_bench", PATH=path)
-        assert proc.returncode == 1, proc.stdout + proc.stderr
-        assert _steps(tmp_path) == [["facts", "0"], ["wheels", "0"], ["peer_bench", "skipped"]]
-        assert "== peer_bench: skipped, no nvidia-cuda-mps-control on PATH" in (
-            tmp_path / "session.log"
-        ).read_text()
-    fake_dir = tmp_path / "fake"
-    fake_dir.mkdir()
-    bin_dir, record = install_fake_control(fake_dir)
-    proc = _run_session(tmp_path, 120, GPU_SESSION_BUDGET_S="100",
-                        GPU_SESSION_STEPS="peer_bench", PATH=f"{bin_dir}{os.pathsep}{path}",
-                        FAKE_MPS_RECORD=str(record))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert _steps(tmp_path)[-1] == ["peer_bench", "2"], _steps(tmp_path)
-    log = (tmp_path / "session.log").read_text()
+    # The bench under MPS with the peer-mapped all_reduce forced on.
+    log = _mps_step_dry_run(tmp_path, "peer_bench")
     assert "-- peer_bench: UCXBACKEND_DEVICE_PEER_MAP=on, under a private MPS server" in log
-    assert "bench: error: --device cuda: CUDA is not available" in log, log
-    assert calls(record) == []
 
 
 @pytest.mark.slow
