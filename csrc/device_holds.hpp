@@ -17,7 +17,9 @@
 //   outgrown scratch buffer), freeing device memory there, is kept here and let go on a
 //   caller's thread (prune(): at the group's next device op, a wait(), the group's end).
 //
-// Nothing of it runs for CPU ops, nor in a group with cuda_wait=host.
+// Nothing of it runs in a group with cuda_wait=host. A CPU op of a stream-mode group only
+// takes its number, and is marked while its taken Future's callbacks may still run (on the
+// progress thread, where they may allocate CUDA memory).
 #pragma once
 
 #include <atomic>

@@ -536,7 +536,7 @@ bool TransportBackend::issueOrFail(const std::optional<c10::Device>& device, Tra
   try {
     // Sends and receives use no scratch; the gate goes with them so that one failing the
     // group releases every held stream (device_op.hpp).
-    deviceOp = issueOnDevice(device, devices_, 0, holds_ ? devices_.gate(*device) : nullptr);
+    deviceOp = issueOnDevice(device, devices_, 0, holds_ && device ? devices_.gate(*device) : nullptr);
     return true;
   } catch (...) {
     // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
@@ -588,8 +588,11 @@ c10::intrusive_ptr<TransportWork> TransportBackend::makeWork(const char* op, c10
   // Numbered in the progress thread's order: a collective's caller holds issueMu_ until its
   // task is queued. A CUDA send or receive takes its number under issueMu_ too (enqueueP2P)
   // and is queued a little later, after ops with higher numbers maybe: a wait() then sees it
-  // marked ahead of an op it runs behind, which only errs towards waiting on the host.
-  if (device && holds_) work->setHolds(holds_, holds_->nextTicket(), allocates);
+  // marked ahead of an op it runs behind, which only errs towards waiting on the host. CPU
+  // ops of the group are numbered too: one whose Future is taken is marked like a CUDA op's
+  // (getFuture), since a callback chained on it runs on the progress thread and may allocate
+  // CUDA memory there.
+  if (holds_) work->setHolds(holds_, holds_->nextTicket(), device && allocates);
   work->setProbe(probe_);
   {
     std::lock_guard<std::mutex> lock(coalesceMu_);
@@ -886,6 +889,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueueP2P(const char* op, c10d
     }
     held = std::make_shared<DeviceHolds::Mark>(holds_, work->ticket());
     holds_->keep(held);
+  } else if (holds_) {
+    // A CPU send or receive of a stream-mode group: numbered in the same order (makeWork).
+    std::lock_guard<std::mutex> issue(issueMu_);
+    work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
   } else {
     work = makeWork(op, type, device, {tensor}, tensor, timeout_.load());
   }

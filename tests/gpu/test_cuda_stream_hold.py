@@ -22,7 +22,9 @@ The ops: all_reduce (recursive doubling at two ranks: the peer's 16 MiB vector i
 from the large pool), reduce_scatter (recursive halving, forced: a slot and the whole
 input), reduce to the waiting rank (the root folds through scratch), and an all_reduce of a
 strided tensor, whose staging copy is allocated on the progress thread: its ``wait()`` must
-wait on the host instead (``is_completed()`` True when it returns), and must not hang either.
+wait on the host instead (``is_completed()`` True when it returns), and must not hang either;
+so must an all_reduce issued behind a CPU all_reduce still pending whose Future was taken (a
+callback chained on it runs on the progress thread and may allocate CUDA memory).
 Each rank plays the late rank in one round of each op and the waiting rank in the other.
 """
 
@@ -44,13 +46,25 @@ LATE_S = 0.5  # how late the other rank issues: the waiting rank's op runs at le
 N = 4 << 20  # int32 elements: 16 MiB, over a 4 MiB chunk (the ring at two ranks)
 AFTER_BYTES = 64 << 20  # what the waiting rank allocates after wait(), its op still running
 
-OPS = ("all_reduce", "reduce_scatter", "reduce", "all_reduce of a strided tensor")
+OPS = (
+    "all_reduce",
+    "reduce_scatter",
+    "reduce",
+    "all_reduce of a strided tensor",
+    "all_reduce behind a CPU op whose Future was taken",
+)
 HELD = ("wait() held the stream", "the op ended and its result is exact")
 HOST = ("wait() waited on the host", "the op ended and its result is exact")
 
 
+def _on_host(op: str) -> bool:
+    """The ops whose wait() must wait on the host: a staging copy on the progress thread, or
+    an earlier CPU op whose Future's callbacks run there and may allocate CUDA memory."""
+    return "strided" in op or "CPU op" in op
+
+
 def _checks(op: str) -> tuple[str, ...]:
-    return tuple(f"{op}: {c}" for c in (HOST if "strided" in op else HELD))
+    return tuple(f"{op}: {c}" for c in (HOST if _on_host(op) else HELD))
 
 
 def _fill_cache(torch: Any, dev: Any) -> int:
@@ -91,7 +105,7 @@ def hold_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
         return (torch.arange(N, dtype=torch.int32) % 9973) * (r + 1) + salt
 
     def run(op: str, salt: int, late: int) -> None:
-        want_held = "strided" not in op
+        want_held = not _on_host(op)
         root = (late + 1) % ws  # reduce: the waiting rank, which folds through scratch
         mine = inputs(rank, salt)
         total_in = sum(inputs(r, salt) for r in range(ws))
@@ -109,6 +123,11 @@ def hold_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
             filled = _fill_cache(torch, dev)  # the op's scratch must free cached blocks
             if rank == late:
                 time.sleep(LATE_S)
+            cpu_work = None
+            if "CPU op" in op:
+                # Pending until the late rank joins: its Future's mark stands before the op.
+                cpu_work = dist.all_reduce(torch.ones(4), async_op=True)
+                cpu_work.get_future()
             began = time.monotonic()
             if op == "reduce_scatter":
                 work = dist.reduce_scatter_tensor(result, x, async_op=True)
@@ -129,6 +148,8 @@ def hold_main(rank: int, ws: int) -> dict[str, dict[str, Any]]:
         deadline = time.monotonic() + 60
         while not work.is_completed() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if cpu_work is not None:
+            cpu_work.wait()
         torch.cuda.synchronize()
         if op == "reduce_scatter":
             want = total_in.view(ws, N // ws)[rank]
