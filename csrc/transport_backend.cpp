@@ -525,6 +525,11 @@ bool TransportBackend::refuseIfFailed(ProgressEngine& engine, TransportWork& wor
   return true;
 }
 
+std::shared_ptr<StreamGate> TransportBackend::heldGate(
+    const std::optional<c10::Device>& device) {
+  return holds_ && device ? devices_.gate(*device) : nullptr;
+}
+
 DeviceNeeds TransportBackend::reducingNeeds(algo::Op op, size_t count,
                                                              size_t esz, bool allocates) const {
   return {algo::scratchBytes(deviceTuning_, op, count, esz, getSize(), /*deviceMemory=*/true),
@@ -536,7 +541,7 @@ bool TransportBackend::issueOrFail(const std::optional<c10::Device>& device, Tra
   try {
     // Sends and receives use no scratch; the gate goes with them so that one failing the
     // group releases every held stream (device_op.hpp).
-    deviceOp = issueOnDevice(device, devices_, 0, holds_ && device ? devices_.gate(*device) : nullptr);
+    deviceOp = issueOnDevice(device, devices_, 0, heldGate(device));
     return true;
   } catch (...) {
     // A CUDA error recording the ready event: this op fails, the group stays usable (nothing
@@ -659,14 +664,10 @@ c10::intrusive_ptr<c10d::Work> TransportBackend::enqueue(const char* op, c10d::O
         // allocated here, on the caller's thread (device_op.hpp).
         std::optional<DeviceOp> deviceOp;
         try {
+          deviceOp = issueOnDevice(device, devices_, needs.scratchBytes, heldGate(device));
           std::unique_ptr<DeviceHolds::Mark> mark;
-          if (device && holds_) {
-            deviceOp = issueOnDevice(device, devices_, needs.scratchBytes, devices_.gate(*device));
-            if (needs.allocates) {
-              mark = std::make_unique<DeviceHolds::Mark>(holds_, work->ticket());
-            }
-          } else {
-            deviceOp = issueOnDevice(device, devices_, needs.scratchBytes);
+          if (device && holds_ && needs.allocates) {
+            mark = std::make_unique<DeviceHolds::Mark>(holds_, work->ticket());
           }
           queueTask(work, op, tagGroup, std::move(deviceOp), timeout, body.take(),
                     std::move(mark));

@@ -213,6 +213,9 @@ class TransportBackend : public c10d::Backend {
 
   // A reducing op's needs: `op`'s scratch over `count` elements of `esz` bytes, allocating
   // where `allocates` or where the transport stages device memory through host buffers.
+  // The gate a CUDA op of a cuda_wait=stream group carries, so that its failure releases
+  // every stream held at it (device_op.hpp); null for CPU ops and in cuda_wait=host groups.
+  std::shared_ptr<StreamGate> heldGate(const std::optional<c10::Device>& device);
   DeviceNeeds reducingNeeds(algo::Op op, size_t count, size_t esz, bool allocates) const;
   // An op that reduces nothing: allocating as above.
   DeviceNeeds movingNeeds(bool allocates) const { return {0, allocates || !transportCarriesDevice_}; }
